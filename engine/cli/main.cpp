@@ -1,0 +1,152 @@
+// The fsdpp command line: `train` and `eval` over a TOML run file. Every user error is one
+// line on stderr and exit status 2; an engine fault is one line and status 1.
+#include "core/error.h"
+#include "core/log.h"
+#include "train/evaluate.h"
+#include "train/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace fsdpp;
+
+constexpr const char* kUsage = R"(usage: fsdpp <command> [options]
+
+commands:
+  train CONFIG   train the model a TOML run file describes
+  eval CONFIG    mean next-token loss and perplexity of the configured model
+
+`fsdpp <command> --help` describes a command's options.
+)";
+
+constexpr const char* kTrainHelp = R"(usage: fsdpp train CONFIG [--set section.key=value ...]
+
+Trains the model described by CONFIG (sections [model] [data] [optimizer] [scheduler]
+[train] [checkpoint] [metrics]; see examples/tiny-llama.toml). Each --set overrides one key,
+its value read as TOML (a bare word is taken as a string).
+)";
+
+constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [--max-windows N] [--json]
+                  [--set section.key=value ...]
+
+Mean next-token loss and perplexity of the model [model] names (fresh, trained or loaded
+from an HF directory) over consecutive non-overlapping windows of data.seq_len tokens: of
+FILE when given, else of data.train's held-out tail (all of it when eval_fraction is 0).
+Each window predicts its tokens 2..seq_len, as transformers does with labels = input_ids.
+)";
+
+struct Args {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string tokens;
+  int64_t max_windows = 0;
+  bool json = false;
+  bool help = false;
+};
+
+Args parse_args(const std::string& command, int argc, char** argv) {
+  Args args;
+  auto value = [&](int& i, const std::string& flag) -> std::string {
+    if (i + 1 >= argc) throw UserError(command + ": " + flag + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      args.help = true;
+    } else if (a == "--set") {
+      args.overrides.push_back(value(i, a));
+    } else if (a.starts_with("--set=")) {
+      args.overrides.push_back(a.substr(6));
+    } else if (command == "eval" && a == "--tokens") {
+      args.tokens = value(i, a);
+    } else if (command == "eval" && a == "--max-windows") {
+      const std::string v = value(i, a);
+      try {
+        args.max_windows = std::stoll(v);
+      } catch (const std::exception&) {
+        throw UserError("eval: --max-windows takes a number, got '" + v + "'");
+      }
+    } else if (command == "eval" && a == "--json") {
+      args.json = true;
+    } else if (a.starts_with("-")) {
+      throw UserError(command + ": unknown option " + a + " (see fsdpp " + command + " --help)");
+    } else if (args.config.empty()) {
+      args.config = a;
+    } else {
+      throw UserError(command + ": unexpected argument '" + a + "'");
+    }
+  }
+  if (!args.help && args.config.empty()) throw UserError(command + ": missing CONFIG (see fsdpp " + command + " --help)");
+  return args;
+}
+
+RunConfig load_run(const Args& args) {
+  RunConfig config = RunConfig::load(args.config, args.overrides);
+  if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
+  return config;
+}
+
+int run_train(const Args& args) {
+  const RunConfig config = load_run(args);
+  const TrainSummary s = train(config);
+  log_info("done: ", s.steps, " steps, final loss ", s.final_loss,
+           s.skipped_steps ? concat(", ", s.skipped_steps, " skipped") : std::string());
+  return 0;
+}
+
+int run_eval(const Args& args) {
+  const RunConfig config = load_run(args);
+  const TokenFile tokens = TokenFile::open(args.tokens.empty() ? config.data.train : args.tokens);
+  const TokenRange range = args.tokens.empty() ? eval_range(config.data, tokens) : TokenRange{0, tokens.size()};
+  auto model = load_model(config.model);
+  const EvalResult r = evaluate(*model, tokens, range.begin, range.end, config.data.seq_len,
+                                config.data.batch_size, args.max_windows);
+  if (args.json) {
+    std::cout << nlohmann::json{{"windows", r.windows}, {"tokens", r.tokens}, {"loss", r.loss},
+                                {"perplexity", r.perplexity}}.dump() << std::endl;
+  } else {
+    std::printf("eval: %lld windows of %lld tokens, %lld predicted: loss %.6f  perplexity %.4f\n",
+                static_cast<long long>(r.windows), static_cast<long long>(config.data.seq_len),
+                static_cast<long long>(r.tokens), r.loss, r.perplexity);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  try {
+    if (command.empty() || command == "--help" || command == "-h" || command == "help") {
+      std::cout << kUsage;
+      return command.empty() ? 2 : 0;
+    }
+    if (command != "train" && command != "eval") {
+      throw UserError("unknown command '" + command + "' (commands: train, eval; see fsdpp --help)");
+    }
+    const Args args = parse_args(command, argc, argv);
+    if (args.help) {
+      std::cout << (command == "train" ? kTrainHelp : kEvalHelp);
+      return 0;
+    }
+    return command == "train" ? run_train(args) : run_eval(args);
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "fsdpp: error: %s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,36 @@
+// spdlog-backed implementation of core/log.h; built without LibTorch's include paths.
+#include "core/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace fsdpp {
+
+namespace {
+
+spdlog::logger& logger() {
+  static auto instance = [] {
+    auto l = spdlog::stderr_color_mt("fsdpp");
+    l->set_pattern("%H:%M:%S %^%l%$ %v");
+    return l;
+  }();
+  return *instance;
+}
+
+}  // namespace
+
+void set_log_rank(int rank) {
+  logger().set_pattern(rank < 0 ? "%H:%M:%S %^%l%$ %v"
+                                 : "%H:%M:%S [rank " + std::to_string(rank) + "] %^%l%$ %v");
+}
+
+void log_line(LogLevel level, const std::string& message) {
+  switch (level) {
+    case LogLevel::debug: logger().debug(message); break;
+    case LogLevel::info: logger().info(message); break;
+    case LogLevel::warn: logger().warn(message); break;
+    case LogLevel::error: logger().error(message); break;
+  }
+}
+
+}  // namespace fsdpp

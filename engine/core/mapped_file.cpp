@@ -1,0 +1,80 @@
+// mmap-backed read-only files and atomic writes.
+#include "core/mapped_file.h"
+
+#include "core/error.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace fsdpp {
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UserError(path.string() + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw UserError(path.string() + ": not a regular file");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* data = nullptr;
+  if (size > 0) {
+    data = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      throw UserError(path.string() + ": cannot map (" + std::strerror(err) + ")");
+    }
+  }
+  ::close(fd);
+  return std::shared_ptr<MappedFile>(
+      new MappedFile(path, static_cast<const std::byte*>(data), size));
+}
+
+MappedFile::~MappedFile() {
+  if (size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+AtomicFileWriter::AtomicFileWriter(std::filesystem::path path)
+    : path_(std::move(path)), tmp_(path_.string() + ".tmp") {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError(tmp_.string() + ": cannot create (" + std::strerror(errno) + ")");
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFileWriter::append(const void* bytes, size_t size) {
+  const auto* p = static_cast<const char*>(bytes);
+  while (size > 0) {
+    ssize_t n = ::write(fd_, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw UserError(tmp_.string() + ": write failed (" + std::strerror(errno) + ")");
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  if (::fsync(fd_) != 0) throw UserError(tmp_.string() + ": fsync failed (" + std::strerror(errno) + ")");
+  ::close(fd_);
+  fd_ = -1;
+  std::filesystem::rename(tmp_, path_);
+}
+
+void write_file_atomically(const std::filesystem::path& path, const void* bytes, size_t size) {
+  AtomicFileWriter writer(path);
+  writer.append(bytes, size);
+  writer.commit();
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,121 @@
+// The base of every engine module: a torch::nn::Module that carries its class name as
+// Hugging Face spells it and runs pre- and post-forward hooks around forward, as Python's
+// nn.Module.__call__ does (LibTorch's C++ modules have none, and FSDP needs them).
+// Models call children only through operator(), never child->forward(...).
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace fsdpp {
+
+class Module : public torch::nn::Module {
+ public:
+  using Tensors = std::vector<torch::Tensor>;
+  // A pre-forward hook sees the call's tensor arguments, in order, and may replace them.
+  using PreForwardHook = std::function<void(Module&, Tensors& inputs)>;
+  // A post-forward hook sees the forward's output and may replace it.
+  using PostForwardHook = std::function<void(Module&, torch::Tensor& output)>;
+
+  explicit Module(std::string class_name);
+
+  const std::string& class_name() const { return class_name_; }
+  Module* parent() const { return parent_; }
+  std::vector<std::pair<std::string, Module*>> named_child_modules() const;
+
+  // Hooks run in the order they were added; the returned id removes one.
+  int add_pre_forward_hook(PreForwardHook hook);
+  int add_post_forward_hook(PostForwardHook hook);
+  void remove_hook(int id);
+
+  // Parameters registered on this module itself, and on its whole subtree (a parameter
+  // reachable under two names, such as tied embeddings, counts once).
+  int64_t own_param_count() const;
+  int64_t recursive_param_count() const;
+
+  // Fills one of this module's own parameters (by its local name) for a fresh model,
+  // drawing from `gen`; modules that own parameters override it.
+  virtual void init_parameter(const std::string& local_name, torch::Tensor& tensor,
+                              at::Generator& gen, double std);
+
+ protected:
+  template <class T>
+  std::shared_ptr<T> register_child(const std::string& name, std::shared_ptr<T> child) {
+    child->parent_ = this;
+    return register_module(name, std::move(child));
+  }
+
+  // The call operator of a derived module: hooks around Derived::forward(args...).
+  template <class Derived, class... Args>
+  torch::Tensor call_forward(Derived& self, Args&&... args);
+
+ private:
+  void run_pre_forward_hooks(Tensors& inputs);
+  void run_post_forward_hooks(torch::Tensor& output);
+
+  std::string class_name_;
+  Module* parent_ = nullptr;
+  std::vector<std::pair<int, PreForwardHook>> pre_hooks_;
+  std::vector<std::pair<int, PostForwardHook>> post_hooks_;
+  int next_hook_id_ = 0;
+};
+
+// A container whose children are named 0, 1, 2, ... (nn.ModuleList in Hugging Face models).
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  template <class T>
+  std::shared_ptr<T> append(std::shared_ptr<T> child) {
+    return register_child(std::to_string(size_++), std::move(child));
+  }
+
+ private:
+  size_t size_ = 0;
+};
+
+// Defines operator() for a module class whose forward takes ARGS...; tensor arguments pass
+// through the pre-forward hooks.
+#define FSDPP_MODULE_CALL                                                  \
+  template <class... Args>                                                 \
+  torch::Tensor operator()(Args&&... args) {                               \
+    return call_forward(*this, std::forward<Args>(args)...);               \
+  }
+
+template <class Derived, class... Args>
+torch::Tensor Module::call_forward(Derived& self, Args&&... args) {
+  if (pre_hooks_.empty() && post_hooks_.empty()) {
+    return self.forward(std::forward<Args>(args)...);
+  }
+  Tensors inputs;
+  auto collect = [&inputs](const auto& arg) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, torch::Tensor>) {
+      inputs.push_back(arg);
+    }
+  };
+  (collect(args), ...);
+  run_pre_forward_hooks(inputs);
+  // Braced initialisation is sequenced left to right, so tensors are taken back in order.
+  size_t next = 0;
+  auto pick = [&inputs, &next](auto&& arg) -> decltype(auto) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, torch::Tensor>) {
+      return torch::Tensor(inputs[next++]);
+    } else {
+      return std::forward<decltype(arg)>(arg);
+    }
+  };
+  using Picked = std::tuple<std::conditional_t<
+      std::is_same_v<std::decay_t<Args>, torch::Tensor>, torch::Tensor, Args&&>...>;
+  Picked picked{pick(std::forward<Args>(args))...};
+  torch::Tensor output = std::apply(
+      [&self](auto&&... a) { return self.forward(std::forward<decltype(a)>(a)...); },
+      std::move(picked));
+  run_post_forward_hooks(output);
+  return output;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,116 @@
+// Llama-family decoder layers and models; attention runs through ATen's fused
+// scaled_dot_product_attention with a causal mask.
+#include "models/decoder.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdpp {
+
+namespace {
+
+// [B, KV, T, D] -> [B, KV * groups, T, D], each key/value head serving `groups` query heads.
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  auto s = x.sizes();
+  return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
+}
+
+}  // namespace
+
+Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
+                     const torch::TensorOptions& opts)
+    : Module(family.prefix + "Attention"),
+      heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim) {
+  const bool qkv_bias = family.qkv_bias || c.attention_bias;
+  q_proj_ = register_child("q_proj", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_, qkv_bias, opts));
+  k_proj_ = register_child("k_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, qkv_bias, opts));
+  v_proj_ = register_child("v_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, qkv_bias, opts));
+  o_proj_ = register_child("o_proj", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size, c.attention_bias, opts));
+  if (family.qk_norm) {
+    q_norm_ = register_child("q_norm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", head_dim_, c.rms_norm_eps, opts));
+    k_norm_ = register_child("k_norm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", head_dim_, c.rms_norm_eps, opts));
+  }
+}
+
+torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = (*q_proj_)(x).view({B, T, heads_, head_dim_});     // [B, T, H, D]
+  auto k = (*k_proj_)(x).view({B, T, kv_heads_, head_dim_});  // [B, T, KV, D]
+  auto v = (*v_proj_)(x).view({B, T, kv_heads_, head_dim_});
+  if (q_norm_) {
+    q = (*q_norm_)(q);
+    k = (*k_norm_)(k);
+  }
+  q = apply_rotary(q.transpose(1, 2), cos_sin);  // [B, H, T, D]
+  k = apply_rotary(k.transpose(1, 2), cos_sin);  // [B, KV, T, D]
+  v = v.transpose(1, 2);
+  const int64_t groups = heads_ / kv_heads_;
+  auto out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                              /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                              /*is_causal=*/true);  // [B, H, T, D]
+  return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+}
+
+MLP::MLP(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts)
+    : Module(family.prefix + "MLP") {
+  gate_proj_ = register_child("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, opts));
+  up_proj_ = register_child("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, opts));
+  down_proj_ = register_child("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, opts));
+}
+
+torch::Tensor MLP::forward(const torch::Tensor& x) {
+  return (*down_proj_)(at::silu((*gate_proj_)(x)) * (*up_proj_)(x));
+}
+
+DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c,
+                           const torch::TensorOptions& opts)
+    : Module(family.prefix + "DecoderLayer") {
+  self_attn_ = register_child("self_attn", std::make_shared<Attention>(family, c, opts));
+  mlp_ = register_child("mlp", std::make_shared<MLP>(family, c, opts));
+  input_layernorm_ = register_child("input_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
+  post_attention_layernorm_ = register_child("post_attention_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
+}
+
+torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin) {
+  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin);
+  return h + (*mlp_)((*post_attention_layernorm_)(h));
+}
+
+DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
+                           const torch::TensorOptions& opts)
+    : Module(family.prefix + "Model") {
+  embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
+  auto layers = register_child("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers_.push_back(layers->append(std::make_shared<DecoderLayer>(family, c, opts)));
+  }
+  norm_ = register_child("norm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
+  rotary_emb_ = register_child("rotary_emb", std::make_shared<RotaryEmbedding>(family.prefix + "RotaryEmbedding", c, opts.device()));
+}
+
+torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids) {
+  auto positions = torch::arange(input_ids.size(1), input_ids.options());  // [T]
+  auto cos_sin = (*rotary_emb_)(positions.to(rotary_emb_->inv_freq.device()));
+  cos_sin = cos_sin.to(embed_tokens->weight.device());
+  auto h = (*embed_tokens)(input_ids);  // [B, T, C]
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin);
+  return (*norm_)(h);
+}
+
+DecoderCausalLM::DecoderCausalLM(const DecoderFamily& family, const ModelConfig& c,
+                                 const torch::TensorOptions& opts)
+    : CausalLM(family.prefix + "ForCausalLM", c, {family.prefix + "DecoderLayer"}) {
+  model_ = register_child("model", std::make_shared<DecoderModel>(family, c, opts));
+  lm_head_ = c.tie_word_embeddings
+                 ? std::make_shared<Linear>(model_->embed_tokens->weight)
+                 : std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, opts);
+  register_child("lm_head", lm_head_);
+}
+
+torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids) {
+  return (*lm_head_)((*model_)(input_ids));
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,111 @@
+// Leaf modules. Numerics follow Hugging Face's implementations step for step (RMSNorm in
+// float32, RoPE tables in float32) so logits match transformers to rounding.
+#include "models/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <numbers>
+
+namespace fsdpp {
+
+namespace {
+
+void fill_normal(torch::Tensor& t, at::Generator& gen, double std) {
+  t.copy_(at::normal(0.0, std, t.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)));
+}
+
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias,
+               const torch::TensorOptions& opts)
+    : Module("Linear") {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}, opts));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out_features}, opts));
+}
+
+Linear::Linear(torch::Tensor tied_weight) : Module("Linear") {
+  weight = register_parameter("weight", std::move(tied_weight));
+}
+
+torch::Tensor Linear::forward(const torch::Tensor& x) { return at::linear(x, weight, bias); }
+
+void Linear::init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
+                            double std) {
+  if (name == "bias") {
+    t.zero_();
+  } else {
+    fill_normal(t, gen, std);
+  }
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts)
+    : Module("Embedding") {
+  weight = register_parameter("weight", torch::empty({num_embeddings, dim}, opts));
+}
+
+torch::Tensor Embedding::forward(const torch::Tensor& ids) { return at::embedding(weight, ids); }
+
+void Embedding::init_parameter(const std::string&, torch::Tensor& t, at::Generator& gen,
+                               double std) {
+  fill_normal(t, gen, std);
+}
+
+RMSNorm::RMSNorm(std::string class_name, int64_t dim, double eps_,
+                 const torch::TensorOptions& opts)
+    : Module(std::move(class_name)), eps(eps_) {
+  weight = register_parameter("weight", torch::empty({dim}, opts));
+}
+
+torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
+  auto x32 = x.to(torch::kFloat32);
+  auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  x32 = x32 * at::rsqrt(variance + eps);
+  return weight * x32.to(x.scalar_type());
+}
+
+void RMSNorm::init_parameter(const std::string&, torch::Tensor& t, at::Generator&, double) {
+  t.fill_(1.0);
+}
+
+RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& config,
+                                 const torch::Device& device)
+    : Module(std::move(class_name)) {
+  const int64_t dim = config.head_dim;
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  auto exponent = torch::arange(0, dim, 2, torch::TensorOptions().dtype(torch::kInt64))
+                      .to(torch::kFloat32) / static_cast<double>(dim);
+  auto freq = 1.0 / torch::pow(config.rope_theta, exponent);  // [D / 2]
+  const RopeScaling& s = config.rope_scaling;
+  if (s.rope_type == "linear") {
+    freq = freq / s.factor;
+  } else if (s.rope_type == "llama3") {
+    const double old_context = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_context / s.low_freq_factor;
+    const double high_freq_wavelen = old_context / s.high_freq_factor;
+    auto wavelen = 2 * std::numbers::pi / freq;
+    auto scaled = torch::where(wavelen > low_freq_wavelen, freq / s.factor, freq);
+    auto smooth = (old_context / wavelen - s.low_freq_factor) /
+                  (s.high_freq_factor - s.low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+    auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+    freq = torch::where(medium, smoothed, scaled);
+  }
+  inv_freq = freq.to(f32).to(device.is_meta() ? torch::Device(torch::kCPU) : device);
+}
+
+torch::Tensor RotaryEmbedding::forward(const torch::Tensor& positions) {
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);                                          // [T, D]
+  return torch::stack({emb.cos(), emb.sin()});                                        // [2, T, D]
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto cos = cos_sin[0].to(x.scalar_type());  // [T, D]
+  auto sin = cos_sin[1].to(x.scalar_type());
+  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,62 @@
+// Leaf modules shared by every model: Linear, Embedding, RMSNorm and the rotary position
+// tables, with Hugging Face's parameter names and initialisation.
+#pragma once
+
+#include "core/module.h"
+#include "models/model_config.h"
+
+namespace fsdpp {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& opts);
+  // Shares `weight` instead of owning one (tied embeddings).
+  explicit Linear(torch::Tensor tied_weight);
+  FSDPP_MODULE_CALL
+  torch::Tensor forward(const torch::Tensor& x);  // [..., in] -> [..., out]
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
+                      double std) override;
+
+  torch::Tensor weight;  // [out, in]
+  torch::Tensor bias;    // [out] or undefined
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts);
+  FSDPP_MODULE_CALL
+  torch::Tensor forward(const torch::Tensor& ids);  // [B, T] -> [B, T, C]
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
+                      double std) override;
+
+  torch::Tensor weight;  // [V, C]
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(std::string class_name, int64_t dim, double eps, const torch::TensorOptions& opts);
+  FSDPP_MODULE_CALL
+  torch::Tensor forward(const torch::Tensor& x);  // [..., C] -> [..., C]
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
+                      double std) override;
+
+  torch::Tensor weight;  // [C]
+  double eps;
+};
+
+// cos and sin tables for rotary embeddings, recomputed rather than stored (a
+// non-persistent buffer in Hugging Face's models).
+class RotaryEmbedding : public Module {
+ public:
+  RotaryEmbedding(std::string class_name, const ModelConfig& config, const torch::Device& device);
+  FSDPP_MODULE_CALL
+  // positions [T] -> [2, T, D]: cos then sin, in float32.
+  torch::Tensor forward(const torch::Tensor& positions);
+
+  torch::Tensor inv_freq;  // [D / 2]
+};
+
+// Rotates q or k [B, H, T, D] by the tables [2, T, D] from RotaryEmbedding.
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin);
+
+}  // namespace fsdpp

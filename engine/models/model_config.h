@@ -1,0 +1,47 @@
+// The architecture of a decoder-only language model, read from a Hugging Face config.json.
+// Field names follow the file's keys; defaults are those of transformers' config classes.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace fsdpp {
+
+struct RopeScaling {
+  std::string rope_type = "default";  // "default", "linear" or "llama3"
+  double factor = 1.0;                // context extension factor
+  double low_freq_factor = 1.0;       // llama3: wavelengths above old_context/low are scaled
+  double high_freq_factor = 4.0;      // llama3: wavelengths below old_context/high are kept
+  int64_t original_max_position_embeddings = 8192;  // llama3: the pre-extension context
+};
+
+struct ModelConfig {
+  std::string model_type;             // registry key: "llama", "qwen2", "qwen3"
+  int64_t vocab_size = 0;             // embedding rows and logits width
+  int64_t hidden_size = 0;            // residual stream width C
+  int64_t intermediate_size = 0;      // SwiGLU inner width
+  int64_t num_hidden_layers = 0;      // decoder layers L
+  int64_t num_attention_heads = 0;    // query heads H
+  int64_t num_key_value_heads = 0;    // key/value heads (GQA); defaults to H
+  int64_t head_dim = 0;               // per-head width D; defaults to C / H
+  int64_t max_position_embeddings = 2048;  // longest sequence the RoPE tables cover
+  double rms_norm_eps = 1e-6;         // RMSNorm epsilon
+  double rope_theta = 10000.0;        // RoPE base
+  RopeScaling rope_scaling;           // RoPE frequency scaling
+  bool tie_word_embeddings = false;   // lm_head.weight is model.embed_tokens.weight
+  bool attention_bias = false;        // bias on q/k/v/o (always on q/k/v for qwen2)
+  bool mlp_bias = false;              // bias on the MLP projections (llama)
+  double initializer_range = 0.02;    // std of the normal initialiser
+  std::string hidden_act = "silu";    // only SwiGLU with SiLU is supported
+  std::shared_ptr<const nlohmann::json> raw;  // the file as read, for export
+
+  // Reads and validates `path`; every problem names the file and key.
+  static ModelConfig from_file(const std::filesystem::path& path);
+  static ModelConfig from_json(const nlohmann::json& json, const std::string& origin);
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,46 @@
+// The model registry. New architectures add one entry here.
+#include "models/registry.h"
+
+#include "core/error.h"
+#include "models/decoder.h"
+
+#include <map>
+
+namespace fsdpp {
+
+namespace {
+
+ModelBuilder decoder_builder(DecoderFamily family) {
+  return [family](const ModelConfig& config, const torch::TensorOptions& opts) {
+    return std::make_shared<DecoderCausalLM>(family, config, opts);
+  };
+}
+
+const std::map<std::string, ModelBuilder>& registry() {
+  static const std::map<std::string, ModelBuilder> builders = {
+      {"llama", decoder_builder({.prefix = "Llama"})},
+      {"qwen2", decoder_builder({.prefix = "Qwen2", .qkv_bias = true})},
+      {"qwen3", decoder_builder({.prefix = "Qwen3", .qk_norm = true})},
+  };
+  return builders;
+}
+
+}  // namespace
+
+std::shared_ptr<CausalLM> build_model(const ModelConfig& config, const torch::TensorOptions& opts) {
+  auto it = registry().find(config.model_type);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& type : registered_model_types()) known += (known.empty() ? "" : ", ") + type;
+    throw UserError("model_type '" + config.model_type + "' is not supported (known: " + known + ")");
+  }
+  return it->second(config, opts);
+}
+
+std::vector<std::string> registered_model_types() {
+  std::vector<std::string> types;
+  for (const auto& [type, builder] : registry()) types.push_back(type);
+  return types;
+}
+
+}  // namespace fsdpp

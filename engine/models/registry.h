@@ -1,0 +1,22 @@
+// Maps a config.json's model_type to the builder of its model.
+#pragma once
+
+#include "models/causal_lm.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+using ModelBuilder =
+    std::function<std::shared_ptr<CausalLM>(const ModelConfig&, const torch::TensorOptions&)>;
+
+// Builds the model with uninitialised parameters of `opts` (dtype, device; "meta" allocates
+// nothing). An unknown model_type is a UserError listing the known ones.
+std::shared_ptr<CausalLM> build_model(const ModelConfig& config, const torch::TensorOptions& opts);
+
+std::vector<std::string> registered_model_types();
+
+}  // namespace fsdpp

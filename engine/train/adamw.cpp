@@ -1,0 +1,100 @@
+// AdamW and gradient clipping.
+#include "train/adamw.h"
+
+#include "train/config_file.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace fsdpp {
+
+OptimizerConfig OptimizerConfig::from_section(ConfigSection& s) {
+  OptimizerConfig c;
+  c.lr = s.get_double("lr", c.lr);
+  c.weight_decay = s.get_double("weight_decay", c.weight_decay);
+  c.beta1 = s.get_double("beta1", c.beta1);
+  c.beta2 = s.get_double("beta2", c.beta2);
+  c.eps = s.get_double("eps", c.eps);
+  s.finish();
+  if (!(c.lr > 0)) s.fail("lr", "must be positive, got " + std::to_string(c.lr));
+  if (c.weight_decay < 0) s.fail("weight_decay", "must not be negative");
+  for (auto [key, beta] : {std::pair{"beta1", c.beta1}, {"beta2", c.beta2}}) {
+    if (beta < 0 || beta >= 1) s.fail(key, "must be in [0, 1), got " + std::to_string(beta));
+  }
+  if (!(c.eps > 0)) s.fail("eps", "must be positive");
+  return c;
+}
+
+AdamW::AdamW(std::vector<Group> groups, const OptimizerConfig& config)
+    : groups_(std::move(groups)), config_(config) {
+  for (const auto& g : groups_) {
+    State s;
+    for (const auto& p : g.params) {
+      s.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      s.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      s.steps.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+    }
+    state_.push_back(std::move(s));
+  }
+}
+
+void AdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+    for (size_t j = 0; j < groups_[i].params.size(); ++j) {
+      const at::Tensor& p = groups_[i].params[j];
+      if (!p.grad().defined()) continue;
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avg.push_back(state_[i].exp_avg[j]);
+      exp_avg_sq.push_back(state_[i].exp_avg_sq[j]);
+      steps.push_back(state_[i].steps[j]);
+    }
+    if (params.empty()) continue;
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr,
+                      config_.beta1, config_.beta2, groups_[i].weight_decay, config_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& g : groups_) {
+    for (auto& p : g.params) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  }
+}
+
+std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params, double weight_decay) {
+  AdamW::Group decay{"decay", {}, weight_decay};
+  AdamW::Group no_decay{"no_decay", {}, 0.0};
+  for (const auto& p : params) {
+    if (!p.tensor.requires_grad()) continue;
+    (p.tensor.dim() >= 2 ? decay : no_decay).params.push_back(p.tensor);
+  }
+  std::vector<AdamW::Group> groups;
+  for (auto* g : {&decay, &no_decay}) {
+    if (!g->params.empty()) groups.push_back(std::move(*g));
+  }
+  return groups;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return 0.0;
+  auto norms = at::_foreach_norm(grads, 2);
+  const double total = at::stack(norms).to(at::kDouble).norm().item<double>();
+  if (std::isfinite(total) && max_norm > 0 && total > max_norm) {
+    at::_foreach_mul_(grads, max_norm / (total + 1e-6));
+  }
+  return total;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,57 @@
+// AdamW over groups of parameters with decoupled weight decay, using ATen's fused
+// multi-tensor kernel; plus clipping by the global gradient norm.
+#pragma once
+
+#include "core/module_tree.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+struct OptimizerConfig {
+  double lr = 3e-4;            // peak learning rate (the schedule scales it)
+  double weight_decay = 0.0;   // decoupled decay for matrices; vectors never decay
+  double beta1 = 0.9;          // first-moment decay
+  double beta2 = 0.999;        // second-moment decay
+  double eps = 1e-8;           // denominator guard
+
+  static OptimizerConfig from_section(ConfigSection& section);
+};
+
+class AdamW {
+ public:
+  struct Group {
+    std::string name;
+    std::vector<at::Tensor> params;
+    double weight_decay = 0.0;
+  };
+
+  AdamW(std::vector<Group> groups, const OptimizerConfig& config);
+
+  // One update at learning rate `lr` from each parameter's .grad().
+  void step(double lr);
+  void zero_grad();
+  const std::vector<Group>& groups() const { return groups_; }
+
+ private:
+  struct State {
+    std::vector<at::Tensor> exp_avg, exp_avg_sq, steps;
+  };
+  std::vector<Group> groups_;
+  std::vector<State> state_;
+  OptimizerConfig config_;
+};
+
+// Matrices (ndim >= 2) decay; biases, norm weights and other vectors do not.
+std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params, double weight_decay);
+
+// The L2 norm over all gradients; when finite and above `max_norm` (> 0), gradients are
+// scaled down to it. Returns the norm before clipping.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace fsdpp

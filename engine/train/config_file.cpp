@@ -1,0 +1,189 @@
+// TOML parsing through toml++, kept to this one unit so no other header pulls it in.
+#include "train/config_file.h"
+
+#include "core/error.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+namespace fsdpp {
+
+struct ConfigDocument {
+  std::filesystem::path path;
+  toml::table root;
+  std::map<std::string, std::string> overridden;  // "section.key" -> the --set text
+};
+
+namespace {
+
+std::string type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date or time";
+  }
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t next = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = row[j];
+      row[j] = next;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best = nearest_name(word, candidates);
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
+}  // namespace
+
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(3, word.size() / 2) + 1;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+ConfigSection::ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::string name)
+    : doc_(std::move(doc)), name_(std::move(name)) {}
+
+std::string ConfigSection::where(const std::string& key) const {
+  auto over = doc_->overridden.find(name_ + "." + key);
+  if (over != doc_->overridden.end()) return "--set " + over->second;
+  const toml::node* node = doc_->root.at_path(name_ + "." + key).node();
+  if (node == nullptr) node = doc_->root.get(name_);
+  std::string location = doc_->path.string();
+  if (node != nullptr && node->source().begin.line > 0) {
+    location += ":" + std::to_string(node->source().begin.line);
+  }
+  return location;
+}
+
+void ConfigSection::fail(const std::string& key, const std::string& message) const {
+  throw UserError(where(key) + ": [" + name_ + "] " + key + ": " + message);
+}
+
+bool ConfigSection::has(const std::string& key) const {
+  return doc_->root.at_path(name_ + "." + key).node() != nullptr;
+}
+
+const void* ConfigSection::lookup(const std::string& key, const char* expected) {
+  asked_.insert(key);
+  const toml::node* node = doc_->root.at_path(name_ + "." + key).node();
+  if (node == nullptr) return nullptr;
+  const bool ok = (std::string(expected) == "a float" && (node->is_floating_point() || node->is_integer())) ||
+                  type_name(*node) == expected;
+  if (!ok) fail(key, std::string("expected ") + expected + ", got " + type_name(*node));
+  return node;
+}
+
+int64_t ConfigSection::get_int(const std::string& key, int64_t fallback) {
+  auto* node = static_cast<const toml::node*>(lookup(key, "an integer"));
+  return node ? node->value<int64_t>().value() : fallback;
+}
+
+double ConfigSection::get_double(const std::string& key, double fallback) {
+  auto* node = static_cast<const toml::node*>(lookup(key, "a float"));
+  return node ? node->value<double>().value() : fallback;
+}
+
+bool ConfigSection::get_bool(const std::string& key, bool fallback) {
+  auto* node = static_cast<const toml::node*>(lookup(key, "a boolean"));
+  return node ? node->value<bool>().value() : fallback;
+}
+
+std::string ConfigSection::get_string(const std::string& key, const std::string& fallback) {
+  auto* node = static_cast<const toml::node*>(lookup(key, "a string"));
+  return node ? node->value<std::string>().value() : fallback;
+}
+
+void ConfigSection::finish() const {
+  const toml::table* table = doc_->root.get_as<toml::table>(name_);
+  if (table == nullptr) return;
+  std::vector<std::string> valid(asked_.begin(), asked_.end());
+  for (const auto& [key, node] : *table) {
+    std::string k(key.str());
+    if (!asked_.count(k)) fail(k, "unknown key" + did_you_mean(k, valid));
+  }
+}
+
+ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  ConfigFile file;
+  file.doc_ = std::make_shared<ConfigDocument>();
+  file.doc_->path = path;
+  if (!std::filesystem::exists(path)) throw UserError(path.string() + ": no such config file");
+  try {
+    file.doc_->root = toml::parse_file(path.string());
+  } catch (const toml::parse_error& e) {
+    throw UserError(path.string() + ":" + std::to_string(e.source().begin.line) +
+                    ": invalid TOML: " + std::string(e.description()));
+  }
+  for (const auto& text : overrides) {
+    const auto eq = text.find('=');
+    const auto dot = text.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+      throw UserError("--set " + text + ": expected section.key=value");
+    }
+    const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
+    const std::string value = text.substr(eq + 1);
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      parsed.insert("v", value);
+    }
+    auto* table = file.doc_->root.get_as<toml::table>(section);
+    if (table == nullptr) {
+      file.doc_->root.insert(section, toml::table{});
+      table = file.doc_->root.get_as<toml::table>(section);
+    }
+    table->insert_or_assign(key, *parsed.get("v"));
+    file.doc_->overridden[section + "." + key] = text;
+  }
+  return file;
+}
+
+ConfigSection ConfigFile::section(const std::string& name) const {
+  const toml::node* node = doc_->root.get(name);
+  if (node != nullptr && !node->is_table()) {
+    throw UserError(doc_->path.string() + ":" + std::to_string(node->source().begin.line) + ": '" +
+                    name + "' must be a [section], not " + type_name(*node));
+  }
+  return ConfigSection(doc_, name);
+}
+
+void ConfigFile::check_sections(const std::vector<std::string>& known) const {
+  for (const auto& [key, node] : doc_->root) {
+    std::string k(key.str());
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      std::string line = node.source().begin.line > 0 ? ":" + std::to_string(node.source().begin.line) : "";
+      throw UserError(doc_->path.string() + line + ": unknown section [" + k + "]" + did_you_mean(k, known));
+    }
+  }
+}
+
+const std::filesystem::path& ConfigFile::path() const { return doc_->path; }
+
+}  // namespace fsdpp

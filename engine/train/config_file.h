@@ -1,0 +1,59 @@
+// A run's TOML file, split into sections that each component parses into its own Config.
+// Every problem is a UserError naming the file and line (or the --set that caused it), and
+// an unknown key or section names the nearest valid one.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+struct ConfigDocument;
+
+class ConfigSection {
+ public:
+  ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::string name);
+
+  int64_t get_int(const std::string& key, int64_t fallback);
+  double get_double(const std::string& key, double fallback);  // integers are accepted
+  bool get_bool(const std::string& key, bool fallback);
+  std::string get_string(const std::string& key, const std::string& fallback);
+  bool has(const std::string& key) const;
+
+  // Errors for keys never asked for, naming the nearest key that was.
+  void finish() const;
+  // A validation failure of `key`: "file:line: [section] key: message".
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const;
+  const std::string& name() const { return name_; }
+
+ private:
+  const void* lookup(const std::string& key, const char* expected);
+  std::string where(const std::string& key) const;
+
+  std::shared_ptr<const ConfigDocument> doc_;
+  std::string name_;
+  std::set<std::string> asked_;
+};
+
+class ConfigFile {
+ public:
+  // Parses `path`, then applies overrides "section.key=value" (value read as TOML, or as a
+  // string when it does not parse as one).
+  static ConfigFile load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
+
+  ConfigSection section(const std::string& name) const;
+  // Errors for a top-level entry that is not one of `known` sections.
+  void check_sections(const std::vector<std::string>& known) const;
+  const std::filesystem::path& path() const;
+
+ private:
+  std::shared_ptr<ConfigDocument> doc_;
+};
+
+// The candidate closest to `word` by edit distance ("" when none is close).
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace fsdpp

@@ -1,0 +1,104 @@
+// Token files and batch sampling.
+#include "train/data.h"
+
+#include "core/error.h"
+#include "train/config_file.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace fsdpp {
+
+namespace {
+constexpr char kMagic[8] = {'F', 'S', 'D', 'P', 'T', 'O', 'K', '\0'};
+constexpr size_t kHeaderBytes = 32;
+}  // namespace
+
+DataConfig DataConfig::from_section(ConfigSection& s) {
+  DataConfig c;
+  c.train = s.get_string("train", "");
+  c.seq_len = s.get_int("seq_len", c.seq_len);
+  c.batch_size = s.get_int("batch_size", c.batch_size);
+  c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction);
+  c.seed = static_cast<uint64_t>(s.get_int("seed", 0));
+  s.finish();
+  if (c.train.empty()) s.fail("train", "required: the token file to train on");
+  if (c.seq_len < 1) s.fail("seq_len", "must be at least 1, got " + std::to_string(c.seq_len));
+  if (c.batch_size < 1) s.fail("batch_size", "must be at least 1, got " + std::to_string(c.batch_size));
+  if (c.eval_fraction < 0 || c.eval_fraction >= 1) {
+    s.fail("eval_fraction", "must be in [0, 1), got " + std::to_string(c.eval_fraction));
+  }
+  return c;
+}
+
+TokenFile TokenFile::open(const std::filesystem::path& path) {
+  TokenFile t;
+  t.file_ = MappedFile::open(path);
+  const std::string where = path.string();
+  if (t.file_->size() < kHeaderBytes || std::memcmp(t.file_->data(), kMagic, 8) != 0) {
+    throw UserError(where + ": not an fsdpp token file (bad magic; make one with scripts/make_tokens.py)");
+  }
+  uint32_t version = 0, width = 0;
+  uint64_t count = 0, vocab = 0;
+  std::memcpy(&version, t.file_->data() + 8, 4);
+  std::memcpy(&width, t.file_->data() + 12, 4);
+  std::memcpy(&count, t.file_->data() + 16, 8);
+  std::memcpy(&vocab, t.file_->data() + 24, 8);
+  if (version != 1) throw UserError(where + ": token file version " + std::to_string(version) + " is not supported");
+  if (width != 2 && width != 4) throw UserError(where + ": bytes per token " + std::to_string(width) + " (expected 2 or 4)");
+  const uint64_t expected = kHeaderBytes + count * width;
+  if (t.file_->size() != expected) {
+    throw UserError(where + ": truncated or padded token file: header says " + std::to_string(count) +
+                    " tokens (" + std::to_string(expected) + " bytes), file has " +
+                    std::to_string(t.file_->size()) + " bytes");
+  }
+  t.count_ = static_cast<int64_t>(count);
+  t.vocab_ = static_cast<int64_t>(vocab);
+  t.width_ = width;
+  return t;
+}
+
+at::Tensor TokenFile::slice(int64_t begin, int64_t length) const {
+  TORCH_CHECK(begin >= 0 && begin + length <= count_, "token slice out of range");
+  const std::byte* p = file_->data() + kHeaderBytes + begin * width_;
+  auto dtype = width_ == 2 ? at::kUInt16 : at::kUInt32;
+  auto view = at::from_blob(const_cast<std::byte*>(p), {length}, at::TensorOptions().dtype(dtype));
+  return view.to(at::kLong);
+}
+
+BatchSampler::BatchSampler(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len,
+                           int64_t batch_size, uint64_t seed)
+    : tokens_(&tokens), begin_(begin), seq_len_(seq_len), batch_size_(batch_size), seed_(seed) {
+  const int64_t windows = (end - begin - 1) / seq_len;
+  if (windows < 1) {
+    throw UserError(tokens.path().string() + ": " + std::to_string(end - begin) +
+                    " tokens cannot fill one window of seq_len " + std::to_string(seq_len) + " + 1");
+  }
+  order_.resize(static_cast<size_t>(windows));
+  shuffle();
+}
+
+void BatchSampler::shuffle() {
+  std::iota(order_.begin(), order_.end(), 0);
+  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + epoch_);
+  std::shuffle(order_.begin(), order_.end(), rng);
+}
+
+BatchSampler::Batch BatchSampler::next() {
+  std::vector<at::Tensor> windows;
+  for (int64_t i = 0; i < batch_size_; ++i) {
+    if (cursor_ == order_.size()) {
+      ++epoch_;
+      cursor_ = 0;
+      shuffle();
+    }
+    windows.push_back(tokens_->slice(begin_ + order_[cursor_++] * seq_len_, seq_len_ + 1));
+  }
+  auto stacked = at::stack(windows);  // [B, T + 1]
+  return {stacked.narrow(1, 0, seq_len_).contiguous(), stacked.narrow(1, 1, seq_len_).contiguous()};
+}
+
+}  // namespace fsdpp

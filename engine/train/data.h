@@ -1,0 +1,69 @@
+// Training data: memory-mapped token files (made by scripts/make_tokens.py) split into a
+// training part and a held-out tail, and deterministic shuffled batches of windows.
+//
+// Token file layout (little-endian): "FSDPTOK\0", u32 version = 1, u32 bytes per token
+// (2 or 4), u64 token count, u64 vocab size, then the tokens.
+#pragma once
+
+#include "core/mapped_file.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <random>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+struct DataConfig {
+  std::string train;           // token file to train on
+  int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)
+  int64_t batch_size = 8;      // sequences per micro-batch
+  double eval_fraction = 0.0;  // share of the file's tail held out for evaluation
+  uint64_t seed = 0;           // batch order
+
+  static DataConfig from_section(ConfigSection& section);
+};
+
+class TokenFile {
+ public:
+  // Validates the header against the file size; UserError naming the file otherwise.
+  static TokenFile open(const std::filesystem::path& path);
+
+  int64_t size() const { return count_; }
+  int64_t vocab_size() const { return vocab_; }
+  const std::filesystem::path& path() const { return file_->path(); }
+  // Tokens [begin, begin + length) as int64.
+  at::Tensor slice(int64_t begin, int64_t length) const;  // [length]
+
+ private:
+  std::shared_ptr<MappedFile> file_;
+  int64_t count_ = 0, vocab_ = 0, width_ = 0;
+};
+
+// Draws batches of (input, target) windows from tokens [begin, end): each epoch visits every
+// non-overlapping window once in an order fixed by (seed, epoch).
+class BatchSampler {
+ public:
+  BatchSampler(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len,
+               int64_t batch_size, uint64_t seed);
+
+  struct Batch {
+    at::Tensor input;   // [B, T] int64
+    at::Tensor target;  // [B, T] int64, input shifted by one
+  };
+  Batch next();
+  int64_t windows_per_epoch() const { return static_cast<int64_t>(order_.size()); }
+
+ private:
+  void shuffle();
+
+  const TokenFile* tokens_;
+  int64_t begin_, seq_len_, batch_size_;
+  uint64_t seed_, epoch_ = 0;
+  size_t cursor_ = 0;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,47 @@
+// Loss and windowed evaluation.
+#include "train/evaluate.h"
+
+#include "core/error.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace fsdpp {
+
+at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
+  const int64_t vocab = logits.size(-1);
+  return at::cross_entropy_loss(logits.reshape({-1, vocab}).to(at::kFloat), targets.reshape({-1}),
+                                /*weight=*/{}, at::Reduction::Sum);
+}
+
+EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
+                    int64_t seq_len, int64_t batch_size, int64_t max_windows) {
+  if (seq_len < 2) throw UserError("evaluation needs seq_len >= 2, got " + std::to_string(seq_len));
+  int64_t windows = (end - begin) / seq_len;
+  if (max_windows > 0) windows = std::min(windows, max_windows);
+  if (windows < 1) {
+    throw UserError(tokens.path().string() + ": " + std::to_string(end - begin) +
+                    " tokens cannot fill one evaluation window of " + std::to_string(seq_len));
+  }
+  at::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  double loss_sum = 0.0;
+  for (int64_t first = 0; first < windows; first += batch_size) {
+    const int64_t count = std::min(batch_size, windows - first);
+    auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len});  // [b, T]
+    auto logits = model(ids);  // [b, T, V]
+    loss_sum += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), ids.narrow(1, 1, seq_len - 1))
+                    .item<double>();
+  }
+  model.train(was_training);
+  EvalResult r;
+  r.windows = windows;
+  r.tokens = windows * (seq_len - 1);
+  r.loss = loss_sum / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,26 @@
+// Next-token loss: the training objective, and evaluation over consecutive windows the way
+// perplexity is usually reported for Hugging Face models.
+#pragma once
+
+#include "models/causal_lm.h"
+#include "train/data.h"
+
+namespace fsdpp {
+
+// Summed cross entropy, in float32, of logits [B, T, V] against targets [B, T].
+at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets);
+
+struct EvalResult {
+  int64_t windows = 0;
+  int64_t tokens = 0;      // predicted tokens: windows × (seq_len - 1)
+  double loss = 0.0;       // mean next-token loss in nats
+  double perplexity = 0.0;
+};
+
+// Mean loss over consecutive non-overlapping windows of `seq_len` tokens of tokens
+// [begin, end), each window predicting its own tokens 2..seq_len (as transformers does with
+// labels = input_ids). At most `max_windows` windows when positive.
+EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
+                    int64_t seq_len, int64_t batch_size, int64_t max_windows = 0);
+
+}  // namespace fsdpp

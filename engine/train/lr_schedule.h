@@ -1,0 +1,32 @@
+// Learning-rate schedule: linear warmup from 0, then cosine, linear or constant decay to
+// min_lr_ratio × the peak by the last step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+struct ScheduleConfig {
+  std::string kind = "cosine";  // "cosine", "linear" or "constant" after warmup
+  int64_t warmup_steps = 0;     // steps of linear warmup, step 1 at peak/warmup_steps
+  double min_lr_ratio = 0.0;    // final learning rate as a share of the peak
+
+  static ScheduleConfig from_section(ConfigSection& section);
+};
+
+class LrSchedule {
+ public:
+  LrSchedule(const ScheduleConfig& config, double peak_lr, int64_t total_steps);
+  // The learning rate of step `step`, counted from 1.
+  double at(int64_t step) const;
+
+ private:
+  ScheduleConfig config_;
+  double peak_;
+  int64_t total_;
+};
+
+}  // namespace fsdpp

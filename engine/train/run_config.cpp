@@ -1,0 +1,65 @@
+// Parsing of a run's TOML file into its sections' configs.
+#include "train/run_config.h"
+
+#include "train/config_file.h"
+
+namespace fsdpp {
+
+TrainConfig TrainConfig::from_section(ConfigSection& s) {
+  TrainConfig c;
+  c.steps = s.get_int("steps", c.steps);
+  c.grad_accum = s.get_int("grad_accum", c.grad_accum);
+  c.clip_grad_norm = s.get_double("clip_grad_norm", c.clip_grad_norm);
+  c.log_every = s.get_int("log_every", c.log_every);
+  c.eval_every = s.get_int("eval_every", c.eval_every);
+  c.eval_batches = s.get_int("eval_batches", c.eval_batches);
+  c.threads = s.get_int("threads", c.threads);
+  c.out_dir = s.get_string("out_dir", c.out_dir);
+  s.finish();
+  if (c.steps < 1) s.fail("steps", "must be at least 1, got " + std::to_string(c.steps));
+  if (c.grad_accum < 1) s.fail("grad_accum", "must be at least 1, got " + std::to_string(c.grad_accum));
+  if (c.clip_grad_norm < 0) s.fail("clip_grad_norm", "must not be negative");
+  if (c.log_every < 1) s.fail("log_every", "must be at least 1");
+  if (c.eval_every < 0) s.fail("eval_every", "must not be negative");
+  if (c.eval_batches < 1) s.fail("eval_batches", "must be at least 1");
+  if (c.threads < 0) s.fail("threads", "must not be negative");
+  if (c.out_dir.empty()) s.fail("out_dir", "must not be empty");
+  return c;
+}
+
+CheckpointConfig CheckpointConfig::from_section(ConfigSection& s) {
+  CheckpointConfig c;
+  c.save_every = s.get_int("save_every", c.save_every);
+  c.save_final = s.get_bool("save_final", c.save_final);
+  c.dir = s.get_string("dir", c.dir);
+  s.finish();
+  if (c.save_every < 0) s.fail("save_every", "must not be negative");
+  return c;
+}
+
+RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  const ConfigFile file = ConfigFile::load(path, overrides);
+  file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics"});
+  RunConfig run;
+  run.file = path;
+  auto section = [&file](const char* name) { return file.section(name); };
+  auto model = section("model");
+  run.model = ModelSourceConfig::from_section(model);
+  auto data = section("data");
+  run.data = DataConfig::from_section(data);
+  auto optimizer = section("optimizer");
+  run.optimizer = OptimizerConfig::from_section(optimizer);
+  auto scheduler = section("scheduler");
+  run.scheduler = ScheduleConfig::from_section(scheduler);
+  auto train = section("train");
+  run.train = TrainConfig::from_section(train);
+  auto checkpoint = section("checkpoint");
+  run.checkpoint = CheckpointConfig::from_section(checkpoint);
+  auto metrics = section("metrics");
+  run.metrics = MetricsConfig::from_section(metrics);
+  if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/model";
+  if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
+  return run;
+}
+
+}  // namespace fsdpp

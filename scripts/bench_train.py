@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+# Benchmarks fsdpp training against the same model, data and optimiser written in plain
+# PyTorch, reporting throughput, peak memory and final loss of each.
+# Run with the project venv from the repository root: .venv/bin/python scripts/bench_train.py
+#
+# Each engine runs in its own child process so that its peak RSS can be read from the
+# rusage os.wait4 returns for exactly that child; getrusage(RUSAGE_CHILDREN) only gives the
+# maximum over all children. Both children write a metrics.jsonl in the same format and
+# throughput is computed from those files by one function, so the two are measured alike.
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+WARMUP_STEPS = 10  # steps left out of the throughput figure (allocation, thread start-up)
+TOKEN_MAGIC = b"FSDPTOK\x00"
+TOKEN_HEADER_BYTES = 32
+
+
+class BenchError(Exception):
+    pass
+
+
+def fail(msg):
+    print(f"bench_train: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def overrides(args, out_dir):
+    return [
+        f"train.steps={args.steps}",
+        f"train.threads={args.threads}",
+        f"train.out_dir={out_dir}",
+        "checkpoint.save_final=false",
+        "train.eval_every=0",
+    ]
+
+
+def parse_value(text):
+    # Values are TOML when they parse as TOML, so `false` and `60` keep their types, and
+    # bare strings otherwise, so paths need no quoting.
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load_config(path, sets):
+    try:
+        with open(path, "rb") as f:
+            cfg = tomllib.load(f)
+    except OSError as e:
+        raise BenchError(f"cannot read config {path}: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        raise BenchError(f"{path}: {e}")
+    for s in sets:
+        key, _, value = s.partition("=")
+        *parents, leaf = key.split(".")
+        table = cfg
+        for p in parents:
+            table = table.setdefault(p, {})
+        table[leaf] = parse_value(value)
+    return cfg
+
+
+def get(cfg, dotted, default=None):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is None:
+                raise BenchError(f"config has no {dotted}")
+            return default
+        node = node[part]
+    return node
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def read_metrics(path):
+    records = []
+    try:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if all(k in rec for k in ("step", "loss", "tokens", "elapsed_s")):
+                    records.append(rec)
+    except OSError as e:
+        raise BenchError(f"cannot read metrics {path}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{path}: bad JSON line ({e.msg})")
+    return records
+
+
+def summarise(path):
+    records = read_metrics(path)
+    # The baseline is the first logged step at or after the warm-up, so engines that log
+    # only every few steps are still measured over the same span.
+    base = next((r for r in records if r["step"] >= WARMUP_STEPS), None)
+    last = records[-1] if records else None
+    if base is None or last["step"] <= base["step"]:
+        raise BenchError(f"{path}: need logged steps after step {WARMUP_STEPS} to measure throughput")
+    seconds = last["elapsed_s"] - base["elapsed_s"]
+    if seconds <= 0:
+        raise BenchError(f"{path}: elapsed_s does not increase")
+    return {
+        "tokens_per_s": (last["tokens"] - base["tokens"]) / seconds,
+        "final_loss": last["loss"],
+        "final_step": last["step"],
+    }
+
+
+def run_child(name, cmd, log_path):
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        except OSError as e:
+            raise BenchError(f"cannot start {name}: {e.strerror}")
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        with open(log_path, errors="replace") as log:
+            tail = log.readlines()[-20:]
+        sys.stderr.writelines(tail)
+        raise BenchError(f"{name} exited with status {proc.returncode} (its output is above)")
+    return usage.ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def bench(args):
+    if not (os.path.isfile(args.fsdpp) and os.access(args.fsdpp, os.X_OK)):
+        raise BenchError(f"fsdpp binary {args.fsdpp} not found or not executable; build it first "
+                         "or pass --fsdpp")
+    if args.steps <= WARMUP_STEPS:
+        raise BenchError(f"--steps must be greater than {WARMUP_STEPS}")
+
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="fsdpp-bench-") as tmp:
+        fsdpp_dir = os.path.join(tmp, "fsdpp")
+        torch_dir = os.path.join(tmp, "pytorch")
+        # Checked here so a missing corpus is reported plainly rather than by a child.
+        data = get(load_config(args.config, overrides(args, fsdpp_dir)), "data.train")
+        if not os.path.isfile(data):
+            raise BenchError(f"token file {data} not found "
+                             "(scripts/make_corpus.sh builds the default)")
+        fsdpp_cmd = [args.fsdpp, "train", args.config]
+        for s in overrides(args, fsdpp_dir):
+            fsdpp_cmd += ["--set", s]
+        torch_cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker",
+                     "--config", args.config, "--steps", str(args.steps),
+                     "--threads", str(args.threads), "--out-dir", torch_dir]
+
+        for name, cmd, out_dir in (("fsdpp", fsdpp_cmd, fsdpp_dir),
+                                   ("pytorch", torch_cmd, torch_dir)):
+            print(f"running {name} ({args.steps} steps, {args.threads} threads)...", flush=True)
+            rss = run_child(name, cmd, os.path.join(tmp, f"{name}.log"))
+            results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"))
+            results[name]["rss_mib"] = rss
+
+    print()
+    print(f"{'engine':<10}{'tokens/s':>12}{'peak RSS MiB':>15}{'final loss':>12}")
+    for name, r in results.items():
+        print(f"{name:<10}{r['tokens_per_s']:>12.1f}{r['rss_mib']:>15.1f}{r['final_loss']:>12.4f}")
+    f, t = results["fsdpp"], results["pytorch"]
+    print()
+    print(f"tokens/s ratio (fsdpp / pytorch): {f['tokens_per_s'] / t['tokens_per_s']:.2f}x")
+    print(f"peak RSS ratio (fsdpp / pytorch): {f['rss_mib'] / t['rss_mib']:.2f}x")
+
+
+# ---------------------------------------------------------------- PyTorch reference
+
+
+def read_tokens(path):
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            header = f.read(TOKEN_HEADER_BYTES)
+    except OSError as e:
+        raise BenchError(f"cannot read {path}: {e.strerror}")
+    if len(header) < TOKEN_HEADER_BYTES or header[:8] != TOKEN_MAGIC:
+        raise BenchError(f"{path} is not an fsdpp token file")
+    version, width, count, vocab = (int.from_bytes(header[o:o + n], "little")
+                                    for o, n in ((8, 4), (12, 4), (16, 8), (24, 8)))
+    if version != 1 or width not in (2, 4):
+        raise BenchError(f"{path}: unsupported token file (version {version}, width {width})")
+    if os.path.getsize(path) < TOKEN_HEADER_BYTES + count * width:
+        raise BenchError(f"{path} is truncated")
+    dtype = "<u2" if width == 2 else "<u4"
+    return np.memmap(path, dtype=dtype, mode="r", offset=TOKEN_HEADER_BYTES, shape=(count,)), vocab
+
+
+def lr_at(step, cfg):
+    # `step` counts from 1 so the first update already has a non-zero learning rate.
+    lr = float(get(cfg, "optimizer.lr"))
+    kind = get(cfg, "scheduler.kind", "constant")
+    warmup = int(get(cfg, "scheduler.warmup_steps", 0))
+    if step < warmup:
+        return lr * step / warmup
+    if kind == "constant":
+        return lr
+    if kind != "cosine":
+        raise BenchError(f"unsupported scheduler.kind {kind!r}")
+    total = int(get(cfg, "train.steps"))
+    min_lr = lr * float(get(cfg, "scheduler.min_lr_ratio", 0.0))
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_model(cfg):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtype_name = get(cfg, "model.dtype", "float32")
+    if dtype_name not in dtypes:
+        raise BenchError(f"unsupported model.dtype {dtype_name!r}")
+    path = get(cfg, "model.path")
+    model_dir = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
+    # Like fsdpp, weights are loaded when the model directory has them, else initialised.
+    has_weights = any(os.path.exists(os.path.join(model_dir, f))
+                      for f in ("model.safetensors", "model.safetensors.index.json"))
+    torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
+    if has_weights:
+        return AutoModelForCausalLM.from_pretrained(
+            model_dir, config=hf_config, dtype=dtypes[dtype_name], attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_config(
+        hf_config, dtype=dtypes[dtype_name], attn_implementation="sdpa")
+
+
+def torch_worker(args):
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    cfg = load_config(args.config, overrides(args, args.out_dir))
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    tokens, file_vocab = read_tokens(get(cfg, "data.train"))
+    model = build_model(cfg)
+    vocab = model.config.vocab_size
+    if file_vocab > vocab:
+        raise BenchError(f"token file vocab {file_vocab} exceeds model vocab {vocab}")
+    model.train()
+
+    seq_len = int(get(cfg, "data.seq_len"))
+    batch = int(get(cfg, "data.batch_size"))
+    held_out = int(len(tokens) * float(get(cfg, "data.eval_fraction", 0.0)))
+    train_tokens = tokens[:len(tokens) - held_out]
+    max_offset = len(train_tokens) - (seq_len + 1)
+    if max_offset < 0:
+        raise BenchError(f"training split has {len(train_tokens)} tokens, fewer than seq_len + 1")
+    rng = np.random.default_rng(int(get(cfg, "data.seed", 0)))
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": float(get(cfg, "optimizer.weight_decay", 0.0))},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=float(get(cfg, "optimizer.lr")),
+        betas=(float(get(cfg, "optimizer.beta1", 0.9)), float(get(cfg, "optimizer.beta2", 0.999))),
+        eps=float(get(cfg, "optimizer.eps", 1e-8)),
+    )
+
+    steps = int(get(cfg, "train.steps"))
+    accum = int(get(cfg, "train.grad_accum", 1))
+    clip = float(get(cfg, "train.clip_grad_norm", 0.0))
+    log_every = max(1, int(get(cfg, "train.log_every", 1)))
+    tokens_per_step = batch * seq_len * accum
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    metrics = open(os.path.join(args.out_dir, "metrics.jsonl"), "w")
+    start = time.perf_counter()
+    last_time, last_tokens = start, 0
+    for step in range(1, steps + 1):
+        lr = lr_at(step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for _ in range(accum):
+            offsets = rng.integers(0, max_offset, size=batch, endpoint=True)
+            window = np.stack([train_tokens[o:o + seq_len + 1] for o in offsets]).astype(np.int64)
+            window = torch.from_numpy(window)
+            logits = model(input_ids=window[:, :-1], use_cache=False).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                   window[:, 1:].reshape(-1))
+            (loss / accum).backward()
+            step_loss += loss.item() / accum
+        if clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
+        else:
+            grad_norm = torch.linalg.vector_norm(
+                torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])).item()
+        opt.step()
+
+        if step % log_every == 0 or step == steps:
+            now = time.perf_counter()
+            done = step * tokens_per_step
+            record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": (done - last_tokens) / (now - last_time),
+                      "elapsed_s": now - start, "tokens": done}
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+            last_time, last_tokens = now, done
+    metrics.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="Train the same model with fsdpp and with plain PyTorch (transformers + "
+        "AdamW) on the CPU and compare tokens/s, peak RSS and final loss. Relative paths, "
+        "including those inside the config, resolve against the current directory.")
+    ap.add_argument("--config", default="examples/tiny-llama.toml",
+                    help="fsdpp TOML config to benchmark (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=60,
+                    help=f"optimiser steps per engine; the first {WARMUP_STEPS} are not timed "
+                    "(default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="compute threads for each engine (default: %(default)s)")
+    ap.add_argument("--fsdpp", default="build/fsdpp",
+                    help="path to the fsdpp binary (default: %(default)s)")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    ap.error = fail
+    args = ap.parse_args()
+
+    try:
+        if args.torch_worker:
+            if not args.out_dir:
+                raise BenchError("--torch-worker needs --out-dir")
+            torch_worker(args)
+        else:
+            bench(args)
+    except BenchError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

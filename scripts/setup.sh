@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything fsdpp needs on a fresh Debian machine, idempotently: the Debian
+# packages for the C++ build and a project-local venv holding the torch wheel (LibTorch)
+# plus the Python references used by tests and data scripts. Takes seconds when done.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+debs=(liblua5.4-dev libtomlplusplus-dev libspdlog-dev catch2 nlohmann-json3-dev ccache
+      cmake ninja-build g++ python3-venv)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+py_pins=(torch==2.11.0 transformers==4.57.1 safetensors tokenizers numpy)
+stamp=.venv/.fsdpp-setup-$(printf '%s\n' "${py_pins[@]}" | sha1sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  echo "setup: installing Python packages into .venv: ${py_pins[*]}"
+  .venv/bin/pip install -q --disable-pip-version-check "${py_pins[@]}"
+  touch "$stamp"
+fi

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Bad input to the real binary: each case must end with exit status 2 and exactly one line
+# on stderr that starts "fsdpp: error:" and names what is wrong (file, line or tensor).
+set -uo pipefail
+: "${FSDPP:?}" "${FIXTURES:?}" "${WORK:?}"
+work="$WORK/bad-inputs"
+rm -rf "$work" && mkdir -p "$work"
+python3 scripts/make_tokens.py --out "$work/ok.tok" examples/tiny-llama.toml >/dev/null || exit 1
+
+cat >"$work/ok.toml" <<TOML
+[model]
+path = "$FIXTURES/llama_untied"
+[data]
+train = "$work/ok.tok"
+seq_len = 16
+batch_size = 2
+[train]
+steps = 1
+out_dir = "$work/out"
+TOML
+
+failures=0
+# expect NAME PATTERN... -- fsdpp ARGS...: every PATTERN must occur in the one stderr line.
+expect() {
+  local name=$1; shift
+  local patterns=()
+  while [ "$1" != "--" ]; do patterns+=("$1"); shift; done
+  shift
+  "$FSDPP" "$@" >"$work/out.txt" 2>"$work/err.txt"
+  local rc=$? lines
+  lines=$(wc -l <"$work/err.txt")
+  local ok=1
+  [ "$rc" -eq 2 ] || ok=0
+  [ "$lines" -eq 1 ] || ok=0
+  grep -q '^fsdpp: error: ' "$work/err.txt" || ok=0
+  for p in "${patterns[@]}"; do grep -qF -- "$p" "$work/err.txt" || ok=0; done
+  if [ $ok -eq 1 ]; then
+    echo "ok   $name: $(cat "$work/err.txt")"
+  else
+    echo "FAIL $name (exit $rc, $lines stderr lines, wanted: ${patterns[*]}):"
+    cat "$work/err.txt"
+    failures=$((failures + 1))
+  fi
+}
+
+sed 's/^seq_len = 16/seq_lne = 16/' "$work/ok.toml" >"$work/unknown_key.toml"
+expect "unknown TOML key" "unknown_key.toml:5" "[data] seq_lne: unknown key; did you mean 'seq_len'?" \
+  -- train "$work/unknown_key.toml"
+
+sed 's/^batch_size = 2/batch_size = "two"/' "$work/ok.toml" >"$work/wrong_type.toml"
+expect "wrong TOML type" "wrong_type.toml:6" "expected an integer, got a string" \
+  -- train "$work/wrong_type.toml"
+
+expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
+  -- train "$work/ok.toml" --set train.stpes=3
+
+expect "missing model dir" "$work/no-such-model" "no such model directory" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/no-such-model\""
+
+cp -r "$FIXTURES/llama_untied" "$work/corrupt_model"
+printf '\xff\xff\xff\xff' | dd of="$work/corrupt_model/model.safetensors" bs=1 seek=4 conv=notrunc 2>/dev/null
+expect "corrupt safetensors header" "corrupt_model/model.safetensors" "corrupt safetensors header" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/corrupt_model\""
+
+cp -r "$FIXTURES/llama_untied" "$work/short_model"
+truncate -s -100 "$work/short_model/model.safetensors"
+expect "truncated safetensors data" "short_model/model.safetensors" "past the end of the file" \
+  -- eval "$work/ok.toml" --set "model.path=\"$work/short_model\""
+
+head -c 100 "$work/ok.tok" >"$work/truncated.tok"
+expect "truncated token file" "truncated.tok" "truncated" \
+  -- train "$work/ok.toml" --set "data.train=\"$work/truncated.tok\""
+
+expect "missing config" "nothing.toml: no such config file" -- train "$work/nothing.toml"
+expect "unknown command" "unknown command 'trian'" -- trian "$work/ok.toml"
+expect "unknown option" "unknown option --fast" -- train "$work/ok.toml" --fast
+
+if [ $failures -ne 0 ]; then
+  echo "$failures bad-input case(s) failed"
+  exit 1
+fi
+echo "all bad-input cases exit 2 with one clear line"

@@ -1,0 +1,102 @@
+// safetensors: round trips in every dtype we train in, and each kind of corruption refused
+// with a message naming the file (and tensor, where one is at fault).
+#include "core/error.h"
+#include "io/safetensors.h"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace fsdpp;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir() {
+  auto dir = fs::temp_directory_path() / ("fsdpp-st-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void write_all(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::string error_of(const fs::path& p) {
+  try {
+    SafetensorsFile::open(p);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("safetensors round trip keeps names, shapes, dtypes and values", "[io]") {
+  const auto path = temp_dir() / "round.safetensors";
+  NamedTensors tensors = {{"a.weight", torch::randn({3, 5})},
+                          {"b", torch::randn({7}).to(torch::kBFloat16)},
+                          {"c.half", torch::randn({2, 2, 2}).to(torch::kHalf)},
+                          {"ids", torch::arange(6, torch::kLong).view({2, 3})},
+                          {"scalar", torch::tensor(3.5f).reshape({})}};
+  write_safetensors(path, tensors, {{"format", "pt"}});
+  auto file = SafetensorsFile::open(path);
+  CHECK(file->metadata().at("format") == "pt");
+  REQUIRE(file->entries().size() == tensors.size());
+  for (const auto& [name, t] : tensors) {
+    auto back = file->tensor(name);
+    CHECK(back.scalar_type() == t.scalar_type());
+    CHECK(torch::equal(back, t));
+  }
+  CHECK_FALSE(fs::exists(path.string() + ".tmp"));
+}
+
+TEST_CASE("corrupt safetensors files are refused naming the file", "[io]") {
+  const auto dir = temp_dir();
+  const auto good = dir / "good.safetensors";
+  write_safetensors(good, {{"w", torch::randn({4, 4})}, {"v", torch::randn({4})}});
+  const std::string bytes = read_all(good);
+
+  const auto bad = dir / "bad.safetensors";
+  SECTION("shorter than the length prefix") {
+    write_all(bad, bytes.substr(0, 5));
+    CHECK_THAT(error_of(bad), Catch::Contains(bad.string()) && Catch::Contains("shorter"));
+  }
+  SECTION("header length beyond the file") {
+    std::string b = bytes;
+    b[6] = '\x7f';
+    write_all(bad, b);
+    CHECK_THAT(error_of(bad), Catch::Contains(bad.string()) && Catch::Contains("header"));
+  }
+  SECTION("header not JSON") {
+    std::string b = bytes;
+    b[8] = '#';
+    write_all(bad, b);
+    CHECK_THAT(error_of(bad), Catch::Contains(bad.string()) && Catch::Contains("not valid JSON"));
+  }
+  SECTION("truncated data") {
+    write_all(bad, bytes.substr(0, bytes.size() - 3));
+    CHECK_THAT(error_of(bad), Catch::Contains(bad.string()) && Catch::Contains("past the end"));
+  }
+  SECTION("unknown dtype") {
+    std::string b = bytes;
+    auto pos = b.find("\"F32\"");
+    b.replace(pos, 5, "\"Q32\"");
+    write_all(bad, b);
+    CHECK_THAT(error_of(bad), Catch::Contains("unsupported dtype 'Q32'"));
+  }
+  SECTION("missing file") {
+    CHECK_THAT(error_of(dir / "absent.safetensors"), Catch::Contains("absent.safetensors"));
+  }
+  SECTION("missing tensor") {
+    auto file = SafetensorsFile::open(good);
+    CHECK_THROWS_WITH(file->tensor("nope"), Catch::Contains("missing tensor 'nope'"));
+  }
+}

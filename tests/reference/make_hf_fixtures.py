@@ -1,0 +1,120 @@
+# Writes tiny random HF checkpoints plus reference logits, loss and gradients computed by
+# `transformers`, which the C++ parity tests load to check fsdpp's model implementations.
+# Run with the project venv: .venv/bin/python tests/reference/make_hf_fixtures.py OUTDIR
+import argparse
+import os
+import sys
+import time
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+# Odd sizes on purpose: powers of two hide indexing and stride mistakes.
+COMMON = dict(
+    vocab_size=101,
+    hidden_size=48,
+    intermediate_size=88,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    # Large enough that logits differ clearly between positions and vocab entries.
+    initializer_range=0.2,
+    rms_norm_eps=1e-6,
+    attention_dropout=0.0,
+    attn_implementation="eager",
+)
+BATCH, SEQ = 2, 13
+INPUT_SEED = 20240601
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
+# name -> (seed, model class, config, extra save_pretrained arguments)
+MODELS = {
+    "llama_untied": (1, LlamaForCausalLM,
+                     LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0), {}),
+    "llama_tied_rope3": (2, LlamaForCausalLM,
+                         LlamaConfig(**COMMON, tie_word_embeddings=True, rope_theta=500000.0,
+                                     rope_scaling=LLAMA3_SCALING), {}),
+    "qwen2": (3, Qwen2ForCausalLM, Qwen2Config(**COMMON, tie_word_embeddings=True), {}),
+    "qwen3": (4, Qwen3ForCausalLM,
+              Qwen3Config(**COMMON, head_dim=12, tie_word_embeddings=False, attention_bias=False),
+              {}),
+    "llama_sharded": (5, LlamaForCausalLM,
+                      LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0),
+                      {"max_shard_size": "20KB"}),
+}
+
+
+def fail(msg):
+    print(f"make_hf_fixtures: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def perturb(model):
+    # HF initialises norm weights to 1 and biases to 0, which would let a port that skips
+    # the norm scale or the q/k/v bias pass; move them away from those values.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+                p.copy_(0.2 * torch.randn_like(p))
+
+
+def make_one(outdir, name, seed, cls, config, save_args):
+    torch.manual_seed(seed)
+    model = cls(config)
+    perturb(model)
+    model.train()
+
+    gen = torch.Generator().manual_seed(INPUT_SEED)
+    input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    out = model(input_ids, labels=input_ids)
+    out.loss.backward()
+
+    ref = {
+        "input_ids": input_ids,
+        "logits": out.logits.detach().contiguous(),
+        "loss": out.loss.detach().reshape(()),
+    }
+    for n, p in model.named_parameters():
+        ref[f"grad.{n}"] = p.grad.detach().contiguous()
+
+    d = os.path.join(outdir, name)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True, **save_args)
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    shards = sum(f.endswith(".safetensors") and f != "reference.safetensors" for f in os.listdir(d))
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} params, {shards} shard(s), "
+          f"loss {out.loss.item():.6f} -> {d}")
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="Write tiny random Llama/Qwen2/Qwen3 HF checkpoints with reference logits, "
+        "loss and gradients into OUTDIR/<model>/ for the C++ parity tests.")
+    ap.add_argument("outdir", metavar="OUTDIR", help="directory to write the fixtures into")
+    ap.error = fail
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    try:
+        for name, (seed, cls, config, save_args) in MODELS.items():
+            make_one(args.outdir, name, seed, cls, config, save_args)
+    except OSError as e:
+        fail(f"cannot write into {args.outdir}: {e}")
+    print(f"done in {time.perf_counter() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

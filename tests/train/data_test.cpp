@@ -1,0 +1,92 @@
+// Token files and batches: header checks, deterministic shuffled windows covering each
+// epoch once, and learning-rate schedule shapes.
+#include "core/error.h"
+#include "train/data.h"
+#include "train/lr_schedule.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+using namespace fsdpp;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Writes the token file format documented in train/data.h.
+fs::path write_tokens(const std::vector<uint16_t>& tokens, int64_t drop_bytes = 0) {
+  auto path = fs::temp_directory_path() / ("fsdpp-tok-" + std::to_string(::getpid()) + "-" +
+                                           std::to_string(tokens.size()) + "-" + std::to_string(drop_bytes));
+  std::string bytes("FSDPTOK\0", 8);
+  uint32_t version = 1, width = 2;
+  uint64_t count = tokens.size(), vocab = 65536;
+  for (auto [p, n] : {std::pair<const void*, size_t>{&version, 4}, {&width, 4}, {&count, 8}, {&vocab, 8}}) {
+    bytes.append(static_cast<const char*>(p), n);
+  }
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  bytes.resize(bytes.size() - drop_bytes);
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::vector<uint16_t> iota_tokens(size_t n) {
+  std::vector<uint16_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("token files read back and refuse truncation", "[train][data]") {
+  auto tokens = TokenFile::open(write_tokens(iota_tokens(300)));
+  CHECK(tokens.size() == 300);
+  CHECK(tokens.vocab_size() == 65536);
+  CHECK(torch::equal(tokens.slice(10, 3), torch::tensor({10, 11, 12}, torch::kLong)));
+  auto truncated = write_tokens(iota_tokens(300), 5);
+  CHECK_THROWS_WITH(TokenFile::open(truncated),
+                    Catch::Contains(truncated.string()) && Catch::Contains("truncated"));
+}
+
+TEST_CASE("batches are shifted windows, each window once per epoch, reproducible", "[train][data]") {
+  auto tokens = TokenFile::open(write_tokens(iota_tokens(1000)));
+  const int64_t seq = 9;
+  BatchSampler a(tokens, 100, 1000, seq, 4, /*seed=*/5);
+  BatchSampler b(tokens, 100, 1000, seq, 4, /*seed=*/5);
+  BatchSampler c(tokens, 100, 1000, seq, 4, /*seed=*/6);
+  const int64_t windows = a.windows_per_epoch();
+  CHECK(windows == (900 - 1) / seq);
+  // Tokens equal their positions, so a window's first token is its start.
+  std::set<int64_t> starts;
+  bool differs = false;
+  for (int64_t i = 0; i < windows / 4; ++i) {
+    auto x = a.next(), y = b.next(), z = c.next();
+    CHECK(torch::equal(x.input, y.input));
+    differs |= !torch::equal(x.input, z.input);
+    REQUIRE(x.input.sizes() == torch::IntArrayRef({4, seq}));
+    CHECK(torch::equal(x.target, x.input + 1));
+    for (int64_t r = 0; r < 4; ++r) {
+      const int64_t start = x.input[r][0].item<int64_t>();
+      CHECK((start - 100) % seq == 0);
+      CHECK(start + seq < 1000);
+      CHECK(starts.insert(start).second);  // no window twice within an epoch
+    }
+  }
+  CHECK(differs);
+}
+
+TEST_CASE("warmup then cosine, linear or constant", "[train][schedule]") {
+  ScheduleConfig config{.kind = "cosine", .warmup_steps = 10, .min_lr_ratio = 0.1};
+  LrSchedule cosine(config, 1.0, 110);
+  CHECK(cosine.at(1) == Approx(0.1));
+  CHECK(cosine.at(10) == Approx(1.0));
+  CHECK(cosine.at(60) == Approx(0.55));
+  CHECK(cosine.at(110) == Approx(0.1));
+  config.kind = "linear";
+  CHECK(LrSchedule(config, 1.0, 110).at(60) == Approx(0.55));
+  CHECK(LrSchedule(config, 1.0, 110).at(35) == Approx(1.0 - 0.9 * 0.25));
+  config.kind = "constant";
+  CHECK(LrSchedule(config, 2.0, 110).at(80) == Approx(2.0));
+}
