@@ -27,6 +27,8 @@ COMMON = dict(
     attn_implementation="eager",
 )
 BATCH, SEQ = 2, 13
+# One optimizer step after the reference backward, checked by the C++ parity test too.
+CLIP_NORM, LR, BETAS, EPS, WEIGHT_DECAY = 0.5, 1e-2, (0.9, 0.95), 1e-8, 0.1
 INPUT_SEED = 20240601
 
 LLAMA3_SCALING = {
@@ -87,11 +89,24 @@ def make_one(outdir, name, seed, cls, config, save_args):
         "loss": out.loss.detach().reshape(()),
     }
     for n, p in model.named_parameters():
-        ref[f"grad.{n}"] = p.grad.detach().contiguous()
+        ref[f"grad.{n}"] = p.grad.detach().clone()  # clipping below scales p.grad in place
 
+    # The checkpoint holds the weights the reference outputs came from, before the step.
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True, **save_args)
+
+    # Clip by the global norm, then one AdamW step with decay on matrices only.
+    ref["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM).reshape(())
+    named = list(model.named_parameters())
+    opt = torch.optim.AdamW(
+        [{"params": [p for _, p in named if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+         {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    opt.step()
+    for n, p in named:
+        ref[f"updated.{n}"] = p.detach().clone()
+
     save_file(ref, os.path.join(d, "reference.safetensors"))
     shards = sum(f.endswith(".safetensors") and f != "reference.safetensors" for f in os.listdir(d))
     print(f"{name}: {sum(p.numel() for p in model.parameters())} params, {shards} shard(s), "
