@@ -6,8 +6,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-debs=(liblua5.4-dev libtomlplusplus-dev libspdlog-dev catch2 nlohmann-json3-dev ccache
-      cmake ninja-build g++ python3-venv)
+# libgloo-dev: the torch wheel exports ProcessGroupGloo but ships no Gloo headers.
+debs=(liblua5.4-dev libgloo-dev libtomlplusplus-dev libspdlog-dev catch2 nlohmann-json3-dev ccache
+      cmake ninja-build g++ python3-venv procps)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

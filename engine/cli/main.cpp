@@ -2,6 +2,7 @@
 // line on stderr and exit status 2; an engine fault is one line and status 1.
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/launcher.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
 
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -23,6 +25,8 @@ constexpr const char* kUsage = R"(usage: fsdpp <command> [options]
 commands:
   train CONFIG   train the model a TOML run file describes
   eval CONFIG    mean next-token loss and perplexity of the configured model
+  launch ... -- COMMAND
+                 run COMMAND (e.g. train CONFIG) as several ranks of one job
 
 `fsdpp <command> --help` describes a command's options.
 )";
@@ -41,6 +45,17 @@ Mean next-token loss and perplexity of the model [model] names (fresh, trained o
 from an HF directory) over consecutive non-overlapping windows of data.seq_len tokens: of
 FILE when given, else of data.train's held-out tail (all of it when eval_fraction is 0).
 Each window predicts its tokens 2..seq_len, as transformers does with labels = input_ids.
+)";
+
+constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R]
+                    [--master-addr A] [--master-port P] -- COMMAND [ARGS...]
+
+Starts N ranks of this node, each running `fsdpp COMMAND ARGS...` with RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them).
+Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to every rank.
+When one rank fails the others are stopped (SIGTERM, then SIGKILL after 5 s) and launch
+exits non-zero naming the rank and its exit status. On one node the port defaults to a
+free one; across nodes to 29500, with A the address of node 0.
 )";
 
 struct Args {
@@ -98,7 +113,7 @@ RunConfig load_run(const Args& args) {
 int run_train(const Args& args) {
   const RunConfig config = load_run(args);
   const TrainSummary s = train(config);
-  log_info("done: ", s.steps, " steps, final loss ", s.final_loss,
+  if (DistEnv::from_environment().rank == 0) log_info("done: ", s.steps, " steps, final loss ", s.final_loss,
            s.skipped_steps ? concat(", ", s.skipped_steps, " skipped") : std::string());
   return 0;
 }
@@ -130,8 +145,17 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return command.empty() ? 2 : 0;
     }
+    if (command == "launch") {
+      std::vector<std::string> rest(argv + 2, argv + argc);
+      if (!rest.empty() && (rest[0] == "--help" || rest[0] == "-h")) {
+        std::cout << kLaunchHelp;
+        return 0;
+      }
+      const LaunchOptions options = parse_launch_args(rest);
+      return launch(options, std::filesystem::read_symlink("/proc/self/exe").string());
+    }
     if (command != "train" && command != "eval") {
-      throw UserError("unknown command '" + command + "' (commands: train, eval; see fsdpp --help)");
+      throw UserError("unknown command '" + command + "' (commands: train, eval, launch; see fsdpp --help)");
     }
     const Args args = parse_args(command, argc, argv);
     if (args.help) {

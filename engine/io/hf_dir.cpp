@@ -99,9 +99,16 @@ void load_hf_weights(CausalLM& model, const HfWeights& weights) {
   }
 }
 
-void save_hf_dir(CausalLM& model, const fs::path& dir, at::ScalarType dtype, size_t max_shard_bytes) {
+void save_hf_dir(CausalLM& model, const fs::path& dir, at::ScalarType dtype) {
+  NamedTensors tensors;
+  for (const auto& p : unique_named_parameters(model)) tensors.emplace_back(p.name, p.tensor);
+  save_hf_dir(model.config(), tensors, dir, dtype);
+}
+
+void save_hf_dir(const ModelConfig& model_config, const NamedTensors& tensors, const fs::path& dir,
+                 at::ScalarType dtype, size_t max_shard_bytes) {
   fs::create_directories(dir);
-  json config = model.config().raw ? *model.config().raw : json::object();
+  json config = model_config.raw ? *model_config.raw : json::object();
   // Older readers know only torch_dtype; newer ones still accept it.
   config.erase("dtype");
   config["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
@@ -110,7 +117,7 @@ void save_hf_dir(CausalLM& model, const fs::path& dir, at::ScalarType dtype, siz
 
   std::vector<NamedTensors> shards(1);
   size_t shard_bytes = 0, total_bytes = 0;
-  for (auto& [name, param] : unique_named_parameters(model)) {
+  for (const auto& [name, param] : tensors) {
     at::Tensor t = param.detach().to(at::kCPU, dtype);
     const size_t bytes = t.numel() * t.element_size();
     if (shard_bytes > 0 && shard_bytes + bytes > max_shard_bytes) {

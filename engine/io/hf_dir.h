@@ -34,9 +34,11 @@ std::filesystem::path hf_config_path(const std::filesystem::path& path);
 // file and tensor. Tensors the model lacks are reported as a warning.
 void load_hf_weights(CausalLM& model, const HfWeights& weights);
 
-// Writes `model` as an HF directory in `dtype`: config.json and model.safetensors, or
-// shards of at most `max_shard_bytes` with an index when larger.
-void save_hf_dir(CausalLM& model, const std::filesystem::path& dir, at::ScalarType dtype,
-                 size_t max_shard_bytes = size_t{2} << 30);
+// Writes `tensors` (full parameters, HF names) of a model of `config` as an HF directory
+// in `dtype`: config.json and model.safetensors, or shards of at most `max_shard_bytes`
+// with an index when larger.
+void save_hf_dir(const ModelConfig& config, const NamedTensors& tensors, const std::filesystem::path& dir,
+                 at::ScalarType dtype, size_t max_shard_bytes = size_t{2} << 30);
+void save_hf_dir(CausalLM& model, const std::filesystem::path& dir, at::ScalarType dtype);
 
 }  // namespace fsdpp

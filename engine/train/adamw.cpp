@@ -1,7 +1,7 @@
 // AdamW and gradient clipping.
 #include "train/adamw.h"
 
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 #include <ATen/ATen.h>
 
@@ -82,15 +82,17 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
   return groups;
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, Comm* group) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+    if (p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
   }
-  if (grads.empty()) return 0.0;
-  auto norms = at::_foreach_norm(grads, 2);
-  const double total = at::stack(norms).to(at::kDouble).norm().item<double>();
+  // Squares add across shards, so one all-reduce of the local sum gives the global norm.
+  at::Tensor square_sum = at::zeros({1}, at::kDouble);
+  if (!grads.empty()) square_sum += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
+  if (group != nullptr) group->all_reduce_sum(square_sum);
+  const double total = std::sqrt(square_sum.item<double>());
   if (std::isfinite(total) && max_norm > 0 && total > max_norm) {
     at::_foreach_mul_(grads, max_norm / (total + 1e-6));
   }

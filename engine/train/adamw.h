@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/module_tree.h"
+#include "dist/comm.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -50,8 +51,9 @@ class AdamW {
 // Matrices (ndim >= 2) decay; biases, norm weights and other vectors do not.
 std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params, double weight_decay);
 
-// The L2 norm over all gradients; when finite and above `max_norm` (> 0), gradients are
-// scaled down to it. Returns the norm before clipping.
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// The L2 norm over all gradients, across every rank of `group` when given (each rank
+// holding disjoint shards); when finite and above `max_norm` (> 0), gradients are scaled
+// down to it. Returns the norm before clipping, the same on every rank.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, Comm* group = nullptr);
 
 }  // namespace fsdpp

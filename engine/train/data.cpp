@@ -2,7 +2,7 @@
 #include "train/data.h"
 
 #include "core/error.h"
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 #include <ATen/ATen.h>
 

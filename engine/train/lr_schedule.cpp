@@ -1,7 +1,7 @@
 // Warmup plus cosine/linear/constant learning-rate schedule.
 #include "train/lr_schedule.h"
 
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 #include <algorithm>
 #include <cmath>

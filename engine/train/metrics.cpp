@@ -3,7 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>

@@ -6,7 +6,7 @@
 #include "core/module_tree.h"
 #include "io/hf_dir.h"
 #include "models/registry.h"
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 
 namespace fsdpp {

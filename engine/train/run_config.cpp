@@ -1,7 +1,7 @@
 // Parsing of a run's TOML file into its sections' configs.
 #include "train/run_config.h"
 
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 namespace fsdpp {
 
@@ -39,7 +39,7 @@ CheckpointConfig CheckpointConfig::from_section(ConfigSection& s) {
 
 RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
   const ConfigFile file = ConfigFile::load(path, overrides);
-  file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics"});
+  file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics", "parallel"});
   RunConfig run;
   run.file = path;
   auto section = [&file](const char* name) { return file.section(name); };
@@ -57,6 +57,8 @@ RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<s
   run.checkpoint = CheckpointConfig::from_section(checkpoint);
   auto metrics = section("metrics");
   run.metrics = MetricsConfig::from_section(metrics);
+  auto parallel = section("parallel");
+  run.parallel = ParallelConfig::from_section(parallel);
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/model";
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
   return run;

@@ -2,6 +2,7 @@
 // plus the [train] and [checkpoint] sections the training loop owns.
 #pragma once
 
+#include "dist/dist_env.h"
 #include "train/adamw.h"
 #include "train/data.h"
 #include "train/lr_schedule.h"
@@ -43,6 +44,7 @@ struct RunConfig {
   TrainConfig train;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
+  ParallelConfig parallel;
 
   // Parses and validates every section of `path` after applying `overrides`.
   static RunConfig load(const std::filesystem::path& path, const std::vector<std::string>& overrides);

@@ -1,5 +1,5 @@
 // TOML parsing through toml++, kept to this one unit so no other header pulls it in.
-#include "train/config_file.h"
+#include "core/config_file.h"
 
 #include "core/error.h"
 

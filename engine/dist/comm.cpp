@@ -1,0 +1,131 @@
+// c10d-backed collectives. Gloo reduces with SUM only (no AVG), so callers divide
+// themselves; every collective runs synchronously.
+#include "dist/comm.h"
+
+#include "core/error.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace fsdpp {
+
+namespace {
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                             int size, std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  // GLOO_SOCKET_IFNAME picks the interface on multi-homed hosts, as it does for PyTorch.
+  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+  options->devices.push_back(iface && *iface ? c10d::ProcessGroupGloo::createDeviceForInterface(iface)
+                                             : c10d::ProcessGroupGloo::createDefaultDevice());
+  options->threads = 1;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+}  // namespace
+
+struct Comm::Handles {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+Comm::Comm() : c10d_(std::make_unique<Handles>()) {}
+Comm::~Comm() = default;
+
+std::shared_ptr<Comm> Comm::single() { return std::shared_ptr<Comm>(new Comm()); }
+
+std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, int port,
+                                  std::chrono::milliseconds timeout) {
+  std::shared_ptr<Comm> comm(new Comm());
+  comm->rank_ = comm->world_rank_ = rank;
+  comm->size_ = size;
+  comm->name_ = "world";
+  comm->timeout_ = timeout;
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = rank == 0;
+  opts.numWorkers = size;
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  try {
+    comm->c10d_->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+    comm->c10d_->backend = make_gloo(c10::make_intrusive<c10d::PrefixStore>("world/", comm->c10d_->store), rank, size, timeout);
+  } catch (const std::exception& e) {
+    throw UserError("rank " + std::to_string(rank) + ": rendezvous at " + addr + ":" + std::to_string(port) +
+                    " failed: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
+  }
+  return comm;
+}
+
+std::shared_ptr<Comm> Comm::subgroup(const std::vector<int>& global_ranks, const std::string& tag) {
+  auto it = std::find(global_ranks.begin(), global_ranks.end(), world_rank_);
+  TORCH_CHECK(it != global_ranks.end(), "rank ", world_rank_, " is not in subgroup ", tag);
+  std::shared_ptr<Comm> comm(new Comm());
+  comm->rank_ = static_cast<int>(it - global_ranks.begin());
+  comm->size_ = static_cast<int>(global_ranks.size());
+  comm->world_rank_ = world_rank_;
+  comm->name_ = tag;
+  comm->timeout_ = timeout_;
+  comm->c10d_->store = c10d_->store;
+  if (comm->size_ > 1) {
+    comm->c10d_->backend = make_gloo(c10::make_intrusive<c10d::PrefixStore>(tag + "/", c10d_->store), comm->rank_,
+                               comm->size_, timeout_);
+  }
+  return comm;
+}
+
+void Comm::check(const at::Tensor& t, const char* op) const {
+  TORCH_CHECK(t.is_contiguous(), op, " needs contiguous tensors");
+}
+
+void Comm::all_gather(at::Tensor& out, const at::Tensor& in) {
+  check(out, "all_gather");
+  TORCH_CHECK(out.numel() == in.numel() * size_, "all_gather: output ", out.numel(), " != ", size_, " x ", in.numel());
+  if (!c10d_->backend) {
+    out.copy_(in.reshape(out.sizes()));
+    return;
+  }
+  at::Tensor input = in.contiguous();
+  c10d_->backend->_allgather_base(out, input)->wait();
+}
+
+void Comm::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
+  check(out, "reduce_scatter_sum");
+  TORCH_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input ", in.numel(), " != ", size_, " x ", out.numel());
+  if (!c10d_->backend) {
+    out.copy_(in.reshape(out.sizes()));
+    return;
+  }
+  at::Tensor input = in.contiguous();
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  c10d_->backend->_reduce_scatter_base(out, input, opts)->wait();
+}
+
+void Comm::all_reduce_sum(at::Tensor& t) {
+  check(t, "all_reduce_sum");
+  if (!c10d_->backend) return;
+  std::vector<at::Tensor> tensors{t};
+  c10d_->backend->allreduce(tensors)->wait();
+}
+
+void Comm::broadcast(at::Tensor& t, int root) {
+  check(t, "broadcast");
+  if (!c10d_->backend) return;
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  c10d_->backend->broadcast(tensors, opts)->wait();
+}
+
+void Comm::barrier() {
+  if (!c10d_->backend) return;
+  at::Tensor t = at::zeros({1});
+  all_reduce_sum(t);
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,86 @@
+// Environment rendezvous.
+#include "dist/dist_env.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/config_file.h"
+
+#include <cstdlib>
+
+namespace fsdpp {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(v, &end, 10);
+  if (*end != '\0' || value < 0) throw UserError(std::string("environment: ") + name + "='" + v + "' is not a number");
+  return static_cast<int>(value);
+}
+
+// Slurm's first node name from a list like "node[03-05],gpu7" ("node03").
+std::string first_host(std::string list) {
+  list = list.substr(0, list.find(','));
+  const auto bracket = list.find('[');
+  if (bracket == std::string::npos) return list;
+  std::string range = list.substr(bracket + 1);
+  return list.substr(0, bracket) + range.substr(0, range.find_first_of("-,]"));
+}
+
+}  // namespace
+
+ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
+  ParallelConfig c;
+  c.backend = s.get_string("backend", c.backend);
+  c.timeout_s = s.get_double("timeout_s", c.timeout_s);
+  s.finish();
+  if (c.backend != "auto" && c.backend != "gloo") {
+    s.fail("backend", "'" + c.backend + "' is not available in this build (auto, gloo)");
+  }
+  if (!(c.timeout_s > 0)) s.fail("timeout_s", "must be positive");
+  return c;
+}
+
+DistEnv DistEnv::from_environment() {
+  DistEnv e;
+  if (env("RANK") && env("WORLD_SIZE")) {
+    e.launched = true;
+    e.rank = env_int("RANK", 0);
+    e.world_size = env_int("WORLD_SIZE", 1);
+    e.local_rank = env_int("LOCAL_RANK", e.rank);
+    e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    e.launched = true;
+    e.rank = env_int("SLURM_PROCID", 0);
+    e.world_size = env_int("SLURM_NTASKS", 1);
+    e.local_rank = env_int("SLURM_LOCALID", 0);
+    e.local_world_size = env_int("SLURM_NTASKS_PER_NODE", e.world_size);
+    if (!env("MASTER_ADDR") && env("SLURM_JOB_NODELIST")) e.master_addr = first_host(env("SLURM_JOB_NODELIST"));
+  }
+  if (const char* addr = env("MASTER_ADDR")) e.master_addr = addr;
+  e.master_port = env_int("MASTER_PORT", e.master_port);
+  if (e.world_size < 1) throw UserError("environment: WORLD_SIZE must be at least 1");
+  if (e.rank >= e.world_size) {
+    throw UserError("environment: RANK " + std::to_string(e.rank) + " is not below WORLD_SIZE " +
+                    std::to_string(e.world_size));
+  }
+  return e;
+}
+
+std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
+  if (!env.launched) return Comm::single();
+  set_log_rank(env.rank);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
+  auto comm = Comm::world(env.rank, env.world_size, env.master_addr, env.master_port, timeout);
+  if (env.rank == 0) log_info("distributed: ", env.world_size, " ranks over gloo via ", env.master_addr, ":", env.master_port);
+  return comm;
+}
+
+}  // namespace fsdpp

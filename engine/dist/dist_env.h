@@ -1,0 +1,38 @@
+// Where this process stands in a distributed run, read from the variables torchrun and
+// `fsdpp launch` set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT) or, failing those, from Slurm's; and the [parallel] section.
+#pragma once
+
+#include "dist/comm.h"
+
+#include <memory>
+#include <string>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+struct ParallelConfig {
+  std::string backend = "auto";  // "auto" (gloo on CPU) or "gloo"
+  double timeout_s = 300;        // rendezvous and collective timeout
+
+  static ParallelConfig from_section(ConfigSection& section);
+};
+
+struct DistEnv {
+  bool launched = false;         // a launcher set the variables (else: one plain process)
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+
+  // UserError naming the variable when one is malformed or inconsistent.
+  static DistEnv from_environment();
+};
+
+// The world group for `env` (a single-process group when not launched).
+std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config);
+
+}  // namespace fsdpp

@@ -1,0 +1,54 @@
+// fully_shard for a model: units built bottom-up (inner wraps first, the root last taking
+// whatever is left), the end-of-backward callback that reduces units whose inputs needed no
+// gradient, and the sharded view the optimizer, clipping and checkpoints work on.
+#pragma once
+
+#include "core/module_tree.h"
+#include "fsdp/unit.h"
+
+#include <functional>
+#include <map>
+
+namespace fsdpp {
+
+class FsdpState {
+ public:
+  FsdpState(Module& root, std::shared_ptr<Comm> comm);
+  ~FsdpState();
+
+  // Makes `modules` one unit holding their parameters not yet claimed by an earlier unit.
+  // Tied parameters must fall inside one unit: otherwise a UserError names both paths.
+  FsdpUnit& fully_shard(const std::vector<Module*>& modules, const UnitOptions& options);
+  // The root unit: every parameter still unclaimed. Call last.
+  FsdpUnit& shard_root(const UnitOptions& options);
+
+  const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
+  const Comm& comm() const { return *comm_; }
+  // The owned rows of every parameter, named as in the model: the optimizer's parameters.
+  std::vector<NamedParameter> sharded_parameters() const;
+  // Runs `visit(name, full tensor)` for every parameter with its full value, one unit
+  // gathered at a time (a collective: every rank must call it).
+  void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit);
+  void reshard_all();
+
+  // Called by units from backward hooks.
+  void on_pre_backward();
+  bool in_backward() const { return in_backward_; }
+
+ private:
+  void final_callback();
+
+  Module& root_;
+  std::shared_ptr<Comm> comm_;
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  std::map<const void*, std::string> claimed_;  // tensor -> unit name
+  std::map<const void*, std::vector<std::string>> aliases_;  // tensor -> every path reaching it
+  bool in_backward_ = false;
+};
+
+// The built-in wrapping until policies choose: each decoder layer (the model's
+// no_split_modules), the embedding when it is not tied to lm_head, then the root.
+class CausalLM;
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, std::shared_ptr<Comm> comm);
+
+}  // namespace fsdpp

@@ -1,0 +1,36 @@
+// One parameter sharded on dim 0 across a group, as FSDP2 shards it: rows split into
+// ceil(rows / world) per rank, the trailing ranks padded, so every rank's padded shard has
+// the same size and the rank-major concatenation of all shards is the full tensor followed
+// by padding. The module keeps its own parameter tensor as the unsharded view; its storage
+// holds the gathered values only while the unit is unsharded (freed to 0 bytes otherwise),
+// so tensors autograd saved in forward stay valid across a free and re-gather.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+struct ShardedParam {
+  ShardedParam(std::string name, at::Tensor param, int rank, int world);
+
+  std::string name;          // dotted path of the first module that reaches it
+  at::Tensor param;          // the module's parameter [full shape]; storage freed when sharded
+  int64_t rows = 1;          // size of dim 0 (1 for a scalar)
+  int64_t row_numel = 1;     // elements per row
+  int64_t padded_rows = 0;   // rows per rank, ceil(rows / world)
+  int64_t owned_rows = 0;    // real rows on this rank (the trailing ranks may own fewer, or none)
+  at::Tensor local;          // [padded_rows * row_numel] this rank's rows then zero padding
+  at::Tensor owned;          // [owned_rows, ...] view of local's real rows: what the optimizer updates
+
+  int64_t shard_numel() const { return padded_rows * row_numel; }
+  int64_t numel() const { return rows * row_numel; }
+  // Gives param its full storage back, or releases it; the values are the caller's to fill.
+  void alloc_full();
+  void free_full();
+  bool is_full() const;
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,153 @@
+// Gathering and reducing one unit, and the forward/backward hooks that drive it:
+// pre-forward gathers and routes the inputs through an identity autograd function whose
+// backward is the unit's post-backward; post-forward reshards and hooks the output, whose
+// gradient arriving means this unit's backward is next (pre-backward: gather again).
+#include "fsdp/unit.h"
+
+#include "fsdp/fsdp_state.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace fsdpp {
+
+namespace {
+
+// Identity on the unit's inputs; its backward runs once the gradients of all the unit's
+// inputs are ready, i.e. after the unit's whole backward, so every gradient of its
+// parameters has been accumulated.
+struct PostBackward : public torch::autograd::Function<PostBackward> {
+  // Inputs arrive as a TensorList: a std::vector argument would be taken for a
+  // non-tensor one, and the node would never join the graph.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                int64_t unit) {
+    ctx->saved_data["unit"] = unit;
+    return inputs.vec();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    reinterpret_cast<FsdpUnit*>(ctx->saved_data["unit"].toInt())->post_backward();
+    grads.emplace_back();  // for the unit handle
+    return grads;
+  }
+};
+
+}  // namespace
+
+FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
+                   std::shared_ptr<Comm> comm, UnitOptions options, FsdpState* state)
+    : name_(std::move(name)),
+      modules_(std::move(modules)),
+      params_(std::move(params)),
+      comm_(std::move(comm)),
+      options_(options),
+      state_(state) {
+  for (auto& p : params_) {
+    flat_numel_ += p.shard_numel();
+    p.free_full();
+  }
+  install_hooks();
+}
+
+FsdpUnit::~FsdpUnit() {
+  for (auto& [module, id] : hooks_) module->remove_hook(id);
+}
+
+void FsdpUnit::install_hooks() {
+  Module* first = modules_.front();
+  Module* last = modules_.back();
+  hooks_.emplace_back(first, first->add_pre_forward_hook([this](Module&, Module::Tensors& inputs) {
+    unshard();
+    if (state_->in_backward()) return;  // a recomputation inside backward
+    std::vector<size_t> positions;
+    torch::autograd::variable_list needing_grad;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].defined() && inputs[i].requires_grad()) {
+        positions.push_back(i);
+        needing_grad.push_back(inputs[i]);
+      }
+    }
+    if (needing_grad.empty()) return;  // the end-of-backward callback reduces this unit
+    auto routed = PostBackward::apply(at::TensorList(needing_grad), reinterpret_cast<int64_t>(this));
+    for (size_t k = 0; k < positions.size(); ++k) inputs[positions[k]] = routed[k];
+  }));
+  hooks_.emplace_back(last, last->add_post_forward_hook([this](Module&, torch::Tensor& output) {
+    if (state_->in_backward()) return;
+    if (options_.reshard_after_forward) reshard();
+    if (output.requires_grad()) {
+      output.register_hook([this](const at::Tensor&) { pre_backward(); });
+    }
+  }));
+}
+
+void FsdpUnit::unshard() {
+  if (unsharded_) return;
+  at::NoGradGuard no_grad;
+  const int world = comm_->size();
+  at::Tensor flat = at::empty({flat_numel_}, at::kFloat);
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    flat.narrow(0, offset, p.shard_numel()).copy_(p.local);
+    offset += p.shard_numel();
+  }
+  at::Tensor gathered = at::empty({world * flat_numel_}, at::kFloat);
+  comm_->all_gather(gathered, flat);
+  auto by_rank = gathered.view({world, flat_numel_});  // [W, T]
+  offset = 0;
+  for (auto& p : params_) {
+    p.alloc_full();
+    // Rank-major shards concatenate to the full tensor followed by padding.
+    auto full = by_rank.narrow(1, offset, p.shard_numel()).reshape({-1}).narrow(0, 0, p.numel());
+    // variable_data() shares storage under a fresh version counter, so tensors autograd
+    // saved from the parameter do not see an in-place write.
+    p.param.variable_data().view({-1}).copy_(full);
+    offset += p.shard_numel();
+  }
+  unsharded_ = true;
+}
+
+void FsdpUnit::reshard() {
+  if (!unsharded_) return;
+  for (auto& p : params_) p.free_full();
+  unsharded_ = false;
+}
+
+void FsdpUnit::pre_backward() {
+  state_->on_pre_backward();
+  unshard();
+}
+
+void FsdpUnit::post_backward() {
+  if (reduced_) return;
+  reduced_ = true;
+  at::NoGradGuard no_grad;
+  const int world = comm_->size();
+  at::Tensor scattered_in = at::zeros({world, flat_numel_}, at::kFloat);  // [W, T]
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    at::Tensor grad = p.param.grad();
+    if (grad.defined()) {
+      // Pad each gradient to W shards; shard r goes to row r.
+      at::Tensor padded = at::zeros({world * p.shard_numel()}, at::kFloat);
+      padded.narrow(0, 0, p.numel()).copy_(grad.reshape({-1}));
+      scattered_in.narrow(1, offset, p.shard_numel()).copy_(padded.view({world, p.shard_numel()}));
+      p.param.mutable_grad() = at::Tensor();
+    }
+    offset += p.shard_numel();
+  }
+  at::Tensor reduced = at::empty({flat_numel_}, at::kFloat);
+  comm_->reduce_scatter_sum(reduced, scattered_in.view({-1}));
+  offset = 0;
+  for (auto& p : params_) {
+    at::Tensor shard = reduced.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes());
+    if (p.owned.grad().defined()) {
+      p.owned.mutable_grad().add_(shard);
+    } else {
+      p.owned.mutable_grad() = shard.clone();
+    }
+    offset += p.shard_numel();
+  }
+  reshard();
+}
+
+}  // namespace fsdpp

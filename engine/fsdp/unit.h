@@ -1,0 +1,59 @@
+// A unit: the parameters of one wrap, gathered with one flat all-gather before use and
+// reduced with one flat reduce-scatter after backward. SHARDED -> UNSHARDED -> SHARDED.
+#pragma once
+
+#include "core/module.h"
+#include "dist/comm.h"
+#include "fsdp/sharded_param.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+class FsdpState;
+
+struct UnitOptions {
+  bool reshard_after_forward = true;  // free gathered params after forward, re-gather in backward
+};
+
+class FsdpUnit {
+ public:
+  FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
+           std::shared_ptr<Comm> comm, UnitOptions options, FsdpState* state);
+  ~FsdpUnit();
+
+  const std::string& name() const { return name_; }
+  const std::vector<Module*>& modules() const { return modules_; }
+  std::vector<ShardedParam>& params() { return params_; }
+  const UnitOptions& options() const { return options_; }
+  bool is_unsharded() const { return unsharded_; }
+
+  // All-gathers every parameter into its module tensor (no-op when already unsharded).
+  void unshard();
+  // Releases the gathered storage.
+  void reshard();
+  // Reduce-scatters the gradients of the gathered parameters into the owned shards' .grad
+  // (summed into any already there), drops the full gradients and reshards. Once per backward.
+  void post_backward();
+  void pre_backward();
+  void end_backward() { reduced_ = false; }
+  bool reduced() const { return reduced_; }
+
+ private:
+  void install_hooks();
+
+  std::string name_;
+  std::vector<Module*> modules_;
+  std::vector<ShardedParam> params_;
+  std::shared_ptr<Comm> comm_;
+  UnitOptions options_;
+  FsdpState* state_;
+  int64_t flat_numel_ = 0;  // Σ padded shard sizes
+  bool unsharded_ = false;
+  bool reduced_ = false;
+  std::vector<std::pair<Module*, int>> hooks_;
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A rank killed mid-run (SIGKILL) must not hang the job: `fsdpp launch` stops the other
+# ranks and exits non-zero, naming the rank and how it ended, within the configured
+# timeout. Also checks that every line a rank prints carries its rank prefix.
+set -uo pipefail
+: "${FSDPP:?}" "${WORK:?}"
+bash scripts/make_corpus.sh >/dev/null
+out="$WORK/dead-rank"
+rm -rf "$out" && mkdir -p "$out"
+timeout_s=20
+"$FSDPP" launch --nproc-per-node 3 -- train tests/assets/fsdp-llama.toml --set train.steps=100000 \
+  --set train.log_every=1 --set "train.out_dir=\"$out/run\"" --set parallel.timeout_s=$timeout_s \
+  >"$out/stdout" 2>"$out/stderr" &
+launcher=$!
+victim=""
+for _ in $(seq 1 300); do  # up to 30 s for training to start
+  if grep -q '"step":3' "$out/run/metrics.jsonl" 2>/dev/null; then
+    for pid in $(pgrep -P $launcher); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
+    done
+    break
+  fi
+  sleep 0.1
+done
+if [ -z "$victim" ]; then
+  echo "FAIL: rank 1 never started training"; kill $launcher; cat "$out/stderr"; exit 1
+fi
+start=$(date +%s%N)
+kill -9 "$victim"
+wait $launcher
+rc=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "launcher exited with $rc, ${elapsed_ms} ms after rank 1 (pid $victim) was killed"
+grep 'fsdpp' "$out/stderr" | grep -v '^\[rank' || true
+status=0
+[ "$rc" -ne 0 ] || { echo "FAIL: launcher exited 0"; status=1; }
+grep -q 'fsdpp: error: rank 1 failed with signal Killed' "$out/stderr" || { echo "FAIL: no line naming rank 1"; status=1; }
+(( elapsed_ms < timeout_s * 1000 )) || { echo "FAIL: took longer than the ${timeout_s}s timeout"; status=1; }
+if grep -v '^\[rank [0-2]\] ' "$out/stdout" | grep -q .; then echo "FAIL: unprefixed rank output"; status=1; fi
+grep -q '^\[rank 0\] .*step 3/' "$out/stderr" || { echo "FAIL: rank 0 log lines lack their prefix"; status=1; }
+if pgrep -f "fsdp-llama.toml" >/dev/null; then echo "FAIL: ranks left running"; pkill -9 -f fsdp-llama.toml; status=1; fi
+exit $status

@@ -1,0 +1,61 @@
+"""FSDP on N ranks must train like one process: the same run (tests/assets/fsdp-llama.toml)
+as a single plain process and through `fsdpp launch` at several world sizes must give the
+same loss at every step and the same final weights, within 1e-5 relative (of each tensor's
+largest magnitude). Usage: check_fsdp.py WORLD... [--set KEY=VALUE ...]"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+FSDPP = os.environ["FSDPP"]
+WORK = os.environ["WORK"]
+CONFIG = "tests/assets/fsdp-llama.toml"
+TOLERANCE = 1e-5
+
+
+def run(out_dir, world, sets):
+    shutil.rmtree(out_dir, ignore_errors=True)
+    args = ["train", CONFIG, "--set", f'train.out_dir="{out_dir}"'] + [a for s in sets for a in ("--set", s)]
+    cmd = [FSDPP] + args if world == 0 else [FSDPP, "launch", "--nproc-per-node", str(world), "--"] + args
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    losses = [json.loads(l)["loss"] for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in l]
+    weights = load_file(os.path.join(out_dir, "model", "model.safetensors"))
+    return losses, weights
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("worlds", type=int, nargs="+")
+    ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--name", default="default")
+    args = ap.parse_args()
+    subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
+    base = os.path.join(WORK, "fsdp", args.name)
+    ref_losses, ref_weights = run(os.path.join(base, "single"), 0, args.sets)
+    failures = 0
+    for world in args.worlds:
+        losses, weights = run(os.path.join(base, f"world{world}"), world, args.sets)
+        loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+        weight_err, worst = 0.0, ""
+        for name, ref in ref_weights.items():
+            err = ((weights[name] - ref).abs().max() / ref.abs().max()).item()
+            if err > weight_err:
+                weight_err, worst = err, name
+        ok = len(losses) == len(ref_losses) and loss_err < TOLERANCE and weight_err < TOLERANCE \
+            and weights.keys() == ref_weights.keys()
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} world {world} {args.name}: {len(losses)} steps, max relative loss "
+              f"difference {loss_err:.2e}, max relative weight difference {weight_err:.2e} ({worst}); "
+              f"final loss {losses[-1]:.6f} vs one process {ref_losses[-1]:.6f}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

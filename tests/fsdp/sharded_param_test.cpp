@@ -1,0 +1,51 @@
+// Shard arithmetic, read from the tensors: at every world size each rank holds
+// ceil(rows / world) padded rows per parameter, the owned rows of all ranks concatenate to
+// the original, and per-rank bytes are total / world plus padding, never more.
+#include "core/module_tree.h"
+#include "fsdp/sharded_param.h"
+#include "models/registry.h"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using namespace fsdpp;
+
+TEST_CASE("shards hold ceil(rows / world) padded rows and owned rows rebuild the tensor", "[fsdp]") {
+  auto config = ModelConfig::from_json(
+      {{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 30}, {"intermediate_size", 50},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 3}, {"num_key_value_heads", 1}},
+      "test");
+  const int world = GENERATE(1, 2, 3, 4, 7);
+  INFO("world " << world);
+  int64_t total = 0, padded_total = 0, max_rank_bytes = 0;
+  std::vector<int64_t> rank_numel(static_cast<size_t>(world), 0);
+  for (const auto& p : unique_named_parameters(*[&] {
+         auto m = build_model(config, torch::TensorOptions());
+         init_parameters(*m, 1, 0.1);
+         return m;
+       }())) {
+    std::vector<at::Tensor> owned;
+    const int64_t rows = p.tensor.size(0);
+    const int64_t padded_rows = (rows + world - 1) / world;
+    for (int rank = 0; rank < world; ++rank) {
+      ShardedParam shard(p.name, p.tensor, rank, world);
+      CHECK(shard.padded_rows == padded_rows);
+      CHECK(shard.local.numel() == padded_rows * shard.row_numel);
+      // Padding rows are zero so reductions over whole shards ignore them.
+      CHECK(shard.local.narrow(0, shard.owned.numel(), shard.local.numel() - shard.owned.numel())
+                .abs().sum().item<double>() == 0.0);
+      owned.push_back(shard.owned.detach());
+      rank_numel[static_cast<size_t>(rank)] += shard.local.numel();
+    }
+    CHECK(torch::equal(at::cat(owned), p.tensor));
+    total += p.tensor.numel();
+    padded_total += padded_rows * world * (p.tensor.numel() / rows);
+  }
+  for (int64_t n : rank_numel) {
+    CHECK(n == padded_total / world);
+    max_rank_bytes = std::max(max_rank_bytes, n * 4);
+  }
+  // Padding never costs more than one row per parameter per rank.
+  CHECK(padded_total - total < world * 2 * 50 * 30);
+  CHECK(max_rank_bytes * world >= total * 4);
+}
