@@ -40,7 +40,12 @@ ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
   ParallelConfig c;
   c.backend = s.get_string("backend", c.backend);
   c.timeout_s = s.get_double("timeout_s", c.timeout_s);
+  c.replicate = static_cast<int>(s.get_int("replicate", c.replicate));
+  c.shard = static_cast<int>(s.get_int("shard", c.shard));
+  c.reshard_after_forward = s.get_bool("reshard_after_forward", c.reshard_after_forward);
   s.finish();
+  if (c.replicate < 1) s.fail("replicate", "must be at least 1, got " + std::to_string(c.replicate));
+  if (c.shard < 1 && c.shard != -1) s.fail("shard", "must be -1 (all ranks) or at least 1, got " + std::to_string(c.shard));
   if (c.backend != "auto" && c.backend != "gloo") {
     s.fail("backend", "'" + c.backend + "' is not available in this build (auto, gloo)");
   }
@@ -76,7 +81,8 @@ DistEnv DistEnv::from_environment() {
 
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
   if (!env.launched) return Comm::single();
-  set_log_rank(env.rank);
+  // Under fsdpp launch every line already carries its rank; torchrun and srun add none.
+  if (std::getenv("FSDPP_LAUNCHER_PREFIXES_RANK") == nullptr) set_log_rank(env.rank);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
   auto comm = Comm::world(env.rank, env.world_size, env.master_addr, env.master_port, timeout);
   if (env.rank == 0) log_info("distributed: ", env.world_size, " ranks over gloo via ", env.master_addr, ":", env.master_port);

@@ -144,6 +144,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("FSDPP_LAUNCHER_PREFIXES_RANK", "1", 1);
       std::vector<char*> argv{const_cast<char*>(self_exe.c_str())};
       for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);

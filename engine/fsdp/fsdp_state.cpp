@@ -20,7 +20,7 @@ bool under(const std::string& path, const std::string& prefix) {
 
 }  // namespace
 
-FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> comm) : root_(root), comm_(std::move(comm)) {
+FsdpState::FsdpState(Module& root, DeviceMesh mesh) : root_(root), mesh_(std::move(mesh)) {
   for (const auto& entry : named_modules(root_)) {
     for (const auto& item : entry.module->named_parameters(/*recurse=*/false)) {
       aliases_[item.value().unsafeGetTensorImpl()].push_back(
@@ -60,10 +60,11 @@ FsdpUnit& FsdpState::fully_shard(const std::vector<Module*>& modules, const Unit
         }
       }
       claimed_[impl] = name;
-      params.emplace_back(paths.front(), item.value(), comm_->rank(), comm_->size());
+      params.emplace_back(paths.front(), item.value(), mesh_.shard_group->rank(), mesh_.shard_group->size());
     }
   }
-  units_.push_back(std::make_unique<FsdpUnit>(name, modules, std::move(params), comm_, options, this));
+  units_.push_back(std::make_unique<FsdpUnit>(name, modules, std::move(params), mesh_.shard_group,
+                                              mesh_.replicate_group, options, this));
   return *units_.back();
 }
 
@@ -104,14 +105,16 @@ void FsdpState::final_callback() {
   in_backward_ = false;
 }
 
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, std::shared_ptr<Comm> comm) {
-  auto state = std::make_unique<FsdpState>(model, std::move(comm));
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, bool reshard_after_forward) {
+  auto state = std::make_unique<FsdpState>(model, std::move(mesh));
   const auto& no_split = model.no_split_modules();
   const bool tied = model.config().tie_word_embeddings;
   for (const auto& entry : named_modules(model)) {
     const auto& cls = entry.module->class_name();
     const bool block = std::find(no_split.begin(), no_split.end(), cls) != no_split.end();
-    if (block || (cls == "Embedding" && !tied)) state->fully_shard({entry.module}, {});
+    if (block || (cls == "Embedding" && !tied)) {
+      state->fully_shard({entry.module}, {.reshard_after_forward = reshard_after_forward});
+    }
   }
   // The root's parameters (final norm, lm_head) are used last in forward and first in
   // backward, so keeping them gathered saves one all-gather per step.

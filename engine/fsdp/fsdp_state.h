@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/module_tree.h"
+#include "dist/device_mesh.h"
 #include "fsdp/unit.h"
 
 #include <functional>
@@ -13,7 +14,9 @@ namespace fsdpp {
 
 class FsdpState {
  public:
-  FsdpState(Module& root, std::shared_ptr<Comm> comm);
+  // Shards over mesh.shard_group; with a replicate group of several ranks (HSDP) the
+  // reduced shards are then summed across replicas.
+  FsdpState(Module& root, DeviceMesh mesh);
   ~FsdpState();
 
   // Makes `modules` one unit holding their parameters not yet claimed by an earlier unit.
@@ -23,7 +26,7 @@ class FsdpState {
   FsdpUnit& shard_root(const UnitOptions& options);
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
-  const Comm& comm() const { return *comm_; }
+  const DeviceMesh& mesh() const { return mesh_; }
   // The owned rows of every parameter, named as in the model: the optimizer's parameters.
   std::vector<NamedParameter> sharded_parameters() const;
   // Runs `visit(name, full tensor)` for every parameter with its full value, one unit
@@ -39,7 +42,7 @@ class FsdpState {
   void final_callback();
 
   Module& root_;
-  std::shared_ptr<Comm> comm_;
+  DeviceMesh mesh_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   std::map<const void*, std::string> claimed_;  // tensor -> unit name
   std::map<const void*, std::vector<std::string>> aliases_;  // tensor -> every path reaching it
@@ -49,6 +52,6 @@ class FsdpState {
 // The built-in wrapping until policies choose: each decoder layer (the model's
 // no_split_modules), the embedding when it is not tied to lm_head, then the root.
 class CausalLM;
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, std::shared_ptr<Comm> comm);
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, bool reshard_after_forward = true);
 
 }  // namespace fsdpp

@@ -35,11 +35,13 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
 }  // namespace
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
-                   std::shared_ptr<Comm> comm, UnitOptions options, FsdpState* state)
+                   std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group,
+                   UnitOptions options, FsdpState* state)
     : name_(std::move(name)),
       modules_(std::move(modules)),
       params_(std::move(params)),
-      comm_(std::move(comm)),
+      comm_(std::move(shard_group)),
+      replicate_group_(std::move(replicate_group)),
       options_(options),
       state_(state) {
   for (auto& p : params_) {
@@ -137,6 +139,7 @@ void FsdpUnit::post_backward() {
   }
   at::Tensor reduced = at::empty({flat_numel_}, at::kFloat);
   comm_->reduce_scatter_sum(reduced, scattered_in.view({-1}));
+  replicate_group_->all_reduce_sum(reduced);
   offset = 0;
   for (auto& p : params_) {
     at::Tensor shard = reduced.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes());

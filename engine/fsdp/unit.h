@@ -21,7 +21,8 @@ struct UnitOptions {
 class FsdpUnit {
  public:
   FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
-           std::shared_ptr<Comm> comm, UnitOptions options, FsdpState* state);
+           std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group, UnitOptions options,
+           FsdpState* state);
   ~FsdpUnit();
 
   const std::string& name() const { return name_; }
@@ -47,7 +48,8 @@ class FsdpUnit {
   std::string name_;
   std::vector<Module*> modules_;
   std::vector<ShardedParam> params_;
-  std::shared_ptr<Comm> comm_;
+  std::shared_ptr<Comm> comm_;            // the shard group
+  std::shared_ptr<Comm> replicate_group_; // HSDP replicas, summed after the reduce-scatter
   UnitOptions options_;
   FsdpState* state_;
   int64_t flat_numel_ = 0;  // Σ padded shard sizes

@@ -40,7 +40,7 @@ void save_model(CausalLM& model, FsdpState* fsdp, const RunConfig& config) {
     return;
   }
   NamedTensors full;
-  const bool writer = fsdp->comm().rank() == 0;
+  const bool writer = fsdp->mesh().world->rank() == 0;
   fsdp->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
     if (writer) full.emplace_back(name, t.to(dtype, /*non_blocking=*/false, /*copy=*/true));
   });
@@ -76,7 +76,11 @@ TrainSummary train(const RunConfig& config) {
   check_vocab(tokens, *model);
   model->train();
   std::unique_ptr<FsdpState> fsdp;
-  if (env.launched) fsdp = shard_default(*model, comm);
+  if (env.launched) {
+    auto mesh = DeviceMesh::create(comm, config.parallel.replicate, config.parallel.shard);
+    if (rank == 0) log_info("mesh: replicate ", mesh.replicate, " × shard ", mesh.shard);
+    fsdp = shard_default(*model, std::move(mesh), config.parallel.reshard_after_forward);
+  }
 
   const TokenRange range = train_range(config.data, tokens);
   BatchSampler sampler(tokens, range.begin, range.end, config.data.seq_len, config.data.batch_size,
@@ -118,7 +122,9 @@ TrainSummary train(const RunConfig& config) {
       loss_sum += loss.detach().to(at::kDouble);
     }
     comm->all_reduce_sum(loss_sum);
-    const double grad_norm = clip_grad_norm(trainable, tc.clip_grad_norm, comm.get());
+    // Replicas hold equal shards, so the norm sums over the shard group alone.
+    const double grad_norm =
+        clip_grad_norm(trainable, tc.clip_grad_norm, fsdp ? fsdp->mesh().shard_group.get() : nullptr);
     StepMetrics m;
     m.step = step;
     m.loss = loss_sum.item<double>();

@@ -38,7 +38,7 @@ TEST_CASE("a sharded model gives the plain model's loss and gradients", "[fsdp]"
   INFO("tied " << tied);
   auto plain = tiny(tied);
   auto sharded = tiny(tied);
-  auto state = shard_default(*sharded, Comm::single());
+  auto state = shard_default(*sharded, DeviceMesh::create(Comm::single(), 1, -1));
   auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
   for (int step = 0; step < 2; ++step) {  // the second pass re-gathers what the first freed
     const double expected = loss_of(*plain, ids);
@@ -58,7 +58,7 @@ TEST_CASE("a sharded model gives the plain model's loss and gradients", "[fsdp]"
 
 TEST_CASE("tied parameters split across units are refused naming both paths", "[fsdp]") {
   auto model = tiny(true);
-  FsdpState state(*model, Comm::single());
+  FsdpState state(*model, DeviceMesh::create(Comm::single(), 1, -1));
   CHECK_THROWS_WITH(state.fully_shard({find_module(*model, "model.embed_tokens")}, {}),
                     Catch::Contains("model.embed_tokens.weight") && Catch::Contains("lm_head.weight"));
 }

@@ -1,0 +1,44 @@
+// Building the mesh's sub-groups; each process creates only the two groups it is in.
+#include "dist/device_mesh.h"
+
+#include "core/error.h"
+
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+DeviceMesh DeviceMesh::create(std::shared_ptr<Comm> world, int replicate, int shard) {
+  const int size = world->size();
+  if (replicate < 1) throw UserError("mesh: replicate " + std::to_string(replicate) + " must be at least 1");
+  if (shard == -1) {
+    if (size % replicate != 0) {
+      throw UserError("mesh: world " + std::to_string(size) + " is not divisible by replicate " +
+                      std::to_string(replicate) + " (shard = -1 takes world / replicate)");
+    }
+    shard = size / replicate;
+  }
+  if (shard < 1 || replicate * shard != size) {
+    throw UserError("mesh: replicate " + std::to_string(replicate) + " × shard " + std::to_string(shard) +
+                    " ≠ world " + std::to_string(size));
+  }
+  DeviceMesh mesh;
+  mesh.replicate = replicate;
+  mesh.shard = shard;
+  const int row = world->rank() / shard, column = world->rank() % shard;
+  if (replicate == 1) {
+    mesh.shard_group = world;
+    mesh.replicate_group = Comm::single();
+  } else {
+    std::vector<int> shard_ranks, replicate_ranks;
+    for (int j = 0; j < shard; ++j) shard_ranks.push_back(row * shard + j);
+    for (int i = 0; i < replicate; ++i) replicate_ranks.push_back(i * shard + column);
+    // Every process builds its shard group first, so the group rendezvous pair up.
+    mesh.shard_group = world->subgroup(shard_ranks, "shard/" + std::to_string(row));
+    mesh.replicate_group = world->subgroup(replicate_ranks, "replicate/" + std::to_string(column));
+  }
+  mesh.world = std::move(world);
+  return mesh;
+}
+
+}  // namespace fsdpp

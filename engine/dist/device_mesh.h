@@ -1,0 +1,24 @@
+// A 1-D or 2-D (replicate × shard) arrangement of the world's ranks. Parameters are sharded
+// across the shard group (ranks r·S .. r·S + S-1) and replicated across the replicate
+// group (ranks s, S + s, 2S + s, ...): replicate = 1 is plain FSDP, replicate > 1 is HSDP.
+#pragma once
+
+#include "dist/comm.h"
+
+#include <memory>
+
+namespace fsdpp {
+
+struct DeviceMesh {
+  int replicate = 1;
+  int shard = 1;
+  std::shared_ptr<Comm> world;
+  std::shared_ptr<Comm> shard_group;
+  std::shared_ptr<Comm> replicate_group;
+
+  // shard = -1 takes world / replicate. A shape that does not fit the world is a UserError
+  // printing every factor ("replicate 2 × shard 3 ≠ world 4").
+  static DeviceMesh create(std::shared_ptr<Comm> world, int replicate, int shard);
+};
+
+}  // namespace fsdpp

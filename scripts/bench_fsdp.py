@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+# Benchmarks fsdpp's sharded training at world size 2 on the CPU against PyTorch's own FSDP2
+# (torch.distributed.fsdp.fully_shard) on the same model, batch shapes, optimiser and thread
+# count, and prints median step time, throughput, peak RSS per rank and the ratios.
+# Run with the project venv from the repository root: .venv/bin/python scripts/bench_fsdp.py
+#
+# Peak memory is read as VmHWM from /proc/<pid>/status of every rank process, sampled from
+# this process while the ranks run: fsdpp's ranks are grandchildren under its launcher, so
+# the rusage of a direct child would not reach them. The PyTorch ranks are sampled the same
+# way so both engines are measured alike, and both write a metrics.jsonl read by one function.
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+
+WORLD = 2
+WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
+SAMPLE_S = 0.05
+TOKEN_MAGIC = b"FSDPTOK\x00"
+TOKEN_HEADER_BYTES = 32
+
+
+class BenchError(Exception):
+    pass
+
+
+def fail(msg):
+    print(f"bench_fsdp: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def load_config(path, steps):
+    try:
+        with open(path, "rb") as f:
+            cfg = tomllib.load(f)
+    except OSError as e:
+        raise BenchError(f"cannot read config {path}: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        raise BenchError(f"{path}: {e}")
+    cfg.setdefault("train", {})["steps"] = steps
+    return cfg
+
+
+def get(cfg, dotted, default=None):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is None:
+                raise BenchError(f"config has no {dotted}")
+            return default
+        node = node[part]
+    return node
+
+
+# ---------------------------------------------------------------- process sampling
+
+
+def vm_hwm_mib(pid):
+    """Peak resident set of `pid` so far, or None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None  # a zombie's status has no VmHWM line
+
+
+def children(pid):
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def rank_of(pid):
+    # Between the launcher's fork and exec the environment does not hold RANK yet, so a
+    # miss here is retried on the next sample rather than remembered.
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    for entry in env:
+        if entry.startswith(b"RANK="):
+            return int(entry[5:])
+    return None
+
+
+def supervise(name, procs, find_ranks, log_paths):
+    """Waits for `procs`, sampling each rank's VmHWM; returns the peak MiB per rank.
+
+    `find_ranks` maps the ranks found so far to their pids. When one process fails the
+    rest are stopped, since a surviving rank would wait in a collective forever.
+    """
+    ranks, peaks = {}, {}
+    while True:
+        if len(ranks) < WORLD:
+            ranks.update(find_ranks())
+        for rank, pid in ranks.items():
+            mib = vm_hwm_mib(pid)
+            if mib is not None:
+                peaks[rank] = max(peaks.get(rank, 0.0), mib)
+        codes = [p.poll() for p in procs]
+        failed = [(p, c) for p, c in zip(procs, codes) if c not in (None, 0)]
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            proc, code = failed[0]
+            log = log_paths[procs.index(proc)]
+            raise BenchError(f"{name} exited with status {code}: {last_line(log)} (log: {log})")
+        if all(c == 0 for c in codes):
+            break
+        time.sleep(SAMPLE_S)
+    if len(peaks) < WORLD:
+        raise BenchError(f"{name}: ranks exited before their memory could be sampled")
+    return peaks
+
+
+def last_line(path):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1] if lines else "no output"
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def read_metrics(path):
+    steps = []
+    try:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if "elapsed_s" in rec:  # eval records carry no timing
+                    steps.append(rec)
+    except OSError as e:
+        raise BenchError(f"cannot read metrics {path}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{path}: bad JSON line ({e.msg})")
+    return steps
+
+
+def summarise(path, tokens_per_step):
+    records = read_metrics(path)
+    if [r["step"] for r in records] != list(range(1, len(records) + 1)):
+        raise BenchError(f"{path}: steps are not logged one by one from step 1")
+    timed = [b["elapsed_s"] - a["elapsed_s"]
+             for a, b in zip(records, records[1:]) if b["step"] > WARMUP_STEPS]
+    if not timed:
+        raise BenchError(f"{path}: no steps after the first {WARMUP_STEPS} to time")
+    step_s = statistics.median(timed)
+    return {"step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
+            "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
+            "first_grad_norm": records[0]["grad_norm"]}
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd, log_path, env=None):
+    log = open(log_path, "wb")
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    except OSError as e:
+        raise BenchError(f"cannot start {cmd[0]}: {e.strerror}")
+    finally:
+        log.close()  # the child holds its own copy
+
+
+def run_fsdpp(args, tmp):
+    out_dir = os.path.join(tmp, "fsdpp")
+    log = os.path.join(tmp, "fsdpp.log")
+    sets = [f"train.steps={args.steps}", f"train.threads={args.threads}",
+            f"train.out_dir={json.dumps(out_dir)}",  # a JSON string is a valid TOML string
+            "checkpoint.save_final=false", "train.eval_every=0", 'metrics.progress="never"']
+    cmd = [args.fsdpp, "launch", "--nproc-per-node", str(WORLD), "--", "train", args.config]
+    for s in sets:
+        cmd += ["--set", s]
+    launcher = start(cmd, log)
+
+    def find_ranks():
+        found = {}
+        for pid in children(launcher.pid):
+            rank = rank_of(pid)
+            if rank is not None:
+                found[rank] = pid
+        return found
+
+    peaks = supervise("fsdpp", [launcher], find_ranks, [log])
+    return out_dir, peaks
+
+
+def run_torch(args, tmp):
+    out_dir = os.path.join(tmp, "pytorch")
+    port = free_port()
+    procs, logs = [], []
+    for rank in range(WORLD):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        logs.append(os.path.join(tmp, f"pytorch-rank{rank}.log"))
+        cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", args.config,
+               "--steps", str(args.steps), "--threads", str(args.threads), "--out-dir", out_dir]
+        procs.append(start(cmd, logs[-1], env))
+    peaks = supervise("pytorch fully_shard", procs,
+                      lambda: {r: p.pid for r, p in enumerate(procs)}, logs)
+    return out_dir, peaks
+
+
+def bench(args):
+    if not (os.path.isfile(args.fsdpp) and os.access(args.fsdpp, os.X_OK)):
+        raise BenchError(f"fsdpp binary {args.fsdpp} not found or not executable; build it first "
+                         "or pass --fsdpp")
+    if args.steps <= WARMUP_STEPS + 1:
+        raise BenchError(f"--steps must be greater than {WARMUP_STEPS + 1}")
+    if args.threads < 1:
+        raise BenchError("--threads must be at least 1")
+    cfg = load_config(args.config, args.steps)
+    data = get(cfg, "data.train")
+    if not os.path.isfile(data):
+        raise BenchError(f"token file {data} not found (scripts/make_corpus.sh builds the default)")
+    tokens_per_step = (int(get(cfg, "data.batch_size")) * int(get(cfg, "data.seq_len"))
+                       * int(get(cfg, "train.grad_accum", 1)))
+
+    tmp = tempfile.mkdtemp(prefix="fsdpp-bench-fsdp-")  # kept on failure for its logs
+    results = {}
+    for name, run in (("fsdpp", run_fsdpp), ("pytorch", run_torch)):
+        print(f"running {name} at world {WORLD} ({args.steps} steps, {args.threads} thread(s) "
+              "per rank)...", flush=True)
+        out_dir, peaks = run(args, tmp)
+        results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), tokens_per_step)
+        results[name]["rss"] = peaks
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    print()
+    print(f"{'engine':<10}{'step s':>10}{'tokens/s':>11}{'RSS r0 MiB':>12}{'RSS r1 MiB':>12}"
+          f"{'first loss':>12}{'final loss':>12}")
+    for name, r in results.items():
+        print(f"{name:<10}{r['step_s']:>10.4f}{r['tokens_per_s']:>11.1f}{r['rss'][0]:>12.1f}"
+              f"{r['rss'][1]:>12.1f}{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
+    f, t = results["fsdpp"], results["pytorch"]
+    print()
+    print(f"step time ratio (fsdpp / pytorch fully_shard): {f['step_s'] / t['step_s']:.2f}x")
+    for rank in range(WORLD):
+        print(f"peak RSS ratio rank {rank} (fsdpp / pytorch fully_shard): "
+              f"{f['rss'][rank] / t['rss'][rank]:.2f}x")
+    print(f"step-1 grad norm: fsdpp {f['first_grad_norm']:.4f}, "
+          f"pytorch fully_shard {t['first_grad_norm']:.4f}")
+
+
+# ---------------------------------------------------------------- PyTorch FSDP2 worker
+
+
+def read_tokens(path):
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            header = f.read(TOKEN_HEADER_BYTES)
+    except OSError as e:
+        raise BenchError(f"cannot read {path}: {e.strerror}")
+    if len(header) < TOKEN_HEADER_BYTES or header[:8] != TOKEN_MAGIC:
+        raise BenchError(f"{path} is not an fsdpp token file")
+    version, width, count, vocab = (int.from_bytes(header[o:o + n], "little")
+                                    for o, n in ((8, 4), (12, 4), (16, 8), (24, 8)))
+    if version != 1 or width not in (2, 4):
+        raise BenchError(f"{path}: unsupported token file (version {version}, width {width})")
+    if os.path.getsize(path) < TOKEN_HEADER_BYTES + count * width:
+        raise BenchError(f"{path} is truncated")
+    dtype = "<u2" if width == 2 else "<u4"
+    return np.memmap(path, dtype=dtype, mode="r", offset=TOKEN_HEADER_BYTES, shape=(count,)), vocab
+
+
+def lr_at(step, cfg):
+    # Mirrors fsdpp's schedule: `step` counts from 1 and warm-up includes its last step.
+    peak = float(get(cfg, "optimizer.lr"))
+    kind = get(cfg, "scheduler.kind", "cosine")
+    warmup = int(get(cfg, "scheduler.warmup_steps", 0))
+    if step <= warmup:
+        return peak * step / warmup
+    if kind == "constant":
+        return peak
+    if kind not in ("cosine", "linear"):
+        raise BenchError(f"unsupported scheduler.kind {kind!r}")
+    total = int(get(cfg, "train.steps"))
+    min_lr = peak * float(get(cfg, "scheduler.min_lr_ratio", 0.0))
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
+    return min_lr + (peak - min_lr) * shape
+
+
+class WindowSampler:
+    """Non-overlapping windows of seq_len + 1 tokens in a fresh random order each epoch.
+
+    Every rank draws the same global batch and keeps its own rows, as fsdpp does.
+    """
+
+    def __init__(self, tokens, seq_len, seed):
+        import numpy as np
+
+        self.np = np
+        self.tokens, self.seq_len = tokens, seq_len
+        self.rng = np.random.default_rng(seed)
+        self.windows = (len(tokens) - 1) // seq_len
+        if self.windows < 1:
+            raise BenchError(f"training split has {len(tokens)} tokens, fewer than seq_len + 1")
+        self.order, self.cursor = self.rng.permutation(self.windows), 0
+
+    def take(self, count):
+        rows = []
+        for _ in range(count):
+            if self.cursor == self.windows:
+                self.order, self.cursor = self.rng.permutation(self.windows), 0
+            start = int(self.order[self.cursor]) * self.seq_len
+            rows.append(self.tokens[start:start + self.seq_len + 1])
+            self.cursor += 1
+        return self.np.stack(rows).astype(self.np.int64)
+
+
+def build_sharded_model(cfg, world):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if get(cfg, "model.dtype", "float32") != "float32":
+        raise BenchError("only model.dtype = \"float32\" is benchmarked")
+    if not hasattr(FSDPModule, "set_gradient_divide_factor"):
+        raise BenchError(f"torch {torch.__version__} lacks FSDPModule.set_gradient_divide_factor")
+    path = get(cfg, "model.path")
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
+    # Same seed on every rank so the shards cut one model, not one model per rank.
+    torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32,
+                                             attn_implementation="sdpa")
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    if not hf_config.tie_word_embeddings:
+        fully_shard(model.model.embed_tokens, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    # fsdpp sums gradients over ranks and divides the loss by the global token count; FSDP2
+    # averages by default. A factor of 1 makes it sum, and forcing plain SUM reductions keeps
+    # it off NCCL's PreMulSum, which gloo does not have. Both settings are per unit.
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def torch_worker(args):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cfg = load_config(args.config, args.steps)
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    try:
+        seq_len = int(get(cfg, "data.seq_len"))
+        batch = int(get(cfg, "data.batch_size"))
+        if batch % world != 0:
+            raise BenchError(f"data.batch_size {batch} is not a multiple of the world size {world}")
+        rows = batch // world
+        tokens, file_vocab = read_tokens(get(cfg, "data.train"))
+        held_out = int(len(tokens) * float(get(cfg, "data.eval_fraction", 0.0)))
+        sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len,
+                                int(get(cfg, "data.seed", 0)))
+
+        model = build_sharded_model(cfg, world)
+        if file_vocab > model.config.vocab_size:
+            raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
+                             f"{model.config.vocab_size}")
+        model.train()
+        params = list(model.parameters())
+        opt = torch.optim.AdamW(
+            [{"params": [p for p in params if p.ndim >= 2],
+              "weight_decay": float(get(cfg, "optimizer.weight_decay", 0.0))},
+             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+            lr=float(get(cfg, "optimizer.lr")),
+            betas=(float(get(cfg, "optimizer.beta1", 0.9)),
+                   float(get(cfg, "optimizer.beta2", 0.999))),
+            eps=float(get(cfg, "optimizer.eps", 1e-8)))
+
+        steps = int(get(cfg, "train.steps"))
+        accum = int(get(cfg, "train.grad_accum", 1))
+        clip = float(get(cfg, "train.clip_grad_norm", 0.0))
+        step_tokens = accum * batch * seq_len
+        metrics = None
+        if rank == 0:
+            os.makedirs(args.out_dir, exist_ok=True)
+            metrics = open(os.path.join(args.out_dir, "metrics.jsonl"), "w")
+
+        begin = time.perf_counter()
+        for step in range(1, steps + 1):
+            step_begin = time.perf_counter()
+            lr = lr_at(step, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            for _ in range(accum):
+                window = torch.from_numpy(sampler.take(batch)[rank * rows:(rank + 1) * rows])
+                logits = model(input_ids=window[:, :-1], use_cache=False).logits
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                       window[:, 1:].reshape(-1), reduction="sum") / step_tokens
+                loss.backward()
+                loss_sum += loss.detach().double()
+            dist.all_reduce(loss_sum)  # fsdpp reports the global loss the same way
+            if clip > 0:
+                norm = torch.nn.utils.clip_grad_norm_(params, clip)
+            else:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            grad_norm = norm.item()
+            opt.step()
+            now = time.perf_counter()
+            if metrics:
+                metrics.write(json.dumps({
+                    "step": step, "loss": loss_sum.item(), "lr": lr, "grad_norm": grad_norm,
+                    "tokens_per_s": step_tokens / (now - step_begin), "elapsed_s": now - begin,
+                    "tokens": step * step_tokens}) + "\n")
+                metrics.flush()
+        if metrics:
+            metrics.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=f"Train the same model with fsdpp (fsdpp launch, {WORLD} ranks) and with "
+        f"PyTorch's fully_shard (FSDP2 over gloo, {WORLD} ranks) on the CPU, then compare median "
+        "step time, tokens/s, peak RSS per rank and loss. Relative paths, including those "
+        "inside the config, resolve against the current directory.")
+    ap.add_argument("--config", default="examples/tiny-llama.toml",
+                    help="fsdpp TOML config to benchmark (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=40,
+                    help=f"optimiser steps per engine; the first {WARMUP_STEPS} are not timed "
+                    "(default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="compute threads per rank for both engines (default: %(default)s)")
+    ap.add_argument("--fsdpp", default="build/fsdpp",
+                    help="path to the fsdpp binary (default: %(default)s)")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    ap.error = fail
+    args = ap.parse_args()
+
+    try:
+        if args.torch_worker:
+            if not args.out_dir:
+                raise BenchError("--torch-worker needs --out-dir")
+            torch_worker(args)
+        else:
+            bench(args)
+    except BenchError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()
