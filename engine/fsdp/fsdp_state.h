@@ -33,6 +33,10 @@ class FsdpState {
   // gathered at a time (a collective: every rank must call it).
   void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit);
   void reshard_all();
+  // false: backwards keep full gradients and accumulate them; the next backward with sync
+  // on reduce-scatters their sum (fewer collectives, full-size gradients held meanwhile).
+  void set_requires_gradient_sync(bool sync) { sync_ = sync; }
+  bool requires_gradient_sync() const { return sync_; }
 
   // Called by units from backward hooks.
   void on_pre_backward();
@@ -47,6 +51,7 @@ class FsdpState {
   std::map<const void*, std::string> claimed_;  // tensor -> unit name
   std::map<const void*, std::vector<std::string>> aliases_;  // tensor -> every path reaching it
   bool in_backward_ = false;
+  bool sync_ = true;
 };
 
 // The built-in wrapping until policies choose: each decoder layer (the model's

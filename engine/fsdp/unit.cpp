@@ -45,6 +45,8 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<S
       options_(options),
       state_(state) {
   for (auto& p : params_) {
+    TORCH_CHECK(p.param.scalar_type() == params_.front().param.scalar_type(), "unit ", name_,
+                " mixes parameter dtypes (", params_.front().name, ", ", p.name, ")");
     flat_numel_ += p.shard_numel();
     p.free_full();
   }
@@ -83,16 +85,18 @@ void FsdpUnit::install_hooks() {
 }
 
 void FsdpUnit::unshard() {
-  if (unsharded_) return;
+  if (unsharded_ || params_.empty()) return;
   at::NoGradGuard no_grad;
   const int world = comm_->size();
-  at::Tensor flat = at::empty({flat_numel_}, at::kFloat);
+  // Gathered in the parameters' own dtype (bf16 halves the traffic); masters stay fp32.
+  const auto dtype = params_.front().param.scalar_type();
+  at::Tensor flat = at::empty({flat_numel_}, dtype);
   int64_t offset = 0;
   for (auto& p : params_) {
     flat.narrow(0, offset, p.shard_numel()).copy_(p.local);
     offset += p.shard_numel();
   }
-  at::Tensor gathered = at::empty({world * flat_numel_}, at::kFloat);
+  at::Tensor gathered = at::empty({world * flat_numel_}, dtype);
   comm_->all_gather(gathered, flat);
   auto by_rank = gathered.view({world, flat_numel_});  // [W, T]
   offset = 0;
@@ -122,6 +126,12 @@ void FsdpUnit::pre_backward() {
 void FsdpUnit::post_backward() {
   if (reduced_) return;
   reduced_ = true;
+  if (!state_->requires_gradient_sync()) {
+    // Accumulating without sync: the full gradients stay until a synced backward reduces
+    // their sum once.
+    reshard();
+    return;
+  }
   at::NoGradGuard no_grad;
   const int world = comm_->size();
   at::Tensor scattered_in = at::zeros({world, flat_numel_}, at::kFloat);  // [W, T]

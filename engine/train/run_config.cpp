@@ -9,6 +9,7 @@ TrainConfig TrainConfig::from_section(ConfigSection& s) {
   TrainConfig c;
   c.steps = s.get_int("steps", c.steps);
   c.grad_accum = s.get_int("grad_accum", c.grad_accum);
+  c.sync_each_micro_batch = s.get_bool("sync_each_micro_batch", c.sync_each_micro_batch);
   c.clip_grad_norm = s.get_double("clip_grad_norm", c.clip_grad_norm);
   c.log_every = s.get_int("log_every", c.log_every);
   c.eval_every = s.get_int("eval_every", c.eval_every);

@@ -17,6 +17,8 @@ namespace fsdpp {
 struct TrainConfig {
   int64_t steps = 1000;          // optimizer steps
   int64_t grad_accum = 1;        // micro-batches per step
+  bool sync_each_micro_batch = true;  // sharded runs: reduce gradients after every micro-batch;
+                                      // false keeps full gradients until the last one
   double clip_grad_norm = 1.0;   // global-norm clipping threshold; 0 disables
   int64_t log_every = 10;        // steps between log lines
   int64_t eval_every = 0;        // steps between held-out evaluations; 0 disables

@@ -112,6 +112,7 @@ TrainSummary train(const RunConfig& config) {
     optimizer.zero_grad();
     at::Tensor loss_sum = at::zeros({1}, at::kDouble);
     for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+      if (fsdp) fsdp->set_requires_gradient_sync(tc.sync_each_micro_batch || micro + 1 == tc.grad_accum);
       auto batch = sampler.next();  // the global batch; this rank trains on its rows
       auto input = batch.input.narrow(0, rank * rows, rows);
       auto target = batch.target.narrow(0, rank * rows, rows);
