@@ -4,6 +4,8 @@
 // Models call children only through operator(), never child->forward(...).
 #pragma once
 
+#include "core/checkpoint.h"
+
 #include <torch/nn/module.h>
 
 #include <functional>
@@ -33,6 +35,12 @@ class Module : public torch::nn::Module {
   int add_post_forward_hook(PostForwardHook hook);
   void remove_hook(int id);
 
+  // Recompute this module's forward in backward instead of keeping its activations. Only
+  // for modules whose forward takes tensors alone (a decoder layer), so the recomputation
+  // holds no dangling argument.
+  void set_activation_checkpointing(bool on) { checkpoint_ = on; }
+  bool activation_checkpointing() const { return checkpoint_; }
+
   // Parameters registered on this module itself, and on its whole subtree (a parameter
   // reachable under two names, such as tied embeddings, counts once).
   int64_t own_param_count() const;
@@ -60,6 +68,7 @@ class Module : public torch::nn::Module {
 
   std::string class_name_;
   Module* parent_ = nullptr;
+  bool checkpoint_ = false;
   std::vector<std::pair<int, PreForwardHook>> pre_hooks_;
   std::vector<std::pair<int, PostForwardHook>> post_hooks_;
   int next_hook_id_ = 0;
@@ -88,7 +97,7 @@ class ModuleList : public Module {
 
 template <class Derived, class... Args>
 torch::Tensor Module::call_forward(Derived& self, Args&&... args) {
-  if (pre_hooks_.empty() && post_hooks_.empty()) {
+  if (pre_hooks_.empty() && post_hooks_.empty() && !checkpoint_) {
     return self.forward(std::forward<Args>(args)...);
   }
   Tensors inputs;
@@ -111,9 +120,22 @@ torch::Tensor Module::call_forward(Derived& self, Args&&... args) {
   using Picked = std::tuple<std::conditional_t<
       std::is_same_v<std::decay_t<Args>, torch::Tensor>, torch::Tensor, Args&&>...>;
   Picked picked{pick(std::forward<Args>(args))...};
-  torch::Tensor output = std::apply(
-      [&self](auto&&... a) { return self.forward(std::forward<decltype(a)>(a)...); },
-      std::move(picked));
+  torch::Tensor output;
+  constexpr bool all_tensors = (std::is_same_v<std::decay_t<Args>, torch::Tensor> && ...);
+  if constexpr (all_tensors) {
+    if (checkpoint_ && at::GradMode::is_enabled()) {
+      output = checkpointed(inputs, [&self](const Tensors& in) {
+        return [&]<size_t... I>(std::index_sequence<I...>) { return self.forward(in[I]...); }(
+            std::index_sequence_for<Args...>{});
+      });
+    }
+  } else {
+    TORCH_CHECK(!checkpoint_, class_name_, ": activation checkpointing needs a forward of tensors only");
+  }
+  if (!output.defined()) {
+    output = std::apply([&self](auto&&... a) { return self.forward(std::forward<decltype(a)>(a)...); },
+                        std::move(picked));
+  }
   run_post_forward_hooks(output);
   return output;
 }

@@ -105,15 +105,16 @@ void FsdpState::final_callback() {
   in_backward_ = false;
 }
 
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, bool reshard_after_forward) {
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options) {
   auto state = std::make_unique<FsdpState>(model, std::move(mesh));
   const auto& no_split = model.no_split_modules();
   const bool tied = model.config().tie_word_embeddings;
   for (const auto& entry : named_modules(model)) {
     const auto& cls = entry.module->class_name();
     const bool block = std::find(no_split.begin(), no_split.end(), cls) != no_split.end();
-    if (block || (cls == "Embedding" && !tied)) {
-      state->fully_shard({entry.module}, {.reshard_after_forward = reshard_after_forward});
+    if (block) state->fully_shard({entry.module}, layer_options);
+    if (cls == "Embedding" && !tied) {
+      state->fully_shard({entry.module}, {.reshard_after_forward = layer_options.reshard_after_forward});
     }
   }
   // The root's parameters (final norm, lm_head) are used last in forward and first in

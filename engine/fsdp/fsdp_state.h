@@ -57,6 +57,7 @@ class FsdpState {
 // The built-in wrapping until policies choose: each decoder layer (the model's
 // no_split_modules), the embedding when it is not tied to lm_head, then the root.
 class CausalLM;
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, bool reshard_after_forward = true);
+// `layer_options` apply to the decoder layers and the embedding.
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options = {});
 
 }  // namespace fsdpp

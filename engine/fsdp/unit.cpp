@@ -50,6 +50,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<S
     flat_numel_ += p.shard_numel();
     p.free_full();
   }
+  for (Module* m : modules_) m->set_activation_checkpointing(options_.activation_checkpoint);
   install_hooks();
 }
 

@@ -16,6 +16,7 @@ class FsdpState;
 
 struct UnitOptions {
   bool reshard_after_forward = true;  // free gathered params after forward, re-gather in backward
+  bool activation_checkpoint = false; // recompute the unit's forward in backward
 };
 
 class FsdpUnit {

@@ -79,7 +79,9 @@ TrainSummary train(const RunConfig& config) {
   if (env.launched) {
     auto mesh = DeviceMesh::create(comm, config.parallel.replicate, config.parallel.shard);
     if (rank == 0) log_info("mesh: replicate ", mesh.replicate, " × shard ", mesh.shard);
-    fsdp = shard_default(*model, std::move(mesh), config.parallel.reshard_after_forward);
+    fsdp = shard_default(*model, std::move(mesh),
+                         {.reshard_after_forward = config.parallel.reshard_after_forward,
+                          .activation_checkpoint = config.parallel.activation_checkpoint});
   }
 
   const TokenRange range = train_range(config.data, tokens);

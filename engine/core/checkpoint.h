@@ -1,0 +1,20 @@
+// Activation checkpointing: run a forward without keeping its activations and recompute it
+// in backward. LibTorch's C++ API has none; this is one autograd node whose backward
+// re-runs the body with grad enabled and backpropagates through the recomputed graph.
+// The body must be deterministic (the models here have no dropout).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+namespace fsdpp {
+
+using CheckpointBody = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+// body(inputs) whose backward recomputes body; parameters used inside receive their
+// gradients during that recomputation.
+at::Tensor checkpointed(const std::vector<at::Tensor>& inputs, CheckpointBody body);
+
+}  // namespace fsdpp
