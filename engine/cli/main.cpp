@@ -122,7 +122,7 @@ int run_eval(const Args& args) {
   const RunConfig config = load_run(args);
   const TokenFile tokens = TokenFile::open(args.tokens.empty() ? config.data.train : args.tokens);
   const TokenRange range = args.tokens.empty() ? eval_range(config.data, tokens) : TokenRange{0, tokens.size()};
-  auto model = load_model(config.model);
+  auto model = load_model(config.model).model;
   const EvalResult r = evaluate(*model, tokens, range.begin, range.end, config.data.seq_len,
                                 config.data.batch_size, args.max_windows);
   if (args.json) {

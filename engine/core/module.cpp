@@ -19,6 +19,17 @@ std::vector<std::pair<std::string, Module*>> Module::named_child_modules() const
   return children;
 }
 
+torch::Tensor new_parameter(at::IntArrayRef shape, const torch::TensorOptions& opts) {
+  if (!opts.device().is_meta()) return torch::empty(shape, opts);
+  auto t = torch::empty({0}, opts.device(torch::kCPU));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
+bool is_allocated(const torch::Tensor& t) {
+  return t.storage().nbytes() >= static_cast<size_t>(t.numel() * t.element_size());
+}
+
 int Module::add_pre_forward_hook(PreForwardHook hook) {
   pre_hooks_.emplace_back(next_hook_id_, std::move(hook));
   return next_hook_id_++;

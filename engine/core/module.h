@@ -74,6 +74,13 @@ class Module : public torch::nn::Module {
   int next_hook_id_ = 0;
 };
 
+// A parameter tensor of `shape`. For the meta device it is a CPU tensor whose storage holds
+// no bytes yet: the state FSDP keeps sharded parameters in, so a model of any size builds
+// without memory and each rank later allocates only its own shards.
+torch::Tensor new_parameter(at::IntArrayRef shape, const torch::TensorOptions& opts);
+// Whether the tensor's storage holds all its bytes.
+bool is_allocated(const torch::Tensor& t);
+
 // A container whose children are named 0, 1, 2, ... (nn.ModuleList in Hugging Face models).
 class ModuleList : public Module {
  public:

@@ -20,7 +20,8 @@ bool under(const std::string& path, const std::string& prefix) {
 
 }  // namespace
 
-FsdpState::FsdpState(Module& root, DeviceMesh mesh) : root_(root), mesh_(std::move(mesh)) {
+FsdpState::FsdpState(Module& root, DeviceMesh mesh, std::optional<FreshInit> fresh_init)
+    : root_(root), mesh_(std::move(mesh)), fresh_init_(fresh_init) {
   for (const auto& entry : named_modules(root_)) {
     for (const auto& item : entry.module->named_parameters(/*recurse=*/false)) {
       aliases_[item.value().unsafeGetTensorImpl()].push_back(
@@ -60,7 +61,16 @@ FsdpUnit& FsdpState::fully_shard(const std::vector<Module*>& modules, const Unit
         }
       }
       claimed_[impl] = name;
-      params.emplace_back(paths.front(), item.value(), mesh_.shard_group->rank(), mesh_.shard_group->size());
+      std::function<void(at::Tensor&)> fill;
+      if (fresh_init_) {
+        // The same generator init_parameters would use: values depend on the name alone.
+        fill = [this, &entry, &item, &paths](at::Tensor& full) {
+          at::NoGradGuard no_grad;
+          at::Generator gen = named_generator(fresh_init_->seed, paths.front());
+          entry.module->init_parameter(item.key(), full, gen, fresh_init_->std);
+        };
+      }
+      params.emplace_back(paths.front(), item.value(), mesh_.shard_group->rank(), mesh_.shard_group->size(), fill);
     }
   }
   units_.push_back(std::make_unique<FsdpUnit>(name, modules, std::move(params), mesh_.shard_group,
@@ -105,8 +115,9 @@ void FsdpState::final_callback() {
   in_backward_ = false;
 }
 
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options) {
-  auto state = std::make_unique<FsdpState>(model, std::move(mesh));
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options,
+                                         std::optional<FreshInit> fresh_init) {
+  auto state = std::make_unique<FsdpState>(model, std::move(mesh), fresh_init);
   const auto& no_split = model.no_split_modules();
   const bool tied = model.config().tie_word_embeddings;
   for (const auto& entry : named_modules(model)) {

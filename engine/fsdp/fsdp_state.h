@@ -9,14 +9,22 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 
 namespace fsdpp {
+
+// How parameters of a meta-built model get their first values: as init_parameters would
+// give them, each rank computing only its own rows.
+struct FreshInit {
+  uint64_t seed = 0;
+  double std = 0.02;
+};
 
 class FsdpState {
  public:
   // Shards over mesh.shard_group; with a replicate group of several ranks (HSDP) the
   // reduced shards are then summed across replicas.
-  FsdpState(Module& root, DeviceMesh mesh);
+  FsdpState(Module& root, DeviceMesh mesh, std::optional<FreshInit> fresh_init = std::nullopt);
   ~FsdpState();
 
   // Makes `modules` one unit holding their parameters not yet claimed by an earlier unit.
@@ -47,6 +55,7 @@ class FsdpState {
 
   Module& root_;
   DeviceMesh mesh_;
+  std::optional<FreshInit> fresh_init_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   std::map<const void*, std::string> claimed_;  // tensor -> unit name
   std::map<const void*, std::vector<std::string>> aliases_;  // tensor -> every path reaching it
@@ -58,6 +67,7 @@ class FsdpState {
 // no_split_modules), the embedding when it is not tied to lm_head, then the root.
 class CausalLM;
 // `layer_options` apply to the decoder layers and the embedding.
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options = {});
+std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options = {},
+                                         std::optional<FreshInit> fresh_init = std::nullopt);
 
 }  // namespace fsdpp

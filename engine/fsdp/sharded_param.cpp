@@ -4,9 +4,12 @@
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
 
+#include "core/module.h"
+
 namespace fsdpp {
 
-ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world)
+ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world,
+                           const std::function<void(at::Tensor&)>& fill)
     : name(std::move(name_)), param(std::move(param_)) {
   if (param.dim() > 0) {
     rows = param.size(0);
@@ -18,7 +21,14 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
   at::NoGradGuard no_grad;
   // The master shard is fp32 whatever the parameter's dtype, and owns its memory.
   local = at::zeros({shard_numel()}, param.options().dtype(at::kFloat));
-  auto full_rows = param.detach().reshape({rows, row_numel});
+  at::Tensor source = param.detach();
+  if (!is_allocated(param)) {
+    TORCH_CHECK(fill, "parameter ", name, " is unallocated and nothing initialises it");
+    // In the parameter's dtype, so the master holds exactly what a materialised model would.
+    source = at::empty(param.sizes(), param.options());
+    fill(source);
+  }
+  auto full_rows = source.reshape({rows, row_numel});
   local.narrow(0, 0, owned_rows * row_numel).copy_(full_rows.narrow(0, first, owned_rows).reshape({-1}));
   std::vector<int64_t> owned_shape = param.sizes().vec();
   if (owned_shape.empty()) owned_shape = {1};
@@ -36,8 +46,6 @@ void ShardedParam::free_full() {
   at::native::resize_bytes_cpu(param.storage().unsafeGetStorageImpl(), 0);
 }
 
-bool ShardedParam::is_full() const {
-  return param.storage().nbytes() >= static_cast<size_t>(param.numel() * param.element_size());
-}
+bool ShardedParam::is_full() const { return is_allocated(param); }
 
 }  // namespace fsdpp

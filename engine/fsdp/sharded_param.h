@@ -8,13 +8,17 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace fsdpp {
 
 struct ShardedParam {
-  ShardedParam(std::string name, at::Tensor param, int rank, int world);
+  // An unallocated `param` (a meta build) gets its values from `fill`, which writes the full
+  // tensor into a temporary; only this rank's rows are kept.
+  ShardedParam(std::string name, at::Tensor param, int rank, int world,
+               const std::function<void(at::Tensor&)>& fill = {});
 
   std::string name;          // dotted path of the first module that reaches it
   at::Tensor param;          // the module's parameter [full shape]; storage freed when sharded

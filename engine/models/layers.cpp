@@ -20,8 +20,8 @@ void fill_normal(torch::Tensor& t, at::Generator& gen, double std) {
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias,
                const torch::TensorOptions& opts)
     : Module("Linear") {
-  weight = register_parameter("weight", torch::empty({out_features, in_features}, opts));
-  if (with_bias) bias = register_parameter("bias", torch::empty({out_features}, opts));
+  weight = register_parameter("weight", new_parameter({out_features, in_features}, opts));
+  if (with_bias) bias = register_parameter("bias", new_parameter({out_features}, opts));
 }
 
 Linear::Linear(torch::Tensor tied_weight) : Module("Linear") {
@@ -41,7 +41,7 @@ void Linear::init_parameter(const std::string& name, torch::Tensor& t, at::Gener
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts)
     : Module("Embedding") {
-  weight = register_parameter("weight", torch::empty({num_embeddings, dim}, opts));
+  weight = register_parameter("weight", new_parameter({num_embeddings, dim}, opts));
 }
 
 torch::Tensor Embedding::forward(const torch::Tensor& ids) { return at::embedding(weight, ids); }
@@ -54,7 +54,7 @@ void Embedding::init_parameter(const std::string&, torch::Tensor& t, at::Generat
 RMSNorm::RMSNorm(std::string class_name, int64_t dim, double eps_,
                  const torch::TensorOptions& opts)
     : Module(std::move(class_name)), eps(eps_) {
-  weight = register_parameter("weight", torch::empty({dim}, opts));
+  weight = register_parameter("weight", new_parameter({dim}, opts));
 }
 
 torch::Tensor RMSNorm::forward(const torch::Tensor& x) {

@@ -14,7 +14,7 @@ using ModelBuilder =
     std::function<std::shared_ptr<CausalLM>(const ModelConfig&, const torch::TensorOptions&)>;
 
 // Builds the model with uninitialised parameters of `opts` (dtype, device; "meta" allocates
-// nothing). An unknown model_type is a UserError listing the known ones.
+// nothing: see new_parameter). An unknown model_type is a UserError listing the known ones.
 std::shared_ptr<CausalLM> build_model(const ModelConfig& config, const torch::TensorOptions& opts);
 
 std::vector<std::string> registered_model_types();

@@ -33,14 +33,20 @@ ModelSourceConfig ModelSourceConfig::from_section(ConfigSection& s) {
   return c;
 }
 
-std::shared_ptr<CausalLM> load_model(const ModelSourceConfig& config) {
+LoadedModel load_model(const ModelSourceConfig& config, bool defer_fresh_init) {
   const auto config_path = hf_config_path(config.path);
   const ModelConfig model_config = ModelConfig::from_file(config_path);
-  auto opts = torch::TensorOptions().dtype(parse_dtype(config.dtype));
-  auto model = build_model(model_config, opts);
   const HfWeights weights = std::filesystem::is_directory(config.path)
                                 ? HfWeights::open(config.path)
                                 : HfWeights{};
+  auto opts = torch::TensorOptions().dtype(parse_dtype(config.dtype));
+  if (weights.empty() && defer_fresh_init) {
+    auto model = build_model(model_config, opts.device(torch::kMeta));
+    log_info("model: fresh ", model->class_name(), " (", model->recursive_param_count(),
+             " parameters, seed ", config.init_seed, "), built unallocated");
+    return {model, true};
+  }
+  auto model = build_model(model_config, opts);
   if (weights.empty()) {
     init_parameters(*model, config.init_seed, model_config.initializer_range);
     log_info("model: fresh ", model->class_name(), " (", model->recursive_param_count(),
@@ -50,7 +56,7 @@ std::shared_ptr<CausalLM> load_model(const ModelSourceConfig& config) {
     log_info("model: ", model->class_name(), " loaded from ", config.path, " (",
              model->recursive_param_count(), " parameters)");
   }
-  return model;
+  return {model, false};
 }
 
 }  // namespace fsdpp

@@ -18,9 +18,15 @@ struct ModelSourceConfig {
   static ModelSourceConfig from_section(ConfigSection& section);
 };
 
+struct LoadedModel {
+  std::shared_ptr<CausalLM> model;
+  bool init_pending = false;  // built unallocated: the sharding must initialise it
+};
+
 // Builds the model; loads the directory's safetensors when it has any, else initialises
-// from init_seed with the config's initializer_range.
-std::shared_ptr<CausalLM> load_model(const ModelSourceConfig& config);
+// from init_seed with the config's initializer_range, or, with `defer_fresh_init`, builds
+// it unallocated (no memory) for FSDP to initialise shard by shard.
+LoadedModel load_model(const ModelSourceConfig& config, bool defer_fresh_init = false);
 
 at::ScalarType parse_dtype(const std::string& name);  // UserError for an unknown name
 

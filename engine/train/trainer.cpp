@@ -72,7 +72,7 @@ TrainSummary train(const RunConfig& config) {
   const int64_t rows = config.data.batch_size / world;
 
   const TokenFile tokens = TokenFile::open(config.data.train);
-  auto model = load_model(config.model);
+  auto [model, init_pending] = load_model(config.model, /*defer_fresh_init=*/env.launched);
   check_vocab(tokens, *model);
   model->train();
   std::unique_ptr<FsdpState> fsdp;
@@ -81,7 +81,9 @@ TrainSummary train(const RunConfig& config) {
     if (rank == 0) log_info("mesh: replicate ", mesh.replicate, " × shard ", mesh.shard);
     fsdp = shard_default(*model, std::move(mesh),
                          {.reshard_after_forward = config.parallel.reshard_after_forward,
-                          .activation_checkpoint = config.parallel.activation_checkpoint});
+                          .activation_checkpoint = config.parallel.activation_checkpoint},
+                         init_pending ? std::optional<FreshInit>({config.model.init_seed, model->config().initializer_range})
+                                      : std::nullopt);
   }
 
   const TokenRange range = train_range(config.data, tokens);

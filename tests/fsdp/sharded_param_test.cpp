@@ -49,3 +49,43 @@ TEST_CASE("shards hold ceil(rows / world) padded rows and owned rows rebuild the
   CHECK(padded_total - total < world * 2 * 50 * 30);
   CHECK(max_rank_bytes * world >= total * 4);
 }
+
+TEST_CASE("a meta build allocates nothing and each rank initialises only its rows", "[fsdp]") {
+  auto config = ModelConfig::from_json(
+      {{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 30}, {"intermediate_size", 50},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 3}, {"num_key_value_heads", 1}},
+      "test");
+  auto materialised = build_model(config, torch::TensorOptions());
+  init_parameters(*materialised, 9, 0.05);
+  auto unallocated = build_model(config, torch::TensorOptions().device(torch::kMeta));
+  size_t bytes = 0;
+  for (const auto& p : unique_named_parameters(*unallocated)) {
+    CHECK_FALSE(is_allocated(p.tensor));
+    bytes += p.tensor.storage().nbytes();
+  }
+  CHECK(bytes == 0);
+  CHECK(unallocated->recursive_param_count() == materialised->recursive_param_count());
+
+  const int world = 3;
+  auto reference = unique_named_parameters(*materialised);
+  size_t i = 0;
+  for (const auto& entry : named_modules(*unallocated)) {
+    for (auto& item : entry.module->named_parameters(/*recurse=*/false)) {
+      const std::string name = entry.path + "." + item.key();
+      REQUIRE(reference[i].name == name);
+      std::vector<at::Tensor> owned;
+      for (int rank = 0; rank < world; ++rank) {
+        ShardedParam shard(name, item.value(), rank, world, [&](at::Tensor& full) {
+          at::Generator gen = named_generator(9, name);
+          entry.module->init_parameter(item.key(), full, gen, 0.05);
+        });
+        owned.push_back(shard.owned.detach());
+        CHECK_FALSE(shard.is_full());  // the module's tensor stays unallocated
+      }
+      INFO(name);
+      CHECK(torch::equal(at::cat(owned), reference[i].tensor));
+      ++i;
+    }
+  }
+  CHECK(i == reference.size());
+}

@@ -28,7 +28,7 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
   REQUIRE(fixtures != nullptr);
   const std::string dir = std::string(fixtures) + "/" + model_name;
-  auto model = load_model({.path = dir, .dtype = "float32"});
+  auto model = load_model({.path = dir, .dtype = "float32"}).model;
   auto reference = SafetensorsFile::open(dir + "/reference.safetensors");
 
   auto ids = reference->tensor("input_ids");  // [B, T]
