@@ -136,7 +136,7 @@ def supervise(name, procs, find_ranks, log_paths):
                     p.wait()
             proc, code = failed[0]
             log = log_paths[procs.index(proc)]
-            raise BenchError(f"{name} exited with status {code}: {last_line(log)} (log: {log})")
+            raise BenchError(f"{name} exited with status {code}: {telling_line(log)} (log: {log})")
         if all(c == 0 for c in codes):
             break
         time.sleep(SAMPLE_S)
@@ -145,13 +145,16 @@ def supervise(name, procs, find_ranks, log_paths):
     return peaks
 
 
-def last_line(path):
+def telling_line(path):
+    # fsdpp's launcher ends with its own summary, so a rank's "error:" line says more than
+    # the last line; a Python worker's last line is its exception or its one-line error.
     try:
         with open(path, errors="replace") as f:
             lines = [line.strip() for line in f if line.strip()]
     except OSError:
         return "no output"
-    return lines[-1] if lines else "no output"
+    errors = [line for line in lines if " error: " in line]
+    return errors[0] if errors else lines[-1] if lines else "no output"
 
 
 # ---------------------------------------------------------------- measurement

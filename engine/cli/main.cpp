@@ -1,8 +1,12 @@
 // The fsdpp command line: `train` and `eval` over a TOML run file. Every user error is one
 // line on stderr and exit status 2; an engine fault is one line and status 1.
+#include "bindings/lua/policy.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/launcher.h"
+#include "models/registry.h"
+#include "io/hf_dir.h"
+#include "train/model_source.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
 
@@ -25,6 +29,7 @@ constexpr const char* kUsage = R"(usage: fsdpp <command> [options]
 commands:
   train CONFIG   train the model a TOML run file describes
   eval CONFIG    mean next-token loss and perplexity of the configured model
+  plan CONFIG    the wrap plan the policy makes, and per-rank memory, for N ranks
   launch ... -- COMMAND
                  run COMMAND (e.g. train CONFIG) as several ranks of one job
 
@@ -47,6 +52,15 @@ FILE when given, else of data.train's held-out tail (all of it when eval_fractio
 Each window predicts its tokens 2..seq_len, as transformers does with labels = input_ids.
 )";
 
+constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
+
+Builds the model of CONFIG on the meta device (no memory), runs its wrap policy ([policy]
+name, default the model_type's own, with [policy.options]) for a simulated world of N ranks
+(default 1), validates the plan and prints the unit tree: modules, parameters and options
+per unit, the mesh, and per-rank memory (sharded parameters, gradients, optimizer state,
+the largest gathered unit). No process group, no GPU.
+)";
+
 constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R]
                     [--master-addr A] [--master-port P] -- COMMAND [ARGS...]
 
@@ -63,6 +77,7 @@ struct Args {
   std::vector<std::string> overrides;
   std::string tokens;
   int64_t max_windows = 0;
+  int world = 1;
   bool json = false;
   bool help = false;
 };
@@ -90,8 +105,16 @@ Args parse_args(const std::string& command, int argc, char** argv) {
       } catch (const std::exception&) {
         throw UserError("eval: --max-windows takes a number, got '" + v + "'");
       }
-    } else if (command == "eval" && a == "--json") {
+    } else if ((command == "eval" || command == "plan") && a == "--json") {
       args.json = true;
+    } else if (command == "plan" && a == "--world") {
+      const std::string v = value(i, a);
+      try {
+        args.world = std::stoi(v);
+      } catch (const std::exception&) {
+        args.world = 0;
+      }
+      if (args.world < 1) throw UserError("plan: --world takes a number >= 1, got '" + v + "'");
     } else if (a.starts_with("-")) {
       throw UserError(command + ": unknown option " + a + " (see fsdpp " + command + " --help)");
     } else if (args.config.empty()) {
@@ -110,16 +133,44 @@ RunConfig load_run(const Args& args) {
   return config;
 }
 
+PolicyConfig policy_config(const RunConfig& config) {
+  auto section = config.source.section("policy");
+  return PolicyConfig::from_section(section);
+}
+
 int run_train(const Args& args) {
   const RunConfig config = load_run(args);
-  const TrainSummary s = train(config);
+  const PolicyConfig policy = policy_config(config);
+  auto build_plan = [&policy](CausalLM& model, int world, int rank) {
+    return run_policy(find_policy(policy, model.config().model_type), model,
+                      {.world_size = world, .rank = rank, .training = true, .options = policy.options});
+  };
+  const TrainSummary s = train(config, build_plan);
   if (DistEnv::from_environment().rank == 0) log_info("done: ", s.steps, " steps, final loss ", s.final_loss,
            s.skipped_steps ? concat(", ", s.skipped_steps, " skipped") : std::string());
   return 0;
 }
 
+int run_plan(const Args& args) {
+  const RunConfig config = load_run(args);
+  const PolicyConfig policy = policy_config(config);
+  const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.model.path));
+  const auto dtype = parse_dtype(config.model.dtype);
+  auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
+  const auto script = find_policy(policy, model_config.model_type);
+  Plan plan = run_policy(script, *model, {.world_size = args.world, .rank = 0, .training = true, .options = policy.options});
+  const ResolvedPlan resolved = resolve_plan(plan, *model, args.world, dtype);
+  if (args.json) {
+    std::cout << plan_json(resolved, args.world) << std::endl;
+  } else {
+    std::cout << "policy " << script.string() << "\n" << format_plan(resolved, args.world);
+  }
+  return 0;
+}
+
 int run_eval(const Args& args) {
   const RunConfig config = load_run(args);
+  policy_config(config);  // validates [policy] even though evaluation does not shard
   const TokenFile tokens = TokenFile::open(args.tokens.empty() ? config.data.train : args.tokens);
   const TokenRange range = args.tokens.empty() ? eval_range(config.data, tokens) : TokenRange{0, tokens.size()};
   auto model = load_model(config.model).model;
@@ -154,14 +205,15 @@ int main(int argc, char** argv) {
       const LaunchOptions options = parse_launch_args(rest);
       return launch(options, std::filesystem::read_symlink("/proc/self/exe").string());
     }
-    if (command != "train" && command != "eval") {
-      throw UserError("unknown command '" + command + "' (commands: train, eval, launch; see fsdpp --help)");
+    if (command != "train" && command != "eval" && command != "plan") {
+      throw UserError("unknown command '" + command + "' (commands: train, eval, plan, launch; see fsdpp --help)");
     }
     const Args args = parse_args(command, argc, argv);
     if (args.help) {
-      std::cout << (command == "train" ? kTrainHelp : kEvalHelp);
+      std::cout << (command == "train" ? kTrainHelp : command == "eval" ? kEvalHelp : kPlanHelp);
       return 0;
     }
+    if (command == "plan") return run_plan(args);
     return command == "train" ? run_train(args) : run_eval(args);
   } catch (const UserError& e) {
     std::fprintf(stderr, "fsdpp: error: %s\n", e.what());

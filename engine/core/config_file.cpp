@@ -119,6 +119,21 @@ std::string ConfigSection::get_string(const std::string& key, const std::string&
   return node ? node->value<std::string>().value() : fallback;
 }
 
+std::vector<std::pair<std::string, ConfigScalar>> ConfigSection::get_scalar_table(const std::string& key) {
+  auto* node = static_cast<const toml::node*>(lookup(key, "a table"));
+  std::vector<std::pair<std::string, ConfigScalar>> out;
+  if (node == nullptr) return out;
+  for (const auto& [k, v] : *node->as_table()) {
+    const std::string name(k.str());
+    if (auto i = v.value<int64_t>(); v.is_integer()) out.emplace_back(name, *i);
+    else if (auto d = v.value<double>(); v.is_floating_point()) out.emplace_back(name, *d);
+    else if (auto b = v.value<bool>(); v.is_boolean()) out.emplace_back(name, *b);
+    else if (auto s = v.value<std::string>(); v.is_string()) out.emplace_back(name, *s);
+    else fail(key + "." + name, "expected a string, number or boolean, got " + type_name(v));
+  }
+  return out;
+}
+
 void ConfigSection::finish() const {
   const toml::table* table = doc_->root.get_as<toml::table>(name_);
   if (table == nullptr) return;
@@ -154,12 +169,15 @@ ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector
     } catch (const toml::parse_error&) {
       parsed.insert("v", value);
     }
-    auto* table = file.doc_->root.get_as<toml::table>(section);
-    if (table == nullptr) {
-      file.doc_->root.insert(section, toml::table{});
-      table = file.doc_->root.get_as<toml::table>(section);
+    // "policy.options.shard" names a key in a nested table; create the tables on the way.
+    toml::table* table = &file.doc_->root;
+    std::string rest = section + "." + key;
+    for (size_t dot_at; (dot_at = rest.find('.')) != std::string::npos; rest = rest.substr(dot_at + 1)) {
+      const std::string part = rest.substr(0, dot_at);
+      if (!table->get_as<toml::table>(part)) table->insert_or_assign(part, toml::table{});
+      table = table->get_as<toml::table>(part);
     }
-    table->insert_or_assign(key, *parsed.get("v"));
+    table->insert_or_assign(rest, *parsed.get("v"));
     file.doc_->overridden[section + "." + key] = text;
   }
   return file;

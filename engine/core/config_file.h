@@ -7,11 +7,15 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace fsdpp {
 
 struct ConfigDocument;
+
+using ConfigScalar = std::variant<bool, int64_t, double, std::string>;
 
 class ConfigSection {
  public:
@@ -22,6 +26,8 @@ class ConfigSection {
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
   bool has(const std::string& key) const;
+  // A sub-table of scalars ([section.key]), in file order; nested tables and arrays are errors.
+  std::vector<std::pair<std::string, ConfigScalar>> get_scalar_table(const std::string& key);
 
   // Errors for keys never asked for, naming the nearest key that was.
   void finish() const;
@@ -48,6 +54,7 @@ class ConfigFile {
   // Errors for a top-level entry that is not one of `known` sections.
   void check_sections(const std::vector<std::string>& known) const;
   const std::filesystem::path& path() const;
+  ConfigFile() = default;
 
  private:
   std::shared_ptr<ConfigDocument> doc_;

@@ -40,13 +40,7 @@ ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
   ParallelConfig c;
   c.backend = s.get_string("backend", c.backend);
   c.timeout_s = s.get_double("timeout_s", c.timeout_s);
-  c.replicate = static_cast<int>(s.get_int("replicate", c.replicate));
-  c.shard = static_cast<int>(s.get_int("shard", c.shard));
-  c.reshard_after_forward = s.get_bool("reshard_after_forward", c.reshard_after_forward);
-  c.activation_checkpoint = s.get_bool("activation_checkpoint", c.activation_checkpoint);
   s.finish();
-  if (c.replicate < 1) s.fail("replicate", "must be at least 1, got " + std::to_string(c.replicate));
-  if (c.shard < 1 && c.shard != -1) s.fail("shard", "must be -1 (all ranks) or at least 1, got " + std::to_string(c.shard));
   if (c.backend != "auto" && c.backend != "gloo") {
     s.fail("backend", "'" + c.backend + "' is not available in this build (auto, gloo)");
   }

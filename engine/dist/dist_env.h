@@ -15,10 +15,6 @@ class ConfigSection;
 struct ParallelConfig {
   std::string backend = "auto";  // "auto" (gloo on CPU) or "gloo"
   double timeout_s = 300;        // rendezvous and collective timeout
-  int replicate = 1;             // mesh rows: replicas of the sharded model (HSDP when > 1)
-  int shard = -1;                // ranks each parameter is sharded over; -1: world / replicate
-  bool reshard_after_forward = true;  // decoder-layer units free their gathered params after forward
-  bool activation_checkpoint = false; // decoder layers recompute their forward in backward
 
   static ParallelConfig from_section(ConfigSection& section);
 };

@@ -1,84 +1,58 @@
-// Building units over a model and the end-of-backward bookkeeping shared by them.
+// Building units from a plan and the end-of-backward bookkeeping shared by them.
 #include "fsdp/fsdp_state.h"
-
-#include "core/error.h"
-#include "models/causal_lm.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
-
-#include <algorithm>
-#include <set>
 
 namespace fsdpp {
 
 namespace {
 
-bool under(const std::string& path, const std::string& prefix) {
-  return prefix.empty() || path == prefix || path.starts_with(prefix + ".");
+at::ScalarType dtype_of(const std::string& name, at::ScalarType fallback) {
+  if (name.empty()) return fallback;
+  return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
 }
 
 }  // namespace
 
-FsdpState::FsdpState(Module& root, DeviceMesh mesh, std::optional<FreshInit> fresh_init)
-    : root_(root), mesh_(std::move(mesh)), fresh_init_(fresh_init) {
-  for (const auto& entry : named_modules(root_)) {
-    for (const auto& item : entry.module->named_parameters(/*recurse=*/false)) {
-      aliases_[item.value().unsafeGetTensorImpl()].push_back(
-          entry.path.empty() ? item.key() : entry.path + "." + item.key());
+FsdpState::FsdpState(Module& root, DeviceMesh mesh, const ResolvedPlan& plan, std::optional<FreshInit> fresh_init)
+    : mesh_(std::move(mesh)) {
+  TORCH_CHECK(plan.shard == mesh_.shard && plan.replicate == mesh_.replicate, "plan mesh ", plan.replicate, "x",
+              plan.shard, " differs from the process mesh ", mesh_.replicate, "x", mesh_.shard);
+  const auto all = named_modules(root);
+  for (const auto& unit : plan.units) {
+    std::vector<ShardedParam> params;
+    for (const auto& p : unit.params) {
+      at::Tensor tensor = p.module->named_parameters(/*recurse=*/false)[p.local];
+      std::function<void(at::Tensor&)> fill;
+      if (fresh_init) {
+        // The same generator init_parameters would use: values depend on the name alone.
+        fill = [&p, fresh_init](at::Tensor& full) {
+          at::NoGradGuard no_grad;
+          at::Generator gen = named_generator(fresh_init->seed, p.name);
+          p.module->init_parameter(p.local, full, gen, fresh_init->std);
+        };
+      }
+      params.emplace_back(p.name, tensor, mesh_.shard_group->rank(), mesh_.shard_group->size(), fill);
     }
+    std::vector<Module*> modules;
+    for (const auto& path : unit.plan->modules) {
+      for (const auto& e : all) {
+        if (e.path == path) modules.push_back(e.module);
+      }
+    }
+    const UnitPlan& p = *unit.plan;
+    UnitOptions options{.reshard_after_forward = p.reshard_after_forward,
+                        .activation_checkpoint = p.activation_checkpoint,
+                        .reduce_dtype = dtype_of(p.reduce_dtype, at::kFloat),
+                        .output_dtype = p.output_dtype.empty() ? std::nullopt
+                                                               : std::optional(dtype_of(p.output_dtype, at::kFloat))};
+    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), mesh_.shard_group,
+                                                mesh_.replicate_group, options, this));
   }
 }
 
 FsdpState::~FsdpState() = default;
-
-FsdpUnit& FsdpState::fully_shard(const std::vector<Module*>& modules, const UnitOptions& options) {
-  TORCH_CHECK(!modules.empty(), "fully_shard needs at least one module");
-  const auto all = named_modules(root_);
-  std::vector<std::string> prefixes;
-  for (Module* m : modules) {
-    auto it = std::find_if(all.begin(), all.end(), [m](const ModuleEntry& e) { return e.module == m; });
-    TORCH_CHECK(it != all.end(), "fully_shard: module ", m->class_name(), " is not in the model");
-    prefixes.push_back(it->path);
-  }
-  auto covered = [&prefixes](const std::string& path) {
-    return std::any_of(prefixes.begin(), prefixes.end(), [&](const auto& p) { return under(path, p); });
-  };
-  std::string name;
-  for (const auto& p : prefixes) name += (name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
-
-  std::vector<ShardedParam> params;
-  for (const auto& entry : all) {
-    if (!covered(entry.path)) continue;
-    for (const auto& item : entry.module->named_parameters(/*recurse=*/false)) {
-      const void* impl = item.value().unsafeGetTensorImpl();
-      if (claimed_.count(impl)) continue;
-      const auto& paths = aliases_[impl];
-      for (const auto& alias : paths) {
-        if (!covered(alias)) {
-          throw UserError("tied parameters " + paths.front() + " and " + alias +
-                          " must be in one unit, but unit " + name + " holds only the first");
-        }
-      }
-      claimed_[impl] = name;
-      std::function<void(at::Tensor&)> fill;
-      if (fresh_init_) {
-        // The same generator init_parameters would use: values depend on the name alone.
-        fill = [this, &entry, &item, &paths](at::Tensor& full) {
-          at::NoGradGuard no_grad;
-          at::Generator gen = named_generator(fresh_init_->seed, paths.front());
-          entry.module->init_parameter(item.key(), full, gen, fresh_init_->std);
-        };
-      }
-      params.emplace_back(paths.front(), item.value(), mesh_.shard_group->rank(), mesh_.shard_group->size(), fill);
-    }
-  }
-  units_.push_back(std::make_unique<FsdpUnit>(name, modules, std::move(params), mesh_.shard_group,
-                                              mesh_.replicate_group, options, this));
-  return *units_.back();
-}
-
-FsdpUnit& FsdpState::shard_root(const UnitOptions& options) { return fully_shard({&root_}, options); }
 
 std::vector<NamedParameter> FsdpState::sharded_parameters() const {
   std::vector<NamedParameter> out;
@@ -113,25 +87,6 @@ void FsdpState::final_callback() {
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
   for (auto& unit : units_) unit->end_backward();
   in_backward_ = false;
-}
-
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options,
-                                         std::optional<FreshInit> fresh_init) {
-  auto state = std::make_unique<FsdpState>(model, std::move(mesh), fresh_init);
-  const auto& no_split = model.no_split_modules();
-  const bool tied = model.config().tie_word_embeddings;
-  for (const auto& entry : named_modules(model)) {
-    const auto& cls = entry.module->class_name();
-    const bool block = std::find(no_split.begin(), no_split.end(), cls) != no_split.end();
-    if (block) state->fully_shard({entry.module}, layer_options);
-    if (cls == "Embedding" && !tied) {
-      state->fully_shard({entry.module}, {.reshard_after_forward = layer_options.reshard_after_forward});
-    }
-  }
-  // The root's parameters (final norm, lm_head) are used last in forward and first in
-  // backward, so keeping them gathered saves one all-gather per step.
-  state->shard_root({.reshard_after_forward = false});
-  return state;
 }
 
 }  // namespace fsdpp

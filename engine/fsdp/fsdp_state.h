@@ -1,14 +1,14 @@
-// fully_shard for a model: units built bottom-up (inner wraps first, the root last taking
-// whatever is left), the end-of-backward callback that reduces units whose inputs needed no
-// gradient, and the sharded view the optimizer, clipping and checkpoints work on.
+// fully_shard for a model: units built from a resolved plan (inner units first, the root
+// last), the end-of-backward callback that reduces units whose inputs needed no gradient,
+// and the sharded view the optimizer, clipping and checkpoints work on.
 #pragma once
 
 #include "core/module_tree.h"
 #include "dist/device_mesh.h"
+#include "fsdp/plan.h"
 #include "fsdp/unit.h"
 
 #include <functional>
-#include <map>
 #include <optional>
 
 namespace fsdpp {
@@ -22,16 +22,11 @@ struct FreshInit {
 
 class FsdpState {
  public:
-  // Shards over mesh.shard_group; with a replicate group of several ranks (HSDP) the
-  // reduced shards are then summed across replicas.
-  FsdpState(Module& root, DeviceMesh mesh, std::optional<FreshInit> fresh_init = std::nullopt);
+  // Shards every unit of `plan` over mesh.shard_group; with a replicate group of several
+  // ranks (HSDP) the reduced shards are then summed across replicas.
+  FsdpState(Module& root, DeviceMesh mesh, const ResolvedPlan& plan,
+            std::optional<FreshInit> fresh_init = std::nullopt);
   ~FsdpState();
-
-  // Makes `modules` one unit holding their parameters not yet claimed by an earlier unit.
-  // Tied parameters must fall inside one unit: otherwise a UserError names both paths.
-  FsdpUnit& fully_shard(const std::vector<Module*>& modules, const UnitOptions& options);
-  // The root unit: every parameter still unclaimed. Call last.
-  FsdpUnit& shard_root(const UnitOptions& options);
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
   const DeviceMesh& mesh() const { return mesh_; }
@@ -53,21 +48,10 @@ class FsdpState {
  private:
   void final_callback();
 
-  Module& root_;
   DeviceMesh mesh_;
-  std::optional<FreshInit> fresh_init_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
-  std::map<const void*, std::string> claimed_;  // tensor -> unit name
-  std::map<const void*, std::vector<std::string>> aliases_;  // tensor -> every path reaching it
   bool in_backward_ = false;
   bool sync_ = true;
 };
-
-// The built-in wrapping until policies choose: each decoder layer (the model's
-// no_split_modules), the embedding when it is not tied to lm_head, then the root.
-class CausalLM;
-// `layer_options` apply to the decoder layers and the embedding.
-std::unique_ptr<FsdpState> shard_default(CausalLM& model, DeviceMesh mesh, const UnitOptions& layer_options = {},
-                                         std::optional<FreshInit> fresh_init = std::nullopt);
 
 }  // namespace fsdpp

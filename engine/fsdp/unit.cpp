@@ -79,6 +79,7 @@ void FsdpUnit::install_hooks() {
   hooks_.emplace_back(last, last->add_post_forward_hook([this](Module&, torch::Tensor& output) {
     if (state_->in_backward()) return;
     if (options_.reshard_after_forward) reshard();
+    if (options_.output_dtype && output.is_floating_point()) output = output.to(*options_.output_dtype);
     if (output.requires_grad()) {
       output.register_hook([this](const at::Tensor&) { pre_backward(); });
     }
@@ -135,25 +136,25 @@ void FsdpUnit::post_backward() {
   }
   at::NoGradGuard no_grad;
   const int world = comm_->size();
-  at::Tensor scattered_in = at::zeros({world, flat_numel_}, at::kFloat);  // [W, T]
+  at::Tensor scattered_in = at::zeros({world, flat_numel_}, options_.reduce_dtype);  // [W, T]
   int64_t offset = 0;
   for (auto& p : params_) {
     at::Tensor grad = p.param.grad();
     if (grad.defined()) {
       // Pad each gradient to W shards; shard r goes to row r.
-      at::Tensor padded = at::zeros({world * p.shard_numel()}, at::kFloat);
+      at::Tensor padded = at::zeros({world * p.shard_numel()}, options_.reduce_dtype);
       padded.narrow(0, 0, p.numel()).copy_(grad.reshape({-1}));
       scattered_in.narrow(1, offset, p.shard_numel()).copy_(padded.view({world, p.shard_numel()}));
       p.param.mutable_grad() = at::Tensor();
     }
     offset += p.shard_numel();
   }
-  at::Tensor reduced = at::empty({flat_numel_}, at::kFloat);
+  at::Tensor reduced = at::empty({flat_numel_}, options_.reduce_dtype);
   comm_->reduce_scatter_sum(reduced, scattered_in.view({-1}));
   replicate_group_->all_reduce_sum(reduced);
   offset = 0;
   for (auto& p : params_) {
-    at::Tensor shard = reduced.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes());
+    at::Tensor shard = reduced.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(at::kFloat);
     if (p.owned.grad().defined()) {
       p.owned.mutable_grad().add_(shard);
     } else {

@@ -7,6 +7,7 @@
 #include "fsdp/sharded_param.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ class FsdpState;
 struct UnitOptions {
   bool reshard_after_forward = true;  // free gathered params after forward, re-gather in backward
   bool activation_checkpoint = false; // recompute the unit's forward in backward
+  at::ScalarType reduce_dtype = at::kFloat;          // dtype of the reduce-scatter
+  std::optional<at::ScalarType> output_dtype;        // cast the unit's output to this
 };
 
 class FsdpUnit {

@@ -2,6 +2,7 @@
 // plus the [train] and [checkpoint] sections the training loop owns.
 #pragma once
 
+#include "core/config_file.h"
 #include "dist/dist_env.h"
 #include "train/adamw.h"
 #include "train/data.h"
@@ -39,6 +40,7 @@ struct CheckpointConfig {
 
 struct RunConfig {
   std::filesystem::path file;
+  ConfigFile source;  // for sections owned above this layer ([policy])
   ModelSourceConfig model;
   DataConfig data;
   OptimizerConfig optimizer;

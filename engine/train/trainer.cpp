@@ -59,7 +59,7 @@ TokenRange eval_range(const DataConfig& data, const TokenFile& tokens) {
   return {train_range(data, tokens).end, tokens.size()};
 }
 
-TrainSummary train(const RunConfig& config) {
+TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const TrainConfig& tc = config.train;
   const DistEnv env = DistEnv::from_environment();
   auto comm = init_distributed(env, config.parallel);
@@ -77,13 +77,17 @@ TrainSummary train(const RunConfig& config) {
   model->train();
   std::unique_ptr<FsdpState> fsdp;
   if (env.launched) {
-    auto mesh = DeviceMesh::create(comm, config.parallel.replicate, config.parallel.shard);
-    if (rank == 0) log_info("mesh: replicate ", mesh.replicate, " × shard ", mesh.shard);
-    fsdp = shard_default(*model, std::move(mesh),
-                         {.reshard_after_forward = config.parallel.reshard_after_forward,
-                          .activation_checkpoint = config.parallel.activation_checkpoint},
-                         init_pending ? std::optional<FreshInit>({config.model.init_seed, model->config().initializer_range})
-                                      : std::nullopt);
+    Plan plan = build_plan(*model, world, rank);
+    const ResolvedPlan resolved = resolve_plan(plan, *model, world, parse_dtype(config.model.dtype));
+    auto mesh = DeviceMesh::create(comm, resolved.replicate, resolved.shard);
+    if (rank == 0) {
+      log_info("mesh: replicate ", mesh.replicate, " × shard ", mesh.shard, "; ", resolved.units.size(),
+               " units; per rank: parameters ", resolved.param_bytes, " B, gradients ", resolved.grad_bytes,
+               " B, optimizer state ", resolved.optimizer_bytes, " B");
+    }
+    std::optional<FreshInit> fresh;
+    if (init_pending) fresh = FreshInit{config.model.init_seed, model->config().initializer_range};
+    fsdp = std::make_unique<FsdpState>(*model, std::move(mesh), resolved, fresh);
   }
 
   const TokenRange range = train_range(config.data, tokens);

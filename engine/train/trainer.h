@@ -2,7 +2,10 @@
 // count, backward, global-norm clipping, AdamW, schedule, metrics, periodic saves.
 #pragma once
 
+#include "fsdp/plan.h"
 #include "train/run_config.h"
+
+#include <functional>
 
 namespace fsdpp {
 
@@ -12,7 +15,10 @@ struct TrainSummary {
   double final_loss = 0.0;
 };
 
-TrainSummary train(const RunConfig& config);
+// Builds the wrap plan for the model at (world, rank): the policy, in the binary.
+using PlanBuilder = std::function<Plan(CausalLM& model, int world, int rank)>;
+
+TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan);
 
 // The evaluation token range a config names: the held-out tail of data.train when
 // eval_fraction > 0, else all of it.

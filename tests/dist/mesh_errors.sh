@@ -17,7 +17,7 @@ check() {
     echo "FAIL $* (exit $rc), wanted '$want':"; echo "$err"; status=1
   fi
 }
-check 4 "mesh: replicate 2 × shard 3 ≠ world 4" --set parallel.replicate=2 --set parallel.shard=3
-check 4 "mesh: world 4 is not divisible by replicate 3" --set parallel.replicate=3
+check 4 "policies/llama.lua:4: mesh replicate 2 × shard 3 ≠ world 4" --set policy.options.replicate=2 --set policy.options.shard_size=3
+check 4 "mesh replicate 3 × shard 1 ≠ world 4" --set policy.options.replicate=3
 check 5 "[data] batch_size 12 is not a multiple of the world size 5"
 exit $status

@@ -25,6 +25,19 @@ std::shared_ptr<CausalLM> tiny(bool tied) {
   return model;
 }
 
+// Each decoder layer a unit, the embedding too when untied, the root the rest.
+std::unique_ptr<FsdpState> shard(CausalLM& model) {
+  Plan plan;
+  for (const auto& e : named_modules(model)) {
+    const bool tied = model.config().tie_word_embeddings;
+    if (e.module->class_name() == "LlamaDecoderLayer" || (e.module->class_name() == "Embedding" && !tied)) {
+      plan.units.push_back({.modules = {e.path}});
+    }
+  }
+  const ResolvedPlan resolved = resolve_plan(plan, model, 1, at::kFloat);
+  return std::make_unique<FsdpState>(model, DeviceMesh::create(Comm::single(), 1, -1), resolved);
+}
+
 double loss_of(CausalLM& model, const at::Tensor& ids) {
   auto loss = next_token_loss_sum(model(ids.narrow(1, 0, 8)), ids.narrow(1, 1, 8)) / 24.0;
   loss.backward();
@@ -38,7 +51,7 @@ TEST_CASE("a sharded model gives the plain model's loss and gradients", "[fsdp]"
   INFO("tied " << tied);
   auto plain = tiny(tied);
   auto sharded = tiny(tied);
-  auto state = shard_default(*sharded, DeviceMesh::create(Comm::single(), 1, -1));
+  auto state = shard(*sharded);
   auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
   for (int step = 0; step < 2; ++step) {  // the second pass re-gathers what the first freed
     const double expected = loss_of(*plain, ids);
@@ -56,9 +69,31 @@ TEST_CASE("a sharded model gives the plain model's loss and gradients", "[fsdp]"
   }
 }
 
-TEST_CASE("tied parameters split across units are refused naming both paths", "[fsdp]") {
+TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[fsdp]") {
   auto model = tiny(true);
-  FsdpState state(*model, DeviceMesh::create(Comm::single(), 1, -1));
-  CHECK_THROWS_WITH(state.fully_shard({find_module(*model, "model.embed_tokens")}, {}),
-                    Catch::Contains("model.embed_tokens.weight") && Catch::Contains("lm_head.weight"));
+  auto error_of = [&](Plan plan, int world) -> std::string {
+    try {
+      resolve_plan(plan, *model, world, at::kFloat);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THAT(error_of({.units = {{.modules = {"model.embed_tokens"}, .origin = "p.lua:3"}}}, 1),
+             Catch::Contains("p.lua:3") && Catch::Contains("tied parameters model.embed_tokens.weight and lm_head.weight"));
+  CHECK(error_of({.units = {{.modules = {"model.embed_tokens", "lm_head"}}}}, 1).empty());
+  CHECK_THAT(error_of({.units = {{.modules = {"model.layers.7"}, .origin = "p.lua:4"}}}, 1),
+             Catch::Contains("p.lua:4: no module at path 'model.layers.7'"));
+  CHECK_THAT(error_of({.units = {{.modules = {"model.layers.0"}}, {.modules = {"model.layers.0"}, .origin = "p.lua:9"}}}, 1),
+             Catch::Contains("p.lua:9: module 'model.layers.0' is already wrapped"));
+  CHECK_THAT(error_of({.units = {{.modules = {"model.layers.0"}, .mesh = {.replicate = 2, .shard = 3}}}}, 4),
+             Catch::Contains("mesh replicate 2 × shard 3 ≠ world 4"));
+  CHECK_THAT(error_of({}, 1), Catch::Contains("policy wrapped nothing"));
+  // Inner units first, the root last with what is left.
+  Plan plan{.units = {{.modules = {""}}, {.modules = {"model.layers.1"}}}};
+  const auto resolved = resolve_plan(plan, *model, 2, at::kFloat);
+  REQUIRE(resolved.units.size() == 2);
+  CHECK(resolved.units[0].name == "model.layers.1");
+  CHECK(resolved.units[1].name == "<root>");
+  CHECK(resolved.units[0].numel + resolved.units[1].numel == model->recursive_param_count());
 }

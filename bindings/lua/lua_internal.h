@@ -1,0 +1,64 @@
+// Shared by the binding units only (never included outside bindings/lua): the per-run state
+// a Lua state points at, and the guard that turns C++ exceptions into Lua errors once no
+// C++ object is alive in the guard, so no C++ exception ever crosses a Lua frame.
+#pragma once
+
+#include "bindings/lua/policy.h"
+#include "core/module_tree.h"
+
+#include <lua.hpp>
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace fsdpp::lua {
+
+struct PolicyRun {
+  CausalLM* model = nullptr;
+  PolicyContext context;
+  std::vector<ModuleEntry> modules;      // pre-order; a handle is an index into it
+  std::map<const Module*, int> index_of;
+  std::set<std::string> classes;         // every class name the model has
+  std::set<std::string> warned_classes;  // missing classes already reported
+  Plan plan;
+  std::filesystem::path lib_dir;         // where require() looks
+  size_t memory_used = 0, memory_cap = 0;
+  int64_t instructions_left = 0;
+};
+
+PolicyRun& run_of(lua_State* L);
+
+// Errors a binding raises; message only, the guard adds the script's file:line.
+struct ScriptError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <int (*Body)(lua_State*)>
+int guarded(lua_State* L) {
+  char message[1024];
+  try {
+    return Body(L);
+  } catch (const std::exception& e) {
+    std::snprintf(message, sizeof message, "%s", e.what());
+  }
+  luaL_where(L, 1);
+  lua_pushstring(L, message);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+// Argument helpers that throw ScriptError instead of raising Lua errors mid-function.
+std::string to_string_arg(lua_State* L, int index, const char* what);
+// "file:line" of the policy code calling the current C function.
+std::string caller_location(lua_State* L);
+// The chunk name a script is loaded under: "@policies/..." for shipped files.
+std::string chunk_name(const std::filesystem::path& script);
+
+void push_module(lua_State* L, int index);
+int module_index(lua_State* L, int arg);  // throws unless arg is a module handle
+void open_module_api(lua_State* L);
+void open_plan_api(lua_State* L);
+
+}  // namespace fsdpp::lua

@@ -1,0 +1,203 @@
+// The declaring half of the policy API: wrap, mesh, precision, offload, log and warn. Each
+// wrap appends a UnitPlan recording where in the script it was declared.
+#include "bindings/lua/lua_internal.h"
+
+#include "core/config_file.h"
+#include "core/log.h"
+
+#include <cmath>
+
+namespace fsdpp::lua {
+
+namespace {
+
+const std::vector<std::string> kWrapOptions = {"reshard_after_forward", "precision", "offload", "mesh",
+                                               "activation_checkpoint"};
+
+std::string dtype_name(const std::string& name) {
+  if (name == "bf16" || name == "bfloat16") return "bfloat16";
+  if (name == "fp16" || name == "float16" || name == "half") return "float16";
+  if (name == "fp32" || name == "float32" || name == "float") return "float32";
+  throw ScriptError("precision: unknown dtype '" + name + "' (float32, bfloat16, float16)");
+}
+
+// Checks that a table has only `allowed` string keys.
+void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what) {
+  for (lua_pushnil(L); lua_next(L, table) != 0; lua_pop(L, 1)) {
+    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      const std::string near = nearest_name(key, allowed);
+      throw ScriptError(std::string(what) + ": unknown option '" + key + "'" +
+                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
+    }
+  }
+}
+
+int int_field(lua_State* L, int table, const char* key, int fallback) {
+  lua_getfield(L, table, key);
+  int value = fallback;
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isinteger(L, -1)) throw ScriptError(std::string("mesh: ") + key + " must be an integer");
+    value = static_cast<int>(lua_tointeger(L, -1));
+  }
+  lua_pop(L, 1);
+  return value;
+}
+
+// mesh{replicate = R, shard = S | -1 | "auto"} -> {replicate = R, shard = S} for the world.
+// "auto" is the seed's rule: a model being trained shards over every rank; one only run
+// forward (a reference or reward model) shards by size: < 10B parameters on 1 rank,
+// < 80B on 8, larger on all.
+int api_mesh(lua_State* L) {
+  PolicyRun& run = run_of(L);
+  if (!lua_istable(L, 1)) throw ScriptError("mesh expects a table: mesh{replicate = ..., shard = ...}");
+  check_keys(L, 1, {"replicate", "shard"}, "mesh");
+  const int world = run.context.world_size;
+  int shard = -1;
+  lua_getfield(L, 1, "shard");
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    if (std::string(lua_tostring(L, -1)) != "auto") throw ScriptError("mesh: shard must be an integer, -1 or \"auto\"");
+    const int64_t params = run.model->recursive_param_count();
+    shard = run.context.training ? world
+            : params < 10'000'000'000 ? 1
+            : params < 80'000'000'000 ? std::min(8, world)
+                                      : world;
+  } else if (!lua_isnil(L, -1)) {
+    if (!lua_isinteger(L, -1)) throw ScriptError("mesh: shard must be an integer, -1 or \"auto\"");
+    shard = static_cast<int>(lua_tointeger(L, -1));
+  }
+  lua_pop(L, 1);
+  const int replicate = int_field(L, 1, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
+  lua_newtable(L);
+  lua_pushinteger(L, replicate);
+  lua_setfield(L, -2, "replicate");
+  lua_pushinteger(L, shard);
+  lua_setfield(L, -2, "shard");
+  return 1;
+}
+
+int api_precision(lua_State* L) {
+  if (!lua_istable(L, 1)) throw ScriptError("precision expects a table: precision{param = ..., reduce = ..., output = ...}");
+  check_keys(L, 1, {"param", "reduce", "output"}, "precision");
+  lua_newtable(L);
+  for (const char* key : {"param", "reduce", "output"}) {
+    lua_getfield(L, 1, key);
+    if (!lua_isnil(L, -1)) {
+      lua_pushstring(L, dtype_name(to_string_arg(L, -1, "precision")).c_str());
+      lua_setfield(L, -3, key);
+    }
+    lua_pop(L, 1);
+  }
+  return 1;
+}
+
+int api_offload(lua_State* L) {
+  const std::string where = to_string_arg(L, 1, "offload");
+  if (where != "cpu" && where != "none") throw ScriptError("offload: '" + where + "' is not one of \"cpu\", \"none\"");
+  lua_pushstring(L, where.c_str());
+  return 1;
+}
+
+void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
+  check_keys(L, table, kWrapOptions, "wrap");
+  lua_getfield(L, table, "reshard_after_forward");
+  if (lua_isinteger(L, -1)) {
+    throw ScriptError("wrap: reshard_after_forward = k (an integer) is not supported yet; use true or false");
+  }
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isboolean(L, -1)) throw ScriptError("wrap: reshard_after_forward must be a boolean");
+    unit.reshard_after_forward = lua_toboolean(L, -1);
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, table, "activation_checkpoint");
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isboolean(L, -1)) throw ScriptError("wrap: activation_checkpoint must be a boolean");
+    unit.activation_checkpoint = lua_toboolean(L, -1);
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, table, "offload");
+  if (!lua_isnil(L, -1)) unit.offload = to_string_arg(L, -1, "wrap: offload");
+  lua_pop(L, 1);
+  lua_getfield(L, table, "precision");
+  if (!lua_isnil(L, -1)) {
+    if (!lua_istable(L, -1)) throw ScriptError("wrap: precision must come from precision{...}");
+    const int p = lua_gettop(L);
+    check_keys(L, p, {"param", "reduce", "output"}, "wrap: precision");
+    for (auto [key, field] : {std::pair{"param", &unit.param_dtype}, {"reduce", &unit.reduce_dtype},
+                              {"output", &unit.output_dtype}}) {
+      lua_getfield(L, p, key);
+      if (!lua_isnil(L, -1)) *field = dtype_name(to_string_arg(L, -1, "wrap: precision"));
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, table, "mesh");
+  if (!lua_isnil(L, -1)) {
+    if (!lua_istable(L, -1)) throw ScriptError("wrap: mesh must come from mesh{...}");
+    const int m = lua_gettop(L);
+    unit.mesh.replicate = int_field(L, m, "replicate", 1);
+    unit.mesh.shard = int_field(L, m, "shard", -1);
+  }
+  lua_pop(L, 1);
+}
+
+// wrap(module | {module, ...}, options): one unit of the module(s) given.
+int api_wrap(lua_State* L) {
+  PolicyRun& run = run_of(L);
+  UnitPlan unit;
+  unit.origin = caller_location(L);
+  if (lua_isuserdata(L, 1)) {
+    unit.modules.push_back(run.modules[static_cast<size_t>(module_index(L, 1))].path);
+  } else if (lua_istable(L, 1)) {
+    const auto n = static_cast<int>(luaL_len(L, 1));
+    for (int i = 1; i <= n; ++i) {
+      lua_rawgeti(L, 1, i);
+      unit.modules.push_back(run.modules[static_cast<size_t>(module_index(L, -1))].path);
+      lua_pop(L, 1);
+    }
+    if (unit.modules.empty()) throw ScriptError("wrap: the module list is empty");
+  } else {
+    throw ScriptError(std::string("wrap expects a module or a list of modules, got ") + luaL_typename(L, 1));
+  }
+  if (!lua_isnoneornil(L, 2)) {
+    if (!lua_istable(L, 2)) throw ScriptError("wrap: options must be a table");
+    read_wrap_options(L, 2, unit);
+  }
+  run.plan.units.push_back(std::move(unit));
+  return 0;
+}
+
+std::string joined_args(lua_State* L) {
+  std::string text;
+  for (int i = 1; i <= lua_gettop(L); ++i) {
+    text += (i > 1 ? " " : "") + std::string(luaL_tolstring(L, i, nullptr));
+    lua_pop(L, 1);
+  }
+  return text;
+}
+
+int api_log(lua_State* L) {
+  log_info(caller_location(L), ": ", joined_args(L));
+  return 0;
+}
+
+int api_warn(lua_State* L) {
+  const std::string line = caller_location(L) + ": " + joined_args(L);
+  run_of(L).plan.warnings.push_back(line);
+  log_warn(line);
+  return 0;
+}
+
+}  // namespace
+
+void open_plan_api(lua_State* L) {
+  const luaL_Reg functions[] = {{"wrap", guarded<api_wrap>},     {"mesh", guarded<api_mesh>},
+                                {"precision", guarded<api_precision>}, {"offload", guarded<api_offload>},
+                                {"log", guarded<api_log>},       {"warn", guarded<api_warn>},
+                                {nullptr, nullptr}};
+  lua_pushglobaltable(L);
+  luaL_setfuncs(L, functions, 0);
+  lua_pop(L, 1);
+}
+
+}  // namespace fsdpp::lua

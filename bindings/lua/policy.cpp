@@ -1,0 +1,153 @@
+// Loading and running a policy script, and the [policy] section.
+#include "bindings/lua/lua_internal.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "policy_dir.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace fsdpp {
+
+namespace lua {
+lua_State* open_sandbox(PolicyRun& run);
+void lock_globals(lua_State* L);
+int traceback_handler(lua_State* L);
+}  // namespace lua
+
+namespace {
+
+using namespace lua;
+
+void push_value(lua_State* L, const PolicyValue& value) {
+  std::visit([L](const auto& v) {
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, bool>) lua_pushboolean(L, v);
+    else if constexpr (std::is_same_v<T, int64_t>) lua_pushinteger(L, v);
+    else if constexpr (std::is_same_v<T, double>) lua_pushnumber(L, v);
+    else lua_pushstring(L, v.c_str());
+  }, value);
+}
+
+// The `ctx` global: world, rank, training, options, the model handle, its config and
+// no_split_modules.
+void push_context(lua_State* L, const PolicyRun& run) {
+  const ModelConfig& c = run.model->config();
+  lua_newtable(L);
+  lua_pushinteger(L, run.context.world_size);
+  lua_setfield(L, -2, "world_size");
+  lua_pushinteger(L, run.context.rank);
+  lua_setfield(L, -2, "rank");
+  lua_pushboolean(L, run.context.training);
+  lua_setfield(L, -2, "training");
+  lua_newtable(L);
+  for (const auto& [key, value] : run.context.options) {
+    push_value(L, value);
+    lua_setfield(L, -2, key.c_str());
+  }
+  lua_setfield(L, -2, "options");
+  push_module(L, 0);
+  lua_setfield(L, -2, "model");
+  lua_newtable(L);
+  lua_pushstring(L, c.model_type.c_str());
+  lua_setfield(L, -2, "model_type");
+  for (auto [key, value] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                            {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                            {"num_attention_heads", c.num_attention_heads},
+                            {"num_key_value_heads", c.num_key_value_heads}, {"head_dim", c.head_dim}}) {
+    lua_pushinteger(L, value);
+    lua_setfield(L, -2, key);
+  }
+  lua_pushboolean(L, c.tie_word_embeddings);
+  lua_setfield(L, -2, "tie_word_embeddings");
+  lua_pushinteger(L, run.model->recursive_param_count());
+  lua_setfield(L, -2, "num_parameters");
+  lua_setfield(L, -2, "config");
+  lua_newtable(L);
+  int i = 0;
+  for (const auto& cls : run.model->no_split_modules()) {
+    lua_pushstring(L, cls.c_str());
+    lua_rawseti(L, -2, ++i);
+  }
+  lua_setfield(L, -2, "no_split_modules");
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw UserError(path.string() + ": cannot read policy");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+PolicyConfig PolicyConfig::from_section(ConfigSection& s) {
+  PolicyConfig c;
+  c.name = s.get_string("name", c.name);
+  c.options = s.get_scalar_table("options");
+  s.finish();
+  return c;
+}
+
+std::filesystem::path policy_dir() {
+  if (const char* dir = std::getenv("FSDPP_POLICY_DIR"); dir != nullptr && *dir != '\0') return dir;
+  return FSDPP_SOURCE_POLICY_DIR;
+}
+
+std::filesystem::path find_policy(const PolicyConfig& config, const std::string& model_type) {
+  const std::string name = config.name.empty() ? model_type : config.name;
+  if (name.ends_with(".lua") || name.find('/') != std::string::npos) {
+    if (!std::filesystem::exists(name)) throw UserError("[policy] name: no policy file " + name);
+    return name;
+  }
+  const auto path = policy_dir() / (name + ".lua");
+  if (!std::filesystem::exists(path)) {
+    std::string shipped;
+    for (const auto& f : std::filesystem::directory_iterator(policy_dir())) {
+      if (f.path().extension() == ".lua") shipped += (shipped.empty() ? "" : ", ") + f.path().stem().string();
+    }
+    throw UserError("[policy] name: no shipped policy '" + name + "' in " + policy_dir().string() +
+                    " (shipped: " + shipped + ")");
+  }
+  return path;
+}
+
+Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
+                const PolicyLimits& limits) {
+  PolicyRun run;
+  run.model = &model;
+  run.context = context;
+  run.modules = named_modules(model);
+  for (size_t i = 0; i < run.modules.size(); ++i) {
+    run.index_of[run.modules[i].module] = static_cast<int>(i);
+    run.classes.insert(run.modules[i].module->class_name());
+  }
+  run.lib_dir = policy_dir() / "lib";
+  run.memory_cap = limits.memory_bytes;
+  run.instructions_left = limits.instructions;
+  const std::string source = read_text(script);
+
+  lua_State* L = open_sandbox(run);
+  if (L == nullptr) throw UserError(script.string() + ": cannot create a Lua state");
+  std::unique_ptr<lua_State, void (*)(lua_State*)> close(L, lua_close);
+  push_context(L, run);
+  lua_setglobal(L, "ctx");
+  lock_globals(L);
+  lua_pushcfunction(L, traceback_handler);
+  const int handler = lua_gettop(L);
+  int status = luaL_loadbufferx(L, source.data(), source.size(), chunk_name(script).c_str(), "t");
+  if (status == LUA_OK) status = lua_pcall(L, 0, 0, handler);
+  if (status != LUA_OK) {
+    run.memory_cap = SIZE_MAX;  // room to report the failure
+    const std::string message = status == LUA_ERRMEM
+        ? script.string() + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB"
+        : lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
+    throw UserError("policy error: " + message);
+  }
+  for (const auto& w : run.plan.warnings) log_warn(w);
+  return std::move(run.plan);
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,49 @@
+// Running a wrap policy: a sandboxed Lua 5.4 script that reads the model tree and declares
+// FSDP units. The rest of the engine sees only this header: a Plan comes out, and every Lua
+// failure is a UserError carrying the script's file:line and a traceback.
+#pragma once
+
+#include "core/config_file.h"
+#include "fsdp/plan.h"
+#include "models/causal_lm.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace fsdpp {
+
+using PolicyValue = ConfigScalar;
+
+struct PolicyConfig {
+  std::string name;  // a shipped policy's name, or a path to a .lua file; "" picks the model's own
+  std::vector<std::pair<std::string, PolicyValue>> options;  // [policy.options], visible as ctx.options
+
+  static PolicyConfig from_section(ConfigSection& section);
+};
+
+struct PolicyContext {
+  int world_size = 1;
+  int rank = 0;
+  bool training = true;
+  std::vector<std::pair<std::string, PolicyValue>> options;
+};
+
+struct PolicyLimits {
+  int64_t instructions = 50'000'000;  // Lua VM instructions before the script is stopped
+  size_t memory_bytes = 64u << 20;    // heap the script may hold
+};
+
+// The script for `config.name`: a path when it names an existing .lua file, else
+// <policy dir>/<name>.lua; "" means the model_type's own policy.
+std::filesystem::path find_policy(const PolicyConfig& config, const std::string& model_type);
+// The shipped policies' folder: $FSDPP_POLICY_DIR, else the one this build came from.
+std::filesystem::path policy_dir();
+
+Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
+                const PolicyLimits& limits = {});
+
+}  // namespace fsdpp

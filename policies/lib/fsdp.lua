@@ -1,0 +1,100 @@
+-- Helpers shared by the shipped policies: unit options from [policy.options], and the
+-- standard rule (decoder layers, vision blocks, embeddings, lm_head, then the root).
+--
+-- [policy.options] keys the helpers read:
+--   shard_size            ranks per shard group: -1 (all, default), "auto", or a number
+--   replicate             mesh rows (HSDP); default world / shard_size
+--   reshard_after_forward layers free gathered params after forward (default true)
+--   activation_checkpoint layers recompute forward in backward (default false)
+--   offload               "cpu" or "none"
+--   reduce_dtype          gradient reduction dtype (default float32)
+--   mixed_mm_data         vision blocks stay in the root unit (ranks with and without images)
+--   fused_linear_logprob  lm_head stays in the root unit (used outside its forward)
+local M = {}
+
+local function option(name, default)
+  local value = ctx.options[name]
+  if value == nil then return default end
+  return value
+end
+
+-- Options shared by every unit of a plan (the engine needs one mesh for all of them).
+function M.unit_options(extra)
+  local opts = {
+    mesh = mesh{shard = option("shard_size", -1), replicate = option("replicate", nil)},
+    offload = offload(option("offload", "none")),
+    precision = precision{reduce = option("reduce_dtype", "float32")},
+  }
+  for key, value in pairs(extra or {}) do opts[key] = value end
+  return opts
+end
+
+function M.layer_options()
+  return M.unit_options{
+    reshard_after_forward = option("reshard_after_forward", true),
+    activation_checkpoint = option("activation_checkpoint", false),
+  }
+end
+
+-- The root keeps its leftovers gathered: they are used last in forward and first in backward.
+function M.root_options()
+  return M.unit_options{reshard_after_forward = false}
+end
+
+local function contains(list, value)
+  for _, v in ipairs(list) do
+    if v == value then return true end
+  end
+  return false
+end
+
+-- Wraps every module of the listed classes, each its own unit; returns how many.
+function M.wrap_classes(classes, opts)
+  local count = 0
+  for _, class in ipairs(classes) do
+    for _, module in ipairs(ctx.model:find{class = class}) do
+      wrap(module, opts)
+      count = count + 1
+    end
+  end
+  return count
+end
+
+-- The embedding and lm_head: one unit when their weights are tied (they must share one),
+-- else a unit each; lm_head stays in the root with fused_linear_logprob.
+function M.wrap_embedding_and_head(opts)
+  local fused = option("fused_linear_logprob", false)
+  local embeddings = ctx.model:find{class = "Embedding"}
+  local heads = ctx.model:find{path = "^lm_head$"}
+  if ctx.config.tie_word_embeddings then
+    if not fused and #embeddings > 0 and #heads > 0 then wrap({embeddings[1], heads[1]}, opts) end
+    return
+  end
+  for _, e in ipairs(embeddings) do wrap(e, opts) end
+  if not fused then
+    for _, h in ipairs(heads) do wrap(h, opts) end
+  end
+end
+
+-- The seed's rule: no_split_modules plus `classes` (and `vision` unless mixed_mm_data) as
+-- units, then embeddings and lm_head, then the root.
+function M.standard(spec)
+  local classes = {}
+  local vision = spec.vision or {}
+  local keep_vision = not option("mixed_mm_data", false)
+  local function add(class)
+    if contains(classes, class) then return end
+    if contains(vision, class) and not keep_vision then return end
+    classes[#classes + 1] = class
+  end
+  for _, class in ipairs(ctx.no_split_modules) do add(class) end
+  for _, class in ipairs(spec.classes or {}) do add(class) end
+  for _, class in ipairs(vision) do add(class) end
+  if M.wrap_classes(classes, M.layer_options()) == 0 then
+    error("no module of the classes " .. table.concat(classes, ", ") .. " exists in this model")
+  end
+  M.wrap_embedding_and_head(M.unit_options())
+  wrap(ctx.model, M.root_options())
+end
+
+return M

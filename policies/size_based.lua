@@ -1,0 +1,23 @@
+-- Wrap policy by size: walking the tree bottom-up, every module whose parameters not yet in
+-- a unit number at least [policy.options] min_num_params (default 100000000) becomes a unit;
+-- the root takes the rest. An embedding tied to lm_head cannot be a unit alone (the engine
+-- refuses the split); use transformer_auto for tied models.
+local fsdp = require("fsdp")
+local min_num_params = ctx.options.min_num_params or 100000000
+local opts = fsdp.layer_options()
+
+-- Returns the parameters of `module`'s subtree that no unit below it has taken.
+local function visit(module)
+  local left = module:own_param_count()
+  for _, child in ipairs(module:children()) do
+    left = left + visit(child)
+  end
+  if module ~= ctx.model and left >= min_num_params then
+    wrap(module, opts)
+    return 0
+  end
+  return left
+end
+
+visit(ctx.model)
+wrap(ctx.model, fsdp.root_options())
