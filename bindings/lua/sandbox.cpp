@@ -30,7 +30,13 @@ void* capped_alloc(void* ud, void* ptr, size_t old_size, size_t new_size) {
 void budget_hook(lua_State* L, lua_Debug*) {
   PolicyRun& run = run_of(L);
   run.instructions_left -= kHookEvery;
-  if (run.instructions_left < 0) luaL_error(L, "policy exceeded its instruction budget (an endless loop?)");
+  if (run.instructions_left < 0) {
+    // Inside a hook the running function is level 0, which luaL_error would skip.
+    luaL_where(L, 0);
+    lua_pushstring(L, "policy exceeded its instruction budget (an endless loop?)");
+    lua_concat(L, 2);
+    lua_error(L);
+  }
 }
 
 int api_clock(lua_State* L) {

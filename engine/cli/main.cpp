@@ -3,6 +3,7 @@
 #include "bindings/lua/policy.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/module_tree.h"
 #include "dist/launcher.h"
 #include "models/registry.h"
 #include "io/hf_dir.h"
@@ -14,6 +15,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -158,12 +160,16 @@ int run_plan(const Args& args) {
   const auto dtype = parse_dtype(config.model.dtype);
   auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const auto script = find_policy(policy, model_config.model_type);
+  const auto start = std::chrono::steady_clock::now();
   Plan plan = run_policy(script, *model, {.world_size = args.world, .rank = 0, .training = true, .options = policy.options});
   const ResolvedPlan resolved = resolve_plan(plan, *model, args.world, dtype);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  log_info("plan: policy ", script.string(), " over ", named_modules(*model).size(), " modules evaluated and validated in ",
+           ms, " ms");
   if (args.json) {
     std::cout << plan_json(resolved, args.world) << std::endl;
   } else {
-    std::cout << "policy " << script.string() << "\n" << format_plan(resolved, args.world);
+    std::cout << "policy " << std::filesystem::relative(script).string() << "\n" << format_plan(resolved, args.world);
   }
   return 0;
 }

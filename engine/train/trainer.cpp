@@ -88,6 +88,14 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     std::optional<FreshInit> fresh;
     if (init_pending) fresh = FreshInit{config.model.init_seed, model->config().initializer_range};
     fsdp = std::make_unique<FsdpState>(*model, std::move(mesh), resolved, fresh);
+    // Read from the shard tensors themselves, for comparison with what `fsdpp plan` predicts.
+    int64_t shard_bytes = 0;
+    std::string names;
+    for (const auto& unit : fsdp->units()) {
+      names += (names.empty() ? "" : ",") + unit->name();
+      for (const auto& p : unit->params()) shard_bytes += p.local.numel() * p.local.element_size();
+    }
+    log_info("sharded: ", fsdp->units().size(), " units [", names, "], parameter shards ", shard_bytes, " bytes");
   }
 
   const TokenRange range = train_range(config.data, tokens);

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Golden plans: every shipped policy against every model it targets (tiny configs), printed
+# by `fsdpp plan --world 4` and compared with tests/assets/plans/. After a deliberate change,
+# regenerate with: FSDPP=build/fsdpp bash tests/policies/golden_plans.sh --update
+set -uo pipefail
+: "${FSDPP:?}"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+update=0; [ "${1:-}" = "--update" ] && update=1
+failures=0
+
+# NAME POLICY MODEL_DIR [--set KEY=VALUE ...]
+golden() {
+  local name=$1 policy=$2 model=$3; shift 3
+  cat >"$work/$name.toml" <<TOML
+[model]
+path = "$model"
+[data]
+train = "unused.tok"
+[policy]
+name = "$policy"
+TOML
+  local want="tests/assets/plans/$name.txt"
+  if ! "$FSDPP" plan "$work/$name.toml" --world 4 "$@" >"$work/$name.txt" 2>"$work/$name.err"; then
+    echo "FAIL $name: fsdpp plan failed:"; cat "$work/$name.err"; failures=$((failures + 1)); return
+  fi
+  if [ $update -eq 1 ]; then
+    cp "$work/$name.txt" "$want"; echo "updated $want"
+  elif diff -u "$want" "$work/$name.txt"; then
+    echo "ok   $name"
+  else
+    echo "FAIL $name differs from $want"; failures=$((failures + 1))
+  fi
+}
+
+golden llama-untied llama tests/assets/models/fsdp-llama
+golden llama-tied llama examples/models/tiny-llama
+golden llama-tied-fused-bf16 llama examples/models/tiny-llama --set 'model.dtype="bfloat16"' \
+  --set policy.options.fused_linear_logprob=true --set policy.options.shard_size=2 \
+  --set policy.options.activation_checkpoint=true --set policy.options.reshard_after_forward=false
+golden qwen2 qwen2 tests/assets/models/tiny-qwen2
+golden qwen3 qwen3 tests/assets/models/tiny-qwen3
+golden qwen3-hsdp-offload qwen3 tests/assets/models/tiny-qwen3 --set policy.options.replicate=2 \
+  --set 'policy.options.offload="cpu"'
+golden transformer_auto-qwen3-mlp transformer_auto tests/assets/models/tiny-qwen3 \
+  --set 'policy.options.classes="Qwen3MLP"'
+golden size_based-llama size_based tests/assets/models/fsdp-llama --set policy.options.min_num_params=5000
+
+[ $failures -eq 0 ] || { echo "$failures golden plan(s) differ"; exit 1; }
