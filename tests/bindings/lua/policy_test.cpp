@@ -147,3 +147,24 @@ TEST_CASE("mesh{shard = 'auto'} follows the size rule for models not trained", "
   CHECK(frozen.units[0].mesh.shard == 1);  // a small model: every rank holds it whole
   CHECK(frozen.units[0].mesh.replicate == 16);
 }
+
+TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fused_linear_logprob lm_head", "[lua]") {
+  // LlamaMLP stands in for a vision block: the rule only sees class names.
+  auto model = meta_model();
+  const auto script = write_policy("rule.lua", "require('fsdp').standard{vision = {'LlamaMLP'}}\n");
+  auto names = [&](std::vector<std::pair<std::string, PolicyValue>> options) {
+    auto plan = run_policy(script, *model, {.world_size = 2, .options = std::move(options)});
+    std::vector<std::string> out;
+    for (const auto& u : plan.units) out.push_back(u.modules.size() == 1 ? u.modules[0] : "group");
+    return out;
+  };
+  auto sharded = names({});
+  CHECK(std::count(sharded.begin(), sharded.end(), "model.layers.2.mlp") == 1);
+  CHECK(std::count(sharded.begin(), sharded.end(), "lm_head") == 1);
+  CHECK(std::count(sharded.begin(), sharded.end(), "model.embed_tokens") == 1);
+  auto mixed = names({{"mixed_mm_data", true}, {"fused_linear_logprob", true}});
+  CHECK(std::count(mixed.begin(), mixed.end(), "model.layers.2.mlp") == 0);
+  CHECK(std::count(mixed.begin(), mixed.end(), "lm_head") == 0);
+  CHECK(std::count(mixed.begin(), mixed.end(), "model.layers.2") == 1);
+  CHECK(mixed.size() + 4 == sharded.size());  // three vision units and lm_head fewer
+}
