@@ -8,9 +8,7 @@
 # this process while the ranks run: fsdpp's ranks are grandchildren under its launcher, so
 # the rusage of a direct child would not reach them. The PyTorch ranks are sampled the same
 # way so both engines are measured alike, and both write a metrics.jsonl read by one function.
-import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -22,20 +20,11 @@ import tempfile
 import time
 import tomllib
 
+from bench_common import BenchError, get, lr_at, read_step_records, read_tokens, run_main
+
 WORLD = 2
 WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
 SAMPLE_S = 0.05
-TOKEN_MAGIC = b"FSDPTOK\x00"
-TOKEN_HEADER_BYTES = 32
-
-
-class BenchError(Exception):
-    pass
-
-
-def fail(msg):
-    print(f"bench_fsdp: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 # ---------------------------------------------------------------- configuration
@@ -53,15 +42,7 @@ def load_config(path, steps):
     return cfg
 
 
-def get(cfg, dotted, default=None):
-    node = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            if default is None:
-                raise BenchError(f"config has no {dotted}")
-            return default
-        node = node[part]
-    return node
+
 
 
 # ---------------------------------------------------------------- process sampling
@@ -160,23 +141,8 @@ def telling_line(path):
 # ---------------------------------------------------------------- measurement
 
 
-def read_metrics(path):
-    steps = []
-    try:
-        with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
-                if "elapsed_s" in rec:  # eval records carry no timing
-                    steps.append(rec)
-    except OSError as e:
-        raise BenchError(f"cannot read metrics {path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        raise BenchError(f"{path}: bad JSON line ({e.msg})")
-    return steps
-
-
 def summarise(path, tokens_per_step):
-    records = read_metrics(path)
+    records = read_step_records(path)
     if [r["step"] for r in records] != list(range(1, len(records) + 1)):
         raise BenchError(f"{path}: steps are not logged one by one from step 1")
     timed = [b["elapsed_s"] - a["elapsed_s"]
@@ -286,44 +252,6 @@ def bench(args):
 
 
 # ---------------------------------------------------------------- PyTorch FSDP2 worker
-
-
-def read_tokens(path):
-    import numpy as np
-
-    try:
-        with open(path, "rb") as f:
-            header = f.read(TOKEN_HEADER_BYTES)
-    except OSError as e:
-        raise BenchError(f"cannot read {path}: {e.strerror}")
-    if len(header) < TOKEN_HEADER_BYTES or header[:8] != TOKEN_MAGIC:
-        raise BenchError(f"{path} is not an fsdpp token file")
-    version, width, count, vocab = (int.from_bytes(header[o:o + n], "little")
-                                    for o, n in ((8, 4), (12, 4), (16, 8), (24, 8)))
-    if version != 1 or width not in (2, 4):
-        raise BenchError(f"{path}: unsupported token file (version {version}, width {width})")
-    if os.path.getsize(path) < TOKEN_HEADER_BYTES + count * width:
-        raise BenchError(f"{path} is truncated")
-    dtype = "<u2" if width == 2 else "<u4"
-    return np.memmap(path, dtype=dtype, mode="r", offset=TOKEN_HEADER_BYTES, shape=(count,)), vocab
-
-
-def lr_at(step, cfg):
-    # Mirrors fsdpp's schedule: `step` counts from 1 and warm-up includes its last step.
-    peak = float(get(cfg, "optimizer.lr"))
-    kind = get(cfg, "scheduler.kind", "cosine")
-    warmup = int(get(cfg, "scheduler.warmup_steps", 0))
-    if step <= warmup:
-        return peak * step / warmup
-    if kind == "constant":
-        return peak
-    if kind not in ("cosine", "linear"):
-        raise BenchError(f"unsupported scheduler.kind {kind!r}")
-    total = int(get(cfg, "train.steps"))
-    min_lr = peak * float(get(cfg, "scheduler.min_lr_ratio", 0.0))
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
-    return min_lr + (peak - min_lr) * shape
 
 
 class WindowSampler:
@@ -471,36 +399,10 @@ def torch_worker(args):
         dist.destroy_process_group()
 
 
-def main():
-    ap = argparse.ArgumentParser(
-        description=f"Train the same model with fsdpp (fsdpp launch, {WORLD} ranks) and with "
-        f"PyTorch's fully_shard (FSDP2 over gloo, {WORLD} ranks) on the CPU, then compare median "
-        "step time, tokens/s, peak RSS per rank and loss. Relative paths, including those "
-        "inside the config, resolve against the current directory.")
-    ap.add_argument("--config", default="examples/tiny-llama.toml",
-                    help="fsdpp TOML config to benchmark (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=40,
-                    help=f"optimiser steps per engine; the first {WARMUP_STEPS} are not timed "
-                    "(default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="compute threads per rank for both engines (default: %(default)s)")
-    ap.add_argument("--fsdpp", default="build/fsdpp",
-                    help="path to the fsdpp binary (default: %(default)s)")
-    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
-    ap.error = fail
-    args = ap.parse_args()
-
-    try:
-        if args.torch_worker:
-            if not args.out_dir:
-                raise BenchError("--torch-worker needs --out-dir")
-            torch_worker(args)
-        else:
-            bench(args)
-    except BenchError as e:
-        fail(str(e))
-
-
 if __name__ == "__main__":
-    main()
+    run_main("bench_fsdp",
+             f"Train the same model with fsdpp (fsdpp launch, {WORLD} ranks) and with PyTorch's "
+             f"fully_shard (FSDP2 over gloo, {WORLD} ranks) on the CPU, then compare median step "
+             "time, tokens/s, peak RSS per rank and loss. Relative paths, including those inside "
+             "the config, resolve against the current directory.",
+             steps=40, threads=1, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker)

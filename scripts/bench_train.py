@@ -7,9 +7,7 @@
 # rusage os.wait4 returns for exactly that child; getrusage(RUSAGE_CHILDREN) only gives the
 # maximum over all children. Both children write a metrics.jsonl in the same format and
 # throughput is computed from those files by one function, so the two are measured alike.
-import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -17,18 +15,9 @@ import tempfile
 import time
 import tomllib
 
+from bench_common import BenchError, get, lr_at, read_step_records, read_tokens, run_main
+
 WARMUP_STEPS = 10  # steps left out of the throughput figure (allocation, thread start-up)
-TOKEN_MAGIC = b"FSDPTOK\x00"
-TOKEN_HEADER_BYTES = 32
-
-
-class BenchError(Exception):
-    pass
-
-
-def fail(msg):
-    print(f"bench_train: {msg}", file=sys.stderr)
-    sys.exit(2)
 
 
 # ---------------------------------------------------------------- configuration
@@ -71,37 +60,14 @@ def load_config(path, sets):
     return cfg
 
 
-def get(cfg, dotted, default=None):
-    node = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            if default is None:
-                raise BenchError(f"config has no {dotted}")
-            return default
-        node = node[part]
-    return node
+
 
 
 # ---------------------------------------------------------------- measurement
 
 
-def read_metrics(path):
-    records = []
-    try:
-        with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
-                if all(k in rec for k in ("step", "loss", "tokens", "elapsed_s")):
-                    records.append(rec)
-    except OSError as e:
-        raise BenchError(f"cannot read metrics {path}: {e.strerror}")
-    except json.JSONDecodeError as e:
-        raise BenchError(f"{path}: bad JSON line ({e.msg})")
-    return records
-
-
 def summarise(path):
-    records = read_metrics(path)
+    records = read_step_records(path)
     # The baseline is the first logged step at or after the warm-up, so engines that log
     # only every few steps are still measured over the same span.
     base = next((r for r in records if r["step"] >= WARMUP_STEPS), None)
@@ -175,43 +141,6 @@ def bench(args):
 
 
 # ---------------------------------------------------------------- PyTorch reference
-
-
-def read_tokens(path):
-    import numpy as np
-
-    try:
-        with open(path, "rb") as f:
-            header = f.read(TOKEN_HEADER_BYTES)
-    except OSError as e:
-        raise BenchError(f"cannot read {path}: {e.strerror}")
-    if len(header) < TOKEN_HEADER_BYTES or header[:8] != TOKEN_MAGIC:
-        raise BenchError(f"{path} is not an fsdpp token file")
-    version, width, count, vocab = (int.from_bytes(header[o:o + n], "little")
-                                    for o, n in ((8, 4), (12, 4), (16, 8), (24, 8)))
-    if version != 1 or width not in (2, 4):
-        raise BenchError(f"{path}: unsupported token file (version {version}, width {width})")
-    if os.path.getsize(path) < TOKEN_HEADER_BYTES + count * width:
-        raise BenchError(f"{path} is truncated")
-    dtype = "<u2" if width == 2 else "<u4"
-    return np.memmap(path, dtype=dtype, mode="r", offset=TOKEN_HEADER_BYTES, shape=(count,)), vocab
-
-
-def lr_at(step, cfg):
-    # `step` counts from 1 so the first update already has a non-zero learning rate.
-    lr = float(get(cfg, "optimizer.lr"))
-    kind = get(cfg, "scheduler.kind", "constant")
-    warmup = int(get(cfg, "scheduler.warmup_steps", 0))
-    if step < warmup:
-        return lr * step / warmup
-    if kind == "constant":
-        return lr
-    if kind != "cosine":
-        raise BenchError(f"unsupported scheduler.kind {kind!r}")
-    total = int(get(cfg, "train.steps"))
-    min_lr = lr * float(get(cfg, "scheduler.min_lr_ratio", 0.0))
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_model(cfg):
@@ -318,35 +247,9 @@ def torch_worker(args):
     metrics.close()
 
 
-def main():
-    ap = argparse.ArgumentParser(
-        description="Train the same model with fsdpp and with plain PyTorch (transformers + "
-        "AdamW) on the CPU and compare tokens/s, peak RSS and final loss. Relative paths, "
-        "including those inside the config, resolve against the current directory.")
-    ap.add_argument("--config", default="examples/tiny-llama.toml",
-                    help="fsdpp TOML config to benchmark (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=60,
-                    help=f"optimiser steps per engine; the first {WARMUP_STEPS} are not timed "
-                    "(default: %(default)s)")
-    ap.add_argument("--threads", type=int, default=2,
-                    help="compute threads for each engine (default: %(default)s)")
-    ap.add_argument("--fsdpp", default="build/fsdpp",
-                    help="path to the fsdpp binary (default: %(default)s)")
-    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
-    ap.error = fail
-    args = ap.parse_args()
-
-    try:
-        if args.torch_worker:
-            if not args.out_dir:
-                raise BenchError("--torch-worker needs --out-dir")
-            torch_worker(args)
-        else:
-            bench(args)
-    except BenchError as e:
-        fail(str(e))
-
-
 if __name__ == "__main__":
-    main()
+    run_main("bench_train",
+             "Train the same model with fsdpp and with plain PyTorch (transformers + AdamW) on the "
+             "CPU and compare tokens/s, peak RSS and final loss. Relative paths, including those "
+             "inside the config, resolve against the current directory.",
+             steps=60, threads=2, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker)

@@ -1,0 +1,110 @@
+"""Shared by the benchmark scripts: errors, config look-ups, metrics records, the token-file
+reader and fsdpp's learning-rate schedule, so every peer is fed and measured the same way."""
+import argparse
+import json
+import math
+import os
+import sys
+
+TOKEN_MAGIC = b"FSDPTOK\x00"
+TOKEN_HEADER_BYTES = 32
+
+
+class BenchError(Exception):
+    pass
+
+
+def fail(prog, msg):
+    print(f"{prog}: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def get(cfg, dotted, default=None):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is None:
+                raise BenchError(f"config has no {dotted}")
+            return default
+        node = node[part]
+    return node
+
+
+def read_step_records(path):
+    """Training-step records of a metrics.jsonl (evaluation records carry no timing)."""
+    steps = []
+    try:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if "elapsed_s" in rec:
+                    steps.append(rec)
+    except OSError as e:
+        raise BenchError(f"cannot read metrics {path}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise BenchError(f"{path}: bad JSON line ({e.msg})")
+    return steps
+
+
+def read_tokens(path):
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            header = f.read(TOKEN_HEADER_BYTES)
+    except OSError as e:
+        raise BenchError(f"cannot read {path}: {e.strerror}")
+    if len(header) < TOKEN_HEADER_BYTES or header[:8] != TOKEN_MAGIC:
+        raise BenchError(f"{path} is not an fsdpp token file")
+    version, width, count, vocab = (int.from_bytes(header[o:o + n], "little")
+                                    for o, n in ((8, 4), (12, 4), (16, 8), (24, 8)))
+    if version != 1 or width not in (2, 4):
+        raise BenchError(f"{path}: unsupported token file (version {version}, width {width})")
+    if os.path.getsize(path) < TOKEN_HEADER_BYTES + count * width:
+        raise BenchError(f"{path} is truncated")
+    dtype = "<u2" if width == 2 else "<u4"
+    return np.memmap(path, dtype=dtype, mode="r", offset=TOKEN_HEADER_BYTES, shape=(count,)), vocab
+
+
+def lr_at(step, cfg):
+    # Mirrors fsdpp's schedule: `step` counts from 1 and warm-up includes its last step.
+    peak = float(get(cfg, "optimizer.lr"))
+    kind = get(cfg, "scheduler.kind", "cosine")
+    warmup = int(get(cfg, "scheduler.warmup_steps", 0))
+    if step <= warmup:
+        return peak * step / warmup
+    if kind == "constant":
+        return peak
+    if kind not in ("cosine", "linear"):
+        raise BenchError(f"unsupported scheduler.kind {kind!r}")
+    total = int(get(cfg, "train.steps"))
+    min_lr = peak * float(get(cfg, "scheduler.min_lr_ratio", 0.0))
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
+    return min_lr + (peak - min_lr) * shape
+
+
+def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worker):
+    """The command line both benchmarks share; --torch-worker re-enters as the peer's process."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--config", default="examples/tiny-llama.toml",
+                    help="fsdpp TOML config to benchmark (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=steps,
+                    help=f"optimiser steps per engine; the first {warmup_steps} are not timed "
+                    "(default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=threads,
+                    help="compute threads per process for both engines (default: %(default)s)")
+    ap.add_argument("--fsdpp", default="build/fsdpp", help="path to the fsdpp binary (default: %(default)s)")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    ap.error = lambda msg: fail(prog, msg)
+    args = ap.parse_args()
+    try:
+        if args.torch_worker:
+            if not args.out_dir:
+                raise BenchError("--torch-worker needs --out-dir")
+            torch_worker(args)
+        else:
+            bench(args)
+    except BenchError as e:
+        fail(prog, str(e))
