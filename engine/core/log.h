@@ -24,7 +24,5 @@ template <class... Parts>
 void log_info(const Parts&... parts) { log_line(LogLevel::info, concat(parts...)); }
 template <class... Parts>
 void log_warn(const Parts&... parts) { log_line(LogLevel::warn, concat(parts...)); }
-template <class... Parts>
-void log_error(const Parts&... parts) { log_line(LogLevel::error, concat(parts...)); }
 
 }  // namespace fsdpp

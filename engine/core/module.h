@@ -39,7 +39,6 @@ class Module : public torch::nn::Module {
   // for modules whose forward takes tensors alone (a decoder layer), so the recomputation
   // holds no dangling argument.
   void set_activation_checkpointing(bool on) { checkpoint_ = on; }
-  bool activation_checkpointing() const { return checkpoint_; }
 
   // Parameters registered on this module itself, and on its whole subtree (a parameter
   // reachable under two names, such as tied embeddings, counts once).

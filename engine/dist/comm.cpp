@@ -113,19 +113,4 @@ void Comm::all_reduce_sum(at::Tensor& t) {
   c10d_->backend->allreduce(tensors)->wait();
 }
 
-void Comm::broadcast(at::Tensor& t, int root) {
-  check(t, "broadcast");
-  if (!c10d_->backend) return;
-  std::vector<at::Tensor> tensors{t};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  c10d_->backend->broadcast(tensors, opts)->wait();
-}
-
-void Comm::barrier() {
-  if (!c10d_->backend) return;
-  at::Tensor t = at::zeros({1});
-  all_reduce_sum(t);
-}
-
 }  // namespace fsdpp

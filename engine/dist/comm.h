@@ -24,8 +24,6 @@ class Comm {
   // out [n] = this rank's slice of the sum over ranks of in [size * n].
   void reduce_scatter_sum(at::Tensor& out, const at::Tensor& in);
   void all_reduce_sum(at::Tensor& t);
-  void broadcast(at::Tensor& t, int root);
-  void barrier();
 
   // A group of one process: every collective returns its input.
   static std::shared_ptr<Comm> single();

@@ -34,8 +34,10 @@ DeviceMesh DeviceMesh::create(std::shared_ptr<Comm> world, int replicate, int sh
     for (int j = 0; j < shard; ++j) shard_ranks.push_back(row * shard + j);
     for (int i = 0; i < replicate; ++i) replicate_ranks.push_back(i * shard + column);
     // Every process builds its shard group first, so the group rendezvous pair up.
-    mesh.shard_group = world->subgroup(shard_ranks, "shard/" + std::to_string(row));
-    mesh.replicate_group = world->subgroup(replicate_ranks, "replicate/" + std::to_string(column));
+    // Tags carry the shape, so meshes of different shapes never share rendezvous keys.
+    const std::string shape = std::to_string(replicate) + "x" + std::to_string(shard);
+    mesh.shard_group = world->subgroup(shard_ranks, "shard-" + shape + "/" + std::to_string(row));
+    mesh.replicate_group = world->subgroup(replicate_ranks, "replicate-" + shape + "/" + std::to_string(column));
   }
   mesh.world = std::move(world);
   return mesh;

@@ -4,23 +4,25 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include "core/dtype.h"
+
+#include <algorithm>
+
 namespace fsdpp {
 
-namespace {
-
-at::ScalarType dtype_of(const std::string& name, at::ScalarType fallback) {
-  if (name.empty()) return fallback;
-  return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
-}
-
-}  // namespace
-
-FsdpState::FsdpState(Module& root, DeviceMesh mesh, const ResolvedPlan& plan, std::optional<FreshInit> fresh_init)
-    : mesh_(std::move(mesh)) {
-  TORCH_CHECK(plan.shard == mesh_.shard && plan.replicate == mesh_.replicate, "plan mesh ", plan.replicate, "x",
-              plan.shard, " differs from the process mesh ", mesh_.replicate, "x", mesh_.shard);
+FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan,
+                     std::optional<FreshInit> fresh_init)
+    : world_(std::move(world)) {
   const auto all = named_modules(root);
   for (const auto& unit : plan.units) {
+    auto same = [&unit](const DeviceMesh& m) { return m.replicate == unit.replicate && m.shard == unit.shard; };
+    auto found = std::find_if(meshes_.begin(), meshes_.end(), same);
+    if (found == meshes_.end()) {
+      meshes_.push_back(DeviceMesh::create(world_, unit.replicate, unit.shard));
+      found = meshes_.end() - 1;
+    }
+    unit_mesh_.push_back(static_cast<size_t>(found - meshes_.begin()));
+    const DeviceMesh& mesh = *found;
     std::vector<ShardedParam> params;
     for (const auto& p : unit.params) {
       at::Tensor tensor = p.module->named_parameters(/*recurse=*/false)[p.local];
@@ -33,7 +35,7 @@ FsdpState::FsdpState(Module& root, DeviceMesh mesh, const ResolvedPlan& plan, st
           p.module->init_parameter(p.local, full, gen, fresh_init->std);
         };
       }
-      params.emplace_back(p.name, tensor, mesh_.shard_group->rank(), mesh_.shard_group->size(), fill);
+      params.emplace_back(p.name, tensor, mesh.shard_group->rank(), mesh.shard_group->size(), fill);
     }
     std::vector<Module*> modules;
     for (const auto& path : unit.plan->modules) {
@@ -42,13 +44,16 @@ FsdpState::FsdpState(Module& root, DeviceMesh mesh, const ResolvedPlan& plan, st
       }
     }
     const UnitPlan& p = *unit.plan;
+    auto optional_dtype = [](const std::string& name) {
+      return name.empty() ? std::nullopt : std::optional(parse_dtype(name));
+    };
     UnitOptions options{.reshard_after_forward = p.reshard_after_forward,
                         .activation_checkpoint = p.activation_checkpoint,
-                        .reduce_dtype = dtype_of(p.reduce_dtype, at::kFloat),
-                        .output_dtype = p.output_dtype.empty() ? std::nullopt
-                                                               : std::optional(dtype_of(p.output_dtype, at::kFloat))};
-    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), mesh_.shard_group,
-                                                mesh_.replicate_group, options, this));
+                        .param_dtype = optional_dtype(p.param_dtype),
+                        .reduce_dtype = parse_dtype(p.reduce_dtype),
+                        .output_dtype = optional_dtype(p.output_dtype)};
+    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), mesh.shard_group,
+                                                mesh.replicate_group, options, this));
   }
 }
 
@@ -60,6 +65,15 @@ std::vector<NamedParameter> FsdpState::sharded_parameters() const {
     for (const auto& p : unit->params()) out.push_back({p.name, p.owned});
   }
   return out;
+}
+
+std::vector<GradGroup> FsdpState::grad_groups() const {
+  std::vector<GradGroup> groups(meshes_.size());
+  for (size_t i = 0; i < meshes_.size(); ++i) groups[i].shard_group = meshes_[i].shard_group.get();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (const auto& p : units_[u]->params()) groups[unit_mesh_[u]].params.push_back(p.owned);
+  }
+  return groups;
 }
 
 void FsdpState::for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit) {

@@ -20,18 +20,27 @@ struct FreshInit {
   double std = 0.02;
 };
 
+// The owned shards of the units on one mesh, and the group their squared norms sum over.
+struct GradGroup {
+  std::vector<at::Tensor> params;
+  Comm* shard_group = nullptr;
+};
+
 class FsdpState {
  public:
-  // Shards every unit of `plan` over mesh.shard_group; with a replicate group of several
-  // ranks (HSDP) the reduced shards are then summed across replicas.
-  FsdpState(Module& root, DeviceMesh mesh, const ResolvedPlan& plan,
+  // Shards every unit of `plan` over its mesh's shard group, building one DeviceMesh per
+  // distinct shape (in plan order, the same on every rank); with a replicate group of
+  // several ranks (HSDP) the reduced shards are then summed across replicas.
+  FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan,
             std::optional<FreshInit> fresh_init = std::nullopt);
   ~FsdpState();
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
-  const DeviceMesh& mesh() const { return mesh_; }
+  const Comm& world() const { return *world_; }
   // The owned rows of every parameter, named as in the model: the optimizer's parameters.
   std::vector<NamedParameter> sharded_parameters() const;
+  // One group per mesh, for clipping by a single norm over every shard.
+  std::vector<GradGroup> grad_groups() const;
   // Runs `visit(name, full tensor)` for every parameter with its full value, one unit
   // gathered at a time (a collective: every rank must call it).
   void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit);
@@ -48,7 +57,9 @@ class FsdpState {
  private:
   void final_callback();
 
-  DeviceMesh mesh_;
+  std::shared_ptr<Comm> world_;
+  std::vector<DeviceMesh> meshes_;
+  std::vector<size_t> unit_mesh_;  // unit -> index into meshes_
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
   bool sync_ = true;

@@ -1,6 +1,7 @@
 // Resolving and printing wrap plans.
 #include "fsdp/plan.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/module_tree.h"
 
@@ -34,10 +35,6 @@ void check_dtype(const UnitPlan& unit, const std::string& key, const std::string
   static const std::set<std::string> known = {"float32", "bfloat16", "float16"};
   if ((allow_empty && value.empty()) || known.count(value)) return;
   throw UserError(where(unit) + ": " + key + " '" + value + "' is not one of float32, bfloat16, float16");
-}
-
-std::string dtype_name(at::ScalarType t) {
-  return t == at::kBFloat16 ? "bfloat16" : t == at::kHalf ? "float16" : "float32";
 }
 
 std::string mib(int64_t bytes) {
@@ -78,31 +75,12 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
     check_dtype(unit, "precision.param", unit.param_dtype, true);
     check_dtype(unit, "precision.reduce", unit.reduce_dtype, false);
     check_dtype(unit, "precision.output", unit.output_dtype, true);
-    if (!unit.param_dtype.empty() && unit.param_dtype != dtype_name(model_dtype)) {
-      throw UserError(where(unit) + ": precision.param '" + unit.param_dtype + "' differs from the model dtype '" +
-                      dtype_name(model_dtype) + "'; set [model] dtype instead");
-    }
     if (unit.offload != "none" && unit.offload != "cpu") {
       throw UserError(where(unit) + ": offload '" + unit.offload + "' is not one of none, cpu");
     }
   }
 
   ResolvedPlan resolved;
-  const MeshShape& mesh = plan.units.front().mesh;
-  for (const auto& unit : plan.units) {
-    if (unit.mesh.replicate != mesh.replicate || unit.mesh.shard != mesh.shard) {
-      throw UserError(where(unit) + ": every unit must use the same mesh (replicate " +
-                      std::to_string(unit.mesh.replicate) + " × shard " + std::to_string(unit.mesh.shard) +
-                      " here, replicate " + std::to_string(mesh.replicate) + " × shard " +
-                      std::to_string(mesh.shard) + " at " + where(plan.units.front()) + ")");
-    }
-  }
-  resolved.replicate = mesh.replicate;
-  resolved.shard = mesh.shard == -1 ? (mesh.replicate > 0 ? world / mesh.replicate : 0) : mesh.shard;
-  if (mesh.replicate < 1 || resolved.shard < 1 || mesh.replicate * resolved.shard != world) {
-    throw UserError(where(plan.units.front()) + ": mesh replicate " + std::to_string(mesh.replicate) + " × shard " +
-                    std::to_string(resolved.shard) + " ≠ world " + std::to_string(world));
-  }
 
   std::map<const void*, std::vector<std::string>> aliases;
   for (const auto& e : all) {
@@ -115,10 +93,16 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
   std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return depth(*a) > depth(*b); });
 
   std::set<const void*> claimed;
-  const int64_t gather_bytes = c10::elementSize(model_dtype);
   for (const UnitPlan* unit : order) {
     ResolvedUnit r;
     r.plan = unit;
+    const MeshShape& mesh = unit->mesh;
+    r.replicate = mesh.replicate;
+    r.shard = mesh.shard == -1 ? (mesh.replicate > 0 ? world / mesh.replicate : 0) : mesh.shard;
+    if (mesh.replicate < 1 || r.shard < 1 || mesh.replicate * r.shard != world) {
+      throw UserError(where(*unit) + ": mesh replicate " + std::to_string(mesh.replicate) + " × shard " +
+                      std::to_string(r.shard) + " ≠ world " + std::to_string(world));
+    }
     for (const auto& p : unit->modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
     auto covered = [unit](const std::string& path) {
       return std::any_of(unit->modules.begin(), unit->modules.end(), [&](const auto& m) { return under(path, m); });
@@ -140,10 +124,11 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
         const int64_t row_numel = rows == 0 ? 0 : t.numel() / rows;
         r.params.push_back({paths.front(), e.module, item.key()});
         r.numel += t.numel();
-        r.padded_numel_per_rank += (rows + resolved.shard - 1) / resolved.shard * row_numel;
+        r.padded_numel_per_rank += (rows + r.shard - 1) / r.shard * row_numel;
       }
     }
-    r.bytes_gathered = r.numel * gather_bytes;
+    r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(
+        unit->param_dtype.empty() ? model_dtype : parse_dtype(unit->param_dtype)));
     resolved.total_numel += r.numel;
     resolved.param_bytes += r.padded_numel_per_rank * 4;
     resolved.largest_gathered_bytes = std::max(resolved.largest_gathered_bytes, r.bytes_gathered);
@@ -156,13 +141,14 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
 
 std::string format_plan(const ResolvedPlan& plan, int world) {
   std::ostringstream out;
-  out << "plan for " << world << " rank(s): mesh replicate " << plan.replicate << " × shard " << plan.shard << ", "
-      << plan.units.size() << " units, " << plan.total_numel << " parameters\n";
+  out << "plan for " << world << " rank(s): " << plan.units.size() << " units, " << plan.total_numel
+      << " parameters\n";
   for (const auto& u : plan.units) {
     const UnitPlan& p = *u.plan;
     out << "  unit " << u.name << "  (" << p.origin << ")\n"
         << "    params " << u.numel << " in " << u.params.size() << " tensors, per rank " << u.padded_numel_per_rank
-        << ", gathered " << mib(u.bytes_gathered) << "\n"
+        << ", gathered " << mib(u.bytes_gathered) << ", mesh replicate " << u.replicate << " × shard " << u.shard
+        << "\n"
         << "    reshard_after_forward " << (p.reshard_after_forward ? "true" : "false") << ", precision param "
         << (p.param_dtype.empty() ? "model" : p.param_dtype) << " reduce " << p.reduce_dtype << " output "
         << (p.output_dtype.empty() ? "as computed" : p.output_dtype) << ", offload " << p.offload
@@ -181,13 +167,13 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
     nlohmann::json params = nlohmann::json::array();
     for (const auto& param : u.params) params.push_back(param.name);
     units.push_back({{"name", u.name}, {"modules", p.modules}, {"origin", p.origin}, {"params", params},
+                     {"mesh", {{"replicate", u.replicate}, {"shard", u.shard}}},
                      {"numel", u.numel}, {"numel_per_rank", u.padded_numel_per_rank},
                      {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", p.reshard_after_forward},
                      {"precision", {{"param", p.param_dtype}, {"reduce", p.reduce_dtype}, {"output", p.output_dtype}}},
                      {"offload", p.offload}, {"activation_checkpoint", p.activation_checkpoint}});
   }
-  return nlohmann::json{{"world", world}, {"replicate", plan.replicate}, {"shard", plan.shard},
-                        {"total_numel", plan.total_numel}, {"units", units},
+  return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"units", units},
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},
                                             {"optimizer", plan.optimizer_bytes},
                                             {"largest_gathered_unit", plan.largest_gathered_bytes}}}}

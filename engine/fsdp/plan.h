@@ -36,6 +36,7 @@ struct Plan {
 // What one unit owns once the plan is resolved against a model.
 struct ResolvedUnit {
   const UnitPlan* plan = nullptr;
+  int replicate = 1, shard = 1;           // its mesh, resolved for the world
   std::string name;                       // modules joined by "+", "<root>" for the root
   struct Param {
     std::string name;                     // full dotted name (the first path reaching it)
@@ -45,12 +46,11 @@ struct ResolvedUnit {
   std::vector<Param> params;              // the parameters it owns
   int64_t numel = 0;                      // elements it owns
   int64_t padded_numel_per_rank = 0;      // Σ ceil(rows / shard) × row elements
-  int64_t bytes_gathered = 0;             // its full parameters in the gather dtype
+  int64_t bytes_gathered = 0;             // its full parameters in its parameter dtype
 };
 
 struct ResolvedPlan {
   std::vector<ResolvedUnit> units;        // in application order: inner first, root last
-  int replicate = 1, shard = 1;
   int64_t total_numel = 0;
   // Per rank, from the padded shards: fp32 master params, fp32 grads, AdamW's two moments.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
@@ -58,9 +58,10 @@ struct ResolvedPlan {
 };
 
 // Checks `plan` against the model for `world` ranks and resolves ownership: unknown paths,
-// a module in two units, tied parameters split across units, a mesh that does not fit, an
-// option out of range, or units with different meshes are UserErrors naming paths and sizes.
-// The root unit is added with default options when the plan lacks one.
+// a module in two units, tied parameters split across units, a mesh that does not fit or an
+// option out of range are UserErrors naming paths and sizes. Units may use different meshes
+// (a vision tower replicated beside a sharded language model, say). The root unit is added
+// when the plan lacks one, on the first unit's mesh.
 ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType model_dtype);
 
 // The unit tree and per-rank memory as text, or as JSON.

@@ -45,6 +45,11 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<S
       options_(options),
       state_(state) {
   for (auto& p : params_) {
+    if (options_.param_dtype && p.param.scalar_type() != *options_.param_dtype) {
+      // The module's own tensor takes the compute dtype, unallocated like any sharded one;
+      // its values already sit in the fp32 master shard.
+      p.param.set_data(new_parameter(p.param.sizes(), p.param.options().dtype(*options_.param_dtype).device(at::kMeta)));
+    }
     TORCH_CHECK(p.param.scalar_type() == params_.front().param.scalar_type(), "unit ", name_,
                 " mixes parameter dtypes (", params_.front().name, ", ", p.name, ")");
     flat_numel_ += p.shard_numel();
@@ -64,6 +69,13 @@ void FsdpUnit::install_hooks() {
   hooks_.emplace_back(first, first->add_pre_forward_hook([this](Module&, Module::Tensors& inputs) {
     unshard();
     if (state_->in_backward()) return;  // a recomputation inside backward
+    if (options_.param_dtype) {
+      for (auto& x : inputs) {
+        if (x.defined() && x.is_floating_point() && x.scalar_type() != *options_.param_dtype) {
+          x = x.to(*options_.param_dtype);
+        }
+      }
+    }
     std::vector<size_t> positions;
     torch::autograd::variable_list needing_grad;
     for (size_t i = 0; i < inputs.size(); ++i) {

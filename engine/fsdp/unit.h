@@ -18,6 +18,7 @@ class FsdpState;
 struct UnitOptions {
   bool reshard_after_forward = true;  // free gathered params after forward, re-gather in backward
   bool activation_checkpoint = false; // recompute the unit's forward in backward
+  std::optional<at::ScalarType> param_dtype;         // gather and compute in this (masters stay fp32)
   at::ScalarType reduce_dtype = at::kFloat;          // dtype of the reduce-scatter
   std::optional<at::ScalarType> output_dtype;        // cast the unit's output to this
 };
@@ -30,9 +31,7 @@ class FsdpUnit {
   ~FsdpUnit();
 
   const std::string& name() const { return name_; }
-  const std::vector<Module*>& modules() const { return modules_; }
   std::vector<ShardedParam>& params() { return params_; }
-  const UnitOptions& options() const { return options_; }
   bool is_unsharded() const { return unsharded_; }
 
   // All-gathers every parameter into its module tensor (no-op when already unsharded).
@@ -44,7 +43,6 @@ class FsdpUnit {
   void post_backward();
   void pre_backward();
   void end_backward() { reduced_ = false; }
-  bool reduced() const { return reduced_; }
 
  private:
   void install_hooks();

@@ -1,6 +1,7 @@
 // Loading and saving Hugging Face model directories.
 #include "io/hf_dir.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
@@ -111,7 +112,7 @@ void save_hf_dir(const ModelConfig& model_config, const NamedTensors& tensors, c
   json config = model_config.raw ? *model_config.raw : json::object();
   // Older readers know only torch_dtype; newer ones still accept it.
   config.erase("dtype");
-  config["torch_dtype"] = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  config["torch_dtype"] = dtype_name(dtype);
   const std::string config_text = config.dump(2) + "\n";
   write_file_atomically(dir / "config.json", config_text.data(), config_text.size());
 

@@ -82,17 +82,23 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
   return groups;
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, Comm* group) {
+double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  for (const auto& p : params) {
-    if (p.grad().defined() && p.grad().numel() > 0) grads.push_back(p.grad());
+  double square_total = 0.0;
+  for (const auto& group : groups) {
+    std::vector<at::Tensor> local;
+    for (const auto& p : group.params) {
+      if (p.grad().defined() && p.grad().numel() > 0) local.push_back(p.grad());
+    }
+    // Squares add across shards, so one all-reduce of the local sum gives the group's share.
+    at::Tensor square_sum = at::zeros({1}, at::kDouble);
+    if (!local.empty()) square_sum += at::stack(at::_foreach_norm(local, 2)).to(at::kDouble).pow(2).sum();
+    if (group.shard_group != nullptr) group.shard_group->all_reduce_sum(square_sum);
+    square_total += square_sum.item<double>();
+    grads.insert(grads.end(), local.begin(), local.end());
   }
-  // Squares add across shards, so one all-reduce of the local sum gives the global norm.
-  at::Tensor square_sum = at::zeros({1}, at::kDouble);
-  if (!grads.empty()) square_sum += at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum();
-  if (group != nullptr) group->all_reduce_sum(square_sum);
-  const double total = std::sqrt(square_sum.item<double>());
+  const double total = std::sqrt(square_total);
   if (std::isfinite(total) && max_norm > 0 && total > max_norm) {
     at::_foreach_mul_(grads, max_norm / (total + 1e-6));
   }

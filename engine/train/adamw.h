@@ -3,7 +3,7 @@
 #pragma once
 
 #include "core/module_tree.h"
-#include "dist/comm.h"
+#include "fsdp/fsdp_state.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -51,9 +51,10 @@ class AdamW {
 // Matrices (ndim >= 2) decay; biases, norm weights and other vectors do not.
 std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params, double weight_decay);
 
-// The L2 norm over all gradients, across every rank of `group` when given (each rank
-// holding disjoint shards); when finite and above `max_norm` (> 0), gradients are scaled
-// down to it. Returns the norm before clipping, the same on every rank.
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, Comm* group = nullptr);
+// The L2 norm over all gradients of all groups: each group's squared norm summed over its
+// shard group (disjoint shards; replicas hold equal ones and are not counted twice), then
+// over groups. When finite and above `max_norm` (> 0), every gradient is scaled down to it.
+// Returns the norm before clipping, the same on every rank.
+double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm);
 
 }  // namespace fsdpp

@@ -11,13 +11,6 @@
 
 namespace fsdpp {
 
-at::ScalarType parse_dtype(const std::string& name) {
-  if (name == "float32" || name == "fp32") return at::kFloat;
-  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  if (name == "float16" || name == "fp16") return at::kHalf;
-  throw UserError("dtype '" + name + "' is not one of float32, bfloat16, float16");
-}
-
 ModelSourceConfig ModelSourceConfig::from_section(ConfigSection& s) {
   ModelSourceConfig c;
   c.path = s.get_string("path", "");

@@ -1,6 +1,7 @@
 // The [model] section: which architecture to build and where its weights come from.
 #pragma once
 
+#include "core/dtype.h"
 #include "models/causal_lm.h"
 
 #include <memory>
@@ -27,7 +28,5 @@ struct LoadedModel {
 // from init_seed with the config's initializer_range, or, with `defer_fresh_init`, builds
 // it unallocated (no memory) for FSDP to initialise shard by shard.
 LoadedModel load_model(const ModelSourceConfig& config, bool defer_fresh_init = false);
-
-at::ScalarType parse_dtype(const std::string& name);  // UserError for an unknown name
 
 }  // namespace fsdpp

@@ -40,7 +40,7 @@ void save_model(CausalLM& model, FsdpState* fsdp, const RunConfig& config) {
     return;
   }
   NamedTensors full;
-  const bool writer = fsdp->mesh().world->rank() == 0;
+  const bool writer = fsdp->world().rank() == 0;
   fsdp->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
     if (writer) full.emplace_back(name, t.to(dtype, /*non_blocking=*/false, /*copy=*/true));
   });
@@ -79,15 +79,13 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   if (env.launched) {
     Plan plan = build_plan(*model, world, rank);
     const ResolvedPlan resolved = resolve_plan(plan, *model, world, parse_dtype(config.model.dtype));
-    auto mesh = DeviceMesh::create(comm, resolved.replicate, resolved.shard);
     if (rank == 0) {
-      log_info("mesh: replicate ", mesh.replicate, " × shard ", mesh.shard, "; ", resolved.units.size(),
-               " units; per rank: parameters ", resolved.param_bytes, " B, gradients ", resolved.grad_bytes,
-               " B, optimizer state ", resolved.optimizer_bytes, " B");
+      log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes,
+               " B, gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
     }
     std::optional<FreshInit> fresh;
     if (init_pending) fresh = FreshInit{config.model.init_seed, model->config().initializer_range};
-    fsdp = std::make_unique<FsdpState>(*model, std::move(mesh), resolved, fresh);
+    fsdp = std::make_unique<FsdpState>(*model, comm, resolved, fresh);
     // Read from the shard tensors themselves, for comparison with what `fsdpp plan` predicts.
     int64_t shard_bytes = 0;
     std::string names;
@@ -106,8 +104,15 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
 
   const auto params = fsdp ? fsdp->sharded_parameters() : unique_named_parameters(*model);
   AdamW optimizer(decay_groups(params, config.optimizer.weight_decay), config.optimizer);
-  std::vector<at::Tensor> trainable;
-  for (const auto& group : optimizer.groups()) trainable.insert(trainable.end(), group.params.begin(), group.params.end());
+  std::vector<GradGroup> grad_groups;
+  if (fsdp) {
+    grad_groups = fsdp->grad_groups();
+  } else {
+    grad_groups.push_back({});
+    for (const auto& group : optimizer.groups()) {
+      grad_groups[0].params.insert(grad_groups[0].params.end(), group.params.begin(), group.params.end());
+    }
+  }
   const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
   std::unique_ptr<MetricsSink> metrics;
   if (rank == 0) metrics = std::make_unique<MetricsSink>(config.metrics, config.metrics.jsonl, tc.steps);
@@ -139,9 +144,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       loss_sum += loss.detach().to(at::kDouble);
     }
     comm->all_reduce_sum(loss_sum);
-    // Replicas hold equal shards, so the norm sums over the shard group alone.
-    const double grad_norm =
-        clip_grad_norm(trainable, tc.clip_grad_norm, fsdp ? fsdp->mesh().shard_group.get() : nullptr);
+    const double grad_norm = clip_grad_norm(grad_groups, tc.clip_grad_norm);
     StepMetrics m;
     m.step = step;
     m.loss = loss_sum.item<double>();

@@ -7,6 +7,8 @@
 --   reshard_after_forward layers free gathered params after forward (default true)
 --   activation_checkpoint layers recompute forward in backward (default false)
 --   offload               "cpu" or "none"
+--   param_dtype           gather and compute dtype (default: the model's [model] dtype);
+--                         master shards stay float32
 --   reduce_dtype          gradient reduction dtype (default float32)
 --   mixed_mm_data         vision blocks stay in the root unit (ranks with and without images)
 --   fused_linear_logprob  lm_head stays in the root unit (used outside its forward)
@@ -23,7 +25,7 @@ function M.unit_options(extra)
   local opts = {
     mesh = mesh{shard = option("shard_size", -1), replicate = option("replicate", nil)},
     offload = offload(option("offload", "none")),
-    precision = precision{reduce = option("reduce_dtype", "float32")},
+    precision = precision{param = option("param_dtype", nil), reduce = option("reduce_dtype", "float32")},
   }
   for key, value in pairs(extra or {}) do opts[key] = value end
   return opts

@@ -35,7 +35,7 @@ std::unique_ptr<FsdpState> shard(CausalLM& model) {
     }
   }
   const ResolvedPlan resolved = resolve_plan(plan, model, 1, at::kFloat);
-  return std::make_unique<FsdpState>(model, DeviceMesh::create(Comm::single(), 1, -1), resolved);
+  return std::make_unique<FsdpState>(model, Comm::single(), resolved);
 }
 
 double loss_of(CausalLM& model, const at::Tensor& ids) {

@@ -61,7 +61,7 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
     p.tensor.mutable_grad() = reference->tensor("grad." + p.name).clone();
     params.push_back(p.tensor);
   }
-  const double norm = clip_grad_norm(params, 0.5);
+  const double norm = clip_grad_norm({{.params = params}}, 0.5);
   CHECK(norm == Approx(reference->tensor("grad_norm").item<double>()).epsilon(1e-5));
   const OptimizerConfig adamw{.lr = 1e-2, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
   AdamW optimizer(decay_groups(unique_named_parameters(*model), adamw.weight_decay), adamw);
