@@ -5,6 +5,7 @@ import json
 import math
 import os
 import sys
+import tomllib
 
 TOKEN_MAGIC = b"FSDPTOK\x00"
 TOKEN_HEADER_BYTES = 32
@@ -28,6 +29,16 @@ def get(cfg, dotted, default=None):
             return default
         node = node[part]
     return node
+
+
+def read_toml(path):
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise BenchError(f"cannot read config {path}: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        raise BenchError(f"{path}: {e}")
 
 
 def read_step_records(path):

@@ -18,9 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 
-from bench_common import BenchError, get, lr_at, read_step_records, read_tokens, run_main
+from bench_common import BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main
 
 WORLD = 2
 WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
@@ -31,13 +30,7 @@ SAMPLE_S = 0.05
 
 
 def load_config(path, steps):
-    try:
-        with open(path, "rb") as f:
-            cfg = tomllib.load(f)
-    except OSError as e:
-        raise BenchError(f"cannot read config {path}: {e.strerror}")
-    except tomllib.TOMLDecodeError as e:
-        raise BenchError(f"{path}: {e}")
+    cfg = read_toml(path)
     cfg.setdefault("train", {})["steps"] = steps
     return cfg
 

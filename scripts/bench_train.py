@@ -15,7 +15,7 @@ import tempfile
 import time
 import tomllib
 
-from bench_common import BenchError, get, lr_at, read_step_records, read_tokens, run_main
+from bench_common import BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main
 
 WARMUP_STEPS = 10  # steps left out of the throughput figure (allocation, thread start-up)
 
@@ -43,13 +43,7 @@ def parse_value(text):
 
 
 def load_config(path, sets):
-    try:
-        with open(path, "rb") as f:
-            cfg = tomllib.load(f)
-    except OSError as e:
-        raise BenchError(f"cannot read config {path}: {e.strerror}")
-    except tomllib.TOMLDecodeError as e:
-        raise BenchError(f"{path}: {e}")
+    cfg = read_toml(path)
     for s in sets:
         key, _, value = s.partition("=")
         *parents, leaf = key.split(".")

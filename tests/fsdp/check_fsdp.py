@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 
-import torch
 from safetensors.torch import load_file
 
 FSDPP = os.environ["FSDPP"]
