@@ -102,10 +102,10 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   check_keys(L, table, kWrapOptions, "wrap");
   lua_getfield(L, table, "reshard_after_forward");
   if (lua_isinteger(L, -1)) {
-    throw ScriptError("wrap: reshard_after_forward = k (an integer) is not supported yet; use true or false");
-  }
-  if (!lua_isnil(L, -1)) {
-    if (!lua_isboolean(L, -1)) throw ScriptError("wrap: reshard_after_forward must be a boolean");
+    unit.reshard_to = static_cast<int>(lua_tointeger(L, -1));
+    if (unit.reshard_to < 1) throw ScriptError("wrap: reshard_after_forward = k needs k >= 1");
+  } else if (!lua_isnil(L, -1)) {
+    if (!lua_isboolean(L, -1)) throw ScriptError("wrap: reshard_after_forward must be a boolean or a rank count");
     unit.reshard_after_forward = lua_toboolean(L, -1);
   }
   lua_pop(L, 1);

@@ -43,4 +43,13 @@ DeviceMesh DeviceMesh::create(std::shared_ptr<Comm> world, int replicate, int sh
   return mesh;
 }
 
+std::shared_ptr<Comm> DeviceMesh::post_forward_group(int k) const {
+  TORCH_CHECK(k > 0 && shard % k == 0, "post-forward group of ", k, " ranks does not divide shard ", shard);
+  const int row = world->rank() / shard, position = world->rank() % shard, block = position / k;
+  std::vector<int> ranks;
+  for (int i = 0; i < k; ++i) ranks.push_back(row * shard + block * k + i);
+  return world->subgroup(ranks, "post-forward-" + std::to_string(replicate) + "x" + std::to_string(shard) + "-k" +
+                                    std::to_string(k) + "/" + std::to_string(row) + "/" + std::to_string(block));
+}
+
 }  // namespace fsdpp

@@ -16,6 +16,10 @@ struct DeviceMesh {
   std::shared_ptr<Comm> shard_group;
   std::shared_ptr<Comm> replicate_group;
 
+  // The k consecutive ranks of this rank's shard group that gather a unit in backward when
+  // it keeps 1/k of its parameters after forward (reshard_after_forward = k).
+  std::shared_ptr<Comm> post_forward_group(int k) const;
+
   // shard = -1 takes world / replicate. A shape that does not fit the world is a UserError
   // printing every factor ("replicate 2 × shard 3 ≠ world 4").
   static DeviceMesh create(std::shared_ptr<Comm> world, int replicate, int shard);

@@ -48,6 +48,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
       return name.empty() ? std::nullopt : std::optional(parse_dtype(name));
     };
     UnitOptions options{.reshard_after_forward = p.reshard_after_forward,
+                        .post_forward_group = p.reshard_to ? post_forward_group(unit_mesh_.back(), p.reshard_to) : nullptr,
                         .activation_checkpoint = p.activation_checkpoint,
                         .param_dtype = optional_dtype(p.param_dtype),
                         .reduce_dtype = parse_dtype(p.reduce_dtype),
@@ -65,6 +66,13 @@ std::vector<NamedParameter> FsdpState::sharded_parameters() const {
     for (const auto& p : unit->params()) out.push_back({p.name, p.owned});
   }
   return out;
+}
+
+std::shared_ptr<Comm> FsdpState::post_forward_group(size_t mesh, int k) {
+  // One group per (mesh, k): every group needs rendezvous keys of its own.
+  auto& group = post_forward_groups_[{mesh, k}];
+  if (!group) group = meshes_[mesh].post_forward_group(k);
+  return group;
 }
 
 std::vector<GradGroup> FsdpState::grad_groups() const {

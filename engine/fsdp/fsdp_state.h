@@ -9,6 +9,7 @@
 #include "fsdp/unit.h"
 
 #include <functional>
+#include <map>
 #include <optional>
 
 namespace fsdpp {
@@ -56,10 +57,12 @@ class FsdpState {
 
  private:
   void final_callback();
+  std::shared_ptr<Comm> post_forward_group(size_t mesh, int k);
 
   std::shared_ptr<Comm> world_;
   std::vector<DeviceMesh> meshes_;
   std::vector<size_t> unit_mesh_;  // unit -> index into meshes_
+  std::map<std::pair<size_t, int>, std::shared_ptr<Comm>> post_forward_groups_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
   bool sync_ = true;

@@ -97,11 +97,22 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
     ResolvedUnit r;
     r.plan = unit;
     const MeshShape& mesh = unit->mesh;
+    UnitPlan& editable = const_cast<UnitPlan&>(*unit);
     r.replicate = mesh.replicate;
     r.shard = mesh.shard == -1 ? (mesh.replicate > 0 ? world / mesh.replicate : 0) : mesh.shard;
     if (mesh.replicate < 1 || r.shard < 1 || mesh.replicate * r.shard != world) {
       throw UserError(where(*unit) + ": mesh replicate " + std::to_string(mesh.replicate) + " × shard " +
                       std::to_string(r.shard) + " ≠ world " + std::to_string(world));
+    }
+    if (unit->reshard_to != 0) {
+      // As FSDP2 reads it: k = 1 keeps everything gathered, k = shard frees everything.
+      const int k = unit->reshard_to;
+      if (k < 1 || r.shard % k != 0) {
+        throw UserError(where(*unit) + ": reshard_after_forward = " + std::to_string(k) +
+                        " does not divide the unit's shard size " + std::to_string(r.shard));
+      }
+      editable.reshard_after_forward = k != 1;
+      if (k == 1 || k == r.shard) editable.reshard_to = 0;
     }
     for (const auto& p : unit->modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
     auto covered = [unit](const std::string& path) {
@@ -149,7 +160,8 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
         << "    params " << u.numel << " in " << u.params.size() << " tensors, per rank " << u.padded_numel_per_rank
         << ", gathered " << mib(u.bytes_gathered) << ", mesh replicate " << u.replicate << " × shard " << u.shard
         << "\n"
-        << "    reshard_after_forward " << (p.reshard_after_forward ? "true" : "false") << ", precision param "
+        << "    reshard_after_forward "
+        << (p.reshard_to ? std::to_string(p.reshard_to) : p.reshard_after_forward ? "true" : "false") << ", precision param "
         << (p.param_dtype.empty() ? "model" : p.param_dtype) << " reduce " << p.reduce_dtype << " output "
         << (p.output_dtype.empty() ? "as computed" : p.output_dtype) << ", offload " << p.offload
         << ", activation_checkpoint " << (p.activation_checkpoint ? "true" : "false") << "\n";
@@ -169,7 +181,7 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
     units.push_back({{"name", u.name}, {"modules", p.modules}, {"origin", p.origin}, {"params", params},
                      {"mesh", {{"replicate", u.replicate}, {"shard", u.shard}}},
                      {"numel", u.numel}, {"numel_per_rank", u.padded_numel_per_rank},
-                     {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", p.reshard_after_forward},
+                     {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", p.reshard_to ? nlohmann::json(p.reshard_to) : nlohmann::json(p.reshard_after_forward)},
                      {"precision", {{"param", p.param_dtype}, {"reduce", p.reduce_dtype}, {"output", p.output_dtype}}},
                      {"offload", p.offload}, {"activation_checkpoint", p.activation_checkpoint}});
   }

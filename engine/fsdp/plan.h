@@ -19,6 +19,8 @@ struct MeshShape {
 struct UnitPlan {
   std::vector<std::string> modules;       // dotted paths; "" is the root
   bool reshard_after_forward = true;
+  int reshard_to = 0;                     // reshard_after_forward = k: keep 1/k after forward, so
+                                          // backward gathers over k ranks; 0: as the bool says
   std::string param_dtype;                // "" keeps the model's dtype
   std::string reduce_dtype = "float32";   // gradient reduction
   std::string output_dtype;               // "" leaves outputs as computed

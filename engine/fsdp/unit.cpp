@@ -90,7 +90,13 @@ void FsdpUnit::install_hooks() {
   }));
   hooks_.emplace_back(last, last->add_post_forward_hook([this](Module&, torch::Tensor& output) {
     if (state_->in_backward()) return;
-    if (options_.reshard_after_forward) reshard();
+    if (options_.post_forward_group) {
+      keep_post_forward_slice();
+      for (auto& p : params_) p.free_full();
+      unsharded_ = false;
+    } else if (options_.reshard_after_forward) {
+      reshard();
+    }
     if (options_.output_dtype && output.is_floating_point()) output = output.to(*options_.output_dtype);
     if (output.requires_grad()) {
       output.register_hook([this](const at::Tensor&) { pre_backward(); });
@@ -104,16 +110,26 @@ void FsdpUnit::unshard() {
   const int world = comm_->size();
   // Gathered in the parameters' own dtype (bf16 halves the traffic); masters stay fp32.
   const auto dtype = params_.front().param.scalar_type();
-  at::Tensor flat = at::empty({flat_numel_}, dtype);
-  int64_t offset = 0;
-  for (auto& p : params_) {
-    flat.narrow(0, offset, p.shard_numel()).copy_(p.local);
-    offset += p.shard_numel();
-  }
   at::Tensor gathered = at::empty({world * flat_numel_}, dtype);
-  comm_->all_gather(gathered, flat);
-  auto by_rank = gathered.view({world, flat_numel_});  // [W, T]
-  offset = 0;
+  if (post_forward_slice_.defined()) {
+    // The k ranks of the post-forward group hold the S/k-rank blocks in rank order.
+    options_.post_forward_group->all_gather(gathered, post_forward_slice_);
+    post_forward_slice_ = at::Tensor();
+  } else {
+    at::Tensor flat = at::empty({flat_numel_}, dtype);
+    int64_t offset = 0;
+    for (auto& p : params_) {
+      flat.narrow(0, offset, p.shard_numel()).copy_(p.local);
+      offset += p.shard_numel();
+    }
+    comm_->all_gather(gathered, flat);
+  }
+  copy_out(gathered.view({world, flat_numel_}));
+  unsharded_ = true;
+}
+
+void FsdpUnit::copy_out(const at::Tensor& by_rank) {
+  int64_t offset = 0;
   for (auto& p : params_) {
     p.alloc_full();
     // Rank-major shards concatenate to the full tensor followed by padding.
@@ -123,10 +139,27 @@ void FsdpUnit::unshard() {
     p.param.variable_data().view({-1}).copy_(full);
     offset += p.shard_numel();
   }
-  unsharded_ = true;
+}
+
+void FsdpUnit::keep_post_forward_slice() {
+  at::NoGradGuard no_grad;
+  const int world = comm_->size();
+  const int k = options_.post_forward_group->size();
+  const int64_t block = world / k;  // ranks per slice
+  const int64_t first = (comm_->rank() % k) * block;
+  post_forward_slice_ = at::zeros({block, flat_numel_}, params_.front().param.scalar_type());
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    at::Tensor padded = at::zeros({world * p.shard_numel()}, post_forward_slice_.options());
+    padded.narrow(0, 0, p.numel()).copy_(p.param.detach().reshape({-1}));
+    post_forward_slice_.narrow(1, offset, p.shard_numel()).copy_(padded.view({world, p.shard_numel()}).narrow(0, first, block));
+    offset += p.shard_numel();
+  }
+  post_forward_slice_ = post_forward_slice_.view({-1});
 }
 
 void FsdpUnit::reshard() {
+  post_forward_slice_ = at::Tensor();
   if (!unsharded_) return;
   for (auto& p : params_) p.free_full();
   unsharded_ = false;

@@ -17,6 +17,7 @@ class FsdpState;
 
 struct UnitOptions {
   bool reshard_after_forward = true;  // free gathered params after forward, re-gather in backward
+  std::shared_ptr<Comm> post_forward_group;  // set: keep 1/k after forward, gather over these k
   bool activation_checkpoint = false; // recompute the unit's forward in backward
   std::optional<at::ScalarType> param_dtype;         // gather and compute in this (masters stay fp32)
   at::ScalarType reduce_dtype = at::kFloat;          // dtype of the reduce-scatter
@@ -46,6 +47,8 @@ class FsdpUnit {
 
  private:
   void install_hooks();
+  void keep_post_forward_slice();
+  void copy_out(const at::Tensor& by_rank);  // [S, T] rank-major shards -> module tensors
 
   std::string name_;
   std::vector<Module*> modules_;
@@ -56,6 +59,7 @@ class FsdpUnit {
   FsdpState* state_;
   int64_t flat_numel_ = 0;  // Σ padded shard sizes
   bool unsharded_ = false;
+  at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
   bool reduced_ = false;
   std::vector<std::pair<Module*, int>> hooks_;
 };

@@ -4,7 +4,8 @@
 -- [policy.options] keys the helpers read:
 --   shard_size            ranks per shard group: -1 (all, default), "auto", or a number
 --   replicate             mesh rows (HSDP); default world / shard_size
---   reshard_after_forward layers free gathered params after forward (default true)
+--   reshard_after_forward layers free gathered params after forward (default true); an
+--                         integer k keeps 1/k so backward gathers over k ranks
 --   activation_checkpoint layers recompute forward in backward (default false)
 --   offload               "cpu" or "none"
 --   param_dtype           gather and compute dtype (default: the model's [model] dtype);
