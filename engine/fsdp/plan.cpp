@@ -88,16 +88,15 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
       aliases[item.value().unsafeGetTensorImpl()].push_back(e.path.empty() ? item.key() : e.path + "." + item.key());
     }
   }
-  std::vector<const UnitPlan*> order;
-  for (const auto& unit : plan.units) order.push_back(&unit);
+  std::vector<UnitPlan*> order;
+  for (auto& unit : plan.units) order.push_back(&unit);
   std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return depth(*a) > depth(*b); });
 
   std::set<const void*> claimed;
-  for (const UnitPlan* unit : order) {
+  for (UnitPlan* unit : order) {
     ResolvedUnit r;
     r.plan = unit;
     const MeshShape& mesh = unit->mesh;
-    UnitPlan& editable = const_cast<UnitPlan&>(*unit);
     r.replicate = mesh.replicate;
     r.shard = mesh.shard == -1 ? (mesh.replicate > 0 ? world / mesh.replicate : 0) : mesh.shard;
     if (mesh.replicate < 1 || r.shard < 1 || mesh.replicate * r.shard != world) {
@@ -111,8 +110,8 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
         throw UserError(where(*unit) + ": reshard_after_forward = " + std::to_string(k) +
                         " does not divide the unit's shard size " + std::to_string(r.shard));
       }
-      editable.reshard_after_forward = k != 1;
-      if (k == 1 || k == r.shard) editable.reshard_to = 0;
+      unit->reshard_after_forward = k != 1;
+      if (k == 1 || k == r.shard) unit->reshard_to = 0;
     }
     for (const auto& p : unit->modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
     auto covered = [unit](const std::string& path) {
