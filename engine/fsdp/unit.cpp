@@ -7,6 +7,8 @@
 #include "fsdp/fsdp_state.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace fsdpp {
@@ -31,6 +33,19 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
     return grads;
   }
 };
+
+// Writes the shards of ranks [first, first + count) of a full parameter `full` (any shape)
+// into rows [count, T] of `out` at column `offset`; padding positions are left as they are
+// (zero in a fresh buffer), so no padded copy of the parameter is made.
+void copy_rank_shards(at::Tensor& out, const at::Tensor& full, const ShardedParam& p, int64_t first, int64_t count,
+                      int64_t offset) {
+  const at::Tensor flat = full.reshape({-1});
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t begin = (first + i) * p.shard_numel();
+    const int64_t length = std::clamp<int64_t>(p.numel() - begin, 0, p.shard_numel());
+    if (length > 0) out[i].narrow(0, offset, length).copy_(flat.narrow(0, begin, length));
+  }
+}
 
 }  // namespace
 
@@ -150,9 +165,7 @@ void FsdpUnit::keep_post_forward_slice() {
   post_forward_slice_ = at::zeros({block, flat_numel_}, params_.front().param.scalar_type());
   int64_t offset = 0;
   for (auto& p : params_) {
-    at::Tensor padded = at::zeros({world * p.shard_numel()}, post_forward_slice_.options());
-    padded.narrow(0, 0, p.numel()).copy_(p.param.detach().reshape({-1}));
-    post_forward_slice_.narrow(1, offset, p.shard_numel()).copy_(padded.view({world, p.shard_numel()}).narrow(0, first, block));
+    copy_rank_shards(post_forward_slice_, p.param.detach(), p, first, block, offset);
     offset += p.shard_numel();
   }
   post_forward_slice_ = post_forward_slice_.view({-1});
@@ -186,10 +199,7 @@ void FsdpUnit::post_backward() {
   for (auto& p : params_) {
     at::Tensor grad = p.param.grad();
     if (grad.defined()) {
-      // Pad each gradient to W shards; shard r goes to row r.
-      at::Tensor padded = at::zeros({world * p.shard_numel()}, options_.reduce_dtype);
-      padded.narrow(0, 0, p.numel()).copy_(grad.reshape({-1}));
-      scattered_in.narrow(1, offset, p.shard_numel()).copy_(padded.view({world, p.shard_numel()}));
+      copy_rank_shards(scattered_in, grad, p, 0, world, offset);  // shard r goes to row r
       p.param.mutable_grad() = at::Tensor();
     }
     offset += p.shard_numel();
