@@ -6,6 +6,7 @@
 #include "core/module_tree.h"
 #include "dist/launcher.h"
 #include "models/registry.h"
+#include "io/checkpoint_export.h"
 #include "io/hf_dir.h"
 #include "train/model_source.h"
 #include "train/evaluate.h"
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -34,6 +36,8 @@ commands:
   plan CONFIG    the wrap plan the policy makes, and per-rank memory, for N ranks
   launch ... -- COMMAND
                  run COMMAND (e.g. train CONFIG) as several ranks of one job
+  export CHECKPOINT OUT
+                 write a sharded checkpoint's model as a Hugging Face directory
 
 `fsdpp <command> --help` describes a command's options.
 )";
@@ -46,12 +50,24 @@ its value read as TOML (a bare word is taken as a string).
 )";
 
 constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [--max-windows N] [--json]
-                  [--set section.key=value ...]
+                  [--logits FILE] [--set section.key=value ...]
 
 Mean next-token loss and perplexity of the model [model] names (fresh, trained or loaded
 from an HF directory) over consecutive non-overlapping windows of data.seq_len tokens: of
 FILE when given, else of data.train's held-out tail (all of it when eval_fraction is 0).
 Each window predicts its tokens 2..seq_len, as transformers does with labels = input_ids.
+[model] path may name a sharded checkpoint. --logits FILE also writes the first windows
+(--max-windows of them, default 1) and their logits to FILE as safetensors (input_ids
+[N, T] int64, logits [N, T, V] float32), for comparison with another implementation.
+)";
+
+constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N]
+
+Writes the model of the sharded checkpoint CHECKPOINT (a step-N directory that training
+saved) to OUT as a Hugging Face directory: config.json plus model.safetensors, or shards
+of at most N MiB (default 2048, fractions allowed) with model.safetensors.index.json. D is float32, bfloat16
+or float16 (default: the dtype the run trained in). Runs on one machine without a process
+group and holds one full tensor at a time; every file's checksum is verified first.
 )";
 
 constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
@@ -78,6 +94,7 @@ struct Args {
   std::string config;
   std::vector<std::string> overrides;
   std::string tokens;
+  std::string logits;
   int64_t max_windows = 0;
   int world = 1;
   bool json = false;
@@ -100,6 +117,8 @@ Args parse_args(const std::string& command, int argc, char** argv) {
       args.overrides.push_back(a.substr(6));
     } else if (command == "eval" && a == "--tokens") {
       args.tokens = value(i, a);
+    } else if (command == "eval" && a == "--logits") {
+      args.logits = value(i, a);
     } else if (command == "eval" && a == "--max-windows") {
       const std::string v = value(i, a);
       try {
@@ -148,6 +167,7 @@ int run_train(const Args& args) {
                       {.world_size = world, .rank = rank, .training = true, .options = policy.options});
   };
   const TrainSummary s = train(config, build_plan);
+  if (s.stop_signal != 0) return 128 + s.stop_signal;  // as if the signal had ended it, after the save
   if (DistEnv::from_environment().rank == 0) log_info("done: ", s.steps, " steps, final loss ", s.final_loss,
            s.skipped_steps ? concat(", ", s.skipped_steps, " skipped") : std::string());
   return 0;
@@ -174,6 +194,41 @@ int run_plan(const Args& args) {
   return 0;
 }
 
+int run_export(const std::vector<std::string>& argv) {
+  std::vector<std::string> positional;
+  std::optional<at::ScalarType> dtype;
+  double max_shard_mb = 2048;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argv.size()) throw UserError("export: " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--dtype") {
+      dtype = parse_dtype(value());
+    } else if (a == "--max-shard-mb") {
+      const std::string v = value();
+      try {
+        max_shard_mb = std::stod(v);
+      } catch (const std::exception&) {
+        max_shard_mb = 0;
+      }
+      if (!(max_shard_mb > 0)) throw UserError("export: --max-shard-mb takes a positive number, got '" + v + "'");
+    } else if (a.starts_with("-")) {
+      throw UserError("export: unknown option " + a + " (see fsdpp export --help)");
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (positional.size() != 2) throw UserError("export: needs CHECKPOINT and OUT (see fsdpp export --help)");
+  const auto start = std::chrono::steady_clock::now();
+  const ExportSummary s = export_checkpoint(positional[0], positional[1], dtype, static_cast<size_t>(max_shard_mb * (1 << 20)));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("export: step ", s.step, ", ", s.tensors, " tensors, ", s.bytes, " bytes written to ", positional[1], " in ",
+           seconds, " s");
+  return 0;
+}
+
 int run_eval(const Args& args) {
   const RunConfig config = load_run(args);
   policy_config(config);  // validates [policy] even though evaluation does not shard
@@ -182,6 +237,16 @@ int run_eval(const Args& args) {
   auto model = load_model(config.model).model;
   const EvalResult r = evaluate(*model, tokens, range.begin, range.end, config.data.seq_len,
                                 config.data.batch_size, args.max_windows);
+  if (!args.logits.empty()) {
+    const int64_t windows = std::min<int64_t>(std::max<int64_t>(args.max_windows, 1), r.windows);
+    std::vector<at::Tensor> inputs;
+    for (int64_t w = 0; w < windows; ++w) inputs.push_back(tokens.slice(range.begin + w * config.data.seq_len, config.data.seq_len));
+    const at::Tensor input_ids = at::stack(inputs);  // [N, T]
+    at::NoGradGuard no_grad;
+    model->eval();
+    const at::Tensor logits = (*model)(input_ids).to(at::kFloat);  // [N, T, V]
+    write_safetensors(args.logits, {{"input_ids", input_ids}, {"logits", logits}});
+  }
   if (args.json) {
     std::cout << nlohmann::json{{"windows", r.windows}, {"tokens", r.tokens}, {"loss", r.loss},
                                 {"perplexity", r.perplexity}}.dump() << std::endl;
@@ -211,8 +276,16 @@ int main(int argc, char** argv) {
       const LaunchOptions options = parse_launch_args(rest);
       return launch(options, std::filesystem::read_symlink("/proc/self/exe").string());
     }
+    if (command == "export") {
+      std::vector<std::string> rest(argv + 2, argv + argc);
+      if (!rest.empty() && (rest[0] == "--help" || rest[0] == "-h")) {
+        std::cout << kExportHelp;
+        return 0;
+      }
+      return run_export(rest);
+    }
     if (command != "train" && command != "eval" && command != "plan") {
-      throw UserError("unknown command '" + command + "' (commands: train, eval, plan, launch; see fsdpp --help)");
+      throw UserError("unknown command '" + command + "' (commands: train, eval, plan, launch, export; see fsdpp --help)");
     }
     const Args args = parse_args(command, argc, argv);
     if (args.help) {

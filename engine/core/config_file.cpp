@@ -204,4 +204,19 @@ void ConfigFile::check_sections(const std::vector<std::string>& known) const {
 
 const std::filesystem::path& ConfigFile::path() const { return doc_->path; }
 
+std::string ConfigFile::canonical_text(const std::vector<std::string>& excluded) const {
+  toml::table copy = doc_->root;
+  for (const auto& name : excluded) {
+    const auto dot = name.find('.');
+    if (dot == std::string::npos) {
+      copy.erase(name);
+    } else if (auto* section = copy[name.substr(0, dot)].as_table()) {
+      section->erase(name.substr(dot + 1));
+    }
+  }
+  std::ostringstream out;
+  out << toml::toml_formatter(copy, toml::format_flags::none);
+  return out.str();
+}
+
 }  // namespace fsdpp

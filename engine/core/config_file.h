@@ -54,6 +54,10 @@ class ConfigFile {
   // Errors for a top-level entry that is not one of `known` sections.
   void check_sections(const std::vector<std::string>& known) const;
   const std::filesystem::path& path() const;
+  // The document after overrides as normalised TOML (keys sorted, comments and layout
+  // dropped), leaving out the `excluded` sections and "section.key" entries: equal texts
+  // mean equal settings.
+  std::string canonical_text(const std::vector<std::string>& excluded = {}) const;
   ConfigFile() = default;
 
  private:

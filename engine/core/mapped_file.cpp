@@ -1,15 +1,20 @@
 // mmap-backed read-only files and atomic writes.
 #include "core/mapped_file.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace fsdpp {
 
@@ -36,6 +41,28 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) 
       new MappedFile(path, static_cast<const std::byte*>(data), size));
 }
 
+size_t MappedFile::resident_bytes() const {
+  if (size_ == 0) return 0;
+  std::ifstream smaps("/proc/self/smaps");
+  const auto begin = reinterpret_cast<uintptr_t>(data_);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    // Mapping lines start "lo-hi perms ..."; attribute lines start with a field name.
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = lo == begin;
+    } else if (inside && line.starts_with("Rss:")) {
+      return static_cast<size_t>(std::stoull(line.substr(4))) * 1024;  // "Rss:   12 kB"
+    }
+  }
+  return 0;
+}
+
+void MappedFile::advise_random() const {
+  if (size_ > 0) ::madvise(const_cast<std::byte*>(data_), size_, MADV_RANDOM);
+}
+
 MappedFile::~MappedFile() {
   if (size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
 }
@@ -55,6 +82,8 @@ AtomicFileWriter::~AtomicFileWriter() {
 
 void AtomicFileWriter::append(const void* bytes, size_t size) {
   const auto* p = static_cast<const char*>(bytes);
+  crc_ = crc32c(p, size, crc_);
+  size_ += size;
   while (size > 0) {
     ssize_t n = ::write(fd_, p, size);
     if (n < 0 && errno == EINTR) continue;
@@ -69,6 +98,22 @@ void AtomicFileWriter::commit() {
   ::close(fd_);
   fd_ = -1;
   std::filesystem::rename(tmp_, path_);
+}
+
+void remove_tree(const std::filesystem::path& path) {
+  auto remove_entry = [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); };
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
+    throw UserError(path.string() + ": cannot delete (" + std::strerror(errno) + ")");
+  }
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw UserError(dir.string() + ": cannot open directory (" + std::strerror(errno) + ")");
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw UserError(dir.string() + ": fsync failed (" + std::strerror(err) + ")");
 }
 
 void write_file_atomically(const std::filesystem::path& path, const void* bytes, size_t size) {

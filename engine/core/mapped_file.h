@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 
@@ -19,6 +20,12 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   const std::filesystem::path& path() const { return path_; }
+  // Bytes of the mapping this process has touched (its resident pages, from
+  // /proc/self/smaps): what reading part of the file actually cost.
+  size_t resident_bytes() const;
+  // Tells the kernel that reads will be scattered: no read-ahead around each fault, so
+  // reading a slice brings in little more than the slice's own pages.
+  void advise_random() const;
 
  private:
   MappedFile(std::filesystem::path path, const std::byte* data, size_t size)
@@ -41,12 +48,25 @@ class AtomicFileWriter {
 
   void append(const void* bytes, size_t size);
   void commit();
+  // Bytes appended so far and their CRC-32C, kept as they pass so nothing is read back.
+  size_t size() const { return size_; }
+  uint32_t checksum() const { return crc_; }
 
  private:
   std::filesystem::path path_, tmp_;
   int fd_ = -1;
+  size_t size_ = 0;
+  uint32_t crc_ = 0;
 };
 
 void write_file_atomically(const std::filesystem::path& path, const void* bytes, size_t size);
+
+// fsyncs a directory, making the renames and creations inside it durable.
+void fsync_directory(const std::filesystem::path& dir);
+
+// Deletes `path` and everything under it, not following symlinks; a missing path is no
+// error. (LibTorch's own copy of std::filesystem::remove_all can shadow libstdc++'s and
+// crash, so this walks the tree with POSIX calls.)
+void remove_tree(const std::filesystem::path& path);
 
 }  // namespace fsdpp

@@ -8,6 +8,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+
+#include <string_view>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,7 +61,10 @@ struct Child {
   std::string partial[2];
   bool running = true;
   int status = 0;
+  std::string user_error;  // the rank's own "fsdpp: error: ..." message, if it printed one
 };
+
+constexpr std::string_view kErrorPrefix = "fsdpp: error: ";
 
 // Writes complete lines from `data` with the rank prefix; keeps the unfinished tail.
 void emit(Child& c, int stream, const char* data, size_t n, bool flush_tail) {
@@ -68,7 +73,9 @@ void emit(Child& c, int stream, const char* data, size_t n, bool flush_tail) {
   FILE* to = stream == 0 ? stdout : stderr;
   size_t start = 0, nl;
   while ((nl = buf.find('\n', start)) != std::string::npos) {
-    std::fprintf(to, "[rank %d] %.*s\n", c.rank, static_cast<int>(nl - start), buf.data() + start);
+    const std::string_view line(buf.data() + start, nl - start);
+    if (stream == 1 && line.starts_with(kErrorPrefix)) c.user_error = line.substr(kErrorPrefix.size());
+    std::fprintf(to, "[rank %d] %.*s\n", c.rank, static_cast<int>(line.size()), line.data());
     start = nl + 1;
   }
   buf.erase(0, start);
@@ -159,6 +166,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
   }
 
   int failed_rank = -1;
+  int forwarded = 0;
   std::string failure;
   bool stopping = false;
   auto stop_time = std::chrono::steady_clock::time_point::max();
@@ -184,8 +192,13 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     if (fds[0].revents & POLLIN) {
       unsigned char sig = 0;
       if (::read(signal_pipe[0], &sig, 1) == 1) {
+        // No deadline: ranks that catch it save a checkpoint first, and a second signal,
+        // passed on the same way, ends them at once.
         std::fprintf(stderr, "fsdpp launch: got %s; passing it to every rank\n", ::strsignal(sig));
-        stop_all(sig);
+        forwarded = sig;
+        for (auto& c : children) {
+          if (c.running) ::kill(c.pid, sig);
+        }
       }
     }
     for (auto& c : children) {
@@ -207,7 +220,9 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       if (::waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
         c.running = false;
         --running;
-        const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+        // A rank that stopped on the signal passed to it exits with 128 + that signal.
+        const bool ok = WIFEXITED(c.status) &&
+                        (WEXITSTATUS(c.status) == 0 || (forwarded != 0 && WEXITSTATUS(c.status) == 128 + forwarded));
         if (!ok && failed_rank < 0 && !stopping) {
           failed_rank = c.rank;
           failure = describe(c.status);
@@ -233,8 +248,20 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     }
   }
   if (failed_rank >= 0) {
+    // A rank that stopped on a user error (exit status 2) is the cause; the others' failures
+    // (a peer gone from a collective) are consequences, whichever the launcher saw first.
+    for (const auto& c : children) {
+      if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 2 && !c.user_error.empty()) {
+        std::fprintf(stderr, "fsdpp: error: rank %d: %s\n", c.rank, c.user_error.c_str());
+        return 2;
+      }
+    }
     std::fprintf(stderr, "fsdpp: error: rank %d failed with %s\n", failed_rank, failure.c_str());
     return 1;
+  }
+  if (forwarded != 0) {
+    std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(forwarded));
+    return 128 + forwarded;
   }
   return 0;
 }

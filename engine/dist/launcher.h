@@ -21,7 +21,8 @@ struct LaunchOptions {
 // Parses `launch` arguments (argv after "launch"); UserError on a bad one.
 LaunchOptions parse_launch_args(const std::vector<std::string>& args);
 
-// Runs the ranks to completion: 0 when every rank succeeded, else 1.
+// Runs the ranks to completion: 0 when every rank succeeded, 128 + the signal when a
+// forwarded SIGINT or SIGTERM stopped them all cleanly, else 1.
 int launch(const LaunchOptions& options, const std::string& self_exe);
 
 }  // namespace fsdpp

@@ -10,8 +10,23 @@
 
 namespace fsdpp {
 
-FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan,
-                     std::optional<FreshInit> fresh_init)
+ShardFill fresh_init_fill(Module& root, uint64_t seed, double std) {
+  return [&root, seed, std](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
+    if (rows.size(0) == 0) return;  // a trailing rank that owns no rows
+    at::NoGradGuard no_grad;
+    const auto dot = name.rfind('.');
+    Module* owner = dot == std::string::npos ? &root : find_module(root, name.substr(0, dot));
+    TORCH_CHECK(owner != nullptr, "no module owns parameter ", name);
+    // In the parameter's dtype, so the master holds exactly what a materialised model would;
+    // the generator depends on the name alone, so every world size sees the same values.
+    at::Tensor full = at::empty(param.sizes(), param.options());
+    at::Generator gen = named_generator(seed, name);
+    owner->init_parameter(dot == std::string::npos ? name : name.substr(dot + 1), full, gen, std);
+    rows.view({rows.size(0), -1}).copy_(full.reshape({param.dim() == 0 ? 1 : param.size(0), -1}).narrow(0, first_row, rows.size(0)));
+  };
+}
+
+FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill)
     : world_(std::move(world)) {
   const auto all = named_modules(root);
   for (const auto& unit : plan.units) {
@@ -26,15 +41,6 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     std::vector<ShardedParam> params;
     for (const auto& p : unit.params) {
       at::Tensor tensor = p.module->named_parameters(/*recurse=*/false)[p.local];
-      std::function<void(at::Tensor&)> fill;
-      if (fresh_init) {
-        // The same generator init_parameters would use: values depend on the name alone.
-        fill = [&p, fresh_init](at::Tensor& full) {
-          at::NoGradGuard no_grad;
-          at::Generator gen = named_generator(fresh_init->seed, p.name);
-          p.module->init_parameter(p.local, full, gen, fresh_init->std);
-        };
-      }
       params.emplace_back(p.name, tensor, mesh.shard_group->rank(), mesh.shard_group->size(), fill);
     }
     std::vector<Module*> modules;
@@ -65,6 +71,23 @@ std::vector<NamedParameter> FsdpState::sharded_parameters() const {
   for (const auto& unit : units_) {
     for (const auto& p : unit->params()) out.push_back({p.name, p.owned});
   }
+  return out;
+}
+
+std::vector<ShardRows> FsdpState::shard_rows() const {
+  std::vector<ShardRows> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto& replicas = meshes_[unit_mesh_[u]].replicate_group;
+    for (const auto& p : units_[u]->params()) {
+      out.push_back({p.name, p.owned, p.param.sizes().vec(), p.first_row, !replicas || replicas->rank() == 0});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> FsdpState::mesh_shapes() const {
+  std::vector<std::string> out;
+  for (const auto& m : meshes_) out.push_back(std::to_string(m.replicate) + "x" + std::to_string(m.shard));
   return out;
 }
 

@@ -14,11 +14,17 @@
 
 namespace fsdpp {
 
-// How parameters of a meta-built model get their first values: as init_parameters would
-// give them, each rank computing only its own rows.
-struct FreshInit {
-  uint64_t seed = 0;
-  double std = 0.02;
+// A meta-built model's first values as init_parameters would give them, each rank keeping
+// only its own rows (each parameter is computed whole, one at a time, and sliced).
+ShardFill fresh_init_fill(Module& root, uint64_t seed, double std);
+
+// This rank's rows of one parameter, as checkpoints save and load them.
+struct ShardRows {
+  std::string name;
+  at::Tensor rows;                  // [owned_rows, ...] the fp32 master rows, the optimizer's parameter
+  std::vector<int64_t> full_shape;  // the unsharded parameter's shape
+  int64_t first_row = 0;            // where `rows` start in the full parameter
+  bool primary = true;              // false on HSDP replicas after the first: they hold copies
 };
 
 // The owned shards of the units on one mesh, and the group their squared norms sum over.
@@ -32,14 +38,17 @@ class FsdpState {
   // Shards every unit of `plan` over its mesh's shard group, building one DeviceMesh per
   // distinct shape (in plan order, the same on every rank); with a replicate group of
   // several ranks (HSDP) the reduced shards are then summed across replicas.
-  FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan,
-            std::optional<FreshInit> fresh_init = std::nullopt);
+  // Parameters of a meta-built model get their values from `fill`.
+  FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill = {});
   ~FsdpState();
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
   const Comm& world() const { return *world_; }
   // The owned rows of every parameter, named as in the model: the optimizer's parameters.
   std::vector<NamedParameter> sharded_parameters() const;
+  std::vector<ShardRows> shard_rows() const;
+  // "replicate x shard" of every mesh, in creation order.
+  std::vector<std::string> mesh_shapes() const;
   // One group per mesh, for clipping by a single norm over every shard.
   std::vector<GradGroup> grad_groups() const;
   // Runs `visit(name, full tensor)` for every parameter with its full value, one unit

@@ -8,32 +8,28 @@
 
 namespace fsdpp {
 
-ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world,
-                           const std::function<void(at::Tensor&)>& fill)
+ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world, const ShardFill& fill)
     : name(std::move(name_)), param(std::move(param_)) {
   if (param.dim() > 0) {
     rows = param.size(0);
     row_numel = rows == 0 ? 0 : param.numel() / rows;
   }
   padded_rows = (rows + world - 1) / world;
-  const int64_t first = std::min<int64_t>(rows, padded_rows * rank);
-  owned_rows = std::min<int64_t>(rows, first + padded_rows) - first;
+  first_row = std::min<int64_t>(rows, padded_rows * rank);
+  owned_rows = std::min<int64_t>(rows, first_row + padded_rows) - first_row;
   at::NoGradGuard no_grad;
   // The master shard is fp32 whatever the parameter's dtype, and owns its memory.
   local = at::zeros({shard_numel()}, param.options().dtype(at::kFloat));
-  at::Tensor source = param.detach();
-  if (!is_allocated(param)) {
-    TORCH_CHECK(fill, "parameter ", name, " is unallocated and nothing initialises it");
-    // In the parameter's dtype, so the master holds exactly what a materialised model would.
-    source = at::empty(param.sizes(), param.options());
-    fill(source);
-  }
-  auto full_rows = source.reshape({rows, row_numel});
-  local.narrow(0, 0, owned_rows * row_numel).copy_(full_rows.narrow(0, first, owned_rows).reshape({-1}));
   std::vector<int64_t> owned_shape = param.sizes().vec();
   if (owned_shape.empty()) owned_shape = {1};
   owned_shape[0] = owned_rows;
   owned = local.narrow(0, 0, owned_rows * row_numel).view(owned_shape).detach();
+  if (is_allocated(param)) {
+    owned.view({owned_rows, row_numel}).copy_(param.detach().reshape({rows, row_numel}).narrow(0, first_row, owned_rows));
+  } else {
+    TORCH_CHECK(fill, "parameter ", name, " is unallocated and nothing initialises it");
+    fill(name, param, owned, first_row);
+  }
   owned.requires_grad_(param.requires_grad());
 }
 

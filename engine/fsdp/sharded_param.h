@@ -14,11 +14,17 @@
 
 namespace fsdpp {
 
+// Gives a parameter of a meta-built model its values: writes rows [first_row, first_row +
+// rows.size(0)) of the full parameter `name` (shape and dtype those of `param`) into `rows`,
+// this rank's fp32 master rows. A source standing in for a materialised model (a fresh
+// initialisation, HF weights) rounds through param's dtype; a checkpoint gives the masters.
+using ShardFill =
+    std::function<void(const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row)>;
+
 struct ShardedParam {
-  // An unallocated `param` (a meta build) gets its values from `fill`, which writes the full
-  // tensor into a temporary; only this rank's rows are kept.
-  ShardedParam(std::string name, at::Tensor param, int rank, int world,
-               const std::function<void(at::Tensor&)>& fill = {});
+  // An unallocated `param` (a meta build) gets its rows from `fill`; an allocated one gives
+  // its own.
+  ShardedParam(std::string name, at::Tensor param, int rank, int world, const ShardFill& fill = {});
 
   std::string name;          // dotted path of the first module that reaches it
   at::Tensor param;          // the module's parameter [full shape]; storage freed when sharded
@@ -26,6 +32,7 @@ struct ShardedParam {
   int64_t row_numel = 1;     // elements per row
   int64_t padded_rows = 0;   // rows per rank, ceil(rows / world)
   int64_t owned_rows = 0;    // real rows on this rank (the trailing ranks may own fewer, or none)
+  int64_t first_row = 0;     // index of the first owned row in the full parameter
   at::Tensor local;          // [padded_rows * row_numel] this rank's rows then zero padding
   at::Tensor owned;          // [owned_rows, ...] view of local's real rows: what the optimizer updates
 

@@ -9,8 +9,10 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <set>
 
 namespace fsdpp {
 
@@ -68,29 +70,58 @@ fs::path hf_config_path(const fs::path& path) {
   return fs::is_directory(path) ? path / "config.json" : path;
 }
 
-void load_hf_weights(CausalLM& model, const HfWeights& weights) {
-  torch::NoGradGuard no_grad;
-  std::map<std::string, bool> used;
-  for (auto& [name, param] : unique_named_parameters(model)) {
-    if (!weights.contains(name)) {
-      throw UserError("model weights: missing tensor '" + name + "'");
-    }
-    const SafetensorsFile& file = weights.file_of(name);
-    at::Tensor source = file.tensor(name);
-    const std::string where = file.path().string() + ": tensor '" + name + "'";
-    if (source.sizes() != param.sizes()) {
-      throw UserError(where + " has shape " + c10::str(source.sizes()) + " but the model expects " +
-                      c10::str(param.sizes()));
-    }
-    if (!at::isFloatingType(source.scalar_type())) {
-      throw UserError(where + " has dtype " + c10::toString(source.scalar_type()) +
-                      " but the model expects a floating type");
-    }
-    param.copy_(source);
-    used[name] = true;
+size_t HfWeights::file_bytes() const {
+  std::set<const SafetensorsFile*> seen;
+  size_t total = 0;
+  for (const auto& [name, file] : where_) {
+    if (seen.insert(file.get()).second) total += std::filesystem::file_size(file->path());
   }
+  return total;
+}
+
+size_t HfWeights::resident_bytes() const {
+  std::set<const SafetensorsFile*> seen;
+  size_t total = 0;
+  for (const auto& [name, file] : where_) {
+    if (seen.insert(file.get()).second) total += file->resident_bytes();
+  }
+  return total;
+}
+
+void HfWeights::advise_random() const {
+  for (const auto& [name, file] : where_) file->advise_random();
+}
+
+void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& names, c10::IntArrayRef full_shape,
+                  at::Tensor& out, int64_t first_row) {
+  auto found = std::find_if(names.begin(), names.end(), [&](const auto& n) { return weights.contains(n); });
+  if (found == names.end()) throw UserError("model weights: missing tensor '" + names.front() + "'");
+  const SafetensorsFile& file = weights.file_of(*found);
+  at::Tensor source = file.tensor(*found);
+  const std::string where = file.path().string() + ": tensor '" + *found + "'";
+  if (source.sizes() != full_shape) {
+    throw UserError(where + " has shape " + c10::str(source.sizes()) + " but the model expects " +
+                    c10::str(full_shape));
+  }
+  if (!at::isFloatingType(source.scalar_type())) {
+    throw UserError(where + " has dtype " + c10::toString(source.scalar_type()) +
+                    " but the model expects a floating type");
+  }
+  const int64_t rows = out.dim() == 0 ? 1 : out.size(0);
+  if (rows == 0) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor flat = source.reshape({source.dim() == 0 ? 1 : source.size(0), -1});  // a view of the mapping
+  out.view({rows, -1}).copy_(flat.narrow(0, first_row, rows));
+}
+
+void load_hf_weights(CausalLM& model, const HfWeights& weights) {
+  std::set<std::string> used;
   std::vector<std::string> tied;
   for (const auto& group : tied_parameter_groups(model)) tied.insert(tied.end(), group.begin(), group.end());
+  for (auto& [name, param] : unique_named_parameters(model)) {
+    read_hf_rows(weights, {name}, param.sizes(), param, 0);
+    used.insert(name);
+  }
   for (const auto& name : weights.names()) {
     const bool recomputed = name.ends_with("rotary_emb.inv_freq");
     const bool is_tied = std::find(tied.begin(), tied.end(), name) != tied.end();
@@ -108,6 +139,16 @@ void save_hf_dir(CausalLM& model, const fs::path& dir, at::ScalarType dtype) {
 
 void save_hf_dir(const ModelConfig& model_config, const NamedTensors& tensors, const fs::path& dir,
                  at::ScalarType dtype, size_t max_shard_bytes) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, dtype, t.sizes().vec()});
+  HfDirWriter writer(model_config, specs, dir, dtype, max_shard_bytes);
+  for (const auto& [name, t] : tensors) writer.write(name, t);
+  writer.finish();
+}
+
+HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
+                         at::ScalarType dtype, size_t max_shard_bytes)
+    : dir_(dir) {
   fs::create_directories(dir);
   json config = model_config.raw ? *model_config.raw : json::object();
   // Older readers know only torch_dtype; newer ones still accept it.
@@ -116,35 +157,63 @@ void save_hf_dir(const ModelConfig& model_config, const NamedTensors& tensors, c
   const std::string config_text = config.dump(2) + "\n";
   write_file_atomically(dir / "config.json", config_text.data(), config_text.size());
 
-  std::vector<NamedTensors> shards(1);
-  size_t shard_bytes = 0, total_bytes = 0;
-  for (const auto& [name, param] : tensors) {
-    at::Tensor t = param.detach().to(at::kCPU, dtype);
-    const size_t bytes = t.numel() * t.element_size();
-    if (shard_bytes > 0 && shard_bytes + bytes > max_shard_bytes) {
-      shards.emplace_back();
+  shards_.emplace_back();
+  size_t shard_bytes = 0;
+  for (TensorSpec spec : specs) {
+    spec.dtype = dtype;
+    if (shard_bytes > 0 && shard_bytes + spec.bytes() > max_shard_bytes) {
+      shards_.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().emplace_back(name, t);
-    shard_bytes += bytes;
-    total_bytes += bytes;
+    shard_bytes += spec.bytes();
+    shards_.back().push_back(std::move(spec));
   }
-  const std::map<std::string, std::string> meta = {{"format", "pt"}};
-  if (shards.size() == 1) {
-    write_safetensors(dir / "model.safetensors", shards[0], meta);
-    fs::remove(dir / "model.safetensors.index.json");
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", i + 1, shards_.size());
+    files_.push_back(shards_.size() == 1 ? "model.safetensors" : file);
+  }
+}
+
+HfDirWriter::~HfDirWriter() = default;
+
+void HfDirWriter::write(const std::string& name, const at::Tensor& full) {
+  while (shard_ < shards_.size() && in_shard_ == shards_[shard_].size()) {
+    if (writer_) writer_->commit();
+    writer_.reset();
+    ++shard_;
+    in_shard_ = 0;
+  }
+  TORCH_CHECK(shard_ < shards_.size() && shards_[shard_][in_shard_].name == name, "HF writer: tensor '", name,
+              "' out of order");
+  if (!writer_) {
+    writer_ = std::make_unique<SafetensorsWriter>(dir_ / files_[shard_], shards_[shard_],
+                                                  std::map<std::string, std::string>{{"format", "pt"}});
+  }
+  writer_->write(full);
+  ++in_shard_;
+}
+
+void HfDirWriter::finish() {
+  if (writer_) writer_->commit();
+  writer_.reset();
+  if (shards_.size() == 1) {
+    if (shards_[0].empty()) write_safetensors(dir_ / files_[0], {}, {{"format", "pt"}});
+    fs::remove(dir_ / "model.safetensors.index.json");
     return;
   }
-  json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", json::object()}};
-  for (size_t i = 0; i < shards.size(); ++i) {
-    char file[64];
-    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    write_safetensors(dir / file, shards[i], meta);
-    for (const auto& [name, t] : shards[i]) index["weight_map"][name] = file;
+  size_t total_bytes = 0;
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    for (const auto& spec : shards_[i]) {
+      index["weight_map"][spec.name] = files_[i];
+      total_bytes += spec.bytes();
+    }
   }
+  index["metadata"]["total_size"] = total_bytes;
   const std::string index_text = index.dump(2) + "\n";
-  write_file_atomically(dir / "model.safetensors.index.json", index_text.data(), index_text.size());
-  fs::remove(dir / "model.safetensors");
+  write_file_atomically(dir_ / "model.safetensors.index.json", index_text.data(), index_text.size());
+  fs::remove(dir_ / "model.safetensors");
 }
 
 }  // namespace fsdpp

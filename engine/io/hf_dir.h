@@ -21,6 +21,11 @@ class HfWeights {
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   const SafetensorsFile& file_of(const std::string& name) const;
   std::vector<std::string> names() const;
+  // Sizes of the mapped files, and how much of them this process has touched.
+  size_t file_bytes() const;
+  size_t resident_bytes() const;
+  // For reading slices (each rank its own rows): no read-ahead around each page fault.
+  void advise_random() const;
 
  private:
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;
@@ -29,10 +34,37 @@ class HfWeights {
 // config.json of a directory, or the file itself when `path` names one.
 std::filesystem::path hf_config_path(const std::filesystem::path& path);
 
-// Copies every parameter of `model` from `weights`, converting between floating dtypes.
-// A missing tensor, a shape mismatch or a non-floating dtype is a UserError naming the
-// file and tensor. Tensors the model lacks are reported as a warning.
+// Copies rows [first_row, first_row + out.size(0)) of the tensor stored under the first of
+// `names` the files hold (a parameter's name, then its tied aliases) into `out`, converting
+// between floating dtypes. Only those rows' pages of the mapping are touched. A missing
+// tensor, a shape other than `full_shape` or a non-floating dtype is a UserError naming the
+// file and tensor.
+void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& names,
+                  c10::IntArrayRef full_shape, at::Tensor& out, int64_t first_row);
+
+// Copies every parameter of `model` from `weights`. Tensors the model lacks are reported as
+// a warning.
 void load_hf_weights(CausalLM& model, const HfWeights& weights);
+
+// Writes an HF directory tensor by tensor: config.json, then the tensors of `specs` (HF
+// names, full shapes) in order, into model.safetensors, or into shards of at most
+// `max_shard_bytes` listed by an index when they are larger. Holds one tensor at a time.
+class HfDirWriter {
+ public:
+  HfDirWriter(const ModelConfig& config, const std::vector<TensorSpec>& specs, const std::filesystem::path& dir,
+              at::ScalarType dtype, size_t max_shard_bytes = size_t{2} << 30);
+  ~HfDirWriter();
+
+  void write(const std::string& name, const at::Tensor& full);
+  void finish();
+
+ private:
+  std::filesystem::path dir_;
+  std::vector<std::vector<TensorSpec>> shards_;
+  std::vector<std::string> files_;
+  size_t shard_ = 0, in_shard_ = 0;
+  std::unique_ptr<SafetensorsWriter> writer_;
+};
 
 // Writes `tensors` (full parameters, HF names) of a model of `config` as an HF directory
 // in `dtype`: config.json and model.safetensors, or shards of at most `max_shard_bytes`

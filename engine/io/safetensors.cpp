@@ -122,28 +122,51 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
   return at::from_blob(data, e.shape, [keep_alive](void*) {}, at::TensorOptions().dtype(e.dtype));
 }
 
-void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+size_t TensorSpec::bytes() const {
+  size_t n = c10::elementSize(dtype);
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path, std::vector<TensorSpec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : file_(path), specs_(std::move(specs)) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> host;
   size_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const size_t bytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    host.push_back(std::move(t));
+  for (const auto& spec : specs_) {
+    header[spec.name] = {{"dtype", safetensors_dtype_name(spec.dtype)},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + spec.bytes()}}};
+    offset += spec.bytes();
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
   const uint64_t header_len = text.size();
-  AtomicFileWriter writer(path);
-  writer.append(&header_len, 8);
-  writer.append(text.data(), text.size());
-  for (const auto& t : host) writer.append(t.data_ptr(), t.numel() * t.element_size());
+  file_.append(&header_len, 8);
+  file_.append(text.data(), text.size());
+}
+
+void SafetensorsWriter::write(const at::Tensor& tensor) {
+  TORCH_CHECK(next_ < specs_.size(), "safetensors writer: more tensors than specs");
+  const TensorSpec& spec = specs_[next_++];
+  TORCH_CHECK(tensor.sizes().vec() == spec.shape, "safetensors writer: tensor '", spec.name, "' has shape ",
+              tensor.sizes(), ", its spec ", c10::IntArrayRef(spec.shape));
+  const at::Tensor host = tensor.detach().to(at::kCPU, spec.dtype).contiguous();
+  file_.append(host.data_ptr(), spec.bytes());
+}
+
+void SafetensorsWriter::commit() {
+  TORCH_CHECK(next_ == specs_.size(), "safetensors writer: ", specs_.size() - next_, " tensors never written");
+  file_.commit();
+}
+
+void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (const auto& [name, t] : tensors) writer.write(t);
   writer.commit();
 }
 

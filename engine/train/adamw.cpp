@@ -60,6 +60,17 @@ void AdamW::step(double lr) {
   }
 }
 
+std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    for (size_t j = 0; j < groups_[i].params.size(); ++j) {
+      if (groups_[i].params[j].is_same(param)) {
+        return ParamState{state_[i].exp_avg[j], state_[i].exp_avg_sq[j], state_[i].steps[j]};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 void AdamW::zero_grad() {
   for (auto& g : groups_) {
     for (auto& p : g.params) {

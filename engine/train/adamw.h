@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,13 @@ class AdamW {
   void step(double lr);
   void zero_grad();
   const std::vector<Group>& groups() const { return groups_; }
+
+  // The moments and step count of `param` (one of the groups' tensors); nullopt for a tensor
+  // the optimizer does not update.
+  struct ParamState {
+    at::Tensor exp_avg, exp_avg_sq, step;  // like param, like param, [] float
+  };
+  std::optional<ParamState> state_of(const at::Tensor& param) const;
 
  private:
   struct State {

@@ -87,6 +87,14 @@ void BatchSampler::shuffle() {
   std::shuffle(order_.begin(), order_.end(), rng);
 }
 
+void BatchSampler::seek(Position position) {
+  TORCH_CHECK(position.window >= 0 && position.window <= windows_per_epoch(), "window ", position.window,
+              " is outside an epoch of ", windows_per_epoch());
+  epoch_ = position.epoch;
+  cursor_ = static_cast<size_t>(position.window);
+  shuffle();
+}
+
 BatchSampler::Batch BatchSampler::next() {
   std::vector<at::Tensor> windows;
   for (int64_t i = 0; i < batch_size_; ++i) {

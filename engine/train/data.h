@@ -56,6 +56,15 @@ class BatchSampler {
   Batch next();
   int64_t windows_per_epoch() const { return static_cast<int64_t>(order_.size()); }
 
+  // Where the next batch starts: with the same tokens, seq_len and seed, seeking to a saved
+  // position continues the exact sequence of batches.
+  struct Position {
+    uint64_t epoch = 0;
+    int64_t window = 0;  // index into the epoch's shuffled order
+  };
+  Position position() const { return {epoch_, static_cast<int64_t>(cursor_)}; }
+  void seek(Position position);
+
  private:
   void shuffle();
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 
 namespace fsdpp {
@@ -33,12 +34,23 @@ MetricsConfig MetricsConfig::from_section(ConfigSection& s) {
   return c;
 }
 
-MetricsSink::MetricsSink(const MetricsConfig& config, const std::string& jsonl_path, int64_t total_steps)
+MetricsSink::MetricsSink(const MetricsConfig& config, const std::string& jsonl_path, int64_t total_steps,
+                         int64_t resumed_after)
     : total_steps_(total_steps),
       progress_(config.progress == "always" || (config.progress == "auto" && ::isatty(STDERR_FILENO))) {
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
+  // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes.
+  std::string kept;
+  if (resumed_after > 0) {
+    std::ifstream old(jsonl_path);
+    for (std::string line; std::getline(old, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("step", int64_t{0}) <= resumed_after) kept += line + "\n";
+    }
+  }
   jsonl_.open(jsonl_path, std::ios::trunc);
+  jsonl_ << kept;
   if (!jsonl_) throw UserError(jsonl_path + ": cannot write metrics");
 }
 

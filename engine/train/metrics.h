@@ -30,7 +30,9 @@ struct StepMetrics {
 
 class MetricsSink {
  public:
-  MetricsSink(const MetricsConfig& config, const std::string& jsonl_path, int64_t total_steps);
+  // A run resumed after step `resumed_after` (> 0) keeps the file's records up to that step.
+  MetricsSink(const MetricsConfig& config, const std::string& jsonl_path, int64_t total_steps,
+              int64_t resumed_after = 0);
   ~MetricsSink();
 
   void record_step(const StepMetrics& m, bool log_line);

@@ -1,7 +1,9 @@
-// The [model] section: which architecture to build and where its weights come from.
+// The [model] section: which architecture to build and where its weights come from (an HF
+// directory, a sharded checkpoint, or a fresh initialisation from a config.json).
 #pragma once
 
 #include "core/dtype.h"
+#include "fsdp/sharded_param.h"
 #include "models/causal_lm.h"
 
 #include <memory>
@@ -10,9 +12,11 @@
 namespace fsdpp {
 
 class ConfigSection;
+class HfWeights;
+class ShardedCheckpoint;
 
 struct ModelSourceConfig {
-  std::string path;               // HF model directory, or a config.json for a fresh model
+  std::string path;               // HF model directory, sharded checkpoint, or a config.json for a fresh model
   std::string dtype = "float32";  // parameter dtype: float32, bfloat16, float16
   uint64_t init_seed = 0;         // seed of a fresh model's initialisation
 
@@ -21,12 +25,17 @@ struct ModelSourceConfig {
 
 struct LoadedModel {
   std::shared_ptr<CausalLM> model;
-  bool init_pending = false;  // built unallocated: the sharding must initialise it
+  // Set when the model was built unallocated: gives each rank's rows of every parameter
+  // (read straight from the weight files, or initialised) as the sharding asks for them.
+  ShardFill fill;
+  std::shared_ptr<const HfWeights> weights;  // the mapped HF files behind `fill`, if any
 };
 
-// Builds the model; loads the directory's safetensors when it has any, else initialises
-// from init_seed with the config's initializer_range, or, with `defer_fresh_init`, builds
-// it unallocated (no memory) for FSDP to initialise shard by shard.
-LoadedModel load_model(const ModelSourceConfig& config, bool defer_fresh_init = false);
+// Builds the model with its values. With `unallocated` it is built without memory and
+// `fill` supplies the values shard by shard (FSDP); otherwise every parameter is filled.
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false);
+
+// Parameter rows from a checkpoint's saved masters ("model/<name>").
+ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint);
 
 }  // namespace fsdpp

@@ -2,6 +2,8 @@
 #include "train/run_config.h"
 
 #include "core/config_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 namespace fsdpp {
 
@@ -30,11 +32,28 @@ TrainConfig TrainConfig::from_section(ConfigSection& s) {
 
 CheckpointConfig CheckpointConfig::from_section(ConfigSection& s) {
   CheckpointConfig c;
+  c.dir = s.get_string("dir", c.dir);
   c.save_every = s.get_int("save_every", c.save_every);
   c.save_final = s.get_bool("save_final", c.save_final);
-  c.dir = s.get_string("dir", c.dir);
+  c.keep = s.get_int("keep", c.keep);
+  c.max_gb = s.get_double("max_gb", c.max_gb);
+  c.resume = s.get_string("resume", c.resume);
+  c.save_on_signal = s.get_bool("save_on_signal", c.save_on_signal);
+  c.export_dir = s.get_string("export_dir", c.export_dir);
+  c.export_dtype = s.get_string("export_dtype", c.export_dtype);
+  c.export_shard_mb = s.get_double("export_shard_mb", c.export_shard_mb);
   s.finish();
   if (c.save_every < 0) s.fail("save_every", "must not be negative");
+  if (c.keep < 0) s.fail("keep", "must not be negative (0 keeps every checkpoint)");
+  if (c.max_gb < 0) s.fail("max_gb", "must not be negative (0: no cap)");
+  if (!(c.export_shard_mb > 0)) s.fail("export_shard_mb", "must be positive");
+  if (!c.export_dtype.empty()) {
+    try {
+      parse_dtype(c.export_dtype);
+    } catch (const UserError& e) {
+      s.fail("export_dtype", e.what());
+    }
+  }
   return c;
 }
 
@@ -59,7 +78,9 @@ RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<s
   run.metrics = MetricsConfig::from_section(metrics);
   auto parallel = section("parallel");
   run.parallel = ParallelConfig::from_section(parallel);
-  if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/model";
+  if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";
+  if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model";
+  if (run.checkpoint.export_dtype.empty()) run.checkpoint.export_dtype = run.model.dtype;
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
   return run;
 }

@@ -31,9 +31,17 @@ struct TrainConfig {
 };
 
 struct CheckpointConfig {
-  int64_t save_every = 0;   // steps between saves of the model as an HF directory; 0: never
-  bool save_final = true;   // save once more after the last step
-  std::string dir;          // "" means <train.out_dir>/model
+  std::string dir;              // sharded checkpoints go to <dir>/step-00000100; "" means <train.out_dir>/checkpoints
+  int64_t save_every = 0;       // steps between sharded checkpoints; 0: none
+  bool save_final = true;       // after the last step: a sharded checkpoint and the HF export
+  int64_t keep = 3;             // complete checkpoints kept, newest first; 0 keeps all
+  double max_gb = 0.0;          // also delete the oldest while all together exceed this (never the newest); 0: no cap
+  std::string resume;           // "latest": the newest complete checkpoint in dir (a fresh start when there is
+                                // none), or a checkpoint directory; "" starts fresh
+  bool save_on_signal = true;   // on SIGTERM or SIGINT: finish the step, save, exit with 128 + the signal
+  std::string export_dir;       // the HF export of the final model; "" means <train.out_dir>/model
+  std::string export_dtype;     // its dtype; "" means [model] dtype
+  double export_shard_mb = 2048;  // largest safetensors file of the export in MiB; above it the export is sharded
 
   static CheckpointConfig from_section(ConfigSection& section);
 };

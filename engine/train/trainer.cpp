@@ -7,6 +7,8 @@
 #include "core/log.h"
 #include "fsdp/fsdp_state.h"
 #include "io/hf_dir.h"
+#include "io/sharded_checkpoint.h"
+#include "train/run_checkpoint.h"
 #include "train/evaluate.h"
 
 #include <ATen/ATen.h>
@@ -14,12 +16,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
 
 namespace fsdpp {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using nlohmann::json;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -32,19 +39,43 @@ void check_vocab(const TokenFile& tokens, const CausalLM& model) {
   }
 }
 
-// Saves the full model from rank 0; with FSDP every rank takes part in the gathers.
-void save_model(CausalLM& model, FsdpState* fsdp, const RunConfig& config) {
-  const auto dtype = parse_dtype(config.model.dtype);
+// Set by SIGTERM or SIGINT; the loop finishes its step, saves and stops. The handler
+// resets itself, so a second signal ends the process at once.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESETHAND;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+// Writes the full model as an HF directory, one unit gathered at a time: rank 0 streams each
+// tensor to disk as it arrives, so no rank ever holds the whole model.
+void export_model(CausalLM& model, FsdpState* fsdp, const CheckpointConfig& config) {
+  const auto dtype = parse_dtype(config.export_dtype);
+  const auto max_shard_bytes = static_cast<size_t>(config.export_shard_mb * (1 << 20));
   if (fsdp == nullptr) {
-    save_hf_dir(model, config.checkpoint.dir, dtype);
+    NamedTensors tensors;
+    for (const auto& p : unique_named_parameters(model)) tensors.emplace_back(p.name, p.tensor);
+    save_hf_dir(model.config(), tensors, config.export_dir, dtype, max_shard_bytes);
     return;
   }
-  NamedTensors full;
-  const bool writer = fsdp->world().rank() == 0;
+  std::unique_ptr<HfDirWriter> writer;
+  if (fsdp->world().rank() == 0) {
+    std::vector<TensorSpec> specs;
+    for (const auto& unit : fsdp->units()) {
+      for (const auto& p : unit->params()) specs.push_back({p.name, dtype, p.param.sizes().vec()});
+    }
+    writer = std::make_unique<HfDirWriter>(model.config(), specs, config.export_dir, dtype, max_shard_bytes);
+  }
   fsdp->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
-    if (writer) full.emplace_back(name, t.to(dtype, /*non_blocking=*/false, /*copy=*/true));
+    if (writer) writer->write(name, t);
   });
-  if (writer) save_hf_dir(model.config(), full, config.checkpoint.dir, dtype);
+  if (writer) writer->finish();
 }
 
 }  // namespace
@@ -70,22 +101,39 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
                     " (each rank takes batch_size / world sequences)");
   }
   const int64_t rows = config.data.batch_size / world;
+  // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
+  at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
 
   const TokenFile tokens = TokenFile::open(config.data.train);
-  auto [model, init_pending] = load_model(config.model, /*defer_fresh_init=*/env.launched);
-  check_vocab(tokens, *model);
-  model->train();
+  std::shared_ptr<const ShardedCheckpoint> checkpoint;
+  if (auto path = resume_path(config.checkpoint)) {
+    checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
+  } else if (config.checkpoint.resume == "latest" && rank == 0) {
+    log_info("resume: no checkpoint in ", config.checkpoint.dir, " yet; starting fresh");
+  }
+  const auto load_start = Clock::now();
+  auto loaded = load_model(config.model, /*unallocated=*/env.launched);
+  CausalLM& model = *loaded.model;
+  check_vocab(tokens, model);
+  model.train();
   std::unique_ptr<FsdpState> fsdp;
   if (env.launched) {
-    Plan plan = build_plan(*model, world, rank);
-    const ResolvedPlan resolved = resolve_plan(plan, *model, world, parse_dtype(config.model.dtype));
+    Plan plan = build_plan(model, world, rank);
+    const ResolvedPlan resolved = resolve_plan(plan, model, world, parse_dtype(config.model.dtype));
     if (rank == 0) {
       log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes,
                " B, gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
     }
-    std::optional<FreshInit> fresh;
-    if (init_pending) fresh = FreshInit{config.model.init_seed, model->config().initializer_range};
-    fsdp = std::make_unique<FsdpState>(*model, comm, resolved, fresh);
+    fsdp = std::make_unique<FsdpState>(model, comm, resolved,
+                                       checkpoint ? checkpoint_fill(checkpoint) : loaded.fill);
+    if (loaded.weights && !checkpoint) {
+      // Touched pages of the mapped files, read from the kernel: what this rank really read.
+      const size_t touched = loaded.weights->resident_bytes(), total = loaded.weights->file_bytes();
+      log_info("weights: rank ", rank, " read ", touched, " of ", total, " bytes of the HF files (",
+               100.0 * static_cast<double>(touched) / static_cast<double>(std::max<size_t>(total, 1)), "%)");
+    }
+    loaded.fill = {};
+    loaded.weights.reset();  // unmaps the files
     // Read from the shard tensors themselves, for comparison with what `fsdpp plan` predicts.
     int64_t shard_bytes = 0;
     std::string names;
@@ -102,7 +150,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const TokenRange held_out = eval_range(config.data, tokens);
   const bool can_eval = tc.eval_every > 0 && config.data.eval_fraction > 0;
 
-  const auto params = fsdp ? fsdp->sharded_parameters() : unique_named_parameters(*model);
+  const auto params = fsdp ? fsdp->sharded_parameters() : unique_named_parameters(model);
   AdamW optimizer(decay_groups(params, config.optimizer.weight_decay), config.optimizer);
   std::vector<GradGroup> grad_groups;
   if (fsdp) {
@@ -113,9 +161,31 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       grad_groups[0].params.insert(grad_groups[0].params.end(), group.params.begin(), group.params.end());
     }
   }
+  const json data_stream = {{"train", std::filesystem::absolute(config.data.train).lexically_normal().string()},
+                            {"tokens", tokens.size()}, {"begin", range.begin}, {"end", range.end},
+                            {"seq_len", config.data.seq_len}, {"seed", config.data.seed},
+                            {"batch_size", config.data.batch_size}};
+  RunCheckpointer checkpointer(config, model.config(), comm, fsdp ? fsdp->shard_rows() : whole_shard_rows(model),
+                               fsdp ? fsdp->mesh_shapes() : std::vector<std::string>{"1x1"}, optimizer, sampler,
+                               data_stream);
+  TrainSummary summary;
+  int64_t first_step = 1;
+  if (checkpoint) {
+    const ResumePoint point = checkpointer.restore(*checkpoint, /*parameters_loaded=*/fsdp != nullptr);
+    first_step = point.step + 1;
+    summary.steps = point.step;
+    summary.skipped_steps = point.client_state.value("skipped_steps", int64_t{0});
+    const ReadStats read = checkpoint->read_stats();
+    log_info("resume: rank ", rank, " read ", read.bytes, " bytes of ", checkpoint->dir().string(), " (saved at world ",
+             checkpoint->world_size(), ") in ", read.seconds, " s (",
+             static_cast<double>(read.bytes) / std::max(read.seconds, 1e-9) / 1e9, " GB/s; ", seconds_since(load_start),
+             " s to rebuild the run); continuing after step ", point.step);
+  }
   const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
   std::unique_ptr<MetricsSink> metrics;
-  if (rank == 0) metrics = std::make_unique<MetricsSink>(config.metrics, config.metrics.jsonl, tc.steps);
+  if (rank == 0) {
+    metrics = std::make_unique<MetricsSink>(config.metrics, config.metrics.jsonl, tc.steps, first_step - 1);
+  }
 
   const int64_t step_tokens = tc.grad_accum * config.data.batch_size * config.data.seq_len;
   if (rank == 0) {
@@ -124,10 +194,14 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
              fsdp ? concat(fsdp->units().size(), " FSDP units, ") : std::string(), at::get_num_threads(),
              " threads per rank, ", sampler.windows_per_epoch(), " windows per epoch");
   }
+  if (config.checkpoint.save_on_signal) catch_stop_signals();
+  auto client_state = [&](int64_t step) {
+    return json{{"skipped_steps", summary.skipped_steps}, {"tokens_seen", step * step_tokens},
+                {"loss", summary.final_loss}};
+  };
 
-  TrainSummary summary;
   const auto start = Clock::now();
-  for (int64_t step = 1; step <= tc.steps; ++step) {
+  for (int64_t step = first_step; step <= tc.steps; ++step) {
     const auto step_start = Clock::now();
     const double lr = schedule.at(step);
     optimizer.zero_grad();
@@ -139,15 +213,18 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       auto target = batch.target.narrow(0, rank * rows, rows);
       // Dividing by the step's global token count makes the gradient summed over ranks and
       // micro-batches that of the mean loss over the whole step.
-      auto loss = next_token_loss_sum((*model)(input), target) / static_cast<double>(step_tokens);
+      auto loss = next_token_loss_sum(model(input), target) / static_cast<double>(step_tokens);
       loss.backward();
       loss_sum += loss.detach().to(at::kDouble);
     }
-    comm->all_reduce_sum(loss_sum);
+    // The loss sum carries the stop request too, so every rank sees the same one.
+    at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_signal != 0 ? 1.0 : 0.0, at::kDouble)});
+    comm->all_reduce_sum(reduced);
+    const bool stopping = reduced[1].item<double>() > 0;
     const double grad_norm = clip_grad_norm(grad_groups, tc.clip_grad_norm);
     StepMetrics m;
     m.step = step;
-    m.loss = loss_sum.item<double>();
+    m.loss = reduced[0].item<double>();
     m.lr = lr;
     m.grad_norm = grad_norm;
     if (std::isfinite(grad_norm)) {
@@ -161,20 +238,27 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     m.elapsed_s = seconds_since(start);
     m.tokens = step * step_tokens;
     m.tokens_per_s = static_cast<double>(step_tokens) / std::max(1e-9, seconds_since(step_start));
-    if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == 1);
+    if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
     summary.final_loss = m.loss;
     summary.steps = step;
 
     if (can_eval && (step % tc.eval_every == 0 || step == tc.steps)) {
-      auto r = evaluate(*model, tokens, held_out.begin, held_out.end, config.data.seq_len,
+      auto r = evaluate(model, tokens, held_out.begin, held_out.end, config.data.seq_len,
                         config.data.batch_size, tc.eval_batches * config.data.batch_size);
       if (metrics) metrics->record_eval(step, r.loss, r.perplexity);
     }
     const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
-    if (periodic || (config.checkpoint.save_final && step == tc.steps)) {
-      save_model(*model, fsdp.get(), config);
-      if (rank == 0) log_info("saved model at step ", step, " to ", config.checkpoint.dir);
+    const bool last = config.checkpoint.save_final && step == tc.steps;
+    if (periodic || last || stopping) checkpointer.save(step, client_state(step));
+    if (stopping) {
+      summary.stop_signal = stop_signal != 0 ? static_cast<int>(stop_signal) : SIGTERM;
+      if (rank == 0) log_warn("stopped by ", ::strsignal(summary.stop_signal), " after step ", step);
+      return summary;
     }
+  }
+  if (config.checkpoint.save_final) {
+    export_model(model, fsdp.get(), config.checkpoint);
+    if (rank == 0) log_info("exported the model at step ", summary.steps, " to ", config.checkpoint.export_dir);
   }
   return summary;
 }

@@ -13,6 +13,7 @@ struct TrainSummary {
   int64_t steps = 0;
   int64_t skipped_steps = 0;
   double final_loss = 0.0;
+  int stop_signal = 0;  // SIGTERM or SIGINT when a signal stopped the run early
 };
 
 // Builds the wrap plan for the model at (world, rank): the policy, in the binary.

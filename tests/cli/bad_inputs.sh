@@ -71,6 +71,13 @@ head -c 100 "$work/ok.tok" >"$work/truncated.tok"
 expect "truncated token file" "truncated.tok" "truncated" \
   -- train "$work/ok.toml" --set "data.train=\"$work/truncated.tok\""
 
+expect "resume from a non-checkpoint" "$work/no-such-checkpoint" "is not a complete checkpoint" \
+  -- train "$work/ok.toml" --set "checkpoint.resume=\"$work/no-such-checkpoint\""
+expect "export dtype" "[checkpoint] export_dtype" "float8" -- train "$work/ok.toml" --set 'checkpoint.export_dtype="float8"'
+expect "export of a missing checkpoint" "$work/no-such-checkpoint: no such checkpoint directory" \
+  -- export "$work/no-such-checkpoint" "$work/exported"
+expect "export without OUT" "export: needs CHECKPOINT and OUT" -- export "$work/no-such-checkpoint"
+
 expect "missing config" "nothing.toml: no such config file" -- train "$work/nothing.toml"
 expect "unknown command" "unknown command 'trian'" -- trian "$work/ok.toml"
 expect "unknown option" "unknown option --fast" -- train "$work/ok.toml" --fast

@@ -2,6 +2,7 @@
 // ceil(rows / world) padded rows per parameter, the owned rows of all ranks concatenate to
 // the original, and per-rank bytes are total / world plus padding, never more.
 #include "core/module_tree.h"
+#include "fsdp/fsdp_state.h"
 #include "fsdp/sharded_param.h"
 #include "models/registry.h"
 
@@ -68,6 +69,7 @@ TEST_CASE("a meta build allocates nothing and each rank initialises only its row
 
   const int world = 3;
   auto reference = unique_named_parameters(*materialised);
+  const ShardFill fill = fresh_init_fill(*unallocated, 9, 0.05);
   size_t i = 0;
   for (const auto& entry : named_modules(*unallocated)) {
     for (auto& item : entry.module->named_parameters(/*recurse=*/false)) {
@@ -75,10 +77,7 @@ TEST_CASE("a meta build allocates nothing and each rank initialises only its row
       REQUIRE(reference[i].name == name);
       std::vector<at::Tensor> owned;
       for (int rank = 0; rank < world; ++rank) {
-        ShardedParam shard(name, item.value(), rank, world, [&](at::Tensor& full) {
-          at::Generator gen = named_generator(9, name);
-          entry.module->init_parameter(item.key(), full, gen, 0.05);
-        });
+        ShardedParam shard(name, item.value(), rank, world, fill);
         owned.push_back(shard.owned.detach());
         CHECK_FALSE(shard.is_full());  // the module's tensor stays unallocated
       }

@@ -2,6 +2,7 @@
 // with a message naming the file (and tensor, where one is at fault).
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "scratch_dir.h"
 
 #include <catch2/catch.hpp>
 
@@ -13,11 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir() {
-  auto dir = fs::temp_directory_path() / ("fsdpp-st-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir() { return testing::scratch_dir("st"); }
 
 std::string read_all(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

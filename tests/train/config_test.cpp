@@ -55,7 +55,9 @@ TEST_CASE("a valid run file fills every section, with defaults for the rest", "[
   CHECK(run.optimizer.lr == Approx(1e-3));
   CHECK(run.scheduler.kind == "linear");
   CHECK(run.train.steps == 20);
-  CHECK(run.checkpoint.dir == "out/model");
+  CHECK(run.checkpoint.dir == "out/checkpoints");
+  CHECK(run.checkpoint.export_dir == "out/model");
+  CHECK(run.checkpoint.keep == 3);
   CHECK(run.metrics.jsonl == "out/metrics.jsonl");
 }
 

@@ -1,0 +1,24 @@
+// Offline export of a sharded checkpoint to a Hugging Face directory: no process group, one
+// machine, one full tensor in memory at a time.
+#pragma once
+
+#include <ATen/core/ScalarType.h>
+
+#include <filesystem>
+#include <optional>
+
+namespace fsdpp {
+
+struct ExportSummary {
+  int64_t step = 0;
+  int64_t tensors = 0;
+  size_t bytes = 0;  // of tensor data written
+};
+
+// Reads every "model/" tensor of `checkpoint` (each file's checksum verified before use) and
+// writes config.json plus safetensors to `out` in `dtype` (default: the dtype the run trained
+// in), sharded with an index above `max_shard_bytes`.
+ExportSummary export_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
+                                std::optional<at::ScalarType> dtype, size_t max_shard_bytes);
+
+}  // namespace fsdpp

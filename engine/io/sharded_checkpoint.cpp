@@ -1,0 +1,264 @@
+// Reading, listing and rotating sharded checkpoints. Writing is the training loop's, which
+// owns the collective order; this file knows the layout and how to trust what is on disk.
+#include "io/sharded_checkpoint.h"
+
+#include "core/checksum.h"
+#include "core/error.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+namespace fsdpp {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kPartialPrefix = ".partial-";
+constexpr const char* kDeletingPrefix = ".deleting-";
+
+std::optional<int64_t> step_of(const std::string& dir_name) {
+  if (!dir_name.starts_with("step-") || dir_name.size() == 5) return std::nullopt;
+  const std::string digits = dir_name.substr(5);
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  return std::stoll(digits);
+}
+
+int64_t row_count(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
+
+uintmax_t directory_bytes(const fs::path& dir) {
+  uintmax_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) total += e.file_size();
+  }
+  return total;
+}
+
+}  // namespace
+
+std::string rank_file_name(int rank) {
+  char name[40];
+  std::snprintf(name, sizeof name, "rank-%05d.safetensors", rank);
+  return name;
+}
+
+fs::path checkpoint_path(const fs::path& root, int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return root / name;
+}
+
+fs::path staging_path(const fs::path& root, int64_t step) {
+  return root / (kPartialPrefix + checkpoint_path(root, step).filename().string());
+}
+
+bool ShardedCheckpoint::is_checkpoint(const fs::path& dir) {
+  const fs::path meta = dir / "metadata.json";
+  if (!fs::is_regular_file(meta)) return false;
+  std::ifstream in(meta);
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.value("format", "") == kCheckpointFormat;
+}
+
+ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
+  if (!fs::is_directory(dir)) throw UserError(dir.string() + ": no such checkpoint directory");
+  const fs::path meta_path = dir / "metadata.json";
+  if (!fs::is_regular_file(meta_path)) {
+    throw UserError(meta_path.string() + ": missing; " + dir.string() + " is not a complete checkpoint");
+  }
+  ShardedCheckpoint c;
+  c.dir_ = dir;
+  c.opened_ = std::make_shared<std::map<std::string, std::shared_ptr<SafetensorsFile>>>();
+  c.verified_ = std::make_shared<std::set<std::string>>();
+  c.stats_ = std::make_shared<ReadStats>();
+  std::ifstream in(meta_path);
+  json meta;
+  try {
+    meta = json::parse(in);
+    if (meta.value("format", "") != kCheckpointFormat) throw UserError("not a " + std::string(kCheckpointFormat));
+    if (meta.value("version", 0) != 1) throw UserError("version " + meta.value("version", json()).dump() + " is not 1");
+    for (const auto& [name, f] : meta.at("files").items()) {
+      const fs::path path = dir / name;
+      if (!fs::is_regular_file(path)) {
+        throw UserError("lists " + name + ", which is missing from " + dir.string());
+      }
+      const auto bytes = f.at("bytes").get<size_t>();
+      if (fs::file_size(path) != bytes) {
+        throw UserError("records " + std::to_string(bytes) + " bytes for " + path.string() + ", which has " +
+                        std::to_string(fs::file_size(path)) + " (truncated or overwritten)");
+      }
+      c.files_[name] = {bytes, f.at("checksum").get<std::string>()};
+    }
+    for (const auto& [key, t] : meta.at("tensors").items()) {
+      TensorRecord r{safetensors_dtype(t.at("dtype").get<std::string>(), key), t.at("shape").get<std::vector<int64_t>>(), {}};
+      for (const auto& s : t.at("shards")) {
+        const auto rows = s.at("rows").get<std::vector<int64_t>>();
+        if (rows.size() != 2) throw UserError("tensor '" + key + "': a shard's rows are not [first, count]");
+        r.shards.push_back({s.at("file").get<std::string>(), rows[0], rows[1]});
+        if (!c.files_.count(r.shards.back().file)) {
+          throw UserError("tensor '" + key + "' names file " + r.shards.back().file + ", which files does not list");
+        }
+      }
+      std::sort(r.shards.begin(), r.shards.end(), [](const auto& a, const auto& b) { return a.first_row < b.first_row; });
+      int64_t next = 0;
+      for (const auto& s : r.shards) {
+        if (s.first_row != next || s.rows < 0) {
+          throw UserError("tensor '" + key + "': shards do not tile its rows (row " + std::to_string(next) +
+                          " expected, " + std::to_string(s.first_row) + " found)");
+        }
+        next += s.rows;
+      }
+      if (next != row_count(r.shape)) {
+        throw UserError("tensor '" + key + "': shards hold " + std::to_string(next) + " of its " +
+                        std::to_string(row_count(r.shape)) + " rows");
+      }
+      c.tensors_.emplace(key, std::move(r));
+    }
+  } catch (const json::exception& e) {
+    throw UserError(meta_path.string() + ": malformed checkpoint metadata (" + e.what() + ")");
+  } catch (const UserError& e) {
+    throw UserError(meta_path.string() + ": " + e.what());
+  }
+  c.metadata_ = std::make_shared<json>(std::move(meta));
+  return c;
+}
+
+int64_t ShardedCheckpoint::step() const { return metadata_->at("step").get<int64_t>(); }
+
+int ShardedCheckpoint::world_size() const { return metadata_->at("world_size").get<int>(); }
+
+const TensorRecord& ShardedCheckpoint::record(const std::string& key) const {
+  auto it = tensors_.find(key);
+  if (it == tensors_.end()) throw UserError(dir_.string() + ": checkpoint has no tensor '" + key + "'");
+  return it->second;
+}
+
+std::vector<std::string> ShardedCheckpoint::keys(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (const auto& [key, r] : tensors_) {
+    if (key.starts_with(prefix)) out.push_back(key);
+  }
+  return out;
+}
+
+fs::path ShardedCheckpoint::verified(const std::string& name) const {
+  const fs::path path = dir_ / name;
+  if (verified_->count(name)) return path;
+  auto it = files_.find(name);
+  if (it == files_.end()) throw UserError(dir_.string() + ": checkpoint lists no file " + name);
+  const auto& [bytes, checksum] = it->second;
+  const auto mapped = MappedFile::open(path);
+  const std::string actual = format_crc32c(crc32c(mapped->data(), mapped->size()));
+  if (mapped->size() != bytes || actual != checksum) {
+    throw UserError(path.string() + ": checksum " + actual + " does not match the recorded " + checksum +
+                    " (the file is corrupt)");
+  }
+  verified_->insert(name);
+  return path;
+}
+
+const SafetensorsFile& ShardedCheckpoint::file(const std::string& name) const {
+  auto& slot = (*opened_)[name];
+  if (!slot) slot = SafetensorsFile::open(verified(name));
+  return *slot;
+}
+
+void ShardedCheckpoint::read_rows(const std::string& key, at::Tensor& rows, int64_t first_row) const {
+  const TensorRecord& r = record(key);
+  const int64_t count = rows.dim() == 0 ? 1 : rows.size(0);
+  TORCH_CHECK(first_row >= 0 && first_row + count <= row_count(r.shape), "rows out of range for ", key);
+  if (count == 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  at::NoGradGuard no_grad;
+  at::Tensor out = rows.view({count, -1});
+  for (const auto& s : r.shards) {
+    const int64_t lo = std::max(first_row, s.first_row);
+    const int64_t hi = std::min(first_row + count, s.first_row + s.rows);
+    if (lo >= hi) continue;
+    const SafetensorsFile& f = file(s.file);
+    at::Tensor stored = f.tensor(key);
+    std::vector<int64_t> expected = r.shape.empty() ? std::vector<int64_t>{1} : r.shape;
+    expected[0] = s.rows;
+    if (stored.sizes().vec() != expected || stored.scalar_type() != r.dtype) {
+      throw UserError(f.path().string() + ": tensor '" + key + "' has shape " + c10::str(stored.sizes()) +
+                      " but the metadata records " + c10::str(c10::IntArrayRef(expected)));
+    }
+    out.narrow(0, lo - first_row, hi - lo).copy_(stored.view({s.rows, -1}).narrow(0, lo - s.first_row, hi - lo));
+  }
+  stats_->bytes += static_cast<size_t>(rows.numel()) * c10::elementSize(r.dtype);
+  stats_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+at::Tensor ShardedCheckpoint::read_full(const std::string& key) const {
+  const TensorRecord& r = record(key);
+  at::Tensor full = at::empty(r.shape, at::TensorOptions().dtype(r.dtype));
+  read_rows(key, full, 0);
+  return full;
+}
+
+at::Tensor ShardedCheckpoint::read_whole(const std::string& file_name, const std::string& key) const {
+  if (!files_.count(file_name)) return {};
+  const SafetensorsFile& f = file(file_name);
+  return f.contains(key) ? f.tensor(key).clone() : at::Tensor();
+}
+
+void ShardedCheckpoint::verify_all() const {
+  for (const auto& [name, info] : files_) {
+    verified(name);
+  }
+}
+
+std::vector<CheckpointEntry> list_checkpoints(const fs::path& root) {
+  std::vector<CheckpointEntry> out;
+  if (!fs::is_directory(root)) return out;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const auto step = step_of(e.path().filename().string());
+    if (step && e.is_directory() && fs::is_regular_file(e.path() / "metadata.json")) {
+      out.push_back({*step, e.path(), directory_bytes(e.path())});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<CheckpointEntry> latest_checkpoint(const fs::path& root) {
+  auto all = list_checkpoints(root);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+void clear_partial_checkpoints(const fs::path& root) {
+  if (!fs::is_directory(root)) return;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(kPartialPrefix) || name.starts_with(kDeletingPrefix)) remove_tree(e.path());
+  }
+}
+
+std::vector<fs::path> rotate_checkpoints(const fs::path& root, int64_t keep, uintmax_t max_bytes) {
+  auto all = list_checkpoints(root);
+  uintmax_t total = 0;
+  for (const auto& c : all) total += c.bytes;
+  std::vector<fs::path> removed;
+  size_t first_kept = 0;
+  while (all.size() - first_kept > 1) {
+    const bool over_count = keep > 0 && all.size() - first_kept > static_cast<size_t>(keep);
+    const bool over_size = max_bytes > 0 && total > max_bytes;
+    if (!over_count && !over_size) break;
+    const CheckpointEntry& old = all[first_kept++];
+    const fs::path doomed = root / (kDeletingPrefix + old.path.filename().string());
+    fs::rename(old.path, doomed);
+    remove_tree(doomed);
+    total -= old.bytes;
+    removed.push_back(old.path);
+  }
+  return removed;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,113 @@
+// Sharded checkpoints on disk. A checkpoint is a directory <root>/step-00000100 holding one
+// safetensors file per rank (that rank's rows of each tensor), the model's config.json, and
+// metadata.json: every tensor's global shape and dtype with each shard's file and rows, the
+// mesh, the world size, the step, the training state and a CRC-32C per file. It is written
+// as <root>/.partial-step-00000100 and renamed into place once complete, so a directory
+// named step-N is complete by construction and a crash mid-save leaves earlier ones intact.
+#pragma once
+
+#include "io/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+inline constexpr const char* kCheckpointFormat = "fsdpp-sharded-checkpoint";
+
+struct ShardRecord {
+  std::string file;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+
+struct TensorRecord {
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;        // the full tensor's
+  std::vector<ShardRecord> shards;   // by first_row, covering every row once
+};
+
+// Tensor bytes read from a checkpoint and the seconds spent reading them (checksum
+// verification included).
+struct ReadStats {
+  size_t bytes = 0;
+  double seconds = 0.0;
+};
+
+// An opened checkpoint: metadata parsed and validated; each file's size checked on open and
+// its checksum verified the first time any of its rows is read.
+class ShardedCheckpoint {
+ public:
+  // UserError naming the file when the directory, its metadata or a file it lists is
+  // missing, malformed or of the wrong size.
+  static ShardedCheckpoint open(const std::filesystem::path& dir);
+  // Whether `dir` holds a checkpoint (a metadata.json of this format), complete or not.
+  static bool is_checkpoint(const std::filesystem::path& dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  const nlohmann::json& metadata() const { return *metadata_; }
+  int64_t step() const;
+  int world_size() const;
+  bool contains(const std::string& key) const { return tensors_.count(key) != 0; }
+  const TensorRecord& record(const std::string& key) const;
+  // Keys that start with `prefix`, in order.
+  std::vector<std::string> keys(const std::string& prefix) const;
+
+  // Copies rows [first_row, first_row + rows.size(0)) of tensor `key` into `rows`
+  // (converting dtype), reading only the shards that hold them.
+  void read_rows(const std::string& key, at::Tensor& rows, int64_t first_row) const;
+  at::Tensor read_full(const std::string& key) const;
+  // A tensor stored whole in one file (per-rank state such as RNG), or an undefined tensor.
+  at::Tensor read_whole(const std::string& file, const std::string& key) const;
+  // Verifies every file's checksum now.
+  void verify_all() const;
+  ReadStats read_stats() const { return *stats_; }
+  // The path of file `name` of the checkpoint, its checksum verified.
+  std::filesystem::path verified(const std::string& name) const;
+
+ private:
+  const SafetensorsFile& file(const std::string& name) const;
+
+  std::filesystem::path dir_;
+  std::shared_ptr<nlohmann::json> metadata_;
+  std::map<std::string, TensorRecord> tensors_;
+  std::map<std::string, std::pair<size_t, std::string>> files_;  // name -> (bytes, checksum)
+  std::shared_ptr<std::map<std::string, std::shared_ptr<SafetensorsFile>>> opened_;
+  std::shared_ptr<std::set<std::string>> verified_;
+  std::shared_ptr<ReadStats> stats_;
+};
+
+// The file each rank writes.
+std::string rank_file_name(int rank);
+std::filesystem::path checkpoint_path(const std::filesystem::path& root, int64_t step);
+std::filesystem::path staging_path(const std::filesystem::path& root, int64_t step);
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::filesystem::path path;
+  uintmax_t bytes = 0;
+};
+
+// The complete checkpoints under `root` (directories step-N with a metadata.json), oldest
+// first; a missing root has none.
+std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& root);
+std::optional<CheckpointEntry> latest_checkpoint(const std::filesystem::path& root);
+
+// Deletes the oldest complete checkpoints beyond the newest `keep` (0: no limit) and while
+// all of them together exceed `max_bytes` (0: no limit), never the newest one; each goes by
+// a rename first, so a crash mid-delete never leaves a torn directory named step-N. Also
+// clears leftovers of interrupted saves. Returns the deleted paths.
+std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int64_t keep,
+                                                      uintmax_t max_bytes);
+
+// Removes leftovers of interrupted saves and deletes (.partial-*, .deleting-*) under root.
+void clear_partial_checkpoints(const std::filesystem::path& root);
+
+}  // namespace fsdpp

@@ -1,0 +1,236 @@
+// Saving and restoring a run. The save order is the same on every rank: rank 0 prepares the
+// staging directory; every rank writes its file; two all-gathers bring rank 0 every file's
+// size and checksum and every shard's rows; rank 0 writes the metadata, renames the staging
+// directory into place and rotates; a last all-reduce releases the ranks.
+#include "train/run_checkpoint.h"
+
+#include "core/checksum.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/failpoint.h"
+#include "core/log.h"
+#include "core/module_tree.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <mutex>
+
+namespace fsdpp {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The moments are saved as "<moment>/<name>" next to "model/<name>".
+constexpr const char* kMoments[] = {"exp_avg", "exp_avg_sq"};
+
+void barrier(Comm& comm) {
+  at::Tensor t = at::zeros({1}, at::kLong);
+  comm.all_reduce_sum(t);
+}
+
+at::Tensor moment(const AdamW::ParamState& s, int i) { return i == 0 ? s.exp_avg : s.exp_avg_sq; }
+
+}  // namespace
+
+std::string config_hash(const RunConfig& config) {
+  const std::string text = config.source.canonical_text(
+      {"checkpoint", "metrics", "train.steps", "train.out_dir", "train.log_every", "train.eval_every",
+       "train.eval_batches", "train.threads"});
+  return format_crc32c(crc32c(text.data(), text.size()));
+}
+
+RunCheckpointer::RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
+                                 std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
+                                 BatchSampler& sampler, json data)
+    : config_(config), model_(model), world_(std::move(world)), shards_(std::move(shards)),
+      meshes_(std::move(meshes)), optimizer_(optimizer), sampler_(sampler), data_(std::move(data)) {}
+
+void RunCheckpointer::save(int64_t step, const json& client_state) {
+  const fs::path root = config_.checkpoint.dir;
+  const fs::path final_dir = checkpoint_path(root, step);
+  if (fs::exists(final_dir)) return;  // the same on every rank: a step is saved once
+  const fs::path staging = staging_path(root, step);
+  const int rank = world_->rank();
+  const auto start = Clock::now();
+  if (rank == 0) {
+    clear_partial_checkpoints(root);
+    fs::create_directories(staging);
+  }
+  barrier(*world_);
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& s : shards_) {
+    if (!s.primary || s.rows.size(0) == 0) continue;
+    tensors.emplace_back("model/" + s.name, s.rows);
+    if (auto state = optimizer_.state_of(s.rows)) {
+      for (int i = 0; i < 2; ++i) tensors.emplace_back(std::string(kMoments[i]) + "/" + s.name, moment(*state, i));
+    }
+  }
+  {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    tensors.emplace_back("rng/cpu", generator.get_state());
+  }
+  std::vector<TensorSpec> specs;
+  for (const auto& [key, t] : tensors) specs.push_back({key, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter writer(staging / rank_file_name(rank), specs);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i == tensors.size() / 2) failpoint("checkpoint-mid-write");
+    writer.write(tensors[i].second);
+  }
+  writer.commit();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // Per rank: file bytes, checksum, microseconds; per rank and parameter: first row, rows.
+  at::Tensor mine = at::tensor({static_cast<int64_t>(writer.size()), static_cast<int64_t>(writer.checksum()),
+                                static_cast<int64_t>(seconds * 1e6)}, at::kLong);
+  at::Tensor files = at::empty({world_->size() * 3}, at::kLong);
+  world_->all_gather(files, mine);
+  at::Tensor my_rows = at::empty({static_cast<int64_t>(shards_.size()) * 2}, at::kLong);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const bool stored = shards_[i].primary && shards_[i].rows.size(0) > 0;
+    my_rows[static_cast<int64_t>(2 * i)] = shards_[i].first_row;
+    my_rows[static_cast<int64_t>(2 * i + 1)] = stored ? shards_[i].rows.size(0) : 0;
+  }
+  at::Tensor rows = at::empty({world_->size() * my_rows.numel()}, at::kLong);
+  world_->all_gather(rows, my_rows);
+
+  if (rank == 0) {
+    const json meta = metadata(step, client_state, files.view({-1, 3}), rows.view({world_->size(), -1, 2}));
+    const std::string text = meta.dump(1) + "\n";
+    write_file_atomically(staging / "metadata.json", text.data(), text.size());
+    fsync_directory(staging);
+    failpoint("checkpoint-before-commit");
+    fs::rename(staging, final_dir);
+    fsync_directory(root);
+    const auto removed = rotate_checkpoints(root, config_.checkpoint.keep,
+                                            static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9));
+    // Each rank's rate from its own bytes and seconds (staging to its file's commit).
+    auto per_rank = files.view({-1, 3});
+    int64_t total = 0;
+    int slowest = 0;
+    double slowest_rate = 0;
+    for (int r = 0; r < world_->size(); ++r) {
+      const auto bytes = per_rank[r][0].item<int64_t>();
+      const double rate = static_cast<double>(bytes) / std::max(1e-9, per_rank[r][2].item<double>() / 1e6) / 1e9;
+      total += bytes;
+      if (r == 0 || rate < slowest_rate) slowest = r, slowest_rate = rate;
+    }
+    log_info("checkpoint: step ", step, " saved to ", final_dir.string(), " in ",
+             std::chrono::duration<double>(Clock::now() - start).count(), " s: ", total, " bytes from ", world_->size(),
+             " rank(s); slowest rank ", slowest, " wrote ", per_rank[slowest][0].item<int64_t>(), " bytes in ",
+             per_rank[slowest][2].item<double>() / 1e6, " s (", slowest_rate, " GB/s)",
+             removed.empty() ? std::string() : concat("; removed ", removed.size(), " older"));
+  }
+  barrier(*world_);
+}
+
+json RunCheckpointer::metadata(int64_t step, const json& client_state, const at::Tensor& files,
+                               const at::Tensor& rows) const {
+  json meta = {{"format", kCheckpointFormat}, {"version", 1}, {"step", step}, {"world_size", world_->size()},
+               {"meshes", meshes_}, {"config_hash", config_hash(config_)}};
+  const std::string config_text = (model_.raw ? *model_.raw : json::object()).dump(2) + "\n";
+  const fs::path staging = staging_path(config_.checkpoint.dir, step);
+  write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
+  meta["files"]["config.json"] = {{"bytes", config_text.size()},
+                                  {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
+  for (int r = 0; r < world_->size(); ++r) {
+    meta["files"][rank_file_name(r)] = {{"bytes", files[r][0].item<int64_t>()},
+                                        {"checksum", format_crc32c(static_cast<uint32_t>(files[r][1].item<int64_t>()))}};
+  }
+  std::optional<int64_t> adam_steps;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardRows& s = shards_[i];
+    json shards = json::array();
+    for (int r = 0; r < world_->size(); ++r) {
+      const auto count = rows[r][static_cast<int64_t>(i)][1].item<int64_t>();
+      if (count > 0) shards.push_back({{"file", rank_file_name(r)}, {"rows", {rows[r][static_cast<int64_t>(i)][0].item<int64_t>(), count}}});
+    }
+    auto record = [&](const std::string& key, at::ScalarType dtype) {
+      meta["tensors"][key] = {{"dtype", safetensors_dtype_name(dtype)}, {"shape", s.full_shape}, {"shards", shards}};
+    };
+    record("model/" + s.name, s.rows.scalar_type());
+    if (auto state = optimizer_.state_of(s.rows)) {
+      for (int m = 0; m < 2; ++m) record(std::string(kMoments[m]) + "/" + s.name, moment(*state, m).scalar_type());
+      const auto steps = static_cast<int64_t>(state->step.item<float>());
+      TORCH_CHECK(!adam_steps || *adam_steps == steps, "AdamW step counts differ between parameters");
+      adam_steps = steps;
+    }
+  }
+  meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
+  meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
+  meta["model"] = {{"dtype", config_.model.dtype}};
+  const auto position = sampler_.position();
+  meta["data"] = data_;
+  meta["data"]["epoch"] = position.epoch;
+  meta["data"]["window"] = position.window;
+  meta["client_state"] = client_state;
+  return meta;
+}
+
+ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool parameters_loaded) {
+  const json& meta = checkpoint.metadata();
+  const std::string where = checkpoint.dir().string();
+  const json& saved = meta.at("data");
+  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed"}) {
+    if (saved.at(key) != data_.at(key)) {
+      throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
+                      saved.at(key).dump() + ", but this run has " + data_.at(key).dump() +
+                      " (the same window index would name different tokens)");
+    }
+  }
+  if (meta.value("config_hash", "") != config_hash(config_)) {
+    log_warn(where, ": written with other settings (", meta.value("config_hash", "?"), ", this run ",
+             config_hash(config_), "); resuming anyway");
+  }
+  at::NoGradGuard no_grad;
+  ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object())};
+  auto read = [&](const std::string& key, at::Tensor t, int64_t first_row) { checkpoint.read_rows(key, t, first_row); };
+  const auto adam_steps = static_cast<double>(meta.at("optimizer").at("steps").get<int64_t>());
+  for (auto& s : shards_) {
+    if (!parameters_loaded) read("model/" + s.name, s.rows, s.first_row);
+    if (auto state = optimizer_.state_of(s.rows)) {
+      for (int m = 0; m < 2; ++m) read(std::string(kMoments[m]) + "/" + s.name, moment(*state, m), s.first_row);
+      state->step.fill_(adam_steps);
+    }
+  }
+  sampler_.seek({saved.at("epoch").get<uint64_t>(), saved.at("window").get<int64_t>()});
+  // Each rank's own generator when the world matches; otherwise the saved rank it maps to.
+  const int source = world_->rank() % checkpoint.world_size();
+  at::Tensor rng = checkpoint.read_whole(rank_file_name(source), "rng/cpu");
+  if (rng.defined()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng);
+  }
+  return point;
+}
+
+std::optional<fs::path> resume_path(const CheckpointConfig& config) {
+  if (config.resume.empty()) return std::nullopt;
+  if (config.resume == "latest") {
+    auto latest = latest_checkpoint(config.dir);
+    if (!latest) return std::nullopt;
+    return latest->path;
+  }
+  if (!ShardedCheckpoint::is_checkpoint(config.resume)) {
+    throw UserError("[checkpoint] resume: " + config.resume + " is not a complete checkpoint (no metadata.json)");
+  }
+  return fs::path(config.resume);
+}
+
+std::vector<ShardRows> whole_shard_rows(Module& model) {
+  std::vector<ShardRows> out;
+  for (const auto& p : unique_named_parameters(model)) {
+    out.push_back({p.name, p.tensor, p.tensor.sizes().vec(), 0, true});
+  }
+  return out;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,71 @@
+// A training run's whole state as a sharded checkpoint (io/sharded_checkpoint.h): each rank
+// saves its rows of every parameter and of AdamW's moments, plus its RNG state; rank 0 adds
+// the metadata (step, meshes, config hash, schedule, data position, client state) and
+// commits the directory. Restoring reads each rank's rows of the current sharding from
+// whichever saved shards hold them, so a checkpoint loads at any world size or mesh.
+#pragma once
+
+#include "dist/comm.h"
+#include "fsdp/fsdp_state.h"
+#include "io/sharded_checkpoint.h"
+#include "models/model_config.h"
+#include "train/adamw.h"
+#include "train/data.h"
+#include "train/run_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+namespace fsdpp {
+
+// Where the loop stands after restoring: the last completed step and what it stored.
+struct ResumePoint {
+  int64_t step = 0;
+  nlohmann::json client_state = nlohmann::json::object();
+};
+
+class RunCheckpointer {
+ public:
+  // `shards` are this rank's rows of every parameter (the optimizer's tensors); `data`
+  // identifies the token stream the sampler draws from (file, range, seq_len, seed).
+  RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
+                  std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
+                  BatchSampler& sampler, nlohmann::json data);
+
+  // Saves step `step` under config.dir and rotates older checkpoints (collective; every
+  // rank calls it). A step already saved is left as it is.
+  void save(int64_t step, const nlohmann::json& client_state);
+
+  // Restores the optimizer, data position and RNG state from `checkpoint`, and the
+  // parameters too unless `parameters_loaded` (they came in through checkpoint_fill). A data
+  // stream the position cannot carry over to is refused with the reason.
+  ResumePoint restore(const ShardedCheckpoint& checkpoint, bool parameters_loaded);
+
+ private:
+  nlohmann::json metadata(int64_t step, const nlohmann::json& client_state, const at::Tensor& files,
+                          const at::Tensor& rows) const;
+
+  const RunConfig& config_;
+  const ModelConfig& model_;
+  std::shared_ptr<Comm> world_;
+  std::vector<ShardRows> shards_;
+  std::vector<std::string> meshes_;
+  AdamW& optimizer_;
+  BatchSampler& sampler_;
+  nlohmann::json data_;
+};
+
+// The checkpoint [checkpoint] resume names, or nullopt to start fresh ("" or "latest" with
+// none saved yet). UserError when a named path is not a complete checkpoint.
+std::optional<std::filesystem::path> resume_path(const CheckpointConfig& config);
+
+// The parameters of an unsharded model as one shard each (a single-process run).
+std::vector<ShardRows> whole_shard_rows(Module& model);
+
+// A hash of the settings that shape the run (every section but [checkpoint] and [train]).
+std::string config_hash(const RunConfig& config);
+
+}  // namespace fsdpp

@@ -1,0 +1,126 @@
+// Checkpoint files: the checksum, streamed writers, reading rows across shards, metadata
+// that does not add up, and rotation that never deletes the newest complete checkpoint.
+#include "core/checksum.h"
+#include "core/error.h"
+#include "io/hf_dir.h"
+#include "io/sharded_checkpoint.h"
+#include "scratch_dir.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+using namespace fsdpp;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A checkpoint of one [5, 3] tensor "model/w" split as rows 0-1 in rank 0's file and 2-4 in
+// rank 1's, with metadata written from `tweak`ed JSON.
+fs::path two_rank_checkpoint(const fs::path& dir, const at::Tensor& full, const std::function<void(json&)>& tweak = {}) {
+  fs::create_directories(dir);
+  json meta = {{"format", kCheckpointFormat}, {"version", 1}, {"step", 7}, {"world_size", 2}};
+  const std::pair<int64_t, int64_t> rows[] = {{0, 2}, {2, 3}};
+  for (int r = 0; r < 2; ++r) {
+    SafetensorsWriter writer(dir / rank_file_name(r), {{"model/w", at::kFloat, {rows[r].second, 3}}});
+    writer.write(full.narrow(0, rows[r].first, rows[r].second));
+    writer.commit();
+    meta["files"][rank_file_name(r)] = {{"bytes", writer.size()}, {"checksum", format_crc32c(writer.checksum())}};
+    meta["tensors"]["model/w"]["shards"].push_back({{"file", rank_file_name(r)}, {"rows", {rows[r].first, rows[r].second}}});
+  }
+  meta["tensors"]["model/w"]["dtype"] = "F32";
+  meta["tensors"]["model/w"]["shape"] = {5, 3};
+  if (tweak) tweak(meta);
+  std::ofstream(dir / "metadata.json") << meta.dump();
+  return dir;
+}
+
+std::string open_error(const fs::path& dir) {
+  try {
+    ShardedCheckpoint::open(dir).read_full("model/w");
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void fake_checkpoint(const fs::path& root, int64_t step, size_t bytes) {
+  const fs::path dir = checkpoint_path(root, step);
+  fs::create_directories(dir);
+  std::ofstream(dir / "metadata.json") << std::string(bytes, 'x');
+}
+
+}  // namespace
+
+TEST_CASE("crc32c: the standard check value, and continuing equals one pass", "[checkpoint]") {
+  const std::string text = "123456789";
+  CHECK(crc32c(text.data(), text.size()) == 0xE3069283u);
+  CHECK(crc32c(text.data() + 4, 5, crc32c(text.data(), 4)) == 0xE3069283u);
+  CHECK(format_crc32c(0xE3069283u) == "crc32c:e3069283");
+}
+
+TEST_CASE("sharded checkpoint: rows are read across shard boundaries, and every file is checked", "[checkpoint]") {
+  const fs::path dir = testing::scratch_dir("ckpt") / "good";
+  const at::Tensor full = at::arange(15, at::kFloat).view({5, 3});
+  two_rank_checkpoint(dir, full);
+  const auto checkpoint = ShardedCheckpoint::open(dir);
+  CHECK(checkpoint.step() == 7);
+  at::Tensor rows = at::empty({3, 3}, at::kDouble);  // rows 1-3 span both files; converted to double
+  checkpoint.read_rows("model/w", rows, 1);
+  CHECK(at::equal(rows, full.narrow(0, 1, 3).to(at::kDouble)));
+  CHECK(at::equal(checkpoint.read_full("model/w"), full));
+  CHECK(checkpoint.read_stats().bytes == (9 + 15) * 4);  // counted in the stored dtype, float32
+}
+
+TEST_CASE("sharded checkpoint: metadata that does not add up is refused naming the file", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("ckpt");
+  const at::Tensor full = at::arange(15, at::kFloat).view({5, 3});
+  const auto gap = two_rank_checkpoint(root / "gap", full, [](json& m) { m["tensors"]["model/w"]["shards"][1]["rows"] = {3, 2}; });
+  CHECK_THAT(open_error(gap), Catch::Contains("gap/metadata.json") && Catch::Contains("do not tile"));
+  const auto short_rows = two_rank_checkpoint(root / "short", full, [](json& m) { m["tensors"]["model/w"]["shape"] = {6, 3}; });
+  CHECK_THAT(open_error(short_rows), Catch::Contains("hold 5 of its 6 rows"));
+  const auto wrong_sum = two_rank_checkpoint(root / "sum", full, [](json& m) { m["files"][rank_file_name(1)]["checksum"] = "crc32c:00000000"; });
+  CHECK_THAT(open_error(wrong_sum), Catch::Contains("rank-00001.safetensors") && Catch::Contains("checksum"));
+  const auto foreign = two_rank_checkpoint(root / "foreign", full, [](json& m) { m["format"] = "other"; });
+  CHECK_THAT(open_error(foreign), Catch::Contains("foreign/metadata.json"));
+  CHECK_FALSE(ShardedCheckpoint::is_checkpoint(foreign));
+}
+
+TEST_CASE("rotation: keeps the newest `keep`, honours the size cap, never deletes the newest", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("rotate");
+  fs::remove_all(root);
+  for (int64_t step : {10, 20, 30, 40}) fake_checkpoint(root, step, 1000);
+  fs::create_directories(staging_path(root, 50));  // an interrupted save: never listed
+  REQUIRE(list_checkpoints(root).size() == 4);
+  CHECK(latest_checkpoint(root)->step == 40);
+
+  CHECK(rotate_checkpoints(root, /*keep=*/3, /*max_bytes=*/0).size() == 1);
+  CHECK(list_checkpoints(root).front().step == 20);
+  CHECK(rotate_checkpoints(root, 0, /*max_bytes=*/2500).size() == 1);  // 3000 bytes > 2500: the oldest goes
+  CHECK(list_checkpoints(root).front().step == 30);
+  CHECK(rotate_checkpoints(root, 0, /*max_bytes=*/1).size() == 1);  // even over the cap, the newest stays
+  REQUIRE(list_checkpoints(root).size() == 1);
+  CHECK(list_checkpoints(root).front().step == 40);
+  clear_partial_checkpoints(root);
+  CHECK_FALSE(fs::exists(staging_path(root, 50)));
+}
+
+TEST_CASE("HF writer: streams tensors into one file, or shards with an index above the limit", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("hfw");
+  ModelConfig config;
+  const std::vector<TensorSpec> specs = {{"a", at::kBFloat16, {4, 4}}, {"b", at::kBFloat16, {8}}, {"c", at::kBFloat16, {4, 4}}};
+  for (size_t limit : {size_t{1} << 20, size_t{40}}) {
+    const fs::path dir = root / std::to_string(limit);
+    HfDirWriter writer(config, specs, dir, at::kBFloat16, limit);
+    for (const auto& spec : specs) writer.write(spec.name, at::ones(spec.shape, at::kFloat));
+    writer.finish();
+    const HfWeights weights = HfWeights::open(dir);
+    CHECK(weights.names() == std::vector<std::string>{"a", "b", "c"});
+    CHECK(fs::exists(dir / "model.safetensors.index.json") == (limit == 40));  // 32 + 16 + 32 bytes > 40
+    CHECK(weights.file_of("c").tensor("c").scalar_type() == at::kBFloat16);
+  }
+  HfDirWriter out_of_order(config, specs, root / "order", at::kBFloat16);
+  CHECK_THROWS(out_of_order.write("b", at::ones({8})));
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Checkpoints under faults, at world 2:
+#  - a save killed with SIGKILL mid-write (rank 1) or just before its commit (rank 0) leaves
+#    the previous checkpoint loadable, is never taken as the latest, and resuming works;
+#  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
+#    status 143, and resuming continues after that step;
+#  - a flipped byte, a missing rank file and a truncated rank file are refused with one
+#    error naming the file, by `fsdpp export` and by a resumed run.
+set -uo pipefail
+: "${FSDPP:?}" "${WORK:?}"
+bash scripts/make_corpus.sh >/dev/null
+out="$WORK/checkpoint-faults"
+rm -rf "$out" && mkdir -p "$out"
+status=0
+fail() { echo "FAIL: $*"; status=1; }
+train() {  # train OUT_DIR [--set ...]: world 2, checkpoints every 5 steps
+  local dir=$1; shift
+  "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$dir\"" \
+    --set checkpoint.save_every=5 --set 'checkpoint.resume="latest"' "$@"
+}
+
+for point in checkpoint-mid-write:1 checkpoint-before-commit:0; do
+  name=${point%:*} rank=${point#*:}
+  run="$out/$name"
+  train "$run" --set train.steps=5 >"$run.first.log" 2>&1 || fail "$name: the first run failed"
+  FSDPP_FAILPOINT=$name FSDPP_FAILPOINT_RANK=$rank train "$run" >"$run.crash.log" 2>&1
+  rc=$?
+  [ "$rc" -ne 0 ] || fail "$name: the killed save exited 0"
+  grep -q "rank $rank failed with signal Killed" "$run.crash.log" || fail "$name: rank $rank was not killed"
+  ls -a "$run/checkpoints" | grep -q '^\.partial-step-00000010$' || fail "$name: no partial step 10 left behind"
+  [ ! -e "$run/checkpoints/step-00000010" ] || fail "$name: the killed save was committed"
+  "$FSDPP" export "$run/checkpoints/step-00000005" "$run/export" >/dev/null 2>&1 ||
+    fail "$name: the previous checkpoint no longer exports"
+  train "$run" >"$run.resume.log" 2>&1 || fail "$name: resuming failed"
+  grep -q 'continuing after step 5' "$run.resume.log" || fail "$name: resume did not pick step 5"
+  [ -e "$run/checkpoints/step-00000010" ] || fail "$name: the resumed run saved no step 10"
+  ls -a "$run/checkpoints" | grep -q '^\.partial' && fail "$name: the partial save was not cleared"
+  echo "ok   killed at $name (rank $rank, launcher exit $rc): step 5 intact, resumed to step 10"
+done
+
+# SIGTERM mid-run: the step in flight finishes, is saved, and the job exits 128 + 15.
+run="$out/sigterm"
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
+  --set train.steps=100000 >"$run.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  grep -q '"step":4' "$run/metrics.jsonl" 2>/dev/null && break
+  sleep 0.1
+done
+kill -TERM $launcher
+wait $launcher
+rc=$?
+saved=$(ls "$run/checkpoints" 2>/dev/null | tail -1)
+last=$(tail -1 "$run/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
+[ "$rc" -eq 143 ] || fail "SIGTERM: launcher exited $rc, not 143"
+[ "$saved" = "$(printf 'step-%08d' "$last")" ] || fail "SIGTERM: saved '$saved' but the last step was $last"
+train "$run" --set train.steps=$((last + 2)) --set checkpoint.save_every=0 >"$run.resume.log" 2>&1 ||
+  fail "SIGTERM: resuming failed"
+grep -q "continuing after step $last" "$run.resume.log" || fail "SIGTERM: resume did not continue after step $last"
+echo "ok   SIGTERM after step $last: exit $rc, $saved saved, resumed to step $((last + 2))"
+
+# Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
+good="$out/checkpoint-mid-write/checkpoints/step-00000005"
+expect_refused() {  # NAME FILE_IN_MESSAGE WORDS -- COMMAND...
+  local name=$1 file=$2 words=$3; shift 4
+  "$@" >"$out/refused.out" 2>"$out/refused.err"
+  local rc=$? errors
+  errors=$(grep -c '^fsdpp: error:' "$out/refused.err")
+  if [ "$rc" -ne 2 ] || [ "$errors" -ne 1 ] || ! grep '^fsdpp: error:' "$out/refused.err" | grep -q "$file.*$words"; then
+    fail "$name: exit $rc, $errors error line(s): $(tail -2 "$out/refused.err")"
+  else
+    echo "ok   $name: $(grep '^fsdpp: error:' "$out/refused.err")"
+  fi
+}
+for damage in flipped missing truncated; do
+  bad="$out/$damage/step-00000005"
+  mkdir -p "$out/$damage" && cp -r "$good" "$bad"
+  case $damage in
+    flipped) printf '\x5a' | dd of="$bad/rank-00001.safetensors" bs=1 seek=3000 conv=notrunc 2>/dev/null
+             words="checksum" ;;
+    missing) rm "$bad/rank-00001.safetensors"; words="missing" ;;
+    truncated) truncate -s -64 "$bad/rank-00001.safetensors"; words="truncated" ;;
+  esac
+  expect_refused "export of a checkpoint with a $damage rank file" "rank-00001.safetensors" "$words" -- \
+    "$FSDPP" export "$bad" "$out/$damage/export"
+done
+expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safetensors" "checksum" -- \
+  "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/flipped/run\"" \
+  --set "checkpoint.resume=\"$out/flipped/step-00000005\""
+exit $status
