@@ -80,6 +80,17 @@ torch::Tensor new_parameter(at::IntArrayRef shape, const torch::TensorOptions& o
 // Whether the tensor's storage holds all its bytes.
 bool is_allocated(const torch::Tensor& t);
 
+// nn.Sequential as Hugging Face models name it: children under their indices, with gaps
+// where an activation without parameters sits; the owner calls them in turn.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  template <class T>
+  std::shared_ptr<T> add(int64_t index, std::shared_ptr<T> child) {
+    return register_child(std::to_string(index), std::move(child));
+  }
+};
+
 // A container whose children are named 0, 1, 2, ... (nn.ModuleList in Hugging Face models).
 class ModuleList : public Module {
  public:

@@ -79,8 +79,8 @@ torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor&
 }
 
 DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
-                           const torch::TensorOptions& opts)
-    : Module(family.prefix + "Model") {
+                           const torch::TensorOptions& opts, const std::string& class_name)
+    : Module(class_name.empty() ? family.prefix + "Model" : class_name) {
   embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
   auto layers = register_child("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -95,6 +95,14 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids) {
   auto cos_sin = (*rotary_emb_)(positions.to(rotary_emb_->inv_freq.device()));
   cos_sin = cos_sin.to(embed_tokens->weight.device());
   auto h = (*embed_tokens)(input_ids);  // [B, T, C]
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin);
+  return (*norm_)(h);
+}
+
+torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids) {
+  auto cos_sin = (*rotary_emb_)(position_ids.to(rotary_emb_->inv_freq.device()));  // [2, B, T, D]
+  cos_sin = cos_sin.to(inputs_embeds.device());
+  auto h = inputs_embeds;
   for (auto& layer : layers_) h = (*layer)(h, cos_sin);
   return (*norm_)(h);
 }

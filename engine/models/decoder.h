@@ -9,7 +9,7 @@
 namespace fsdpp {
 
 struct DecoderFamily {
-  std::string prefix;      // class-name prefix: "Llama", "Qwen2", "Qwen3"
+  std::string prefix;      // class-name prefix: "Llama", "Qwen2", "Qwen3", "Qwen2VL"
   bool qkv_bias = false;   // q/k/v always carry a bias (qwen2), else config.attention_bias
   bool qk_norm = false;    // RMSNorm over each head of q and k before RoPE (qwen3)
 };
@@ -55,9 +55,12 @@ class DecoderLayer : public Module {
 class DecoderModel : public Module {
  public:
   DecoderModel(const DecoderFamily& family, const ModelConfig& config,
-               const torch::TensorOptions& opts);
+               const torch::TensorOptions& opts, const std::string& class_name = "");
   FSDPP_MODULE_CALL
   torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] -> [B, T, C]
+  // Embeddings the caller made (with vision features placed in them) and multimodal RoPE
+  // positions: inputs_embeds [B, T, C], position_ids [3, B, T] -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids);
 
   std::shared_ptr<Embedding> embed_tokens;
 

@@ -68,6 +68,19 @@ void RMSNorm::init_parameter(const std::string&, torch::Tensor& t, at::Generator
   t.fill_(1.0);
 }
 
+LayerNorm::LayerNorm(int64_t dim, double eps_, const torch::TensorOptions& opts) : Module("LayerNorm"), eps(eps_) {
+  weight = register_parameter("weight", new_parameter({dim}, opts));
+  bias = register_parameter("bias", new_parameter({dim}, opts));
+}
+
+torch::Tensor LayerNorm::forward(const torch::Tensor& x) {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
+void LayerNorm::init_parameter(const std::string& name, torch::Tensor& t, at::Generator&, double) {
+  t.fill_(name == "weight" ? 1.0 : 0.0);
+}
+
 RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& config,
                                  const torch::Device& device)
     : Module(std::move(class_name)) {
@@ -92,18 +105,38 @@ RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& conf
     freq = torch::where(medium, smoothed, scaled);
   }
   inv_freq = freq.to(f32).to(device.is_meta() ? torch::Device(torch::kCPU) : device);
+  mrope_section = s.mrope_section;
 }
 
 torch::Tensor RotaryEmbedding::forward(const torch::Tensor& positions) {
-  auto freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, D/2]
-  auto emb = torch::cat({freqs, freqs}, -1);                                          // [T, D]
-  return torch::stack({emb.cos(), emb.sin()});                                        // [2, T, D]
+  if (positions.dim() == 1) {
+    auto freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, D/2]
+    auto emb = torch::cat({freqs, freqs}, -1);                                          // [T, D]
+    return torch::stack({emb.cos(), emb.sin()});                                        // [2, T, D]
+  }
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [3, B, T, D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);                             // [3, B, T, D]
+  auto tables = torch::stack({emb.cos(), emb.sin()});                    // [2, 3, B, T, D]
+  // Frequency chunks (the sections, twice over for the two halves) cycle through t, h, w.
+  std::vector<int64_t> sections = mrope_section;
+  sections.insert(sections.end(), mrope_section.begin(), mrope_section.end());
+  std::vector<torch::Tensor> picked;
+  int64_t start = 0;
+  for (size_t i = 0; i < sections.size(); ++i) {
+    picked.push_back(tables.select(1, static_cast<int64_t>(i % 3)).narrow(-1, start, sections[i]));
+    start += sections[i];
+  }
+  return torch::cat(picked, -1);  // [2, B, T, D]
 }
 
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin) {
   const int64_t half = x.size(-1) / 2;
-  auto cos = cos_sin[0].to(x.scalar_type());  // [T, D]
+  auto cos = cos_sin[0].to(x.scalar_type());  // [T, D] or [B, T, D]
   auto sin = cos_sin[1].to(x.scalar_type());
+  if (cos.dim() == 3) {  // per sequence: broadcast over heads
+    cos = cos.unsqueeze(1);
+    sin = sin.unsqueeze(1);
+  }
   auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }

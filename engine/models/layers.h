@@ -44,19 +44,34 @@ class RMSNorm : public Module {
   double eps;
 };
 
+class LayerNorm : public Module {
+ public:
+  LayerNorm(int64_t dim, double eps, const torch::TensorOptions& opts);
+  FSDPP_MODULE_CALL
+  torch::Tensor forward(const torch::Tensor& x);  // [..., C] -> [..., C]
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
+                      double std) override;
+
+  torch::Tensor weight, bias;  // [C]
+  double eps;
+};
+
 // cos and sin tables for rotary embeddings, recomputed rather than stored (a
 // non-persistent buffer in Hugging Face's models).
 class RotaryEmbedding : public Module {
  public:
   RotaryEmbedding(std::string class_name, const ModelConfig& config, const torch::Device& device);
   FSDPP_MODULE_CALL
-  // positions [T] -> [2, T, D]: cos then sin, in float32.
+  // positions [T] -> [2, T, D]: cos then sin, in float32. Multimodal RoPE (mrope_section
+  // set): positions [3, B, T] (temporal, height, width) -> [2, B, T, D], each frequency
+  // taking its axis's position.
   torch::Tensor forward(const torch::Tensor& positions);
 
   torch::Tensor inv_freq;  // [D / 2]
+  std::vector<int64_t> mrope_section;
 };
 
-// Rotates q or k [B, H, T, D] by the tables [2, T, D] from RotaryEmbedding.
+// Rotates q or k [B, H, T, D] by the tables [2, T, D] or [2, B, T, D] from RotaryEmbedding.
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin);
 
 }  // namespace fsdpp

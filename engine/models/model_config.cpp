@@ -40,6 +40,8 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
   r.rope_type = read<std::string>(*block, "rope_type", where,
                                   read<std::string>(*block, "type", where, "default"));
   r.factor = read<double>(*block, "factor", where, 1.0);
+  r.mrope_section = read<std::vector<int64_t>>(*block, "mrope_section", where, {});
+  if (r.rope_type == "mrope") r.rope_type = "default";  // the frequencies are the default ones
   if (r.rope_type == "llama3") {
     r.low_freq_factor = read<double>(*block, "low_freq_factor", where, 1.0, true);
     r.high_freq_factor = read<double>(*block, "high_freq_factor", where, 4.0, true);
@@ -56,6 +58,40 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
   return r;
 }
 
+VisionConfig read_vision(const json& j, const std::string& model_type, const std::string& origin) {
+  const std::string where = origin + ": vision_config";
+  VisionConfig v;
+  v.depth = read<int64_t>(j, "depth", where, 0, true);
+  v.num_heads = read<int64_t>(j, "num_heads", where, 0, true);
+  v.patch_size = read<int64_t>(j, "patch_size", where, 14);
+  v.temporal_patch_size = read<int64_t>(j, "temporal_patch_size", where, 2);
+  v.spatial_merge_size = read<int64_t>(j, "spatial_merge_size", where, 2);
+  v.in_channels = read<int64_t>(j, "in_channels", where, read<int64_t>(j, "in_chans", where, 3));
+  if (model_type == "qwen2_vl") {
+    v.embed_dim = read<int64_t>(j, "embed_dim", where, 0, true);
+    v.out_hidden_size = read<int64_t>(j, "hidden_size", where, 0, true);
+    v.intermediate_size = static_cast<int64_t>(static_cast<double>(v.embed_dim) * read<double>(j, "mlp_ratio", where, 4.0));
+    v.hidden_act = read<std::string>(j, "hidden_act", where, "quick_gelu");
+  } else {
+    v.embed_dim = read<int64_t>(j, "hidden_size", where, 0, true);
+    v.out_hidden_size = read<int64_t>(j, "out_hidden_size", where, 0, true);
+    v.intermediate_size = read<int64_t>(j, "intermediate_size", where, 0, true);
+    v.hidden_act = read<std::string>(j, "hidden_act", where, "silu");
+    v.window_size = read<int64_t>(j, "window_size", where, 112);
+    v.fullatt_block_indexes = read<std::vector<int64_t>>(j, "fullatt_block_indexes", where, {});
+    v.tokens_per_second = read<double>(j, "tokens_per_second", where, 2.0);
+  }
+  if (v.embed_dim <= 0 || v.num_heads <= 0 || v.embed_dim % v.num_heads != 0) {
+    throw UserError(where + ": width " + std::to_string(v.embed_dim) + " must be a positive multiple of num_heads " +
+                    std::to_string(v.num_heads));
+  }
+  const std::string expected = model_type == "qwen2_vl" ? "quick_gelu" : "silu";
+  if (v.hidden_act != expected) {
+    throw UserError(where + ": hidden_act '" + v.hidden_act + "' is not supported (" + expected + ")");
+  }
+  return v;
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
@@ -70,10 +106,17 @@ ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
   return from_json(j, path.string());
 }
 
-ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
-  if (!j.is_object()) throw UserError(origin + ": a model config must be a JSON object");
+ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) {
+  if (!file.is_object()) throw UserError(origin + ": a model config must be a JSON object");
   ModelConfig c;
-  c.model_type = read<std::string>(j, "model_type", origin, "", true);
+  c.model_type = read<std::string>(file, "model_type", origin, "", true);
+  // Multimodal files keep the language model's keys in text_config (older ones at the top).
+  json j = file;
+  if (file.contains("text_config") && file["text_config"].is_object()) {
+    for (const auto& [key, value] : file["text_config"].items()) {
+      if (key != "model_type") j[key] = value;
+    }
+  }
   c.vocab_size = read<int64_t>(j, "vocab_size", origin, 0, true);
   c.hidden_size = read<int64_t>(j, "hidden_size", origin, 0, true);
   c.intermediate_size = read<int64_t>(j, "intermediate_size", origin, 0, true);
@@ -117,7 +160,20 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& origin) {
   if (c.head_dim % 2 != 0) {
     throw UserError(origin + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
   }
-  c.raw = std::make_shared<const json>(j);
+  if (file.contains("vision_config")) {
+    if (!file["vision_config"].is_object()) throw UserError(origin + ": vision_config is not an object");
+    c.vision = read_vision(file["vision_config"], c.model_type, origin);
+    c.image_token_id = read<int64_t>(file, "image_token_id", origin, -1, true);
+    c.video_token_id = read<int64_t>(file, "video_token_id", origin, -1, true);
+    c.vision_start_token_id = read<int64_t>(file, "vision_start_token_id", origin, -1, true);
+    int64_t pairs = 0;
+    for (int64_t s : c.rope_scaling.mrope_section) pairs += s;
+    if (c.rope_scaling.mrope_section.size() != 3 || pairs * 2 != c.head_dim) {
+      throw UserError(origin + ": rope_scaling.mrope_section must be 3 sizes summing to head_dim / 2 = " +
+                      std::to_string(c.head_dim / 2));
+    }
+  }
+  c.raw = std::make_shared<const json>(file);
   return c;
 }
 

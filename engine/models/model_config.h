@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace fsdpp {
 
@@ -17,6 +19,24 @@ struct RopeScaling {
   double low_freq_factor = 1.0;       // llama3: wavelengths above old_context/low are scaled
   double high_freq_factor = 4.0;      // llama3: wavelengths below old_context/high are kept
   int64_t original_max_position_embeddings = 8192;  // llama3: the pre-extension context
+  std::vector<int64_t> mrope_section;  // multimodal RoPE: frequency pairs for the t, h, w axes
+};
+
+// The vision tower of a Qwen2-VL or Qwen2.5-VL model (config.json's vision_config).
+struct VisionConfig {
+  int64_t depth = 0;                // vision blocks
+  int64_t embed_dim = 0;            // block width
+  int64_t out_hidden_size = 0;      // merger output: the language model's hidden_size
+  int64_t num_heads = 0;            // attention heads per block
+  int64_t intermediate_size = 0;    // MLP inner width
+  int64_t patch_size = 14;          // pixels per patch side
+  int64_t temporal_patch_size = 2;  // frames per patch
+  int64_t spatial_merge_size = 2;   // patches merged per side into one language token
+  int64_t in_channels = 3;
+  std::string hidden_act;           // quick_gelu (Qwen2-VL) or silu (Qwen2.5-VL)
+  int64_t window_size = 0;          // Qwen2.5-VL: window attention span in pixels
+  std::vector<int64_t> fullatt_block_indexes;  // Qwen2.5-VL: blocks attending over the whole image
+  double tokens_per_second = 0.0;   // Qwen2.5-VL: temporal RoPE positions per second of video
 };
 
 struct ModelConfig {
@@ -37,6 +57,10 @@ struct ModelConfig {
   bool mlp_bias = false;              // bias on the MLP projections (llama)
   double initializer_range = 0.02;    // std of the normal initialiser
   std::string hidden_act = "silu";    // only SwiGLU with SiLU is supported
+  std::optional<VisionConfig> vision; // multimodal models: the vision tower
+  int64_t image_token_id = -1;        // placeholders the vision features replace
+  int64_t video_token_id = -1;
+  int64_t vision_start_token_id = -1; // opens each image or video in the token sequence
   std::shared_ptr<const nlohmann::json> raw;  // the file as read, for export
 
   // Reads and validates `path`; every problem names the file and key.

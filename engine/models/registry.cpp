@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
+#include "models/qwen2_vl.h"
 
 #include <map>
 
@@ -21,6 +22,9 @@ const std::map<std::string, ModelBuilder>& registry() {
       {"llama", decoder_builder({.prefix = "Llama"})},
       {"qwen2", decoder_builder({.prefix = "Qwen2", .qkv_bias = true})},
       {"qwen3", decoder_builder({.prefix = "Qwen3", .qk_norm = true})},
+      {"qwen2_vl", [](const ModelConfig& config, const torch::TensorOptions& opts) -> std::shared_ptr<CausalLM> {
+         return std::make_shared<Qwen2VLForConditionalGeneration>(config, opts);
+       }},
   };
   return builders;
 }

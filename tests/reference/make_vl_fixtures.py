@@ -1,0 +1,95 @@
+# Writes a tiny random Qwen2-VL checkpoint plus reference logits computed by `transformers`
+# for text-only, image, video, and image-plus-video batches, and the gradients of the last;
+# the C++ parity test loads them. Run with the project venv:
+#   .venv/bin/python tests/reference/make_vl_fixtures.py OUTDIR
+import argparse
+import os
+
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+IMAGE, VIDEO, START, END = 290, 291, 292, 293
+MERGE, PATCH, FRAMES, CHANNELS = 2, 4, 2, 3
+
+CONFIG = Qwen2VLConfig(
+    text_config=dict(vocab_size=300, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                     rms_norm_eps=1e-6, rope_theta=10000.0, initializer_range=0.2,
+                     rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
+    vision_config=dict(depth=2, embed_dim=24, hidden_size=48, num_heads=3, mlp_ratio=2, patch_size=PATCH,
+                       spatial_merge_size=MERGE, temporal_patch_size=FRAMES, in_channels=CHANNELS,
+                       initializer_range=0.2),
+    image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+    tie_word_embeddings=False, attn_implementation="eager")
+
+
+def block(token, grid):
+    """vision start, one placeholder per merged patch group, vision end"""
+    t, h, w = grid
+    return [START] + [token] * (t * h * w // MERGE ** 2) + [END]
+
+
+def text(gen, n):
+    return torch.randint(0, IMAGE, (n,), generator=gen).tolist()
+
+
+def patches(gen, grids):
+    n = sum(t * h * w for t, h, w in grids)
+    return torch.randn(n, CHANNELS * FRAMES * PATCH * PATCH, generator=gen)
+
+
+def cases(gen):
+    """name -> (input_ids [B, T], model kwargs)"""
+    out = {"text": (torch.tensor([text(gen, 13), text(gen, 13)]), {})}
+    # Two sequences with an image each, of different sizes; the text fills them to one length.
+    grids = [(1, 4, 6), (1, 2, 4)]
+    rows = [text(gen, 3) + block(IMAGE, grids[0]) + text(gen, 4),
+            text(gen, 5) + block(IMAGE, grids[1]) + text(gen, 6)]
+    out["image"] = (torch.tensor(rows), dict(pixel_values=patches(gen, grids), image_grid_thw=torch.tensor(grids)))
+    video = [(2, 4, 4)]
+    out["video"] = (torch.tensor([text(gen, 2) + block(VIDEO, video[0]) + text(gen, 3)]),
+                    dict(pixel_values_videos=patches(gen, video), video_grid_thw=torch.tensor(video)))
+    image, video = [(1, 2, 2)], [(2, 2, 4)]
+    out["image_video"] = (torch.tensor([text(gen, 2) + block(IMAGE, image[0]) + text(gen, 2) + block(VIDEO, video[0])
+                                        + text(gen, 3)]),
+                          dict(pixel_values=patches(gen, image), image_grid_thw=torch.tensor(image),
+                               pixel_values_videos=patches(gen, video), video_grid_thw=torch.tensor(video)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Tiny Qwen2-VL checkpoint and reference outputs for the parity test.")
+    ap.add_argument("outdir", metavar="OUTDIR")
+    out = os.path.join(ap.parse_args().outdir, "qwen2_vl")
+    torch.manual_seed(7)
+    model = Qwen2VLForConditionalGeneration(CONFIG)
+    with torch.no_grad():  # norms away from 1 and biases away from 0, so skipping one shows
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(out, safe_serialization=True)
+    reference = {}
+    gen = torch.Generator().manual_seed(20240601)
+    for name, (ids, kwargs) in cases(gen).items():
+        model.zero_grad()
+        result = model(input_ids=ids, labels=ids, **kwargs)
+        reference[f"{name}.input_ids"] = ids
+        reference[f"{name}.logits"] = result.logits.detach().contiguous()
+        for key, value in kwargs.items():
+            reference[f"{name}.{key}"] = value.contiguous()
+        if name == "image_video":
+            result.loss.backward()
+            reference[f"{name}.loss"] = result.loss.detach().reshape(())
+            for n, p in model.named_parameters():
+                # The saved files name the language model "model." and the tower "visual.".
+                saved = n.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
+                reference[f"grad.{saved}"] = p.grad.detach().clone()
+        print(f"qwen2_vl {name}: input_ids {list(ids.shape)}, loss {result.loss.item():.6f}")
+    save_file(reference, os.path.join(out, "reference.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
