@@ -73,13 +73,18 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
     v.intermediate_size = static_cast<int64_t>(static_cast<double>(v.embed_dim) * read<double>(j, "mlp_ratio", where, 4.0));
     v.hidden_act = read<std::string>(j, "hidden_act", where, "quick_gelu");
   } else {
+    v.windowed = true;
     v.embed_dim = read<int64_t>(j, "hidden_size", where, 0, true);
     v.out_hidden_size = read<int64_t>(j, "out_hidden_size", where, 0, true);
     v.intermediate_size = read<int64_t>(j, "intermediate_size", where, 0, true);
     v.hidden_act = read<std::string>(j, "hidden_act", where, "silu");
     v.window_size = read<int64_t>(j, "window_size", where, 112);
-    v.fullatt_block_indexes = read<std::vector<int64_t>>(j, "fullatt_block_indexes", where, {});
-    v.tokens_per_second = read<double>(j, "tokens_per_second", where, 2.0);
+    v.fullatt_block_indexes = read<std::vector<int64_t>>(j, "fullatt_block_indexes", where, {7, 15, 23, 31});
+    v.tokens_per_second = read<double>(j, "tokens_per_second", where, 4.0);
+    if (v.window_size % (v.patch_size * v.spatial_merge_size) != 0) {
+      throw UserError(where + ": window_size " + std::to_string(v.window_size) + " is not a multiple of patch_size " +
+                      std::to_string(v.patch_size) + " × spatial_merge_size " + std::to_string(v.spatial_merge_size));
+    }
   }
   if (v.embed_dim <= 0 || v.num_heads <= 0 || v.embed_dim % v.num_heads != 0) {
     throw UserError(where + ": width " + std::to_string(v.embed_dim) + " must be a positive multiple of num_heads " +

@@ -24,6 +24,7 @@ struct RopeScaling {
 
 // The vision tower of a Qwen2-VL or Qwen2.5-VL model (config.json's vision_config).
 struct VisionConfig {
+  bool windowed = false;            // Qwen2.5-VL's tower: RMSNorm, SwiGLU, window attention
   int64_t depth = 0;                // vision blocks
   int64_t embed_dim = 0;            // block width
   int64_t out_hidden_size = 0;      // merger output: the language model's hidden_size

@@ -3,7 +3,7 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
-#include "models/qwen2_vl.h"
+#include "models/qwen_vl.h"
 
 #include <map>
 
@@ -17,14 +17,17 @@ ModelBuilder decoder_builder(DecoderFamily family) {
   };
 }
 
+std::shared_ptr<CausalLM> vision_language_builder(const ModelConfig& config, const torch::TensorOptions& opts) {
+  return std::make_shared<VisionLanguageLM>(config, opts);
+}
+
 const std::map<std::string, ModelBuilder>& registry() {
   static const std::map<std::string, ModelBuilder> builders = {
       {"llama", decoder_builder({.prefix = "Llama"})},
       {"qwen2", decoder_builder({.prefix = "Qwen2", .qkv_bias = true})},
       {"qwen3", decoder_builder({.prefix = "Qwen3", .qk_norm = true})},
-      {"qwen2_vl", [](const ModelConfig& config, const torch::TensorOptions& opts) -> std::shared_ptr<CausalLM> {
-         return std::make_shared<Qwen2VLForConditionalGeneration>(config, opts);
-       }},
+      {"qwen2_vl", vision_language_builder},
+      {"qwen2_5_vl", vision_language_builder},
   };
   return builders;
 }

@@ -4,7 +4,7 @@
 // step as torch.optim.AdamW, within 1e-5 of the reference's largest magnitude.
 #include "core/module_tree.h"
 #include "io/safetensors.h"
-#include "models/qwen2_vl.h"
+#include "models/qwen_vl.h"
 #include "train/adamw.h"
 #include "train/evaluate.h"
 #include "train/model_source.h"
@@ -73,15 +73,18 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   }
 }
 
-// Qwen2-VL (tests/reference/make_vl_fixtures.py): text, image, video and image-plus-video
-// batches give transformers' fp32 logits; the last also its loss and every gradient,
-// vision tower included.
-TEST_CASE("Qwen2-VL logits and gradients match transformers for text, images and video", "[models][parity]") {
+// Qwen2-VL and Qwen2.5-VL (tests/reference/make_vl_fixtures.py): text, image, video and
+// image-plus-video batches give transformers' fp32 logits; the last also its loss and every
+// gradient, vision tower included.
+TEST_CASE("Qwen2-VL and Qwen2.5-VL logits and gradients match transformers for text, images and video",
+          "[models][parity]") {
+  const std::string model_name = GENERATE("qwen2_vl", "qwen2_5_vl");
+  INFO("model " << model_name);
   const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
   REQUIRE(fixtures != nullptr);
-  const std::string dir = std::string(fixtures) + "/qwen2_vl";
+  const std::string dir = std::string(fixtures) + "/" + model_name;
   auto loaded = load_model({.path = dir, .dtype = "float32"}).model;
-  auto* model = dynamic_cast<Qwen2VLForConditionalGeneration*>(loaded.get());
+  auto* model = dynamic_cast<VisionLanguageLM*>(loaded.get());
   REQUIRE(model != nullptr);
   auto reference = SafetensorsFile::open(dir + "/reference.safetensors");
   auto optional = [&](const std::string& key) { return reference->contains(key) ? reference->tensor(key) : at::Tensor(); };
@@ -89,7 +92,8 @@ TEST_CASE("Qwen2-VL logits and gradients match transformers for text, images and
     INFO("batch " << name);
     auto ids = reference->tensor(name + ".input_ids");  // [B, T]
     const VisionInputs vision{optional(name + ".pixel_values"), optional(name + ".image_grid_thw"),
-                              optional(name + ".pixel_values_videos"), optional(name + ".video_grid_thw")};
+                              optional(name + ".pixel_values_videos"), optional(name + ".video_grid_thw"),
+                              optional(name + ".second_per_grid_ts")};
     auto logits = (*model)(ids, vision);  // [B, T, V]
     CHECK(relative_error(logits, reference->tensor(name + ".logits")) < 1e-5);
     if (name != "image_video") continue;

@@ -1,27 +1,35 @@
-# Writes a tiny random Qwen2-VL checkpoint plus reference logits computed by `transformers`
-# for text-only, image, video, and image-plus-video batches, and the gradients of the last;
-# the C++ parity test loads them. Run with the project venv:
+# Writes tiny random Qwen2-VL and Qwen2.5-VL checkpoints plus reference logits computed by
+# `transformers` for text-only, image, video, and image-plus-video batches, and the
+# gradients of the last; the C++ parity test loads them. Run with the project venv:
 #   .venv/bin/python tests/reference/make_vl_fixtures.py OUTDIR
 import argparse
 import os
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 IMAGE, VIDEO, START, END = 290, 291, 292, 293
 MERGE, PATCH, FRAMES, CHANNELS = 2, 4, 2, 3
 
-CONFIG = Qwen2VLConfig(
-    text_config=dict(vocab_size=300, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
-                     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                     rms_norm_eps=1e-6, rope_theta=10000.0, initializer_range=0.2,
-                     rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
-    vision_config=dict(depth=2, embed_dim=24, hidden_size=48, num_heads=3, mlp_ratio=2, patch_size=PATCH,
-                       spatial_merge_size=MERGE, temporal_patch_size=FRAMES, in_channels=CHANNELS,
-                       initializer_range=0.2),
-    image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
-    tie_word_embeddings=False, attn_implementation="eager")
+TEXT = dict(vocab_size=300, hidden_size=48, intermediate_size=88, num_hidden_layers=2, num_attention_heads=6,
+            num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+            initializer_range=0.2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]})
+TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+              tie_word_embeddings=False, attn_implementation="eager")
+PATCHING = dict(patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=FRAMES, in_channels=CHANNELS,
+                initializer_range=0.2)
+# name -> (model class, config): a window of 16 pixels is 2 × 2 merge groups, so the 2 × 3
+# groups of the first image fall into four windows, one of them empty after padding.
+MODELS = {
+    "qwen2_vl": (Qwen2VLForConditionalGeneration, Qwen2VLConfig(
+        text_config=TEXT, vision_config=dict(depth=2, embed_dim=24, hidden_size=48, num_heads=3, mlp_ratio=2,
+                                             **PATCHING), **TOKENS)),
+    "qwen2_5_vl": (Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLConfig(
+        text_config=TEXT, vision_config=dict(depth=2, hidden_size=24, out_hidden_size=48, num_heads=3,
+                                             intermediate_size=40, window_size=16, fullatt_block_indexes=[1],
+                                             tokens_per_second=2, **PATCHING), **TOKENS)),
+}
 
 
 def block(token, grid):
@@ -48,8 +56,10 @@ def cases(gen):
             text(gen, 5) + block(IMAGE, grids[1]) + text(gen, 6)]
     out["image"] = (torch.tensor(rows), dict(pixel_values=patches(gen, grids), image_grid_thw=torch.tensor(grids)))
     video = [(2, 4, 4)]
+    # 2 seconds per temporal patch: Qwen2.5-VL spaces the frames' positions by it.
     out["video"] = (torch.tensor([text(gen, 2) + block(VIDEO, video[0]) + text(gen, 3)]),
-                    dict(pixel_values_videos=patches(gen, video), video_grid_thw=torch.tensor(video)))
+                    dict(pixel_values_videos=patches(gen, video), video_grid_thw=torch.tensor(video),
+                         second_per_grid_ts=torch.tensor([2.0])))
     image, video = [(1, 2, 2)], [(2, 2, 4)]
     out["image_video"] = (torch.tensor([text(gen, 2) + block(IMAGE, image[0]) + text(gen, 2) + block(VIDEO, video[0])
                                         + text(gen, 3)]),
@@ -58,37 +68,45 @@ def cases(gen):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description="Tiny Qwen2-VL checkpoint and reference outputs for the parity test.")
-    ap.add_argument("outdir", metavar="OUTDIR")
-    out = os.path.join(ap.parse_args().outdir, "qwen2_vl")
+def make_one(outdir, name, cls, config):
+    out = os.path.join(outdir, name)
     torch.manual_seed(7)
-    model = Qwen2VLForConditionalGeneration(CONFIG)
+    model = cls(config)
     with torch.no_grad():  # norms away from 1 and biases away from 0, so skipping one shows
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
+        for n, p in model.named_parameters():
+            if n.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
+            elif n.endswith("bias"):
                 p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
     reference = {}
     gen = torch.Generator().manual_seed(20240601)
-    for name, (ids, kwargs) in cases(gen).items():
+    for case, (ids, kwargs) in cases(gen).items():
+        if cls is Qwen2VLForConditionalGeneration:
+            kwargs = {k: v for k, v in kwargs.items() if k != "second_per_grid_ts"}
         model.zero_grad()
         result = model(input_ids=ids, labels=ids, **kwargs)
-        reference[f"{name}.input_ids"] = ids
-        reference[f"{name}.logits"] = result.logits.detach().contiguous()
+        reference[f"{case}.input_ids"] = ids
+        reference[f"{case}.logits"] = result.logits.detach().contiguous()
         for key, value in kwargs.items():
-            reference[f"{name}.{key}"] = value.contiguous()
-        if name == "image_video":
+            reference[f"{case}.{key}"] = value.contiguous()
+        if case == "image_video":
             result.loss.backward()
-            reference[f"{name}.loss"] = result.loss.detach().reshape(())
+            reference[f"{case}.loss"] = result.loss.detach().reshape(())
             for n, p in model.named_parameters():
                 # The saved files name the language model "model." and the tower "visual.".
                 saved = n.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
                 reference[f"grad.{saved}"] = p.grad.detach().clone()
-        print(f"qwen2_vl {name}: input_ids {list(ids.shape)}, loss {result.loss.item():.6f}")
+        print(f"{name} {case}: input_ids {list(ids.shape)}, loss {result.loss.item():.6f}")
     save_file(reference, os.path.join(out, "reference.safetensors"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Tiny Qwen2-VL and Qwen2.5-VL checkpoints and reference outputs.")
+    ap.add_argument("outdir", metavar="OUTDIR")
+    outdir = ap.parse_args().outdir
+    for name, (cls, config) in MODELS.items():
+        make_one(outdir, name, cls, config)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-// Qwen2-VL's forward: one pass of the vision tower over the batch's images and videos
-// together, their features scattered into the placeholder embeddings, and the decoder run
-// with multimodal RoPE positions.
-#include "models/qwen2_vl.h"
+// Qwen2-VL's and Qwen2.5-VL's forward: one pass of the vision tower over the batch's
+// images and videos together, their features scattered into the placeholder embeddings,
+// and the decoder run with multimodal RoPE positions.
+#include "models/qwen_vl.h"
 
 #include "core/error.h"
 
@@ -15,24 +15,30 @@ int64_t merged_tokens(const torch::Tensor& grid_thw, int64_t merge) {
   return grid_thw.defined() && grid_thw.numel() > 0 ? grid_thw.prod(1).sum().item<int64_t>() / (merge * merge) : 0;
 }
 
+// Class names: Qwen2VLDecoderLayer, Qwen2_5_VLDecoderLayer, ...
+std::string prefix_of(const ModelConfig& c) {
+  TORCH_CHECK(c.vision, c.model_type, " needs a vision_config");
+  return c.vision->windowed ? "Qwen2_5_VL" : "Qwen2VL";
+}
+
 }  // namespace
 
-Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(const ModelConfig& c, const torch::TensorOptions& opts)
-    : CausalLM("Qwen2VLForConditionalGeneration", c, {"Qwen2VLDecoderLayer", "Qwen2VLVisionBlock"}) {
-  TORCH_CHECK(c.vision, "Qwen2-VL needs a vision_config");
+VisionLanguageLM::VisionLanguageLM(const ModelConfig& c, const torch::TensorOptions& opts)
+    : CausalLM(prefix_of(c) + "ForConditionalGeneration", c,
+               {prefix_of(c) + "DecoderLayer", prefix_of(c) + "VisionBlock"}) {
   visual_ = register_child("visual", std::make_shared<VisionTransformer>(*c.vision, opts));
-  model_ = register_child("model", std::make_shared<DecoderModel>(DecoderFamily{.prefix = "Qwen2VL", .qkv_bias = true}, c,
-                                                                  opts, "Qwen2VLTextModel"));
+  model_ = register_child("model", std::make_shared<DecoderModel>(DecoderFamily{.prefix = prefix_of(c), .qkv_bias = true}, c,
+                                                                  opts, prefix_of(c) + "TextModel"));
   lm_head_ = c.tie_word_embeddings ? std::make_shared<Linear>(model_->embed_tokens->weight)
                                    : std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, opts);
   register_child("lm_head", lm_head_);
 }
 
-torch::Tensor Qwen2VLForConditionalGeneration::forward(const torch::Tensor& input_ids) {
+torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids) {
   return forward(input_ids, VisionInputs{});
 }
 
-torch::Tensor Qwen2VLForConditionalGeneration::forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
+torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
   const int64_t merge = visual_->config().spatial_merge_size;
   const int64_t image_tokens = merged_tokens(vision.image_grid_thw, merge);
   const int64_t video_tokens = merged_tokens(vision.video_grid_thw, merge);
@@ -62,7 +68,7 @@ torch::Tensor Qwen2VLForConditionalGeneration::forward(const torch::Tensor& inpu
   return (*lm_head_)((*model_)(embeds, position_ids(input_ids, vision)));
 }
 
-torch::Tensor Qwen2VLForConditionalGeneration::position_ids(const torch::Tensor& input_ids,
+torch::Tensor VisionLanguageLM::position_ids(const torch::Tensor& input_ids,
                                                             const VisionInputs& vision) const {
   const int64_t B = input_ids.size(0), T = input_ids.size(1), merge = visual_->config().spatial_merge_size;
   auto ids = input_ids.to(at::kLong).contiguous();
@@ -85,13 +91,22 @@ torch::Tensor Qwen2VLForConditionalGeneration::position_ids(const torch::Tensor&
       const int64_t frames = grids[index][0].item<int64_t>(), rows = grids[index][1].item<int64_t>() / merge,
                     cols = grids[index][2].item<int64_t>() / merge;
       ++index;
+      // Qwen2.5-VL: a video's frame f sits at f × whole seconds per patch × tokens_per_second
+      // (the seconds truncated to an integer first, as transformers does).
+      double frame_step = 1.0;
+      if (visual_->config().windowed) {
+        const bool timed = video && vision.second_per_grid_ts.defined();
+        const auto seconds = image ? 0 : timed ? static_cast<int64_t>(vision.second_per_grid_ts[index - 1].item<double>()) : 1;
+        frame_step = static_cast<double>(seconds) * visual_->config().tokens_per_second;
+      }
       int64_t largest = next;
       for (int64_t f = 0; f < frames; ++f) {
+        const auto frame = static_cast<int64_t>(static_cast<double>(f) * frame_step);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < cols; ++c, ++t) {
             TORCH_CHECK(t < T, "a vision block runs past the end of the sequence");
-            pos[0][b][t] = next + f, pos[1][b][t] = next + r, pos[2][b][t] = next + c;
-            largest = std::max({largest, next + f, next + r, next + c});
+            pos[0][b][t] = next + frame, pos[1][b][t] = next + r, pos[2][b][t] = next + c;
+            largest = std::max({largest, next + frame, next + r, next + c});
           }
         }
       }
