@@ -52,7 +52,17 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Vi
     }
   }
   auto embeds = (*model_->embed_tokens)(input_ids);  // [B, T, C]
-  if (image_tokens + video_tokens > 0) {
+  if (image_tokens + video_tokens == 0) {
+    // The tower runs on every batch, so when its blocks are sharded every rank gathers and
+    // reduces them in lockstep whatever its batch holds: a batch without images or video
+    // sends one blank m × m frame through it and adds its features times zero, which leaves
+    // the logits and every gradient as they are.
+    const VisionConfig& v = visual_->config();
+    auto grid = at::tensor({int64_t{1}, merge, merge}, at::kLong).view({1, 3});
+    auto blank = at::zeros({merge * merge, v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size},
+                           embeds.options());
+    embeds = embeds + 0.0 * (*visual_)(blank, grid).sum().to(embeds.scalar_type());
+  } else {
     // Images and videos go through the tower together, once per batch.
     std::vector<torch::Tensor> patches, grids;
     if (image_tokens > 0) patches.push_back(vision.pixel_values), grids.push_back(vision.image_grid_thw);

@@ -11,7 +11,10 @@
 --   param_dtype           gather and compute dtype (default: the model's [model] dtype);
 --                         master shards stay float32
 --   reduce_dtype          gradient reduction dtype (default float32)
---   mixed_mm_data         vision blocks stay in the root unit (ranks with and without images)
+--   vision_tower          "shard": each vision block its own unit (default); "root": the
+--                         vision blocks stay in the root unit; "replicate": the whole tower
+--                         one unit, unsharded on every rank, its gradients all-reduced
+--   mixed_mm_data         true is vision_tower = "root" (the name the option had before)
 --   fused_linear_logprob  lm_head stays in the root unit (used outside its forward)
 local M = {}
 
@@ -79,15 +82,25 @@ function M.wrap_embedding_and_head(opts)
   end
 end
 
--- The seed's rule: no_split_modules plus `classes` (and `vision` unless mixed_mm_data) as
--- units, then embeddings and lm_head, then the root.
+-- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data.
+local function vision_tower_mode()
+  local mode = option("vision_tower", option("mixed_mm_data", false) and "root" or "shard")
+  if mode ~= "shard" and mode ~= "root" and mode ~= "replicate" then
+    error("vision_tower must be \"shard\", \"root\" or \"replicate\", not " .. tostring(mode))
+  end
+  return mode
+end
+
+-- The standard rule: no_split_modules plus `classes` as units, the vision tower as
+-- vision_tower says (`vision` names its block classes), then embeddings and lm_head, then
+-- the root.
 function M.standard(spec)
   local classes = {}
   local vision = spec.vision or {}
-  local keep_vision = not option("mixed_mm_data", false)
+  local mode = vision_tower_mode()
   local function add(class)
     if contains(classes, class) then return end
-    if contains(vision, class) and not keep_vision then return end
+    if contains(vision, class) and mode ~= "shard" then return end
     classes[#classes + 1] = class
   end
   for _, class in ipairs(ctx.no_split_modules) do add(class) end
@@ -95,6 +108,11 @@ function M.standard(spec)
   for _, class in ipairs(vision) do add(class) end
   if M.wrap_classes(classes, M.layer_options()) == 0 then
     error("no module of the classes " .. table.concat(classes, ", ") .. " exists in this model")
+  end
+  if mode == "replicate" and #vision > 0 then
+    for _, tower in ipairs(ctx.model:find{path = "^visual$"}) do
+      wrap(tower, M.unit_options{mesh = mesh{shard = 1, replicate = ctx.world_size}, reshard_after_forward = false})
+    end
   end
   M.wrap_embedding_and_head(M.unit_options())
   wrap(ctx.model, M.root_options())

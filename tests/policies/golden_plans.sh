@@ -47,5 +47,9 @@ golden qwen3-hsdp-offload qwen3 tests/assets/models/tiny-qwen3 --set policy.opti
 golden transformer_auto-qwen3-mlp transformer_auto tests/assets/models/tiny-qwen3 \
   --set 'policy.options.classes="Qwen3MLP"'
 golden size_based-llama size_based tests/assets/models/fsdp-llama --set policy.options.min_num_params=5000
+golden qwen2_vl-shard qwen2_vl tests/assets/models/tiny-qwen2-vl
+golden qwen2_vl-root qwen2_vl tests/assets/models/tiny-qwen2-vl --set policy.options.mixed_mm_data=true
+golden qwen2_5_vl-shard qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl
+golden qwen2_5_vl-replicate qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl --set 'policy.options.vision_tower="replicate"'
 
 [ $failures -eq 0 ] || { echo "$failures golden plan(s) differ"; exit 1; }
