@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <random>
 
 namespace fsdpp {
 
@@ -24,6 +25,7 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.batch_size = s.get_int("batch_size", c.batch_size);
   c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction);
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0));
+  c.shuffle = s.get_bool("shuffle", c.shuffle);
   s.finish();
   if (c.train.empty()) s.fail("train", "required: the token file to train on");
   if (c.seq_len < 1) s.fail("seq_len", "must be at least 1, got " + std::to_string(c.seq_len));
@@ -69,41 +71,57 @@ at::Tensor TokenFile::slice(int64_t begin, int64_t length) const {
   return view.to(at::kLong);
 }
 
-BatchSampler::BatchSampler(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len,
-                           int64_t batch_size, uint64_t seed)
-    : tokens_(&tokens), begin_(begin), seq_len_(seq_len), batch_size_(batch_size), seed_(seed) {
+ShuffledOrder::ShuffledOrder(int64_t size, uint64_t seed, bool shuffle)
+    : seed_(seed), shuffle_(shuffle), order_(static_cast<size_t>(size)) {
+  reorder();
+}
+
+void ShuffledOrder::reorder() {
+  std::iota(order_.begin(), order_.end(), 0);
+  if (!shuffle_) return;
+  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + epoch_);
+  std::shuffle(order_.begin(), order_.end(), rng);
+}
+
+int64_t ShuffledOrder::next() {
+  if (cursor_ == order_.size()) {
+    ++epoch_;
+    cursor_ = 0;
+    reorder();
+  }
+  return order_[cursor_++];
+}
+
+void ShuffledOrder::seek(Position position) {
+  TORCH_CHECK(position.window >= 0 && position.window <= size(), "window ", position.window,
+              " is outside an epoch of ", size());
+  epoch_ = position.epoch;
+  cursor_ = static_cast<size_t>(position.window);
+  reorder();
+}
+
+namespace {
+
+int64_t window_count(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len) {
   const int64_t windows = (end - begin - 1) / seq_len;
   if (windows < 1) {
     throw UserError(tokens.path().string() + ": " + std::to_string(end - begin) +
                     " tokens cannot fill one window of seq_len " + std::to_string(seq_len) + " + 1");
   }
-  order_.resize(static_cast<size_t>(windows));
-  shuffle();
+  return windows;
 }
 
-void BatchSampler::shuffle() {
-  std::iota(order_.begin(), order_.end(), 0);
-  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + epoch_);
-  std::shuffle(order_.begin(), order_.end(), rng);
-}
+}  // namespace
 
-void BatchSampler::seek(Position position) {
-  TORCH_CHECK(position.window >= 0 && position.window <= windows_per_epoch(), "window ", position.window,
-              " is outside an epoch of ", windows_per_epoch());
-  epoch_ = position.epoch;
-  cursor_ = static_cast<size_t>(position.window);
-  shuffle();
-}
+BatchSampler::BatchSampler(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len,
+                           int64_t batch_size, uint64_t seed, bool shuffle)
+    : tokens_(&tokens), begin_(begin), seq_len_(seq_len), batch_size_(batch_size),
+      order_(window_count(tokens, begin, end, seq_len), seed, shuffle) {}
 
 BatchSampler::Batch BatchSampler::next() {
   std::vector<at::Tensor> windows;
   for (int64_t i = 0; i < batch_size_; ++i) {
-    if (cursor_ == order_.size()) {
-      ++epoch_;
-      cursor_ = 0;
-      shuffle();
-    }
-    windows.push_back(tokens_->slice(begin_ + order_[cursor_++] * seq_len_, seq_len_ + 1));
+    windows.push_back(tokens_->slice(begin_ + order_.next() * seq_len_, seq_len_ + 1));
   }
   auto stacked = at::stack(windows);  // [B, T + 1]
   return {stacked.narrow(1, 0, seq_len_).contiguous(), stacked.narrow(1, 1, seq_len_).contiguous()};

@@ -22,6 +22,7 @@ struct DataConfig {
   int64_t batch_size = 8;      // sequences per micro-batch
   double eval_fraction = 0.0;  // share of the file's tail held out for evaluation
   uint64_t seed = 0;           // batch order
+  bool shuffle = true;         // false visits windows (or multimodal samples) in file order
 
   static DataConfig from_section(ConfigSection& section);
 };
@@ -42,37 +43,52 @@ class TokenFile {
   int64_t count_ = 0, vocab_ = 0, width_ = 0;
 };
 
+// Visits the indices 0..size-1 once per epoch, in an order fixed by (seed, epoch), or in
+// order when shuffling is off.
+class ShuffledOrder {
+ public:
+  ShuffledOrder(int64_t size, uint64_t seed, bool shuffle);
+
+  int64_t next();
+  int64_t size() const { return static_cast<int64_t>(order_.size()); }
+
+  // Where the next index comes from: with the same size, seed and shuffle, seeking to a
+  // saved position continues the exact sequence.
+  struct Position {
+    uint64_t epoch = 0;
+    int64_t window = 0;  // index into the epoch's order
+  };
+  Position position() const { return {epoch_, static_cast<int64_t>(cursor_)}; }
+  void seek(Position position);
+
+ private:
+  void reorder();
+
+  uint64_t seed_, epoch_ = 0;
+  bool shuffle_;
+  size_t cursor_ = 0;
+  std::vector<int64_t> order_;
+};
+
 // Draws batches of (input, target) windows from tokens [begin, end): each epoch visits every
-// non-overlapping window once in an order fixed by (seed, epoch).
+// non-overlapping window once.
 class BatchSampler {
  public:
   BatchSampler(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len,
-               int64_t batch_size, uint64_t seed);
+               int64_t batch_size, uint64_t seed, bool shuffle = true);
 
   struct Batch {
     at::Tensor input;   // [B, T] int64
     at::Tensor target;  // [B, T] int64, input shifted by one
   };
   Batch next();
-  int64_t windows_per_epoch() const { return static_cast<int64_t>(order_.size()); }
-
-  // Where the next batch starts: with the same tokens, seq_len and seed, seeking to a saved
-  // position continues the exact sequence of batches.
-  struct Position {
-    uint64_t epoch = 0;
-    int64_t window = 0;  // index into the epoch's shuffled order
-  };
-  Position position() const { return {epoch_, static_cast<int64_t>(cursor_)}; }
-  void seek(Position position);
+  int64_t windows_per_epoch() const { return order_.size(); }
+  ShuffledOrder& order() { return order_; }
 
  private:
-  void shuffle();
-
   const TokenFile* tokens_;
   int64_t begin_, seq_len_, batch_size_;
-  uint64_t seed_, epoch_ = 0;
-  size_t cursor_ = 0;
-  std::vector<int64_t> order_;
+  ShuffledOrder order_;
 };
 
 }  // namespace fsdpp

@@ -47,9 +47,9 @@ std::string config_hash(const RunConfig& config) {
 
 RunCheckpointer::RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
                                  std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
-                                 BatchSampler& sampler, json data)
+                                 ShuffledOrder& order, json data)
     : config_(config), model_(model), world_(std::move(world)), shards_(std::move(shards)),
-      meshes_(std::move(meshes)), optimizer_(optimizer), sampler_(sampler), data_(std::move(data)) {}
+      meshes_(std::move(meshes)), optimizer_(optimizer), order_(order), data_(std::move(data)) {}
 
 void RunCheckpointer::save(int64_t step, const json& client_state) {
   const fs::path root = config_.checkpoint.dir;
@@ -166,7 +166,7 @@ json RunCheckpointer::metadata(int64_t step, const json& client_state, const at:
   meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
   meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
   meta["model"] = {{"dtype", config_.model.dtype}};
-  const auto position = sampler_.position();
+  const auto position = order_.position();
   meta["data"] = data_;
   meta["data"]["epoch"] = position.epoch;
   meta["data"]["window"] = position.window;
@@ -178,10 +178,10 @@ ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool p
   const json& meta = checkpoint.metadata();
   const std::string where = checkpoint.dir().string();
   const json& saved = meta.at("data");
-  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed"}) {
-    if (saved.at(key) != data_.at(key)) {
+  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed", "shuffle"}) {
+    if (saved.value(key, json()) != data_.value(key, json())) {
       throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
-                      saved.at(key).dump() + ", but this run has " + data_.at(key).dump() +
+                      saved.value(key, json()).dump() + ", but this run has " + data_.value(key, json()).dump() +
                       " (the same window index would name different tokens)");
     }
   }
@@ -200,7 +200,7 @@ ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool p
       state->step.fill_(adam_steps);
     }
   }
-  sampler_.seek({saved.at("epoch").get<uint64_t>(), saved.at("window").get<int64_t>()});
+  order_.seek({saved.at("epoch").get<uint64_t>(), saved.at("window").get<int64_t>()});
   // Each rank's own generator when the world matches; otherwise the saved rank it maps to.
   const int source = world_->rank() % checkpoint.world_size();
   at::Tensor rng = checkpoint.read_whole(rank_file_name(source), "rng/cpu");

@@ -30,10 +30,10 @@ struct ResumePoint {
 class RunCheckpointer {
  public:
   // `shards` are this rank's rows of every parameter (the optimizer's tensors); `data`
-  // identifies the token stream the sampler draws from (file, range, seq_len, seed).
+  // identifies the stream `order` indexes (file, range, seq_len, seed).
   RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
                   std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
-                  BatchSampler& sampler, nlohmann::json data);
+                  ShuffledOrder& order, nlohmann::json data);
 
   // Saves step `step` under config.dir and rotates older checkpoints (collective; every
   // rank calls it). A step already saved is left as it is.
@@ -54,7 +54,7 @@ class RunCheckpointer {
   std::vector<ShardRows> shards_;
   std::vector<std::string> meshes_;
   AdamW& optimizer_;
-  BatchSampler& sampler_;
+  ShuffledOrder& order_;
   nlohmann::json data_;
 };
 

@@ -10,6 +10,7 @@
 #include "io/sharded_checkpoint.h"
 #include "train/run_checkpoint.h"
 #include "train/evaluate.h"
+#include "train/multimodal_data.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -104,7 +105,10 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
 
-  const TokenFile tokens = TokenFile::open(config.data.train);
+  // A directory is a multimodal dataset (train/multimodal_data.h), a file a token file.
+  const bool multimodal = std::filesystem::is_directory(config.data.train);
+  std::optional<TokenFile> tokens;
+  if (!multimodal) tokens = TokenFile::open(config.data.train);
   std::shared_ptr<const ShardedCheckpoint> checkpoint;
   if (auto path = resume_path(config.checkpoint)) {
     checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
@@ -114,7 +118,13 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const auto load_start = Clock::now();
   auto loaded = load_model(config.model, /*unallocated=*/env.launched);
   CausalLM& model = *loaded.model;
-  check_vocab(tokens, model);
+  std::optional<MultimodalDataset> samples;
+  auto* vision_language = dynamic_cast<VisionLanguageLM*>(&model);
+  if (multimodal) {
+    samples = MultimodalDataset::open(config.data.train, model.config(), config.data.seq_len);
+  } else {
+    check_vocab(*tokens, model);
+  }
   model.train();
   std::unique_ptr<FsdpState> fsdp;
   if (env.launched) {
@@ -144,11 +154,15 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     log_info("sharded: ", fsdp->units().size(), " units [", names, "], parameter shards ", shard_bytes, " bytes");
   }
 
-  const TokenRange range = train_range(config.data, tokens);
-  BatchSampler sampler(tokens, range.begin, range.end, config.data.seq_len, config.data.batch_size,
-                       config.data.seed);
-  const TokenRange held_out = eval_range(config.data, tokens);
-  const bool can_eval = tc.eval_every > 0 && config.data.eval_fraction > 0;
+  const TokenRange range = multimodal ? TokenRange{0, samples->size()} : train_range(config.data, *tokens);
+  std::optional<BatchSampler> sampler;
+  std::optional<ShuffledOrder> sample_order;
+  ShuffledOrder& order = multimodal ? sample_order.emplace(samples->size(), config.data.seed, config.data.shuffle)
+                                    : sampler.emplace(*tokens, range.begin, range.end, config.data.seq_len,
+                                                      config.data.batch_size, config.data.seed, config.data.shuffle)
+                                          .order();
+  const TokenRange held_out = multimodal ? TokenRange{} : eval_range(config.data, *tokens);
+  const bool can_eval = !multimodal && tc.eval_every > 0 && config.data.eval_fraction > 0;
 
   const auto params = fsdp ? fsdp->sharded_parameters() : unique_named_parameters(model);
   AdamW optimizer(decay_groups(params, config.optimizer.weight_decay), config.optimizer);
@@ -162,11 +176,12 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     }
   }
   const json data_stream = {{"train", std::filesystem::absolute(config.data.train).lexically_normal().string()},
-                            {"tokens", tokens.size()}, {"begin", range.begin}, {"end", range.end},
+                            {"tokens", multimodal ? samples->size() : tokens->size()}, {"begin", range.begin},
+                            {"end", range.end}, {"shuffle", config.data.shuffle},
                             {"seq_len", config.data.seq_len}, {"seed", config.data.seed},
                             {"batch_size", config.data.batch_size}};
   RunCheckpointer checkpointer(config, model.config(), comm, fsdp ? fsdp->shard_rows() : whole_shard_rows(model),
-                               fsdp ? fsdp->mesh_shapes() : std::vector<std::string>{"1x1"}, optimizer, sampler,
+                               fsdp ? fsdp->mesh_shapes() : std::vector<std::string>{"1x1"}, optimizer, order,
                                data_stream);
   TrainSummary summary;
   int64_t first_step = 1;
@@ -192,7 +207,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     log_info("train: ", tc.steps, " steps of ", step_tokens, " tokens (", tc.grad_accum, " x ",
              config.data.batch_size, " x ", config.data.seq_len, "), ", world, " rank(s), ",
              fsdp ? concat(fsdp->units().size(), " FSDP units, ") : std::string(), at::get_num_threads(),
-             " threads per rank, ", sampler.windows_per_epoch(), " windows per epoch");
+             " threads per rank, ", order.size(), multimodal ? " samples" : " windows", " per epoch");
   }
   if (config.checkpoint.save_on_signal) catch_stop_signals();
   auto client_state = [&](int64_t step) {
@@ -206,14 +221,34 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     const double lr = schedule.at(step);
     optimizer.zero_grad();
     at::Tensor loss_sum = at::zeros({1}, at::kDouble);
+    // Multimodal steps draw every micro-batch's global samples first: the loss divides by all
+    // the targets they hold, which vary with padding and placeholders.
+    std::vector<std::vector<int64_t>> step_samples(multimodal ? tc.grad_accum : 0);
+    int64_t step_targets = step_tokens;
+    if (multimodal) {
+      step_targets = 0;
+      for (auto& micro : step_samples) {
+        for (int64_t i = 0; i < config.data.batch_size; ++i) micro.push_back(order.next());
+        step_targets += samples->target_count(micro);
+      }
+      step_targets = std::max<int64_t>(step_targets, 1);
+    }
     for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
       if (fsdp) fsdp->set_requires_gradient_sync(tc.sync_each_micro_batch || micro + 1 == tc.grad_accum);
-      auto batch = sampler.next();  // the global batch; this rank trains on its rows
-      auto input = batch.input.narrow(0, rank * rows, rows);
-      auto target = batch.target.narrow(0, rank * rows, rows);
-      // Dividing by the step's global token count makes the gradient summed over ranks and
+      at::Tensor logits, target;
+      if (multimodal) {  // this rank's rows of the global batch, with their images and videos
+        const auto& all = step_samples[static_cast<size_t>(micro)];
+        auto batch = samples->batch({all.begin() + rank * rows, all.begin() + (rank + 1) * rows});
+        logits = (*vision_language)(batch.input, batch.vision);
+        target = batch.target;
+      } else {
+        auto batch = sampler->next();  // the global batch; this rank trains on its rows
+        logits = model(batch.input.narrow(0, rank * rows, rows));
+        target = batch.target.narrow(0, rank * rows, rows);
+      }
+      // Dividing by the step's global target count makes the gradient summed over ranks and
       // micro-batches that of the mean loss over the whole step.
-      auto loss = next_token_loss_sum(model(input), target) / static_cast<double>(step_tokens);
+      auto loss = next_token_loss_sum(logits, target) / static_cast<double>(step_targets);
       loss.backward();
       loss_sum += loss.detach().to(at::kDouble);
     }
@@ -243,7 +278,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     summary.steps = step;
 
     if (can_eval && (step % tc.eval_every == 0 || step == tc.steps)) {
-      auto r = evaluate(model, tokens, held_out.begin, held_out.end, config.data.seq_len,
+      auto r = evaluate(model, *tokens, held_out.begin, held_out.end, config.data.seq_len,
                         config.data.batch_size, tc.eval_batches * config.data.batch_size);
       if (metrics) metrics->record_eval(step, r.loss, r.perplexity);
     }

@@ -1,0 +1,59 @@
+// Multimodal training data for vision-language models. A dataset is a directory holding
+//   samples.jsonl       one sample per line: {"input_ids": [...], "images": [{"pixels": KEY,
+//                       "grid": [t, h, w]}, ...], "videos": [{"pixels": KEY, "grid": [t, h, w],
+//                       "seconds_per_grid": s}, ...]}; images and videos may be absent (text)
+//   pixels.safetensors  each KEY's patches [t * h * w, C * Tt * P * P], as the HF processor
+//                       cuts them (scripts/make_multimodal.py writes both files)
+// input_ids holds one placeholder token per merged patch group of each image and video, in
+// order. Targets never ask for a placeholder, nor for the padding after a short sample.
+#pragma once
+
+#include "models/qwen_vl.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+class SafetensorsFile;
+
+struct MultimodalBatch {
+  at::Tensor input;     // [B, T] int64
+  at::Tensor target;    // [B, T] int64, -100 where nothing is predicted
+  VisionInputs vision;  // the rows' images and videos, in row order
+};
+
+class MultimodalDataset {
+ public:
+  // Reads and validates the whole index: every error names samples.jsonl and the line (a
+  // sample longer than seq_len + 1, a placeholder count that its grids do not give, a
+  // missing pixel key, a token outside the vocabulary).
+  static MultimodalDataset open(const std::filesystem::path& dir, const ModelConfig& model, int64_t seq_len);
+
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  const std::filesystem::path& dir() const { return dir_; }
+  // Tokens the samples ask to be predicted (their targets that are not -100).
+  int64_t target_count(const std::vector<int64_t>& samples) const;
+  MultimodalBatch batch(const std::vector<int64_t>& samples) const;
+
+ private:
+  struct Visual {
+    std::string pixels;
+    std::vector<int64_t> grid;  // t, h, w
+    double seconds = 1.0;
+  };
+  struct Sample {
+    std::vector<int64_t> input_ids;
+    std::vector<Visual> images, videos;
+  };
+  at::Tensor targets(const Sample& sample) const;  // [T]
+
+  std::filesystem::path dir_;
+  int64_t seq_len_ = 0, image_token_ = -1, video_token_ = -1;
+  std::vector<Sample> samples_;
+  std::shared_ptr<SafetensorsFile> pixels_;
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,100 @@
+"""Vision towers never hang and stay exact under FSDP. A tiny fresh Qwen2-VL (and Qwen2.5-VL)
+trains 4 steps on a multimodal dataset whose global batches pair, at world 2, a text-only
+rank 0 with an image on rank 1, then images plus a video on rank 0 with text on rank 1. For
+each vision_tower mode (shard, root, replicate) the world-2 run must finish (a hang fails
+at the timeout) with the losses and final weights of one process over the same global
+batches, within 1e-5 relative.
+
+Adam's eps is 1e-4 here: the k-projection biases get gradients near zero (a bias added to
+every key shifts all of a query's scores alike, which softmax cancels but for RoPE's
+rotation), and with eps 1e-6 Adam's first steps, about lr * g / (|g| + eps), magnify the
+1e-7 rounding of summing those gradients in another order into 1.4e-5 of weight."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FSDPP = os.environ["FSDPP"]
+WORK = os.path.join(os.environ["WORK"], "multimodal")
+CONFIG = "tests/assets/fsdp-llama.toml"
+IMAGE, VIDEO, START, END = 290, 291, 292, 293
+PATCH_WIDTH = 3 * 2 * 4 * 4  # channels x frames per patch x patch side^2 of the tiny models
+
+
+def make_dataset(directory):
+    """Samples in the order text, image, image + video, text, twice: with batch size 2 and no
+    shuffling, rank 0 of 2 gets text then image + video while rank 1 gets image then text."""
+    gen = torch.Generator().manual_seed(5)
+    pixels, lines = {}, []
+
+    def text(n):
+        return torch.randint(0, IMAGE, (n,), generator=gen).tolist()
+
+    def visual(kind, key, grid):
+        t, h, w = grid
+        pixels[key] = torch.randn(t * h * w, PATCH_WIDTH, generator=gen)
+        return [START] + [IMAGE if kind == "image" else VIDEO] * (t * h * w // 4) + [END], {"pixels": key, "grid": grid}
+
+    for cycle in range(2):
+        lines.append({"input_ids": text(20)})
+        ids, image = visual("image", f"c{cycle}i", [1, 4, 6])
+        lines.append({"input_ids": text(5) + ids + text(6), "images": [image]})
+        ids_i, image = visual("image", f"c{cycle}ii", [1, 2, 2])
+        ids_v, video = visual("video", f"c{cycle}v", [2, 4, 4])
+        video["seconds_per_grid"] = 2.0
+        lines.append({"input_ids": text(3) + ids_i + text(2) + ids_v + text(4), "images": [image], "videos": [video]})
+        lines.append({"input_ids": text(30)})
+    os.makedirs(directory, exist_ok=True)
+    save_file(pixels, os.path.join(directory, "pixels.safetensors"))
+    with open(os.path.join(directory, "samples.jsonl"), "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+
+def train(out_dir, model, data, world, sets):
+    args = ["train", CONFIG, "--set", f'train.out_dir="{out_dir}"', "--set", f'model.path="{model}"',
+            "--set", f'data.train="{data}"', "--set", "data.seq_len=40", "--set", "data.batch_size=2",
+            "--set", "data.shuffle=false", "--set", "train.steps=4", "--set", "optimizer.eps=1e-4"] + [a for s in sets for a in ("--set", s)]
+    cmd = [FSDPP] + args if world == 1 else [FSDPP, "launch", "--nproc-per-node", str(world), "--"] + args
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"FAIL: {' '.join(cmd)} did not finish in 180 s (a hang)")
+    if proc.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    losses = [json.loads(l)["loss"] for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in l]
+    return losses, load_file(os.path.join(out_dir, "model", "model.safetensors"))
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    data = os.path.join(WORK, "data")
+    make_dataset(data)
+    ok = True
+    for model in ("tests/assets/models/tiny-qwen2-vl", "tests/assets/models/tiny-qwen2_5-vl"):
+        name = os.path.basename(model)
+        ref_losses, ref_weights = train(os.path.join(WORK, name, "one"), model, data, 1, [])
+        for mode in ("shard", "root", "replicate"):
+            losses, weights = train(os.path.join(WORK, name, mode), model, data, 2,
+                                    [f'policy.options.vision_tower="{mode}"'])
+            loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+            weight_err, worst = 0.0, ""
+            for key, ref in ref_weights.items():
+                err = ((weights[key] - ref).abs().max() / ref.abs().max()).item()
+                if err > weight_err:
+                    weight_err, worst = err, key
+            good = len(losses) == len(ref_losses) == 4 and loss_err < 1e-5 and weight_err < 1e-5 \
+                and weights.keys() == ref_weights.keys()
+            ok &= good
+            print(f"{'ok  ' if good else 'FAIL'} {name} vision_tower {mode} at world 2: losses "
+                  f"{', '.join(f'{l:.4f}' for l in losses)}; max relative loss difference {loss_err:.2e}, "
+                  f"weights {weight_err:.2e} ({worst})")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
