@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Prepares a multimodal dataset for fsdpp (engine/train/multimodal_data.h) from image files,
+with the Hugging Face Qwen2-VL image processor: samples.jsonl plus pixels.safetensors.
+
+Usage: .venv/bin/python scripts/make_multimodal.py --model MODEL_DIR --out DIR MANIFEST.jsonl
+
+Each MANIFEST line is one sample: {"text": "...", "images": ["a.png", ...], "videos":
+[["frame0.png", "frame1.png", ...], ...], "fps": 2.0}. In the text, every "<image>" and
+"<video>" marks where the next image or video goes; a line without them is a text-only
+sample. Text is tokenized byte by byte (UTF-8), or with --tokenizer tokenizer.json. Each
+image or video becomes vision_start, one placeholder per merged patch group, vision_end,
+with the token ids, patch size and merge size read from MODEL_DIR/config.json. Relative
+file names resolve against the manifest's directory."""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+
+def fail(msg):
+    print(f"make_multimodal: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_frame(path):
+    from PIL import Image
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except OSError as e:
+        fail(f"{path}: cannot read the image ({e})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("manifest")
+    ap.add_argument("--model", required=True, help="HF model directory (or config.json) of the VL model")
+    ap.add_argument("--out", required=True, help="dataset directory to write")
+    ap.add_argument("--tokenizer", help="tokenizer.json (default: UTF-8 bytes)")
+    ap.add_argument("--min-pixels", type=int, default=64 * 64)
+    ap.add_argument("--max-pixels", type=int, default=128 * 128)
+    args = ap.parse_args()
+
+    from transformers import Qwen2VLImageProcessor
+    from transformers.utils import logging
+    logging.set_verbosity_error()  # video through the image processor: still supported, and deterministic
+    config_path = args.model if args.model.endswith(".json") else os.path.join(args.model, "config.json")
+    config = json.load(open(config_path))
+    vision = config["vision_config"]
+    merge, patch, frames = vision.get("spatial_merge_size", 2), vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    processor = Qwen2VLImageProcessor(patch_size=patch, temporal_patch_size=frames, merge_size=merge,
+                                      min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    encode = lambda text: list(text.encode("utf-8"))  # noqa: E731
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    base = os.path.dirname(os.path.abspath(args.manifest))
+    pixels, samples = {}, []
+    with open(args.manifest) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{args.manifest}:{number}"
+            try:
+                spec = json.loads(line)
+            except json.JSONDecodeError as e:
+                fail(f"{where}: not JSON ({e})")
+            text, images, videos = spec.get("text", ""), list(spec.get("images", [])), list(spec.get("videos", []))
+            if text.count("<image>") != len(images) or text.count("<video>") != len(videos):
+                fail(f"{where}: {text.count('<image>')} <image> and {text.count('<video>')} <video> marks for "
+                     f"{len(images)} images and {len(videos)} videos")
+            sample = {"input_ids": [], "images": [], "videos": []}
+            pieces = text.replace("<video>", "\0v\0").replace("<image>", "\0i\0").split("\0")
+            for piece in pieces:
+                if piece not in ("i", "v"):
+                    sample["input_ids"] += encode(piece)
+                    continue
+                key = f"s{len(samples)}.{piece}{len(sample['images' if piece == 'i' else 'videos'])}"
+                if piece == "i":
+                    out = processor(images=[load_frame(os.path.join(base, images.pop(0)))], return_tensors="pt")
+                    patches, grid, token = out["pixel_values"], out["image_grid_thw"][0], config["image_token_id"]
+                    sample["images"].append({"pixels": key, "grid": grid.tolist()})
+                else:
+                    clip = [load_frame(os.path.join(base, p)) for p in videos.pop(0)]
+                    out = processor(images=None, videos=[clip], return_tensors="pt")
+                    patches, grid, token = out["pixel_values_videos"], out["video_grid_thw"][0], config["video_token_id"]
+                    sample["videos"].append({"pixels": key, "grid": grid.tolist(),
+                                             "seconds_per_grid": frames / float(spec.get("fps", 2.0))})
+                pixels[key] = torch.as_tensor(patches, dtype=torch.float32).contiguous()
+                count = int(grid.prod()) // (merge * merge)
+                sample["input_ids"] += [config["vision_start_token_id"]] + [token] * count + [config["vision_end_token_id"]]
+            samples.append({k: v for k, v in sample.items() if v})
+    os.makedirs(args.out, exist_ok=True)
+    save_file(pixels, os.path.join(args.out, "pixels.safetensors"))
+    with open(os.path.join(args.out, "samples.jsonl"), "w") as f:
+        for sample in samples:
+            f.write(json.dumps(sample) + "\n")
+    longest = max(len(s["input_ids"]) for s in samples)
+    print(f"make_multimodal: {len(samples)} samples ({sum(bool(s.get('images') or s.get('videos')) for s in samples)} "
+          f"with images or video), {len(pixels)} pixel tensors, longest sample {longest} tokens -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
