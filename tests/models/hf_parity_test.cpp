@@ -20,6 +20,28 @@ double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
 }
 
+// The mean next-token loss of `logits` [B, T, V] for `ids` [B, T], checked against the
+// reference's `loss_key`, then backward and every gradient against the reference's
+// "grad.<name>" entries: each one the reference has, and no more.
+void check_loss_and_gradients(Module& model, const at::Tensor& logits, const at::Tensor& ids,
+                              const SafetensorsFile& reference, const std::string& loss_key) {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  auto loss = next_token_loss_sum(logits.narrow(1, 0, T - 1), ids.narrow(1, 1, T - 1)) /
+              static_cast<double>(B * (T - 1));
+  CHECK(relative_error(loss, reference.tensor(loss_key)) < 1e-5);
+  loss.backward();
+  int checked = 0;
+  for (const auto& p : unique_named_parameters(model)) {
+    INFO("gradient of " << p.name);
+    REQUIRE(reference.contains("grad." + p.name));
+    CHECK(relative_error(p.tensor.grad(), reference.tensor("grad." + p.name)) < 1e-5);
+    ++checked;
+  }
+  int expected = 0;
+  for (const auto& [name, entry] : reference.entries()) expected += name.starts_with("grad.");
+  CHECK(checked == expected);
+}
+
 }  // namespace
 
 TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
@@ -35,24 +57,7 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   auto ids = reference->tensor("input_ids");  // [B, T]
   auto logits = (*model)(ids);                // [B, T, V]
   CHECK(relative_error(logits, reference->tensor("logits")) < 1e-5);
-
-  const int64_t B = ids.size(0), T = ids.size(1);
-  auto loss = next_token_loss_sum(logits.narrow(1, 0, T - 1), ids.narrow(1, 1, T - 1)) /
-              static_cast<double>(B * (T - 1));
-  CHECK(relative_error(loss, reference->tensor("loss")) < 1e-5);
-
-  loss.backward();
-  int checked = 0;
-  for (const auto& p : unique_named_parameters(*model)) {
-    INFO("gradient of " << p.name);
-    REQUIRE(reference->contains("grad." + p.name));
-    CHECK(relative_error(p.tensor.grad(), reference->tensor("grad." + p.name)) < 1e-5);
-    ++checked;
-  }
-  // Every gradient transformers has was compared, and no more.
-  int expected = 0;
-  for (const auto& [name, entry] : reference->entries()) expected += name.starts_with("grad.");
-  CHECK(checked == expected);
+  check_loss_and_gradients(*model, logits, ids, *reference, "loss");
 
   // The optimizer starts from transformers' own gradients: Adam's first step is about
   // lr * g / (|g| + eps), so where g is near zero it would magnify rounding in the gradients
@@ -96,21 +101,6 @@ TEST_CASE("Qwen2-VL and Qwen2.5-VL logits and gradients match transformers for t
                               optional(name + ".second_per_grid_ts")};
     auto logits = (*model)(ids, vision);  // [B, T, V]
     CHECK(relative_error(logits, reference->tensor(name + ".logits")) < 1e-5);
-    if (name != "image_video") continue;
-    const int64_t B = ids.size(0), T = ids.size(1);
-    auto loss = next_token_loss_sum(logits.narrow(1, 0, T - 1), ids.narrow(1, 1, T - 1)) /
-                static_cast<double>(B * (T - 1));
-    CHECK(relative_error(loss, reference->tensor("image_video.loss")) < 1e-5);
-    loss.backward();
-    int checked = 0;
-    for (const auto& p : unique_named_parameters(*model)) {
-      INFO("gradient of " << p.name);
-      REQUIRE(reference->contains("grad." + p.name));
-      CHECK(relative_error(p.tensor.grad(), reference->tensor("grad." + p.name)) < 1e-5);
-      ++checked;
-    }
-    int expected = 0;
-    for (const auto& [key, entry] : reference->entries()) expected += key.starts_with("grad.");
-    CHECK(checked == expected);
+    if (name == "image_video") check_loss_and_gradients(*model, logits, ids, *reference, "image_video.loss");
   }
 }
