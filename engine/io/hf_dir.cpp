@@ -115,17 +115,16 @@ void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& name
 }
 
 void load_hf_weights(CausalLM& model, const HfWeights& weights) {
+  for (auto& [name, param] : unique_named_parameters(model)) read_hf_rows(weights, {name}, param.sizes(), param, 0);
+  warn_unused_hf_tensors(model, weights);
+}
+
+void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {
   std::set<std::string> used;
-  std::vector<std::string> tied;
-  for (const auto& group : tied_parameter_groups(model)) tied.insert(tied.end(), group.begin(), group.end());
-  for (auto& [name, param] : unique_named_parameters(model)) {
-    read_hf_rows(weights, {name}, param.sizes(), param, 0);
-    used.insert(name);
-  }
+  for (const auto& p : unique_named_parameters(model)) used.insert(p.name);
+  for (const auto& group : tied_parameter_groups(model)) used.insert(group.begin(), group.end());
   for (const auto& name : weights.names()) {
-    const bool recomputed = name.ends_with("rotary_emb.inv_freq");
-    const bool is_tied = std::find(tied.begin(), tied.end(), name) != tied.end();
-    if (!used.count(name) && !recomputed && !is_tied) {
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq")) {  // RoPE tables are recomputed
       log_warn(weights.file_of(name).path().string(), ": tensor '", name, "' is not used by the model");
     }
   }

@@ -45,6 +45,8 @@ void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& name
 // Copies every parameter of `model` from `weights`. Tensors the model lacks are reported as
 // a warning.
 void load_hf_weights(CausalLM& model, const HfWeights& weights);
+// Warns of each tensor in `weights` that no parameter of `model` (nor a tied alias) uses.
+void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
 // Writes an HF directory tensor by tensor: config.json, then the tensors of `specs` (HF
 // names, full shapes) in order, into model.safetensors, or into shards of at most

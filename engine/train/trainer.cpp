@@ -137,6 +137,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     fsdp = std::make_unique<FsdpState>(model, comm, resolved,
                                        checkpoint ? checkpoint_fill(checkpoint) : loaded.fill);
     if (loaded.weights && !checkpoint) {
+      if (rank == 0) warn_unused_hf_tensors(model, *loaded.weights);
       // Touched pages of the mapped files, read from the kernel: what this rank really read.
       const size_t touched = loaded.weights->resident_bytes(), total = loaded.weights->file_bytes();
       log_info("weights: rank ", rank, " read ", touched, " of ", total, " bytes of the HF files (",

@@ -2,8 +2,10 @@
 trains 4 steps on a multimodal dataset whose global batches pair, at world 2, a text-only
 rank 0 with an image on rank 1, then images plus a video on rank 0 with text on rank 1. For
 each vision_tower mode (shard, root, replicate) the world-2 run must finish (a hang fails
-at the timeout) with the losses and final weights of one process over the same global
-batches, within 1e-5 relative.
+at the timeout) with the losses, the global gradient norm of every step and the final
+weights of one process over the same global batches, within 1e-5 relative. The gradient
+norms catch what the weights alone would not: Adam's update barely changes when every
+gradient is scaled alike.
 
 Adam's eps is 1e-4 here: the k-projection biases get gradients near zero (a bias added to
 every key shifts all of a query's scores alike, which softmax cancels but for RoPE's
@@ -66,8 +68,9 @@ def train(out_dir, model, data, world, sets):
         sys.exit(f"FAIL: {' '.join(cmd)} did not finish in 180 s (a hang)")
     if proc.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    losses = [json.loads(l)["loss"] for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in l]
-    return losses, load_file(os.path.join(out_dir, "model", "model.safetensors"))
+    steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in l]
+    return [s["loss"] for s in steps], [s["grad_norm"] for s in steps], \
+        load_file(os.path.join(out_dir, "model", "model.safetensors"))
 
 
 def main():
@@ -77,22 +80,23 @@ def main():
     ok = True
     for model in ("tests/assets/models/tiny-qwen2-vl", "tests/assets/models/tiny-qwen2_5-vl"):
         name = os.path.basename(model)
-        ref_losses, ref_weights = train(os.path.join(WORK, name, "one"), model, data, 1, [])
+        ref_losses, ref_norms, ref_weights = train(os.path.join(WORK, name, "one"), model, data, 1, [])
         for mode in ("shard", "root", "replicate"):
-            losses, weights = train(os.path.join(WORK, name, mode), model, data, 2,
-                                    [f'policy.options.vision_tower="{mode}"'])
+            losses, norms, weights = train(os.path.join(WORK, name, mode), model, data, 2,
+                                           [f'policy.options.vision_tower="{mode}"'])
             loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+            norm_err = max(abs(a - b) / abs(b) for a, b in zip(norms, ref_norms))
             weight_err, worst = 0.0, ""
             for key, ref in ref_weights.items():
                 err = ((weights[key] - ref).abs().max() / ref.abs().max()).item()
                 if err > weight_err:
                     weight_err, worst = err, key
-            good = len(losses) == len(ref_losses) == 4 and loss_err < 1e-5 and weight_err < 1e-5 \
+            good = len(losses) == len(ref_losses) == 4 and loss_err < 1e-5 and norm_err < 1e-5 and weight_err < 1e-5 \
                 and weights.keys() == ref_weights.keys()
             ok &= good
             print(f"{'ok  ' if good else 'FAIL'} {name} vision_tower {mode} at world 2: losses "
-                  f"{', '.join(f'{l:.4f}' for l in losses)}; max relative loss difference {loss_err:.2e}, "
-                  f"weights {weight_err:.2e} ({worst})")
+                  f"{', '.join(f'{l:.4f}' for l in losses)}; max relative difference: losses {loss_err:.2e}, "
+                  f"gradient norms {norm_err:.2e}, weights {weight_err:.2e} ({worst})")
     sys.exit(0 if ok else 1)
 
 
