@@ -13,6 +13,9 @@ import sys
 
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compare import max_relative, weight_difference  # noqa: E402
+
 FSDPP = os.environ["FSDPP"]
 WORK = os.environ["WORK"]
 CONFIG = "tests/assets/fsdp-llama.toml"
@@ -45,13 +48,8 @@ def main():
     failures = 0
     for world in args.worlds:
         losses, weights = run(os.path.join(base, f"world{world}"), world, args.sets)
-        loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-        weight_err, worst = 0.0, ""
-        for name, ref in ref_weights.items():
-            diff = weights[name] - ref
-            err = (diff.norm() / ref.norm() if args.weight_tolerance else diff.abs().max() / ref.abs().max()).item()
-            if err > weight_err:
-                weight_err, worst = err, name
+        loss_err = max_relative(losses, ref_losses)
+        weight_err, worst = weight_difference(weights, ref_weights, by_norm=bool(args.weight_tolerance))
         ok = len(losses) == len(ref_losses) and loss_err < args.tolerance \
             and weight_err < (args.weight_tolerance or args.tolerance) \
             and weights.keys() == ref_weights.keys()

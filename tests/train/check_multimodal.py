@@ -20,6 +20,9 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compare import max_relative, weight_difference  # noqa: E402
+
 FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "multimodal")
 CONFIG = "tests/assets/fsdp-llama.toml"
@@ -84,13 +87,8 @@ def main():
         for mode in ("shard", "root", "replicate"):
             losses, norms, weights = train(os.path.join(WORK, name, mode), model, data, 2,
                                            [f'policy.options.vision_tower="{mode}"'])
-            loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
-            norm_err = max(abs(a - b) / abs(b) for a, b in zip(norms, ref_norms))
-            weight_err, worst = 0.0, ""
-            for key, ref in ref_weights.items():
-                err = ((weights[key] - ref).abs().max() / ref.abs().max()).item()
-                if err > weight_err:
-                    weight_err, worst = err, key
+            loss_err, norm_err = max_relative(losses, ref_losses), max_relative(norms, ref_norms)
+            weight_err, worst = weight_difference(weights, ref_weights)
             good = len(losses) == len(ref_losses) == 4 and loss_err < 1e-5 and norm_err < 1e-5 and weight_err < 1e-5 \
                 and weights.keys() == ref_weights.keys()
             ok &= good

@@ -13,6 +13,9 @@ import sys
 
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compare import weight_difference  # noqa: E402
+
 FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "resume")
 CONFIG = "tests/assets/fsdp-llama.toml"
@@ -44,7 +47,7 @@ def compare(name, out_dir, ref_dir, tolerance):
         return print(f"FAIL {name}: steps {sorted(got)}") or False
     loss_err = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
     w, w_ref = weights(out_dir), weights(ref_dir)
-    weight_err = max(((w[k].float() - w_ref[k].float()).abs().max() / w_ref[k].float().abs().max()).item() for k in w_ref)
+    weight_err, _ = weight_difference(w, w_ref)
     ok = w.keys() == w_ref.keys() and loss_err <= tolerance and weight_err <= tolerance
     print(f"{'ok  ' if ok else 'FAIL'} {name}: steps 6-10 max relative loss difference {loss_err:.2e}, "
           f"final weights {weight_err:.2e} (allowed {tolerance:g})")
