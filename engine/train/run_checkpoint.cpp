@@ -10,6 +10,7 @@
 #include "core/failpoint.h"
 #include "core/log.h"
 #include "core/module_tree.h"
+#include "io/hf_dir.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -224,6 +225,30 @@ std::optional<fs::path> resume_path(const CheckpointConfig& config) {
   }
   return fs::path(config.resume);
 }
+
+void export_model(CausalLM& model, FsdpState* fsdp, const CheckpointConfig& config) {
+  const auto dtype = parse_dtype(config.export_dtype);
+  const auto max_shard_bytes = static_cast<size_t>(config.export_shard_mb * (1 << 20));
+  if (fsdp == nullptr) {
+    NamedTensors tensors;
+    for (const auto& p : unique_named_parameters(model)) tensors.emplace_back(p.name, p.tensor);
+    save_hf_dir(model.config(), tensors, config.export_dir, dtype, max_shard_bytes);
+    return;
+  }
+  std::unique_ptr<HfDirWriter> writer;
+  if (fsdp->world().rank() == 0) {
+    std::vector<TensorSpec> specs;
+    for (const auto& unit : fsdp->units()) {
+      for (const auto& p : unit->params()) specs.push_back({p.name, dtype, p.param.sizes().vec()});
+    }
+    writer = std::make_unique<HfDirWriter>(model.config(), specs, config.export_dir, dtype, max_shard_bytes);
+  }
+  fsdp->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
+    if (writer) writer->write(name, t);
+  });
+  if (writer) writer->finish();
+}
+
 
 std::vector<ShardRows> whole_shard_rows(Module& model) {
   std::vector<ShardRows> out;

@@ -1,7 +1,7 @@
-// A training run's whole state as a sharded checkpoint (io/sharded_checkpoint.h): each rank
-// saves its rows of every parameter and of AdamW's moments, plus its RNG state; rank 0 adds
-// the metadata (step, meshes, config hash, schedule, data position, client state) and
-// commits the directory. Restoring reads each rank's rows of the current sharding from
+// A training run's whole state as a sharded checkpoint (io/sharded_checkpoint.h), and its
+// final HF export. Each rank saves its rows of every parameter and of AdamW's moments, plus
+// its RNG state; rank 0 adds the metadata (step, meshes, config hash, schedule, data
+// position, client state) and commits the directory. Restoring reads each rank's rows of the current sharding from
 // whichever saved shards hold them, so a checkpoint loads at any world size or mesh.
 #pragma once
 
@@ -61,6 +61,11 @@ class RunCheckpointer {
 // The checkpoint [checkpoint] resume names, or nullopt to start fresh ("" or "latest" with
 // none saved yet). UserError when a named path is not a complete checkpoint.
 std::optional<std::filesystem::path> resume_path(const CheckpointConfig& config);
+
+// Writes the full model as an HF directory (config.export_dir, export_dtype, sharded above
+// export_shard_mb), one unit gathered at a time: rank 0 streams each tensor to disk as it
+// arrives, so no rank ever holds the whole model. Collective when `fsdp` is set.
+void export_model(CausalLM& model, FsdpState* fsdp, const CheckpointConfig& config);
 
 // The parameters of an unsharded model as one shard each (a single-process run).
 std::vector<ShardRows> whole_shard_rows(Module& model);

@@ -54,31 +54,6 @@ void catch_stop_signals() {
   ::sigaction(SIGINT, &sa, nullptr);
 }
 
-// Writes the full model as an HF directory, one unit gathered at a time: rank 0 streams each
-// tensor to disk as it arrives, so no rank ever holds the whole model.
-void export_model(CausalLM& model, FsdpState* fsdp, const CheckpointConfig& config) {
-  const auto dtype = parse_dtype(config.export_dtype);
-  const auto max_shard_bytes = static_cast<size_t>(config.export_shard_mb * (1 << 20));
-  if (fsdp == nullptr) {
-    NamedTensors tensors;
-    for (const auto& p : unique_named_parameters(model)) tensors.emplace_back(p.name, p.tensor);
-    save_hf_dir(model.config(), tensors, config.export_dir, dtype, max_shard_bytes);
-    return;
-  }
-  std::unique_ptr<HfDirWriter> writer;
-  if (fsdp->world().rank() == 0) {
-    std::vector<TensorSpec> specs;
-    for (const auto& unit : fsdp->units()) {
-      for (const auto& p : unit->params()) specs.push_back({p.name, dtype, p.param.sizes().vec()});
-    }
-    writer = std::make_unique<HfDirWriter>(model.config(), specs, config.export_dir, dtype, max_shard_bytes);
-  }
-  fsdp->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
-    if (writer) writer->write(name, t);
-  });
-  if (writer) writer->finish();
-}
-
 }  // namespace
 
 TokenRange train_range(const DataConfig& data, const TokenFile& tokens) {
