@@ -16,7 +16,7 @@ at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targe
 }
 
 EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
-                    int64_t seq_len, int64_t batch_size, int64_t max_windows) {
+                    int64_t seq_len, int64_t batch_size, int64_t max_windows, Comm* group) {
   if (seq_len < 2) throw UserError("evaluation needs seq_len >= 2, got " + std::to_string(seq_len));
   int64_t windows = (end - begin) / seq_len;
   if (max_windows > 0) windows = std::min(windows, max_windows);
@@ -27,19 +27,29 @@ EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  double loss_sum = 0.0;
-  for (int64_t first = 0; first < windows; first += batch_size) {
-    const int64_t count = std::min(batch_size, windows - first);
+  // Batch k goes to rank k mod W. Every rank runs the same number of forwards, since a
+  // sharded model gathers its units in each one: a rank out of batches in the last round
+  // runs its first window again and does not count it.
+  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  const int64_t batches = (windows + batch_size - 1) / batch_size;
+  at::Tensor loss_sum = at::zeros({1}, at::kDouble);
+  for (int64_t round = 0; round * world < batches; ++round) {
+    const int64_t batch = round * world + rank;
+    const bool counted = batch < batches;
+    const int64_t first = counted ? batch * batch_size : 0;
+    const int64_t count = counted ? std::min(batch_size, windows - first) : 1;
     auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len});  // [b, T]
     auto logits = model(ids);  // [b, T, V]
-    loss_sum += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), ids.narrow(1, 1, seq_len - 1))
-                    .item<double>();
+    if (counted) {
+      loss_sum += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), ids.narrow(1, 1, seq_len - 1)).to(at::kDouble);
+    }
   }
+  if (group) group->all_reduce_sum(loss_sum);
   model.train(was_training);
   EvalResult r;
   r.windows = windows;
   r.tokens = windows * (seq_len - 1);
-  r.loss = loss_sum / static_cast<double>(r.tokens);
+  r.loss = loss_sum.item<double>() / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);
   return r;
 }

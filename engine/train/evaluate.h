@@ -2,6 +2,7 @@
 // perplexity is usually reported for Hugging Face models.
 #pragma once
 
+#include "dist/comm.h"
 #include "models/causal_lm.h"
 #include "train/data.h"
 
@@ -19,8 +20,9 @@ struct EvalResult {
 
 // Mean loss over consecutive non-overlapping windows of `seq_len` tokens of tokens
 // [begin, end), each window predicting its own tokens 2..seq_len (as transformers does with
-// labels = input_ids). At most `max_windows` windows when positive.
+// labels = input_ids). At most `max_windows` windows when positive. With `group`, its ranks
+// share the batches and every rank returns the same result (a collective).
 EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
-                    int64_t seq_len, int64_t batch_size, int64_t max_windows = 0);
+                    int64_t seq_len, int64_t batch_size, int64_t max_windows = 0, Comm* group = nullptr);
 
 }  // namespace fsdpp

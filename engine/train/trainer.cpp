@@ -255,7 +255,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
 
     if (can_eval && (step % tc.eval_every == 0 || step == tc.steps)) {
       auto r = evaluate(model, *tokens, held_out.begin, held_out.end, config.data.seq_len,
-                        config.data.batch_size, tc.eval_batches * config.data.batch_size);
+                        config.data.batch_size, tc.eval_batches * config.data.batch_size, comm.get());
       if (metrics) metrics->record_eval(step, r.loss, r.perplexity);
     }
     const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;

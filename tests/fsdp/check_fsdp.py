@@ -28,9 +28,11 @@ def run(out_dir, world, sets):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    losses = [json.loads(l)["loss"] for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in l]
+    records = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
+    losses = [r["loss"] for r in records if "loss" in r]
+    eval_losses = [r["eval_loss"] for r in records if "eval_loss" in r]
     weights = {k: v.float() for k, v in load_file(os.path.join(out_dir, "model", "model.safetensors")).items()}
-    return losses, weights
+    return losses, eval_losses, weights
 
 
 def main():
@@ -44,17 +46,17 @@ def main():
     args = ap.parse_args()
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     base = os.path.join(WORK, "fsdp", args.name)
-    ref_losses, ref_weights = run(os.path.join(base, "single"), args.reference_world, args.sets)
+    ref_losses, ref_evals, ref_weights = run(os.path.join(base, "single"), args.reference_world, args.sets)
     failures = 0
     for world in args.worlds:
-        losses, weights = run(os.path.join(base, f"world{world}"), world, args.sets)
-        loss_err = max_relative(losses, ref_losses)
+        losses, evals, weights = run(os.path.join(base, f"world{world}"), world, args.sets)
+        loss_err = max_relative(losses + evals, ref_losses + ref_evals)  # held-out losses too, when evaluated
         weight_err, worst = weight_difference(weights, ref_weights, by_norm=bool(args.weight_tolerance))
-        ok = len(losses) == len(ref_losses) and loss_err < args.tolerance \
+        ok = len(losses) == len(ref_losses) and len(evals) == len(ref_evals) and loss_err < args.tolerance \
             and weight_err < (args.weight_tolerance or args.tolerance) \
             and weights.keys() == ref_weights.keys()
         failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} world {world} {args.name}: {len(losses)} steps, max relative loss "
+        print(f"{'ok  ' if ok else 'FAIL'} world {world} {args.name}: {len(losses)} steps, {len(evals)} evaluations, max relative loss "
               f"difference {loss_err:.2e}, max relative weight difference {weight_err:.2e} ({worst}); "
               f"final loss {losses[-1]:.6f} vs one process {ref_losses[-1]:.6f}")
     sys.exit(1 if failures else 0)
