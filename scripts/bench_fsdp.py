@@ -35,9 +35,6 @@ def load_config(path, steps):
     return cfg
 
 
-
-
-
 # ---------------------------------------------------------------- process sampling
 
 

@@ -54,9 +54,6 @@ def load_config(path, sets):
     return cfg
 
 
-
-
-
 # ---------------------------------------------------------------- measurement
 
 

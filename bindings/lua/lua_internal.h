@@ -51,6 +51,16 @@ int guarded(lua_State* L) {
 
 // Argument helpers that throw ScriptError instead of raising Lua errors mid-function.
 std::string to_string_arg(lua_State* L, int index, const char* what);
+// Checks that a table has only `allowed` string keys (naming the nearest for a typo).
+void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what);
+// Pushes table[key] without metamethods (a policy's table may carry any) and returns its type.
+int raw_field(lua_State* L, int table, const char* key);
+// Calls the function below its `nargs` arguments in protected mode. A Lua error (a bad
+// pattern, a failing predicate, the instruction budget) comes back as a ScriptError, so it
+// unwinds the binding's C++ frames instead of jumping over them.
+void protected_call(lua_State* L, int nargs, int nresults);
+// The text of a script or library file; UserError naming it when unreadable.
+std::string read_text(const std::filesystem::path& path);
 // "file:line" of the policy code calling the current C function.
 std::string caller_location(lua_State* L);
 // The chunk name a script is loaded under: "@policies/..." for shipped files.

@@ -89,20 +89,15 @@ int module_find(lua_State* L) {
   PolicyRun& run = run_of(L);
   const std::string root = entry(L, 1).path;
   if (!lua_istable(L, 2)) throw ScriptError("find expects a table: find{class = ..., path = ..., where = ...}");
-  for (lua_pushnil(L); lua_next(L, 2) != 0; lua_pop(L, 1)) {
-    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-    if (key != "class" && key != "path" && key != "where") {
-      throw ScriptError("find: unknown criterion '" + key + "' (class, path, where)");
-    }
-  }
-  lua_getfield(L, 2, "class");
+  check_keys(L, 2, {"class", "path", "where"}, "find");
+  raw_field(L, 2, "class");
   const bool by_class = !lua_isnil(L, -1);
   const std::string cls = by_class ? to_string_arg(L, -1, "find: class") : "";
-  lua_getfield(L, 2, "path");
+  raw_field(L, 2, "path");
   const bool by_path = !lua_isnil(L, -1);
   if (by_path) to_string_arg(L, -1, "find: path");
   const int pattern = lua_gettop(L);
-  lua_getfield(L, 2, "where");
+  raw_field(L, 2, "where");
   const bool by_predicate = !lua_isnil(L, -1);
   if (by_predicate && !lua_isfunction(L, -1)) throw ScriptError("find: where must be a function");
   const int predicate = lua_gettop(L);
@@ -120,12 +115,10 @@ int module_find(lua_State* L) {
     if (by_class && m.module->class_name() != cls) continue;
     if (by_path) {
       // string.find(path, pattern) through Lua itself, so patterns mean what they do in Lua.
-      lua_getglobal(L, "string");
-      lua_getfield(L, -1, "find");
-      lua_remove(L, -2);
+      lua_getfield(L, LUA_REGISTRYINDEX, "fsdpp.string_find");
       lua_pushstring(L, m.path.c_str());
       lua_pushvalue(L, pattern);
-      lua_call(L, 2, 1);
+      protected_call(L, 2, 1);
       const bool hit = !lua_isnil(L, -1);
       lua_pop(L, 1);
       if (!hit) continue;
@@ -133,7 +126,7 @@ int module_find(lua_State* L) {
     if (by_predicate) {
       lua_pushvalue(L, predicate);
       push_module(L, static_cast<int>(i));
-      lua_call(L, 1, 1);
+      protected_call(L, 1, 1);
       const bool keep = lua_toboolean(L, -1);
       lua_pop(L, 1);
       if (!keep) continue;

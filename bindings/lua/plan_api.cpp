@@ -1,6 +1,8 @@
 // The declaring half of the policy API: wrap, mesh, precision, offload, log and warn. Each
 // wrap appends a UnitPlan recording where in the script it was declared.
 #include "bindings/lua/lua_internal.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 #include "core/config_file.h"
 #include "core/log.h"
@@ -14,27 +16,19 @@ namespace {
 const std::vector<std::string> kWrapOptions = {"reshard_after_forward", "precision", "offload", "mesh",
                                                "activation_checkpoint"};
 
-std::string dtype_name(const std::string& name) {
-  if (name == "bf16" || name == "bfloat16") return "bfloat16";
-  if (name == "fp16" || name == "float16" || name == "half") return "float16";
-  if (name == "fp32" || name == "float32" || name == "float") return "float32";
-  throw ScriptError("precision: unknown dtype '" + name + "' (float32, bfloat16, float16)");
-}
+const std::vector<std::string> kPrecisionKeys = {"param", "reduce", "output"};
 
-// Checks that a table has only `allowed` string keys.
-void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what) {
-  for (lua_pushnil(L); lua_next(L, table) != 0; lua_pop(L, 1)) {
-    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      const std::string near = nearest_name(key, allowed);
-      throw ScriptError(std::string(what) + ": unknown option '" + key + "'" +
-                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
-    }
+// A dtype a policy names, in the engine's canonical spelling.
+std::string canonical_dtype(const std::string& name) {
+  try {
+    return dtype_name(parse_dtype(name));
+  } catch (const UserError& e) {
+    throw ScriptError(std::string("precision: ") + e.what());
   }
 }
 
 int int_field(lua_State* L, int table, const char* key, int fallback) {
-  lua_getfield(L, table, key);
+  raw_field(L, table, key);
   int value = fallback;
   if (!lua_isnil(L, -1)) {
     if (!lua_isinteger(L, -1)) throw ScriptError(std::string("mesh: ") + key + " must be an integer");
@@ -54,7 +48,7 @@ int api_mesh(lua_State* L) {
   check_keys(L, 1, {"replicate", "shard"}, "mesh");
   const int world = run.context.world_size;
   int shard = -1;
-  lua_getfield(L, 1, "shard");
+  raw_field(L, 1, "shard");
   if (lua_type(L, -1) == LUA_TSTRING) {
     if (std::string(lua_tostring(L, -1)) != "auto") throw ScriptError("mesh: shard must be an integer, -1 or \"auto\"");
     const int64_t params = run.model->recursive_param_count();
@@ -78,13 +72,13 @@ int api_mesh(lua_State* L) {
 
 int api_precision(lua_State* L) {
   if (!lua_istable(L, 1)) throw ScriptError("precision expects a table: precision{param = ..., reduce = ..., output = ...}");
-  check_keys(L, 1, {"param", "reduce", "output"}, "precision");
+  check_keys(L, 1, kPrecisionKeys, "precision");
   lua_newtable(L);
-  for (const char* key : {"param", "reduce", "output"}) {
-    lua_getfield(L, 1, key);
+  for (const auto& key : kPrecisionKeys) {
+    raw_field(L, 1, key.c_str());
     if (!lua_isnil(L, -1)) {
-      lua_pushstring(L, dtype_name(to_string_arg(L, -1, "precision")).c_str());
-      lua_setfield(L, -3, key);
+      lua_pushstring(L, canonical_dtype(to_string_arg(L, -1, "precision")).c_str());
+      lua_setfield(L, -3, key.c_str());
     }
     lua_pop(L, 1);
   }
@@ -100,7 +94,7 @@ int api_offload(lua_State* L) {
 
 void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   check_keys(L, table, kWrapOptions, "wrap");
-  lua_getfield(L, table, "reshard_after_forward");
+  raw_field(L, table, "reshard_after_forward");
   if (lua_isinteger(L, -1)) {
     unit.reshard_to = static_cast<int>(lua_tointeger(L, -1));
     if (unit.reshard_to < 1) throw ScriptError("wrap: reshard_after_forward = k needs k >= 1");
@@ -109,29 +103,29 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
     unit.reshard_after_forward = lua_toboolean(L, -1);
   }
   lua_pop(L, 1);
-  lua_getfield(L, table, "activation_checkpoint");
+  raw_field(L, table, "activation_checkpoint");
   if (!lua_isnil(L, -1)) {
     if (!lua_isboolean(L, -1)) throw ScriptError("wrap: activation_checkpoint must be a boolean");
     unit.activation_checkpoint = lua_toboolean(L, -1);
   }
   lua_pop(L, 1);
-  lua_getfield(L, table, "offload");
+  raw_field(L, table, "offload");
   if (!lua_isnil(L, -1)) unit.offload = to_string_arg(L, -1, "wrap: offload");
   lua_pop(L, 1);
-  lua_getfield(L, table, "precision");
+  raw_field(L, table, "precision");
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) throw ScriptError("wrap: precision must come from precision{...}");
     const int p = lua_gettop(L);
-    check_keys(L, p, {"param", "reduce", "output"}, "wrap: precision");
+    check_keys(L, p, kPrecisionKeys, "wrap: precision");
     for (auto [key, field] : {std::pair{"param", &unit.param_dtype}, {"reduce", &unit.reduce_dtype},
                               {"output", &unit.output_dtype}}) {
-      lua_getfield(L, p, key);
-      if (!lua_isnil(L, -1)) *field = dtype_name(to_string_arg(L, -1, "wrap: precision"));
+      raw_field(L, p, key);
+      if (!lua_isnil(L, -1)) *field = canonical_dtype(to_string_arg(L, -1, "wrap: precision"));
       lua_pop(L, 1);
     }
   }
   lua_pop(L, 1);
-  lua_getfield(L, table, "mesh");
+  raw_field(L, table, "mesh");
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) throw ScriptError("wrap: mesh must come from mesh{...}");
     const int m = lua_gettop(L);
@@ -149,7 +143,7 @@ int api_wrap(lua_State* L) {
   if (lua_isuserdata(L, 1)) {
     unit.modules.push_back(run.modules[static_cast<size_t>(module_index(L, 1))].path);
   } else if (lua_istable(L, 1)) {
-    const auto n = static_cast<int>(luaL_len(L, 1));
+    const auto n = static_cast<int>(lua_rawlen(L, 1));
     for (int i = 1; i <= n; ++i) {
       lua_rawgeti(L, 1, i);
       unit.modules.push_back(run.modules[static_cast<size_t>(module_index(L, -1))].path);
@@ -167,10 +161,16 @@ int api_wrap(lua_State* L) {
   return 0;
 }
 
+// The arguments as Lua's tostring gives them, space-separated (a __tostring that fails is
+// a ScriptError, not a jump over this function's strings).
 std::string joined_args(lua_State* L) {
   std::string text;
-  for (int i = 1; i <= lua_gettop(L); ++i) {
-    text += (i > 1 ? " " : "") + std::string(luaL_tolstring(L, i, nullptr));
+  const int n = lua_gettop(L);
+  for (int i = 1; i <= n; ++i) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "fsdpp.tostring");
+    lua_pushvalue(L, i);
+    protected_call(L, 1, 1);
+    text += (i > 1 ? " " : "") + std::string(lua_tostring(L, -1) ? lua_tostring(L, -1) : "?");
     lua_pop(L, 1);
   }
   return text;
@@ -183,8 +183,7 @@ int api_log(lua_State* L) {
 
 int api_warn(lua_State* L) {
   const std::string line = caller_location(L) + ": " + joined_args(L);
-  run_of(L).plan.warnings.push_back(line);
-  log_warn(line);
+  run_of(L).plan.warnings.push_back(line);  // logged once the policy has run
   return 0;
 }
 

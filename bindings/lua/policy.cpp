@@ -73,15 +73,15 @@ void push_context(lua_State* L, const PolicyRun& run) {
   lua_setfield(L, -2, "no_split_modules");
 }
 
-std::string read_text(const std::filesystem::path& path) {
+}  // namespace
+
+std::string lua::read_text(const std::filesystem::path& path) {
   std::ifstream in(path);
-  if (!in) throw UserError(path.string() + ": cannot read policy");
+  if (!in) throw UserError(path.string() + ": cannot read");
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
 }
-
-}  // namespace
 
 PolicyConfig PolicyConfig::from_section(ConfigSection& s) {
   PolicyConfig c;

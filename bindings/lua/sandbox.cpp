@@ -2,6 +2,7 @@
 // bytecode, require confined to policies/lib, locked globals, an instruction budget and a
 // memory cap. Errors carry file:line and a traceback.
 #include "bindings/lua/lua_internal.h"
+#include "core/config_file.h"
 
 #include <chrono>
 #include <fstream>
@@ -71,15 +72,14 @@ int api_require(lua_State* L) {
   if (lua_getfield(L, -1, name.c_str()) != LUA_TNIL) return 1;
   lua_pop(L, 1);
   const auto path = run.lib_dir / (name + ".lua");
-  std::ifstream in(path);
-  if (!in) throw ScriptError("require: no module '" + name + "' in " + run.lib_dir.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string source = text.str();
+  if (!std::filesystem::is_regular_file(path)) {
+    throw ScriptError("require: no module '" + name + "' in " + run.lib_dir.string());
+  }
+  const std::string source = read_text(path);
   if (luaL_loadbufferx(L, source.data(), source.size(), chunk_name(path).c_str(), "t") != LUA_OK) {
     throw ScriptError(lua_tostring(L, -1));
   }
-  lua_call(L, 0, 1);
+  protected_call(L, 0, 1);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);
     lua_pushboolean(L, 1);
@@ -106,6 +106,31 @@ std::string to_string_arg(lua_State* L, int index, const char* what) {
     throw ScriptError(std::string(what) + ": expected a string, got " + luaL_typename(L, index));
   }
   return lua_tostring(L, index);
+}
+
+void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what) {
+  for (lua_pushnil(L); lua_next(L, table) != 0; lua_pop(L, 1)) {
+    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      const std::string near = nearest_name(key, allowed);
+      throw ScriptError(std::string(what) + ": unknown option '" + key + "'" +
+                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
+    }
+  }
+}
+
+int raw_field(lua_State* L, int table, const char* key) {
+  table = lua_absindex(L, table);
+  lua_pushstring(L, key);
+  return lua_rawget(L, table);
+}
+
+void protected_call(lua_State* L, int nargs, int nresults) {
+  if (lua_pcall(L, nargs, nresults, 0) == LUA_OK) return;
+  const char* message = lua_tostring(L, -1);
+  std::string text = message ? message : "(error object is not a string)";
+  lua_pop(L, 1);
+  throw ScriptError(text);
 }
 
 std::string caller_location(lua_State* L) {
@@ -147,7 +172,12 @@ lua_State* open_sandbox(PolicyRun& run) {
   lua_getfield(L, -1, "string");
   lua_pushnil(L);
   lua_setfield(L, -2, "dump");  // bytecode out is bytecode in
+  // The bindings call these; registry copies stay right whatever a policy rebinds.
+  lua_getfield(L, -1, "find");
+  lua_setfield(L, LUA_REGISTRYINDEX, "fsdpp.string_find");
   lua_pop(L, 1);
+  lua_getfield(L, -1, "tostring");
+  lua_setfield(L, LUA_REGISTRYINDEX, "fsdpp.tostring");
   lua_pushcfunction(L, guarded<api_load>);
   lua_setfield(L, -2, "load");
   lua_pushcfunction(L, guarded<api_require>);

@@ -85,10 +85,6 @@ void ConfigSection::fail(const std::string& key, const std::string& message) con
   throw UserError(where(key) + ": [" + name_ + "] " + key + ": " + message);
 }
 
-bool ConfigSection::has(const std::string& key) const {
-  return doc_->root.at_path(name_ + "." + key).node() != nullptr;
-}
-
 const void* ConfigSection::lookup(const std::string& key, const char* expected) {
   asked_.insert(key);
   const toml::node* node = doc_->root.at_path(name_ + "." + key).node();

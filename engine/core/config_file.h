@@ -25,7 +25,6 @@ class ConfigSection {
   double get_double(const std::string& key, double fallback);  // integers are accepted
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
-  bool has(const std::string& key) const;
   // A sub-table of scalars ([section.key]), in file order; nested tables and arrays are errors.
   std::vector<std::pair<std::string, ConfigScalar>> get_scalar_table(const std::string& key);
 

@@ -79,12 +79,12 @@ std::shared_ptr<Comm> Comm::subgroup(const std::vector<int>& global_ranks, const
 }
 
 void Comm::check(const at::Tensor& t, const char* op) const {
-  TORCH_CHECK(t.is_contiguous(), op, " needs contiguous tensors");
+  TORCH_CHECK(t.is_contiguous(), op, " on group ", name_, " needs contiguous tensors");
 }
 
 void Comm::all_gather(at::Tensor& out, const at::Tensor& in) {
   check(out, "all_gather");
-  TORCH_CHECK(out.numel() == in.numel() * size_, "all_gather: output ", out.numel(), " != ", size_, " x ", in.numel());
+  TORCH_CHECK(out.numel() == in.numel() * size_, "all_gather on group ", name_, ": output ", out.numel(), " != ", size_, " x ", in.numel());
   if (!c10d_->backend) {
     out.copy_(in.reshape(out.sizes()));
     return;
@@ -95,7 +95,7 @@ void Comm::all_gather(at::Tensor& out, const at::Tensor& in) {
 
 void Comm::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
   check(out, "reduce_scatter_sum");
-  TORCH_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input ", in.numel(), " != ", size_, " x ", out.numel());
+  TORCH_CHECK(in.numel() == out.numel() * size_, "reduce_scatter on group ", name_, ": input ", in.numel(), " != ", size_, " x ", out.numel());
   if (!c10d_->backend) {
     out.copy_(in.reshape(out.sizes()));
     return;

@@ -11,12 +11,16 @@
 namespace fsdpp {
 
 ShardFill fresh_init_fill(Module& root, uint64_t seed, double std) {
-  return [&root, seed, std](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
+  // Owners by path, built once rather than by a walk of the model per parameter.
+  auto owners = std::make_shared<std::map<std::string, Module*>>();
+  for (const auto& e : named_modules(root)) owners->emplace(e.path, e.module);
+  return [owners, seed, std](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
     if (rows.size(0) == 0) return;  // a trailing rank that owns no rows
     at::NoGradGuard no_grad;
     const auto dot = name.rfind('.');
-    Module* owner = dot == std::string::npos ? &root : find_module(root, name.substr(0, dot));
-    TORCH_CHECK(owner != nullptr, "no module owns parameter ", name);
+    auto it = owners->find(dot == std::string::npos ? "" : name.substr(0, dot));
+    TORCH_CHECK(it != owners->end(), "no module owns parameter ", name);
+    Module* owner = it->second;
     // In the parameter's dtype, so the master holds exactly what a materialised model would;
     // the generator depends on the name alone, so every world size sees the same values.
     at::Tensor full = at::empty(param.sizes(), param.options());

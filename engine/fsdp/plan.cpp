@@ -32,9 +32,12 @@ int depth(const UnitPlan& unit) {
 std::string where(const UnitPlan& unit) { return unit.origin.empty() ? "plan" : unit.origin; }
 
 void check_dtype(const UnitPlan& unit, const std::string& key, const std::string& value, bool allow_empty) {
-  static const std::set<std::string> known = {"float32", "bfloat16", "float16"};
-  if ((allow_empty && value.empty()) || known.count(value)) return;
-  throw UserError(where(unit) + ": " + key + " '" + value + "' is not one of float32, bfloat16, float16");
+  if (allow_empty && value.empty()) return;
+  try {
+    parse_dtype(value);
+  } catch (const UserError& e) {
+    throw UserError(where(unit) + ": " + key + ": " + e.what());
+  }
 }
 
 std::string mib(int64_t bytes) {

@@ -209,11 +209,13 @@ void FsdpUnit::post_backward() {
   replicate_group_->all_reduce_sum(reduced);
   offset = 0;
   for (auto& p : params_) {
+    // A view of this backward's fresh buffer (a new tensor when the reduction ran in
+    // another dtype), so a first gradient needs no copy.
     at::Tensor shard = reduced.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(at::kFloat);
     if (p.owned.grad().defined()) {
       p.owned.mutable_grad().add_(shard);
     } else {
-      p.owned.mutable_grad() = shard.clone();
+      p.owned.mutable_grad() = shard;
     }
     offset += p.shard_numel();
   }

@@ -31,6 +31,7 @@ AdamW::AdamW(std::vector<Group> groups, const OptimizerConfig& config)
   for (const auto& g : groups_) {
     State s;
     for (const auto& p : g.params) {
+      where_[p.unsafeGetTensorImpl()] = {state_.size(), s.exp_avg.size()};
       s.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
       s.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
       s.steps.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
@@ -61,14 +62,10 @@ void AdamW::step(double lr) {
 }
 
 std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const {
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    for (size_t j = 0; j < groups_[i].params.size(); ++j) {
-      if (groups_[i].params[j].is_same(param)) {
-        return ParamState{state_[i].exp_avg[j], state_[i].exp_avg_sq[j], state_[i].steps[j]};
-      }
-    }
-  }
-  return std::nullopt;
+  auto it = where_.find(param.unsafeGetTensorImpl());
+  if (it == where_.end()) return std::nullopt;
+  const auto [i, j] = it->second;
+  return ParamState{state_[i].exp_avg[j], state_[i].exp_avg_sq[j], state_[i].steps[j]};
 }
 
 void AdamW::zero_grad() {

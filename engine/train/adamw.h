@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@ class AdamW {
   };
   std::vector<Group> groups_;
   std::vector<State> state_;
+  std::unordered_map<const void*, std::pair<size_t, size_t>> where_;  // TensorImpl -> (group, index)
   OptimizerConfig config_;
 };
 

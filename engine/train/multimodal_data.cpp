@@ -81,6 +81,7 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
                         std::to_string(model.vocab_size));
       }
     }
+    sample.target_count = (d.targets(sample) != -100).sum().item<int64_t>();
     d.samples_.push_back(std::move(sample));
   }
   if (d.samples_.empty()) throw UserError(index.string() + ": no samples");
@@ -98,7 +99,7 @@ at::Tensor MultimodalDataset::targets(const Sample& sample) const {
 
 int64_t MultimodalDataset::target_count(const std::vector<int64_t>& samples) const {
   int64_t n = 0;
-  for (int64_t s : samples) n += (targets(samples_[static_cast<size_t>(s)]) != -100).sum().item<int64_t>();
+  for (int64_t s : samples) n += samples_[static_cast<size_t>(s)].target_count;
   return n;
 }
 

@@ -47,6 +47,7 @@ class MultimodalDataset {
   struct Sample {
     std::vector<int64_t> input_ids;
     std::vector<Visual> images, videos;
+    int64_t target_count = 0;  // tokens it asks to be predicted, counted once at open
   };
   at::Tensor targets(const Sample& sample) const;  // [T]
 

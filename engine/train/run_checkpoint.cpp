@@ -93,17 +93,20 @@ void RunCheckpointer::save(int64_t step, const json& client_state) {
                                 static_cast<int64_t>(seconds * 1e6)}, at::kLong);
   at::Tensor files = at::empty({world_->size() * 3}, at::kLong);
   world_->all_gather(files, mine);
-  at::Tensor my_rows = at::empty({static_cast<int64_t>(shards_.size()) * 2}, at::kLong);
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    const bool stored = shards_[i].primary && shards_[i].rows.size(0) > 0;
-    my_rows[static_cast<int64_t>(2 * i)] = shards_[i].first_row;
-    my_rows[static_cast<int64_t>(2 * i + 1)] = stored ? shards_[i].rows.size(0) : 0;
+  std::vector<int64_t> my_rows;
+  for (const auto& shard : shards_) {
+    my_rows.push_back(shard.first_row);
+    my_rows.push_back(shard.primary ? shard.rows.size(0) : 0);
   }
-  at::Tensor rows = at::empty({world_->size() * my_rows.numel()}, at::kLong);
-  world_->all_gather(rows, my_rows);
+  at::Tensor rows = at::empty({world_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
+  world_->all_gather(rows, at::tensor(my_rows, at::kLong));
 
   if (rank == 0) {
-    const json meta = metadata(step, client_state, files.view({-1, 3}), rows.view({world_->size(), -1, 2}));
+    const std::string config_text = (model_.raw ? *model_.raw : json::object()).dump(2) + "\n";
+    write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
+    json meta = metadata(step, client_state, files.view({-1, 3}), rows.view({world_->size(), -1, 2}));
+    meta["files"]["config.json"] = {{"bytes", config_text.size()},
+                                    {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
     const std::string text = meta.dump(1) + "\n";
     write_file_atomically(staging / "metadata.json", text.data(), text.size());
     fsync_directory(staging);
@@ -136,11 +139,6 @@ json RunCheckpointer::metadata(int64_t step, const json& client_state, const at:
                                const at::Tensor& rows) const {
   json meta = {{"format", kCheckpointFormat}, {"version", 1}, {"step", step}, {"world_size", world_->size()},
                {"meshes", meshes_}, {"config_hash", config_hash(config_)}};
-  const std::string config_text = (model_.raw ? *model_.raw : json::object()).dump(2) + "\n";
-  const fs::path staging = staging_path(config_.checkpoint.dir, step);
-  write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
-  meta["files"]["config.json"] = {{"bytes", config_text.size()},
-                                  {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
   for (int r = 0; r < world_->size(); ++r) {
     meta["files"][rank_file_name(r)] = {{"bytes", files[r][0].item<int64_t>()},
                                         {"checksum", format_crc32c(static_cast<uint32_t>(files[r][1].item<int64_t>()))}};

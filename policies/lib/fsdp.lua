@@ -86,7 +86,7 @@ end
 local function vision_tower_mode()
   local mode = option("vision_tower", option("mixed_mm_data", false) and "root" or "shard")
   if mode ~= "shard" and mode ~= "root" and mode ~= "replicate" then
-    error("vision_tower must be \"shard\", \"root\" or \"replicate\", not " .. tostring(mode))
+    error("vision_tower must be \"shard\", \"root\" or \"replicate\", not " .. tostring(mode), 3)  -- the policy's line
   end
   return mode
 end
@@ -107,7 +107,7 @@ function M.standard(spec)
   for _, class in ipairs(spec.classes or {}) do add(class) end
   for _, class in ipairs(vision) do add(class) end
   if M.wrap_classes(classes, M.layer_options()) == 0 then
-    error("no module of the classes " .. table.concat(classes, ", ") .. " exists in this model")
+    error("no module of the classes " .. table.concat(classes, ", ") .. " exists in this model", 2)
   end
   if mode == "replicate" and #vision > 0 then
     for _, tower in ipairs(ctx.model:find{path = "^visual$"}) do

@@ -63,9 +63,10 @@ def check(name, model_path, sharded_bf16):
               f"engine's, max relative difference {err:.2e} (allowed {tolerance:g})")
     streamed, offline = tensors(f"{base}/run/model"), tensors(f"{base}/fp32")
     same = streamed.keys() == offline.keys() and all(torch.equal(streamed[k], offline[k]) for k in offline)
-    tied = json.load(open(f"{base}/fp32/config.json")).get("tie_word_embeddings", True)
+    tied = json.load(open(f"{base}/fp32/config.json"))["tie_word_embeddings"]
+    same = same and tied == (name == "tied")  # the export keeps the model's tying
     print(f"{'ok  ' if same else 'FAIL'} {name}: the run's streamed export equals the offline one bitwise "
-          f"({len(offline)} tensors, tie_word_embeddings {tied})")
+          f"({len(offline)} tensors, tie_word_embeddings {tied} as the model has it)")
     return ok and same
 
 

@@ -14,6 +14,9 @@ import sys
 import torch
 import transformers
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compare import max_relative  # noqa: E402
+
 FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "sliced-load")
 CONFIG = "tests/assets/fsdp-llama.toml"
@@ -61,7 +64,7 @@ def main():
     total = next(iter(reads.values()))[1] if reads else 1
     shares = {r: a / total for r, (a, _) in sorted(reads.items())}
     together = sum(a for a, _ in reads.values()) / total
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+    loss_err = max_relative(losses, ref)
     ok = sorted(shares) == [0, 1, 2, 3] and all(0.22 <= s <= 0.30 for s in shares.values()) \
         and 0.98 <= together <= 1.15 and loss_err <= 1e-5 and len(losses) == len(ref) == 2
     print(f"{'ok  ' if ok else 'FAIL'} world 4 from a {total / 1e6:.1f} MB HF model: each rank read "
@@ -72,7 +75,7 @@ def main():
     make_model(tied_dir, vocab=300, hidden=64, tied=True)
     ref, _ = train(os.path.join(WORK, "tied-one"), tied_dir, 1)
     losses, _ = train(os.path.join(WORK, "tied-three"), tied_dir, 3)
-    tied_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+    tied_err = max_relative(losses, ref)
     tied_ok = tied_err <= 1e-5 and len(losses) == len(ref) == 2
     print(f"{'ok  ' if tied_ok else 'FAIL'} tied HF model at world 3: losses vs one process {tied_err:.2e}")
     sys.exit(0 if ok and tied_ok else 1)

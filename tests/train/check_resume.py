@@ -14,7 +14,7 @@ import sys
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from compare import weight_difference  # noqa: E402
+from compare import max_relative, weight_difference  # noqa: E402
 
 FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "resume")
@@ -45,7 +45,7 @@ def compare(name, out_dir, ref_dir, tolerance):
     steps = list(range(6, 11))
     if sorted(got) != list(range(1, 11)) and sorted(got) != steps:
         return print(f"FAIL {name}: steps {sorted(got)}") or False
-    loss_err = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
+    loss_err = max_relative([got[s] for s in steps], [ref[s] for s in steps])
     w, w_ref = weights(out_dir), weights(ref_dir)
     weight_err, _ = weight_difference(w, w_ref)
     ok = w.keys() == w_ref.keys() and loss_err <= tolerance and weight_err <= tolerance

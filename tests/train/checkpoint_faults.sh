@@ -76,7 +76,10 @@ for damage in flipped missing truncated; do
   bad="$out/$damage/step-00000005"
   mkdir -p "$out/$damage" && cp -r "$good" "$bad"
   case $damage in
-    flipped) printf '\x5a' | dd of="$bad/rank-00001.safetensors" bs=1 seek=3000 conv=notrunc 2>/dev/null
+    flipped) # every bit of one byte of tensor data mid-file, well past the header
+             file="$bad/rank-00001.safetensors" at=$(( $(stat -c %s "$bad/rank-00001.safetensors") / 2 ))
+             byte=$(od -An -tu1 -j "$at" -N1 "$file" | tr -d ' ')
+             printf "\\x$(printf %02x $((byte ^ 255)))" | dd of="$file" bs=1 seek="$at" conv=notrunc 2>/dev/null
              words="checksum" ;;
     missing) rm "$bad/rank-00001.safetensors"; words="missing" ;;
     truncated) truncate -s -64 "$bad/rank-00001.safetensors"; words="truncated" ;;

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/module_tree.h"
 #include "models/registry.h"
+#include "scratch_dir.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -27,9 +28,7 @@ std::shared_ptr<CausalLM> meta_model(bool tied = false) {
 }
 
 fs::path write_policy(const std::string& name, const std::string& text) {
-  auto dir = fs::temp_directory_path() / ("fsdpp-policy-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  auto path = dir / name;
+  auto path = testing::scratch_dir("policy") / name;
   std::ofstream(path) << text;
   return path;
 }
@@ -86,6 +85,16 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
   CHECK_THAT(error_of("local m = ctx.model:get('model.layerz')\n"), Catch::Contains("escape.lua:1: get: no module at path 'model.layerz'"));
   CHECK_THAT(error_of("error('custom failure')\n"), Catch::Contains("escape.lua:1: custom failure"));
   CHECK_THAT(error_of("local x = (\n"), Catch::Contains("escape.lua:2: unexpected symbol near <eof>"));
+  // Lua errors raised inside a binding (a bad pattern, a failing predicate, a failing
+  // __tostring) come back through it as errors naming the policy's line.
+  CHECK_THAT(error_of("\nctx.model:find{path = '['}\n"), Catch::Contains("escape.lua:2: ") && Catch::Contains("malformed pattern"));
+  CHECK_THAT(error_of("ctx.model:find{where = function(m) error('no way') end}\n"),
+             Catch::Contains("escape.lua:1: ") && Catch::Contains("no way"));
+  // Option tables are read raw: an __index metamethod is never run.
+  CHECK(error_of("wrap(ctx.model, setmetatable({}, {__index = function() error('sneaky') end}))\n").empty());
+  CHECK_THAT(error_of("warn(setmetatable({}, {__tostring = function() error('no text') end}))\n"),
+             Catch::Contains("escape.lua:1: ") && Catch::Contains("no text"));
+  CHECK_THAT(error_of("precision{param = 'int8'}\n"), Catch::Contains("escape.lua:1: precision: ") && Catch::Contains("int8"));
 
   auto model = meta_model();
   auto plan = run_policy(write_policy("warn.lua", "for _, m in ipairs(ctx.model:find{class = 'Qwen2DecoderLayer'}) do wrap(m) end\n"),
