@@ -95,6 +95,26 @@ def lr_at(step, cfg):
     return min_lr + (peak - min_lr) * shape
 
 
+def write_initial_model(cfg, out_dir):
+    """Saves the config's model, freshly initialised by transformers, as an HF directory.
+
+    Both engines then start from these weights, so their losses agree from the first step
+    and any gap in the curves is the engines', not their initialisers'.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = get(cfg, "model.path")
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
+    torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
 def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worker):
     """The command line both benchmarks share; --torch-worker re-enters as the peer's process."""
     ap = argparse.ArgumentParser(description=description)
@@ -108,6 +128,7 @@ def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worke
     ap.add_argument("--fsdpp", default="build/fsdpp", help="path to the fsdpp binary (default: %(default)s)")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--init-dir", help=argparse.SUPPRESS)
     ap.error = lambda msg: fail(prog, msg)
     args = ap.parse_args()
     try:

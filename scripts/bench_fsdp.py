@@ -19,11 +19,13 @@ import sys
 import tempfile
 import time
 
-from bench_common import BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main
+from bench_common import (BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main,
+                          write_initial_model)
 
 WORLD = 2
 WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
 SAMPLE_S = 0.05
+LOSS_TOLERANCE = 1e-4  # fp32 with the same weights and batches; only summation order differs
 
 
 # ---------------------------------------------------------------- configuration
@@ -32,6 +34,9 @@ SAMPLE_S = 0.05
 def load_config(path, steps):
     cfg = read_toml(path)
     cfg.setdefault("train", {})["steps"] = steps
+    # Windows in file order: the two engines shuffle with different generators, and the
+    # same batches are what makes their losses comparable step by step.
+    cfg.setdefault("data", {})["shuffle"] = False
     return cfg
 
 
@@ -166,6 +171,7 @@ def run_fsdpp(args, tmp):
     log = os.path.join(tmp, "fsdpp.log")
     sets = [f"train.steps={args.steps}", f"train.threads={args.threads}",
             f"train.out_dir={json.dumps(out_dir)}",  # a JSON string is a valid TOML string
+            f"model.path={json.dumps(args.init_dir)}", "data.shuffle=false",
             "checkpoint.save_final=false", "train.eval_every=0", 'metrics.progress="never"']
     cmd = [args.fsdpp, "launch", "--nproc-per-node", str(WORLD), "--", "train", args.config]
     for s in sets:
@@ -193,7 +199,8 @@ def run_torch(args, tmp):
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         logs.append(os.path.join(tmp, f"pytorch-rank{rank}.log"))
         cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", args.config,
-               "--steps", str(args.steps), "--threads", str(args.threads), "--out-dir", out_dir]
+               "--steps", str(args.steps), "--threads", str(args.threads), "--out-dir", out_dir,
+               "--init-dir", args.init_dir]
         procs.append(start(cmd, logs[-1], env))
     peaks = supervise("pytorch fully_shard", procs,
                       lambda: {r: p.pid for r, p in enumerate(procs)}, logs)
@@ -216,6 +223,7 @@ def bench(args):
                        * int(get(cfg, "train.grad_accum", 1)))
 
     tmp = tempfile.mkdtemp(prefix="fsdpp-bench-fsdp-")  # kept on failure for its logs
+    args.init_dir = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
     results = {}
     for name, run in (("fsdpp", run_fsdpp), ("pytorch", run_torch)):
         print(f"running {name} at world {WORLD} ({args.steps} steps, {args.threads} thread(s) "
@@ -237,60 +245,61 @@ def bench(args):
     for rank in range(WORLD):
         print(f"peak RSS ratio rank {rank} (fsdpp / pytorch fully_shard): "
               f"{f['rss'][rank] / t['rss'][rank]:.2f}x")
-    print(f"step-1 grad norm: fsdpp {f['first_grad_norm']:.4f}, "
-          f"pytorch fully_shard {t['first_grad_norm']:.4f}")
+    # Same weights, data and optimiser: the curves must agree, or the timings compare
+    # different work.
+    print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
+          f"grad norm: fsdpp {f['first_grad_norm']:.6f}, pytorch fully_shard {t['first_grad_norm']:.6f}")
+    gap = abs(f["final_loss"] - t["final_loss"]) / abs(t["final_loss"])
+    print(f"final loss relative difference: {gap:.2e}")
+    if gap > LOSS_TOLERANCE:
+        raise BenchError(f"the engines' final losses differ by {gap:.2e} relative (more than "
+                         f"{LOSS_TOLERANCE:g}), so they did not train alike")
 
 
 # ---------------------------------------------------------------- PyTorch FSDP2 worker
 
 
 class WindowSampler:
-    """Non-overlapping windows of seq_len + 1 tokens in a fresh random order each epoch.
+    """Windows of seq_len + 1 tokens starting every seq_len tokens, in file order, as fsdpp
+    visits them with data.shuffle = false.
 
     Every rank draws the same global batch and keeps its own rows, as fsdpp does.
     """
 
-    def __init__(self, tokens, seq_len, seed):
+    def __init__(self, tokens, seq_len):
         import numpy as np
 
         self.np = np
         self.tokens, self.seq_len = tokens, seq_len
-        self.rng = np.random.default_rng(seed)
         self.windows = (len(tokens) - 1) // seq_len
         if self.windows < 1:
             raise BenchError(f"training split has {len(tokens)} tokens, fewer than seq_len + 1")
-        self.order, self.cursor = self.rng.permutation(self.windows), 0
+        self.cursor = 0
 
     def take(self, count):
         rows = []
         for _ in range(count):
             if self.cursor == self.windows:
-                self.order, self.cursor = self.rng.permutation(self.windows), 0
-            start = int(self.order[self.cursor]) * self.seq_len
+                self.cursor = 0
+            start = self.cursor * self.seq_len
             rows.append(self.tokens[start:start + self.seq_len + 1])
             self.cursor += 1
         return self.np.stack(rows).astype(self.np.int64)
 
 
-def build_sharded_model(cfg, world):
+def build_sharded_model(cfg, world, init_dir):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if get(cfg, "model.dtype", "float32") != "float32":
         raise BenchError("only model.dtype = \"float32\" is benchmarked")
     if not hasattr(FSDPModule, "set_gradient_divide_factor"):
         raise BenchError(f"torch {torch.__version__} lacks FSDPModule.set_gradient_divide_factor")
-    path = get(cfg, "model.path")
-    try:
-        hf_config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
-    # Same seed on every rank so the shards cut one model, not one model per rank.
-    torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32,
-                                             attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    hf_config = model.config
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
@@ -325,10 +334,9 @@ def torch_worker(args):
         rows = batch // world
         tokens, file_vocab = read_tokens(get(cfg, "data.train"))
         held_out = int(len(tokens) * float(get(cfg, "data.eval_fraction", 0.0)))
-        sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len,
-                                int(get(cfg, "data.seed", 0)))
+        sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len)
 
-        model = build_sharded_model(cfg, world)
+        model = build_sharded_model(cfg, world, args.init_dir)
         if file_vocab > model.config.vocab_size:
             raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
                              f"{model.config.vocab_size}")
