@@ -21,7 +21,11 @@ std::vector<std::pair<std::string, Module*>> Module::named_child_modules() const
 
 torch::Tensor new_parameter(at::IntArrayRef shape, const torch::TensorOptions& opts) {
   if (!opts.device().is_meta()) return torch::empty(shape, opts);
-  auto t = torch::empty({0}, opts.device(torch::kCPU));
+  return unallocated_tensor(shape, opts.device(torch::kCPU));
+}
+
+torch::Tensor unallocated_tensor(at::IntArrayRef shape, const torch::TensorOptions& opts) {
+  auto t = torch::empty({0}, opts);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
   return t;
 }

@@ -77,6 +77,8 @@ class Module : public torch::nn::Module {
 // no bytes yet: the state FSDP keeps sharded parameters in, so a model of any size builds
 // without memory and each rank later allocates only its own shards.
 torch::Tensor new_parameter(at::IntArrayRef shape, const torch::TensorOptions& opts);
+// A tensor of `shape` on opts' device whose storage holds no bytes until it is given some.
+torch::Tensor unallocated_tensor(at::IntArrayRef shape, const torch::TensorOptions& opts);
 // Whether the tensor's storage holds all its bytes.
 bool is_allocated(const torch::Tensor& t);
 

@@ -1,5 +1,5 @@
 // c10d-backed collectives. Gloo reduces with SUM only (no AVG), so callers divide
-// themselves; every collective runs synchronously.
+// themselves. Each collective is issued asynchronously; the blocking forms wait at once.
 #include "dist/comm.h"
 
 #include "core/error.h"
@@ -7,9 +7,13 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 namespace fsdpp {
 
@@ -26,7 +30,41 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 }
 
+c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                std::chrono::milliseconds timeout, c10::Device device) {
+  if (device.is_cpu()) return make_gloo(store, rank, size, timeout);
+#ifdef USE_C10D_NCCL
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#else
+  throw UserError("this build of fsdpp has no NCCL: rebuild it where nccl.h is found to run on " + device.str());
+#endif
+}
+
+// Runs `op` on copies on `device` when `t` lives elsewhere, copying the result back.
+void on_device(at::Tensor& t, c10::Device device, const std::function<void(at::Tensor&)>& op) {
+  if (t.device() == device) {
+    op(t);
+    return;
+  }
+  at::Tensor staged = t.to(device);
+  op(staged);
+  t.copy_(staged);
+}
+
 }  // namespace
+
+struct CommWork::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> keep_alive;  // the backend reads and writes these until done
+};
+
+void CommWork::wait() {
+  if (!impl_) return;
+  auto impl = std::move(impl_);
+  impl->work->wait();
+}
 
 struct Comm::Handles {
   c10::intrusive_ptr<c10d::Store> store;
@@ -36,15 +74,28 @@ struct Comm::Handles {
 Comm::Comm() : c10d_(std::make_unique<Handles>()) {}
 Comm::~Comm() = default;
 
-std::shared_ptr<Comm> Comm::single() { return std::shared_ptr<Comm>(new Comm()); }
+std::shared_ptr<Comm> Comm::single(c10::Device device) {
+  std::shared_ptr<Comm> comm(new Comm());
+  comm->device_ = device;
+  return comm;
+}
+
+bool Comm::has_nccl() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, int port,
-                                  std::chrono::milliseconds timeout) {
+                                  std::chrono::milliseconds timeout, c10::Device device) {
   std::shared_ptr<Comm> comm(new Comm());
   comm->rank_ = comm->world_rank_ = rank;
   comm->size_ = size;
   comm->name_ = "world";
   comm->timeout_ = timeout;
+  comm->device_ = device;
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(port);
   opts.isServer = rank == 0;
@@ -53,7 +104,8 @@ std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, i
   opts.timeout = timeout;
   try {
     comm->c10d_->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
-    comm->c10d_->backend = make_gloo(c10::make_intrusive<c10d::PrefixStore>("world/", comm->c10d_->store), rank, size, timeout);
+    comm->c10d_->backend =
+        make_backend(c10::make_intrusive<c10d::PrefixStore>("world/", comm->c10d_->store), rank, size, timeout, device);
   } catch (const std::exception& e) {
     throw UserError("rank " + std::to_string(rank) + ": rendezvous at " + addr + ":" + std::to_string(port) +
                     " failed: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
@@ -70,47 +122,83 @@ std::shared_ptr<Comm> Comm::subgroup(const std::vector<int>& global_ranks, const
   comm->world_rank_ = world_rank_;
   comm->name_ = tag;
   comm->timeout_ = timeout_;
+  comm->device_ = device_;
   comm->c10d_->store = c10d_->store;
   if (comm->size_ > 1) {
-    comm->c10d_->backend = make_gloo(c10::make_intrusive<c10d::PrefixStore>(tag + "/", c10d_->store), comm->rank_,
-                               comm->size_, timeout_);
+    comm->c10d_->backend = make_backend(c10::make_intrusive<c10d::PrefixStore>(tag + "/", c10d_->store), comm->rank_,
+                                        comm->size_, timeout_, device_);
   }
   return comm;
 }
 
 void Comm::check(const at::Tensor& t, const char* op) const {
   TORCH_CHECK(t.is_contiguous(), op, " on group ", name_, " needs contiguous tensors");
+  TORCH_CHECK(!c10d_->backend || t.device() == device_, op, " on group ", name_, " needs tensors on ", device_, ", not ",
+              t.device());
 }
 
 void Comm::all_gather(at::Tensor& out, const at::Tensor& in) {
-  check(out, "all_gather");
-  TORCH_CHECK(out.numel() == in.numel() * size_, "all_gather on group ", name_, ": output ", out.numel(), " != ", size_, " x ", in.numel());
   if (!c10d_->backend) {
     out.copy_(in.reshape(out.sizes()));
     return;
   }
-  at::Tensor input = in.contiguous();
-  c10d_->backend->_allgather_base(out, input)->wait();
+  at::Tensor input = in.to(device_);
+  on_device(out, device_, [&](at::Tensor& o) { all_gather_async(o, input).wait(); });
 }
 
 void Comm::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
-  check(out, "reduce_scatter_sum");
-  TORCH_CHECK(in.numel() == out.numel() * size_, "reduce_scatter on group ", name_, ": input ", in.numel(), " != ", size_, " x ", out.numel());
   if (!c10d_->backend) {
     out.copy_(in.reshape(out.sizes()));
     return;
   }
-  at::Tensor input = in.contiguous();
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  c10d_->backend->_reduce_scatter_base(out, input, opts)->wait();
+  at::Tensor input = in.to(device_);
+  on_device(out, device_, [&](at::Tensor& o) { reduce_scatter_sum_async(o, input).wait(); });
 }
 
 void Comm::all_reduce_sum(at::Tensor& t) {
-  check(t, "all_reduce_sum");
   if (!c10d_->backend) return;
+  on_device(t, device_, [&](at::Tensor& x) { all_reduce_sum_async(x).wait(); });
+}
+
+CommWork Comm::all_gather_async(at::Tensor& out, const at::Tensor& in) {
+  check(out, "all_gather");
+  TORCH_CHECK(out.numel() == in.numel() * size_, "all_gather on group ", name_, ": output ", out.numel(), " != ", size_, " x ", in.numel());
+  CommWork pending;
+  if (!c10d_->backend) {
+    out.copy_(in.reshape(out.sizes()));
+    return pending;
+  }
+  at::Tensor input = in.contiguous();
+  check(input, "all_gather");
+  pending.impl_ = std::make_shared<CommWork::Impl>(
+      CommWork::Impl{c10d_->backend->_allgather_base(out, input), {out, input}});
+  return pending;
+}
+
+CommWork Comm::reduce_scatter_sum_async(at::Tensor& out, const at::Tensor& in) {
+  check(out, "reduce_scatter_sum");
+  TORCH_CHECK(in.numel() == out.numel() * size_, "reduce_scatter on group ", name_, ": input ", in.numel(), " != ", size_, " x ", out.numel());
+  CommWork pending;
+  if (!c10d_->backend) {
+    out.copy_(in.reshape(out.sizes()));
+    return pending;
+  }
+  at::Tensor input = in.contiguous();
+  check(input, "reduce_scatter_sum");
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  pending.impl_ = std::make_shared<CommWork::Impl>(
+      CommWork::Impl{c10d_->backend->_reduce_scatter_base(out, input, opts), {out, input}});
+  return pending;
+}
+
+CommWork Comm::all_reduce_sum_async(at::Tensor& t) {
+  check(t, "all_reduce_sum");
+  CommWork pending;
+  if (!c10d_->backend) return pending;
   std::vector<at::Tensor> tensors{t};
-  c10d_->backend->allreduce(tensors)->wait();
+  pending.impl_ = std::make_shared<CommWork::Impl>(CommWork::Impl{c10d_->backend->allreduce(tensors), {t}});
+  return pending;
 }
 
 }  // namespace fsdpp

@@ -1,10 +1,12 @@
 // Environment rendezvous.
 #include "dist/dist_env.h"
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/config_file.h"
 
+#include <csignal>
 #include <cstdlib>
 
 namespace fsdpp {
@@ -38,12 +40,22 @@ std::string first_host(std::string list) {
 
 ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
   ParallelConfig c;
+  c.device = s.get_string("device", c.device);
   c.backend = s.get_string("backend", c.backend);
   c.timeout_s = s.get_double("timeout_s", c.timeout_s);
   s.finish();
-  if (c.backend != "auto" && c.backend != "gloo") {
-    s.fail("backend", "'" + c.backend + "' is not available in this build (auto, gloo)");
+  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") {
+    s.fail("device", "'" + c.device + "' is not one of auto, cpu, cuda");
   }
+  const std::string backends = Comm::has_nccl() ? "auto, gloo, nccl" : "auto, gloo";
+  if (c.backend != "auto" && c.backend != "gloo" && (c.backend != "nccl" || !Comm::has_nccl())) {
+    s.fail("backend", "'" + c.backend + "' is not available in this build (" + backends + ")");
+  }
+  // Each backend moves data of one kind of device only.
+  if (c.backend == "gloo" && c.device == "cuda") s.fail("backend", "gloo runs on the CPU, but device is 'cuda'");
+  if (c.backend == "nccl" && c.device == "cpu") s.fail("backend", "nccl runs on GPUs, but device is 'cpu'");
+  if (c.backend == "gloo") c.device = "cpu";
+  if (c.backend == "nccl") c.device = "cuda";
   if (!(c.timeout_s > 0)) s.fail("timeout_s", "must be positive");
   return c;
 }
@@ -75,12 +87,25 @@ DistEnv DistEnv::from_environment() {
 }
 
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
-  if (!env.launched) return Comm::single();
+  const c10::Device device = resolve_device(config.device, env.local_rank);
+  use_device(device);
+  if (!env.launched) {
+    if (!device.is_cpu()) log_info("device: ", device.str());
+    return Comm::single(device);
+  }
   // Under fsdpp launch every line already carries its rank; torchrun and srun add none.
   if (std::getenv("FSDPP_LAUNCHER_PREFIXES_RANK") == nullptr) set_log_rank(env.rank);
+  // A rank that stopped closes its sockets. A collective still sending to it (one issued
+  // ahead, from the backend's thread) must fail with an error this rank reports, not be
+  // killed by SIGPIPE, which would hide the stopped rank's own message.
+  std::signal(SIGPIPE, SIG_IGN);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
-  auto comm = Comm::world(env.rank, env.world_size, env.master_addr, env.master_port, timeout);
-  if (env.rank == 0) log_info("distributed: ", env.world_size, " ranks over gloo via ", env.master_addr, ":", env.master_port);
+  auto comm = Comm::world(env.rank, env.world_size, env.master_addr, env.master_port, timeout, device);
+  if (env.rank == 0) {
+    log_info("distributed: ", env.world_size, " ranks over ", device.is_cpu() ? "gloo" : "nccl", " on ",
+             device.is_cpu() ? std::string("CPUs") : std::string("GPUs"), " via ", env.master_addr, ":",
+             env.master_port);
+  }
   return comm;
 }
 

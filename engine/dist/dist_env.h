@@ -13,7 +13,8 @@ namespace fsdpp {
 class ConfigSection;
 
 struct ParallelConfig {
-  std::string backend = "auto";  // "auto" (gloo on CPU) or "gloo"
+  std::string device = "auto";   // "auto" (this rank's GPU when there is one, else the CPU), "cpu" or "cuda"
+  std::string backend = "auto";  // "auto" (nccl on a GPU, gloo on the CPU), "gloo" or "nccl"
   double timeout_s = 300;        // rendezvous and collective timeout
 
   static ParallelConfig from_section(ConfigSection& section);
@@ -32,7 +33,8 @@ struct DistEnv {
   static DistEnv from_environment();
 };
 
-// The world group for `env` (a single-process group when not launched).
+// The world group for `env` (a single-process group when not launched), on the device the
+// config asks for, which becomes this thread's current device.
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config);
 
 }  // namespace fsdpp

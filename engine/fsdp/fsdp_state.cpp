@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include "core/device.h"
 #include "core/dtype.h"
 
 #include <algorithm>
@@ -30,8 +31,9 @@ ShardFill fresh_init_fill(Module& root, uint64_t seed, double std) {
   };
 }
 
-FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill)
-    : world_(std::move(world)) {
+FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill,
+                     at::Device device)
+    : world_(std::move(world)), device_(device) {
   const auto all = named_modules(root);
   for (const auto& unit : plan.units) {
     auto same = [&unit](const DeviceMesh& m) { return m.replicate == unit.replicate && m.shard == unit.shard; };
@@ -42,10 +44,15 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     }
     unit_mesh_.push_back(static_cast<size_t>(found - meshes_.begin()));
     const DeviceMesh& mesh = *found;
+    const bool offload = unit.plan->offload == "cpu";
+    // Offloaded masters sit in page-locked memory when a device is in use, so copies to and
+    // from it run without staging.
+    const auto master = offload ? at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu())
+                                : at::TensorOptions().device(device);
     std::vector<ShardedParam> params;
     for (const auto& p : unit.params) {
       at::Tensor tensor = p.module->named_parameters(/*recurse=*/false)[p.local];
-      params.emplace_back(p.name, tensor, mesh.shard_group->rank(), mesh.shard_group->size(), fill);
+      params.emplace_back(p.name, tensor, mesh.shard_group->rank(), mesh.shard_group->size(), fill, master);
     }
     std::vector<Module*> modules;
     for (const auto& path : unit.plan->modules) {
@@ -62,7 +69,9 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                         .activation_checkpoint = p.activation_checkpoint,
                         .param_dtype = optional_dtype(p.param_dtype),
                         .reduce_dtype = parse_dtype(p.reduce_dtype),
-                        .output_dtype = optional_dtype(p.output_dtype)};
+                        .output_dtype = optional_dtype(p.output_dtype),
+                        .device = device,
+                        .offload = offload};
     units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), mesh.shard_group,
                                                 mesh.replicate_group, options, this));
   }
@@ -124,17 +133,53 @@ void FsdpState::reshard_all() {
   for (auto& unit : units_) unit->reshard();
 }
 
-void FsdpState::on_pre_backward() {
-  if (in_backward_) return;
-  in_backward_ = true;
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
+FsdpUnit* FsdpState::neighbour_in_forward(FsdpUnit* unit, int step) const {
+  if (recording_order_) return nullptr;
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
+  if (it == forward_order_.end()) return nullptr;
+  const auto index = (it - forward_order_.begin()) + step;
+  return index >= 0 && index < static_cast<std::ptrdiff_t>(forward_order_.size()) ? forward_order_[index] : nullptr;
+}
+
+void FsdpState::on_pre_forward(FsdpUnit* unit) {
+  if (recording_order_) {
+    // A unit seen twice means a second forward began without a backward between (evaluation).
+    if (std::find(forward_order_.begin(), forward_order_.end(), unit) == forward_order_.end()) {
+      forward_order_.push_back(unit);
+    } else {
+      recording_order_ = false;
+    }
+  }
+  unit->begin_unshard();
+  if (FsdpUnit* next = neighbour_in_forward(unit, +1)) next->begin_unshard();
+}
+
+void FsdpState::on_pre_backward(FsdpUnit* unit) {
+  if (!in_backward_) {
+    in_backward_ = true;
+    recording_order_ = false;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
+  }
+  unit->begin_unshard();
+  if (FsdpUnit* next = neighbour_in_forward(unit, -1)) next->begin_unshard();
+}
+
+void FsdpState::on_reduce_issued(FsdpUnit* unit) {
+  if (reducing_ != nullptr && reducing_ != unit) reducing_->finish_reduce();
+  reducing_ = unit;
 }
 
 void FsdpState::final_callback() {
   // Units whose inputs needed no gradient (the root, an embedding) never saw their
   // post-backward fire; reduce them now, in the same order on every rank.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
-  for (auto& unit : units_) unit->end_backward();
+  for (auto& unit : units_) {
+    unit->finish_reduce();
+    unit->end_backward();
+  }
+  reducing_ = nullptr;
+  // Offloaded gradients arrive in host memory asynchronously; the optimizer reads them next.
+  if (!device_.is_cpu()) synchronize_device(device_);
   in_backward_ = false;
 }
 

@@ -38,8 +38,10 @@ class FsdpState {
   // Shards every unit of `plan` over its mesh's shard group, building one DeviceMesh per
   // distinct shape (in plan order, the same on every rank); with a replicate group of
   // several ranks (HSDP) the reduced shards are then summed across replicas.
-  // Parameters of a meta-built model get their values from `fill`.
-  FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill = {});
+  // Parameters of a meta-built model get their values from `fill`. Units gather and compute
+  // on `device`; their masters live there too unless the plan offloads them to the host.
+  FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill = {},
+            at::Device device = at::kCPU);
   ~FsdpState();
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
@@ -60,12 +62,18 @@ class FsdpState {
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
   bool requires_gradient_sync() const { return sync_; }
 
-  // Called by units from backward hooks.
-  void on_pre_backward();
+  // Called by units from their hooks. A unit about to run issues its own gather and the
+  // gather of the unit expected next (in forward: the one after it in the first forward's
+  // order; in backward: the one before it), so the next unit's transfer overlaps this one's
+  // compute. Only one reduction is left in flight: a new one finishes the one before.
+  void on_pre_forward(FsdpUnit* unit);
+  void on_pre_backward(FsdpUnit* unit);
+  void on_reduce_issued(FsdpUnit* unit);
   bool in_backward() const { return in_backward_; }
 
  private:
   void final_callback();
+  FsdpUnit* neighbour_in_forward(FsdpUnit* unit, int step) const;
   std::shared_ptr<Comm> post_forward_group(size_t mesh, int k);
 
   std::shared_ptr<Comm> world_;
@@ -75,6 +83,10 @@ class FsdpState {
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
   bool sync_ = true;
+  std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
+  bool recording_order_ = true;           // until that forward ends
+  FsdpUnit* reducing_ = nullptr;          // the unit whose reduction is in flight
+  at::Device device_;
 };
 
 }  // namespace fsdpp

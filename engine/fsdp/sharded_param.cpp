@@ -2,13 +2,30 @@
 #include "fsdp/sharded_param.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
 
 #include "core/module.h"
 
 namespace fsdpp {
 
-ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world, const ShardFill& fill)
+namespace {
+
+// Swaps the storage's memory for a fresh block of `nbytes` from its own allocator (the
+// device's caching allocator on a GPU), or for none. The old contents are dropped: callers
+// refill the block before reading it.
+void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (nbytes == 0) {
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  } else {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  }
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world, const ShardFill& fill,
+                           const at::TensorOptions& master)
     : name(std::move(name_)), param(std::move(param_)) {
   if (param.dim() > 0) {
     rows = param.size(0);
@@ -19,7 +36,7 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
   owned_rows = std::min<int64_t>(rows, first_row + padded_rows) - first_row;
   at::NoGradGuard no_grad;
   // The master shard is fp32 whatever the parameter's dtype, and owns its memory.
-  local = at::zeros({shard_numel()}, param.options().dtype(at::kFloat));
+  local = at::zeros({shard_numel()}, master.dtype(at::kFloat));
   std::vector<int64_t> owned_shape = param.sizes().vec();
   if (owned_shape.empty()) owned_shape = {1};
   owned_shape[0] = owned_rows;
@@ -35,11 +52,11 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
 
 void ShardedParam::alloc_full() {
   if (is_full()) return;
-  at::native::resize_bytes_cpu(param.storage().unsafeGetStorageImpl(), param.numel() * param.element_size());
+  set_storage_bytes(param, param.numel() * param.element_size());
 }
 
 void ShardedParam::free_full() {
-  at::native::resize_bytes_cpu(param.storage().unsafeGetStorageImpl(), 0);
+  if (param.storage().nbytes() > 0) set_storage_bytes(param, 0);
 }
 
 bool ShardedParam::is_full() const { return is_allocated(param); }

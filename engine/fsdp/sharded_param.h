@@ -23,8 +23,9 @@ using ShardFill =
 
 struct ShardedParam {
   // An unallocated `param` (a meta build) gets its rows from `fill`; an allocated one gives
-  // its own.
-  ShardedParam(std::string name, at::Tensor param, int rank, int world, const ShardFill& fill = {});
+  // its own. The fp32 master shard is made with `master` (its device, pinned or not).
+  ShardedParam(std::string name, at::Tensor param, int rank, int world, const ShardFill& fill = {},
+               const at::TensorOptions& master = {});
 
   std::string name;          // dotted path of the first module that reaches it
   at::Tensor param;          // the module's parameter [full shape]; storage freed when sharded
@@ -38,7 +39,8 @@ struct ShardedParam {
 
   int64_t shard_numel() const { return padded_rows * row_numel; }
   int64_t numel() const { return rows * row_numel; }
-  // Gives param its full storage back, or releases it; the values are the caller's to fill.
+  // Gives param its full storage back, or releases it, on whatever device param lives; the
+  // values are the caller's to fill.
   void alloc_full();
   void free_full();
   bool is_full() const;

@@ -60,15 +60,13 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<S
       options_(options),
       state_(state) {
   for (auto& p : params_) {
-    if (options_.param_dtype && p.param.scalar_type() != *options_.param_dtype) {
-      // The module's own tensor takes the compute dtype, unallocated like any sharded one;
-      // its values already sit in the fp32 master shard.
-      p.param.set_data(new_parameter(p.param.sizes(), p.param.options().dtype(*options_.param_dtype).device(at::kMeta)));
-    }
+    // The module's own tensor takes the compute device and dtype, unallocated like any
+    // sharded one; its values already sit in the fp32 master shard.
+    const auto dtype = options_.param_dtype.value_or(p.param.scalar_type());
+    p.param.set_data(unallocated_tensor(p.param.sizes(), compute_options(dtype)));
     TORCH_CHECK(p.param.scalar_type() == params_.front().param.scalar_type(), "unit ", name_,
                 " mixes parameter dtypes (", params_.front().name, ", ", p.name, ")");
     flat_numel_ += p.shard_numel();
-    p.free_full();
   }
   for (Module* m : modules_) m->set_activation_checkpointing(options_.activation_checkpoint);
   install_hooks();
@@ -82,8 +80,12 @@ void FsdpUnit::install_hooks() {
   Module* first = modules_.front();
   Module* last = modules_.back();
   hooks_.emplace_back(first, first->add_pre_forward_hook([this](Module&, Module::Tensors& inputs) {
+    if (state_->in_backward()) {  // a recomputation inside backward
+      unshard();
+      return;
+    }
+    state_->on_pre_forward(this);
     unshard();
-    if (state_->in_backward()) return;  // a recomputation inside backward
     if (options_.param_dtype) {
       for (auto& x : inputs) {
         if (x.defined() && x.is_floating_point() && x.scalar_type() != *options_.param_dtype) {
@@ -119,27 +121,35 @@ void FsdpUnit::install_hooks() {
   }));
 }
 
-void FsdpUnit::unshard() {
-  if (unsharded_ || params_.empty()) return;
+void FsdpUnit::begin_unshard() {
+  if (unsharded_ || gather_.pending() || params_.empty()) return;
   at::NoGradGuard no_grad;
   const int world = comm_->size();
   // Gathered in the parameters' own dtype (bf16 halves the traffic); masters stay fp32.
-  const auto dtype = params_.front().param.scalar_type();
-  at::Tensor gathered = at::empty({world * flat_numel_}, dtype);
+  const auto options = compute_options(params_.front().param.scalar_type());
+  gathered_ = at::empty({world * flat_numel_}, options);
   if (post_forward_slice_.defined()) {
     // The k ranks of the post-forward group hold the S/k-rank blocks in rank order.
-    options_.post_forward_group->all_gather(gathered, post_forward_slice_);
+    gather_ = options_.post_forward_group->all_gather_async(gathered_, post_forward_slice_);
     post_forward_slice_ = at::Tensor();
-  } else {
-    at::Tensor flat = at::empty({flat_numel_}, dtype);
-    int64_t offset = 0;
-    for (auto& p : params_) {
-      flat.narrow(0, offset, p.shard_numel()).copy_(p.local);
-      offset += p.shard_numel();
-    }
-    comm_->all_gather(gathered, flat);
+    return;
   }
-  copy_out(gathered.view({world, flat_numel_}));
+  at::Tensor flat = at::empty({flat_numel_}, options);
+  int64_t offset = 0;
+  for (auto& p : params_) {
+    // From pinned host memory when offloaded, so the copy does not hold up the host.
+    flat.narrow(0, offset, p.shard_numel()).copy_(p.local, /*non_blocking=*/true);
+    offset += p.shard_numel();
+  }
+  gather_ = comm_->all_gather_async(gathered_, flat);
+}
+
+void FsdpUnit::unshard() {
+  if (unsharded_ || params_.empty()) return;
+  begin_unshard();
+  gather_.wait();
+  copy_out(gathered_.view({comm_->size(), flat_numel_}));
+  gathered_ = at::Tensor();
   unsharded_ = true;
 }
 
@@ -162,7 +172,7 @@ void FsdpUnit::keep_post_forward_slice() {
   const int k = options_.post_forward_group->size();
   const int64_t block = world / k;  // ranks per slice
   const int64_t first = (comm_->rank() % k) * block;
-  post_forward_slice_ = at::zeros({block, flat_numel_}, params_.front().param.scalar_type());
+  post_forward_slice_ = at::zeros({block, flat_numel_}, compute_options(params_.front().param.scalar_type()));
   int64_t offset = 0;
   for (auto& p : params_) {
     copy_rank_shards(post_forward_slice_, p.param.detach(), p, first, block, offset);
@@ -173,13 +183,15 @@ void FsdpUnit::keep_post_forward_slice() {
 
 void FsdpUnit::reshard() {
   post_forward_slice_ = at::Tensor();
+  gather_.wait();  // a prefetch nobody used: its buffers are the backend's until it lands
+  gathered_ = at::Tensor();
   if (!unsharded_) return;
   for (auto& p : params_) p.free_full();
   unsharded_ = false;
 }
 
 void FsdpUnit::pre_backward() {
-  state_->on_pre_backward();
+  state_->on_pre_backward(this);
   unshard();
 }
 
@@ -194,7 +206,7 @@ void FsdpUnit::post_backward() {
   }
   at::NoGradGuard no_grad;
   const int world = comm_->size();
-  at::Tensor scattered_in = at::zeros({world, flat_numel_}, options_.reduce_dtype);  // [W, T]
+  at::Tensor scattered_in = at::zeros({world, flat_numel_}, compute_options(options_.reduce_dtype));  // [W, T]
   int64_t offset = 0;
   for (auto& p : params_) {
     at::Tensor grad = p.param.grad();
@@ -204,22 +216,35 @@ void FsdpUnit::post_backward() {
     }
     offset += p.shard_numel();
   }
-  at::Tensor reduced = at::empty({flat_numel_}, options_.reduce_dtype);
-  comm_->reduce_scatter_sum(reduced, scattered_in.view({-1}));
-  replicate_group_->all_reduce_sum(reduced);
-  offset = 0;
+  reduced_grads_ = at::empty({flat_numel_}, scattered_in.options());
+  reduce_ = comm_->reduce_scatter_sum_async(reduced_grads_, scattered_in.view({-1}));
+  reshard();
+  state_->on_reduce_issued(this);
+}
+
+void FsdpUnit::finish_reduce() {
+  if (!reduced_grads_.defined()) return;
+  at::NoGradGuard no_grad;
+  reduce_.wait();
+  replicate_group_->all_reduce_sum(reduced_grads_);
+  int64_t offset = 0;
   for (auto& p : params_) {
     // A view of this backward's fresh buffer (a new tensor when the reduction ran in
-    // another dtype), so a first gradient needs no copy.
-    at::Tensor shard = reduced.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(at::kFloat);
+    // another dtype or the masters live elsewhere), so a first gradient needs no copy.
+    at::Tensor shard = reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(at::kFloat);
     if (p.owned.grad().defined()) {
-      p.owned.mutable_grad().add_(shard);
-    } else {
+      p.owned.mutable_grad().add_(shard.to(p.owned.device()));
+    } else if (shard.device() == p.owned.device()) {
       p.owned.mutable_grad() = shard;
+    } else {
+      // Into pinned host memory without holding up the host; the state waits for the
+      // device before the optimizer reads it.
+      p.owned.mutable_grad() =
+          at::empty(p.owned.sizes(), p.owned.options().pinned_memory(p.owned.is_pinned())).copy_(shard, /*non_blocking=*/true);
     }
     offset += p.shard_numel();
   }
-  reshard();
+  reduced_grads_ = at::Tensor();
 }
 
 }  // namespace fsdpp

@@ -1,5 +1,7 @@
 // A unit: the parameters of one wrap, gathered with one flat all-gather before use and
 // reduced with one flat reduce-scatter after backward. SHARDED -> UNSHARDED -> SHARDED.
+// Both collectives run asynchronously: a gather may be issued early (prefetch) and waited
+// for when the unit runs; a reduction is finished when the next unit's starts.
 #pragma once
 
 #include "core/module.h"
@@ -22,6 +24,8 @@ struct UnitOptions {
   std::optional<at::ScalarType> param_dtype;         // gather and compute in this (masters stay fp32)
   at::ScalarType reduce_dtype = at::kFloat;          // dtype of the reduce-scatter
   std::optional<at::ScalarType> output_dtype;        // cast the unit's output to this
+  at::Device device = at::kCPU;  // where the unit gathers, computes and reduces
+  bool offload = false;          // masters and their gradients in (pinned) host memory; the optimizer steps there
 };
 
 class FsdpUnit {
@@ -34,21 +38,29 @@ class FsdpUnit {
   const std::string& name() const { return name_; }
   std::vector<ShardedParam>& params() { return params_; }
   bool is_unsharded() const { return unsharded_; }
+  // A gather issued (a prefetch) and not yet written into the module tensors.
+  bool is_gathering() const { return gathered_.defined(); }
 
-  // All-gathers every parameter into its module tensor (no-op when already unsharded).
+  // Issues the all-gather of every parameter (no-op when unsharded or already issued).
+  void begin_unshard();
+  // Waits for the gather and writes it into the module tensors (no-op when unsharded).
   void unshard();
-  // Releases the gathered storage.
+  // Releases the gathered storage (waiting out a gather still in flight).
   void reshard();
-  // Reduce-scatters the gradients of the gathered parameters into the owned shards' .grad
-  // (summed into any already there), drops the full gradients and reshards. Once per backward.
+  // Issues the reduce-scatter of the gathered parameters' gradients, drops the full
+  // gradients and reshards. Once per backward.
   void post_backward();
+  // Waits for the reduce-scatter and sums it into the owned shards' .grad.
+  void finish_reduce();
   void pre_backward();
   void end_backward() { reduced_ = false; }
+  const UnitOptions& options() const { return options_; }
 
  private:
   void install_hooks();
   void keep_post_forward_slice();
   void copy_out(const at::Tensor& by_rank);  // [S, T] rank-major shards -> module tensors
+  at::TensorOptions compute_options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(options_.device); }
 
   std::string name_;
   std::vector<Module*> modules_;
@@ -59,8 +71,12 @@ class FsdpUnit {
   FsdpState* state_;
   int64_t flat_numel_ = 0;  // Σ padded shard sizes
   bool unsharded_ = false;
+  at::Tensor gathered_;            // [S * T] filled by gather_
+  CommWork gather_;
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
   bool reduced_ = false;
+  at::Tensor reduced_grads_;       // [T] this rank's summed gradient rows, filled by reduce_
+  CommWork reduce_;
   std::vector<std::pair<Module*, int>> hooks_;
 };
 

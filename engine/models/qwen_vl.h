@@ -17,6 +17,14 @@ struct VisionInputs {
   torch::Tensor pixel_values_videos;  // [Nv, C * Tt * P * P] video patches; undefined: none
   torch::Tensor video_grid_thw;       // [V, 3] int64
   torch::Tensor second_per_grid_ts;   // [V] seconds per temporal patch (Qwen2.5-VL); undefined: 1
+
+  // The patches on `device`; grids and timings stay on the host, where positions are planned.
+  VisionInputs to(const torch::Device& device) const {
+    VisionInputs moved = *this;
+    if (pixel_values.defined()) moved.pixel_values = pixel_values.to(device);
+    if (pixel_values_videos.defined()) moved.pixel_values_videos = pixel_values_videos.to(device);
+    return moved;
+  }
 };
 
 class VisionLanguageLM : public CausalLM {

@@ -93,20 +93,21 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
 double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  double square_total = 0.0;
+  std::vector<at::Tensor> squares;  // each group's [1] share on the host
   for (const auto& group : groups) {
     std::vector<at::Tensor> local;
     for (const auto& p : group.params) {
       if (p.grad().defined() && p.grad().numel() > 0) local.push_back(p.grad());
     }
-    // Squares add across shards, so one all-reduce of the local sum gives the group's share.
-    at::Tensor square_sum = at::zeros({1}, at::kDouble);
-    if (!local.empty()) square_sum += at::stack(at::_foreach_norm(local, 2)).to(at::kDouble).pow(2).sum();
+    // Squares add across shards, so one all-reduce of the local sum gives the group's share;
+    // it is summed where the gradients live (a GPU, or the host when they are offloaded).
+    at::Tensor square_sum = local.empty() ? at::zeros({1}, at::kDouble)
+                                          : at::stack(at::_foreach_norm(local, 2)).to(at::kDouble).pow(2).sum().reshape({1});
     if (group.shard_group != nullptr) group.shard_group->all_reduce_sum(square_sum);
-    square_total += square_sum.item<double>();
+    squares.push_back(square_sum.to(at::kCPU));
     grads.insert(grads.end(), local.begin(), local.end());
   }
-  const double total = std::sqrt(square_total);
+  const double total = squares.empty() ? 0.0 : std::sqrt(at::cat(squares).sum().item<double>());
   if (std::isfinite(total) && max_norm > 0 && total > max_norm) {
     at::_foreach_mul_(grads, max_norm / (total + 1e-6));
   }

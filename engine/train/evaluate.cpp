@@ -32,13 +32,14 @@ EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int
   // runs its first window again and does not count it.
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const int64_t batches = (windows + batch_size - 1) / batch_size;
-  at::Tensor loss_sum = at::zeros({1}, at::kDouble);
+  const auto device = model.parameters().front().device();
+  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
   for (int64_t round = 0; round * world < batches; ++round) {
     const int64_t batch = round * world + rank;
     const bool counted = batch < batches;
     const int64_t first = counted ? batch * batch_size : 0;
     const int64_t count = counted ? std::min(batch_size, windows - first) : 1;
-    auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len});  // [b, T]
+    auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len}).to(device);  // [b, T]
     auto logits = model(ids);  // [b, T, V]
     if (counted) {
       loss_sum += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), ids.narrow(1, 1, seq_len - 1)).to(at::kDouble);

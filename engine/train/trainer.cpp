@@ -71,6 +71,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const DistEnv env = DistEnv::from_environment();
   auto comm = init_distributed(env, config.parallel);
   const int rank = comm->rank(), world = comm->size();
+  const c10::Device device = comm->device();
   if (config.data.batch_size % world != 0) {
     throw UserError(config.file.string() + ": [data] batch_size " + std::to_string(config.data.batch_size) +
                     " is not a multiple of the world size " + std::to_string(world) +
@@ -93,6 +94,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const auto load_start = Clock::now();
   auto loaded = load_model(config.model, /*unallocated=*/env.launched);
   CausalLM& model = *loaded.model;
+  if (!env.launched) model.to(device);  // a sharded model is placed unit by unit instead
   std::optional<MultimodalDataset> samples;
   auto* vision_language = dynamic_cast<VisionLanguageLM*>(&model);
   if (multimodal) {
@@ -110,7 +112,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
                " B, gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
     }
     fsdp = std::make_unique<FsdpState>(model, comm, resolved,
-                                       checkpoint ? checkpoint_fill(checkpoint) : loaded.fill);
+                                       checkpoint ? checkpoint_fill(checkpoint) : loaded.fill, device);
     if (loaded.weights && !checkpoint) {
       if (rank == 0) warn_unused_hf_tensors(model, *loaded.weights);
       // Touched pages of the mapped files, read from the kernel: what this rank really read.
@@ -196,7 +198,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     const auto step_start = Clock::now();
     const double lr = schedule.at(step);
     optimizer.zero_grad();
-    at::Tensor loss_sum = at::zeros({1}, at::kDouble);
+    at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
     // Multimodal steps draw every micro-batch's global samples first: the loss divides by all
     // the targets they hold, which vary with padding and placeholders.
     std::vector<std::vector<int64_t>> step_samples(multimodal ? tc.grad_accum : 0);
@@ -215,12 +217,12 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       if (multimodal) {  // this rank's rows of the global batch, with their images and videos
         const auto& all = step_samples[static_cast<size_t>(micro)];
         auto batch = samples->batch({all.begin() + rank * rows, all.begin() + (rank + 1) * rows});
-        logits = (*vision_language)(batch.input, batch.vision);
-        target = batch.target;
+        logits = (*vision_language)(batch.input.to(device), batch.vision.to(device));
+        target = batch.target.to(device);
       } else {
         auto batch = sampler->next();  // the global batch; this rank trains on its rows
-        logits = model(batch.input.narrow(0, rank * rows, rows));
-        target = batch.target.narrow(0, rank * rows, rows);
+        logits = model(batch.input.narrow(0, rank * rows, rows).to(device));
+        target = batch.target.narrow(0, rank * rows, rows).to(device);
       }
       // Dividing by the step's global target count makes the gradient summed over ranks and
       // micro-batches that of the mean loss over the whole step.
@@ -229,7 +231,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       loss_sum += loss.detach().to(at::kDouble);
     }
     // The loss sum carries the stop request too, so every rank sees the same one.
-    at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_signal != 0 ? 1.0 : 0.0, at::kDouble)});
+    at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_signal != 0 ? 1.0 : 0.0, loss_sum.options())});
     comm->all_reduce_sum(reduced);
     const bool stopping = reduced[1].item<double>() > 0;
     const double grad_norm = clip_grad_norm(grad_groups, tc.clip_grad_norm);

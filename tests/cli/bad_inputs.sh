@@ -54,6 +54,12 @@ expect "wrong TOML type" "wrong_type.toml:6" "expected an integer, got a string"
 expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
   -- train "$work/ok.toml" --set train.stpes=3
 
+expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda" \
+  -- train "$work/ok.toml" --set 'parallel.device="tpu"'
+
+expect "backend for another device" "nccl runs on GPUs, but device is 'cpu'" \
+  -- train "$work/ok.toml" --set 'parallel.device="cpu"' --set 'parallel.backend="nccl"'
+
 expect "missing model dir" "$work/no-such-model" "no such model directory" \
   -- train "$work/ok.toml" --set "model.path=\"$work/no-such-model\""
 

@@ -69,6 +69,37 @@ TEST_CASE("a sharded model gives the plain model's loss and gradients", "[fsdp]"
   }
 }
 
+TEST_CASE("the unit expected next is gathered while the current one runs", "[fsdp]") {
+  auto model = tiny(false);
+  auto state = shard(*model);
+  auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
+  auto unit_of = [&](const std::string& name) {
+    for (const auto& unit : state->units()) {
+      if (unit->name() == name) return unit.get();
+    }
+    FAIL("no unit " << name);
+    return static_cast<FsdpUnit*>(nullptr);
+  };
+  FsdpUnit* layer1 = unit_of("model.layers.1");
+  FsdpUnit* layer2 = unit_of("model.layers.2");
+  Module& layer1_module = *find_module(*model, "model.layers.1");
+  Module& layer2_module = *find_module(*model, "model.layers.2");
+  loss_of(*model, ids);  // the first pass records the order the units run in
+  // Hooks added after FSDP's run after them: layer 1 is about to compute.
+  bool forward_prefetched = false, backward_prefetched = false;
+  layer1_module.add_pre_forward_hook([&](Module&, Module::Tensors&) {
+    forward_prefetched = layer2->is_gathering() && !layer2->is_unsharded();
+  });
+  layer2_module.add_post_forward_hook([&](Module&, torch::Tensor& output) {
+    // Runs after the FSDP hook on the same gradient, which gathered layer 2 for its backward.
+    output.register_hook([&](const at::Tensor&) { backward_prefetched = layer1->is_gathering(); });
+  });
+  loss_of(*model, ids);
+  CHECK(forward_prefetched);
+  CHECK(backward_prefetched);
+  for (const auto& unit : state->units()) CHECK_FALSE(unit->is_gathering());  // nothing left in flight
+}
+
 TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[fsdp]") {
   auto model = tiny(true);
   auto error_of = [&](Plan plan, int world) -> std::string {

@@ -1,0 +1,35 @@
+// Device choice and host-device synchronisation through c10's virtual device guards.
+#include "core/device.h"
+
+#include "core/error.h"
+
+#include <ATen/Context.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+namespace fsdpp {
+
+c10::Device resolve_device(const std::string& name, int local_rank) {
+  if (name == "cpu") return c10::kCPU;
+  const bool has_cuda = at::globalContext().hasCUDA();
+  if (name == "auto" && !has_cuda) return c10::kCPU;
+  if (name != "auto" && name != "cuda") throw UserError("device '" + name + "' is not one of auto, cpu, cuda");
+  const int visible = has_cuda ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
+  if (local_rank >= visible) {
+    throw UserError("local rank " + std::to_string(local_rank) + " needs a GPU but this process sees " +
+                    std::to_string(visible) + " CUDA device(s)");
+  }
+  return {c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank)};
+}
+
+void use_device(c10::Device device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
+}
+
+void synchronize_device(c10::Device device) {
+  if (device.is_cpu()) return;
+  c10::impl::VirtualGuardImpl guard(device.type());
+  guard.synchronizeStream(guard.getStream(device));
+}
+
+}  // namespace fsdpp

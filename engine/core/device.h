@@ -1,0 +1,22 @@
+// The device a process computes on, and the device-generic operations the engine needs
+// beyond ATen's. CUDA is reached through c10's device-guard registry, so nothing here
+// needs the CUDA headers and a CPU-only machine runs the same binary.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <string>
+
+namespace fsdpp {
+
+// "cpu", "cuda" (the GPU numbered by the local rank) or "auto" (that GPU when the process
+// sees any, else the CPU). A GPU that is asked for but not visible is a UserError naming
+// the local rank and the count of visible devices.
+c10::Device resolve_device(const std::string& name, int local_rank);
+// Makes `device` current for this thread, so streams, allocations and collectives use it.
+void use_device(c10::Device device);
+// Blocks the host until the work queued on the device's current stream is done (nothing to
+// wait for on the CPU).
+void synchronize_device(c10::Device device);
+
+}  // namespace fsdpp
