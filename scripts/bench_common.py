@@ -96,7 +96,8 @@ def lr_at(step, cfg):
 
 
 def write_initial_model(cfg, out_dir):
-    """Saves the config's model, freshly initialised by transformers, as an HF directory.
+    """Saves the config's model, freshly initialised by transformers, as an HF directory;
+    returns the directory, the count of distinct parameters and the HF config.
 
     Both engines then start from these weights, so their losses agree from the first step
     and any gap in the curves is the engines', not their initialisers'.
@@ -112,10 +113,10 @@ def write_initial_model(cfg, out_dir):
     torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+    return out_dir, sum(p.numel() for p in model.parameters()), hf_config
 
 
-def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worker):
+def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worker, extra_args=()):
     """The command line both benchmarks share; --torch-worker re-enters as the peer's process."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", default="examples/tiny-llama.toml",
@@ -126,6 +127,8 @@ def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worke
     ap.add_argument("--threads", type=int, default=threads,
                     help="compute threads per process for both engines (default: %(default)s)")
     ap.add_argument("--fsdpp", default="build/fsdpp", help="path to the fsdpp binary (default: %(default)s)")
+    for flag, kwargs in extra_args:
+        ap.add_argument(flag, **kwargs)
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     ap.add_argument("--init-dir", help=argparse.SUPPRESS)

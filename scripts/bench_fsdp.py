@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-# Benchmarks fsdpp's sharded training at world size 2 on the CPU against PyTorch's own FSDP2
-# (torch.distributed.fsdp.fully_shard) on the same model, batch shapes, optimiser and thread
-# count, and prints median step time, throughput, peak RSS per rank and the ratios.
+# Benchmarks fsdpp's sharded training against PyTorch's own FSDP2
+# (torch.distributed.fsdp.fully_shard) on the same model, initial weights, batches, optimiser
+# and thread count, and prints median step time, throughput, peak memory and the ratios.
+# On the CPU (default: world 2 over gloo) memory is each rank's peak RSS; on a GPU
+# (--device cuda: world 1 over NCCL, --param-dtype bfloat16 for mixed precision) it is the
+# device's peak memory in use, and the model FLOPs utilisation is printed too.
 # Run with the project venv from the repository root: .venv/bin/python scripts/bench_fsdp.py
 #
-# Peak memory is read as VmHWM from /proc/<pid>/status of every rank process, sampled from
+# Peak RSS is read as VmHWM from /proc/<pid>/status of every rank process, sampled from
 # this process while the ranks run: fsdpp's ranks are grandchildren under its launcher, so
-# the rusage of a direct child would not reach them. The PyTorch ranks are sampled the same
-# way so both engines are measured alike, and both write a metrics.jsonl read by one function.
+# the rusage of a direct child would not reach them. GPU memory is the device's used memory
+# (NVML) above what was in use before the run, sampled the same way: the engines run one
+# after the other on an otherwise idle GPU. Both engines write a metrics.jsonl read by one
+# function.
 import json
 import os
 import shutil
@@ -22,10 +27,10 @@ import time
 from bench_common import (BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main,
                           write_initial_model)
 
-WORLD = 2
 WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
 SAMPLE_S = 0.05
 LOSS_TOLERANCE = 1e-4  # fp32 with the same weights and batches; only summation order differs
+BF16_LOSS_TOLERANCE = 2e-2  # bf16 compute: the engines' kernels round differently
 
 
 # ---------------------------------------------------------------- configuration
@@ -84,15 +89,39 @@ def rank_of(pid):
     return None
 
 
-def supervise(name, procs, find_ranks, log_paths):
-    """Waits for `procs`, sampling each rank's VmHWM; returns the peak MiB per rank.
+class GpuMemory:
+    """The GPU's memory in use above the level before a run, in MiB, read through NVML."""
+
+    def __init__(self):
+        try:
+            import pynvml
+        except ImportError:
+            raise BenchError("--device cuda samples GPU memory through pynvml (nvidia-ml-py)")
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.name = pynvml.nvmlDeviceGetName(self.handle)
+        self.baseline = self.used()
+
+    def used(self):
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**20
+
+    def above_baseline(self):
+        return self.used() - self.baseline
+
+
+def supervise(name, procs, find_ranks, log_paths, world, gpu=None):
+    """Waits for `procs`, sampling each rank's VmHWM (or, with `gpu`, the device's memory in
+    use, counted as rank 0's); returns the peak MiB per rank.
 
     `find_ranks` maps the ranks found so far to their pids. When one process fails the
     rest are stopped, since a surviving rank would wait in a collective forever.
     """
     ranks, peaks = {}, {}
     while True:
-        if len(ranks) < WORLD:
+        if gpu is not None:
+            peaks[0] = max(peaks.get(0, 0.0), gpu.above_baseline())
+        elif len(ranks) < world:
             ranks.update(find_ranks())
         for rank, pid in ranks.items():
             mib = vm_hwm_mib(pid)
@@ -116,7 +145,7 @@ def supervise(name, procs, find_ranks, log_paths):
         if all(c == 0 for c in codes):
             break
         time.sleep(SAMPLE_S)
-    if len(peaks) < WORLD:
+    if len(peaks) < (1 if gpu is not None else world):
         raise BenchError(f"{name}: ranks exited before their memory could be sampled")
     return peaks
 
@@ -166,14 +195,17 @@ def start(cmd, log_path, env=None):
         log.close()  # the child holds its own copy
 
 
-def run_fsdpp(args, tmp):
+def run_fsdpp(args, tmp, gpu):
     out_dir = os.path.join(tmp, "fsdpp")
     log = os.path.join(tmp, "fsdpp.log")
     sets = [f"train.steps={args.steps}", f"train.threads={args.threads}",
+            f'parallel.device="{args.device}"',
             f"train.out_dir={json.dumps(out_dir)}",  # a JSON string is a valid TOML string
             f"model.path={json.dumps(args.init_dir)}", "data.shuffle=false",
             "checkpoint.save_final=false", "train.eval_every=0", 'metrics.progress="never"']
-    cmd = [args.fsdpp, "launch", "--nproc-per-node", str(WORLD), "--", "train", args.config]
+    if args.param_dtype:
+        sets.append(f'policy.options.param_dtype="{args.param_dtype}"')
+    cmd = [args.fsdpp, "launch", "--nproc-per-node", str(args.world), "--", "train", args.config]
     for s in sets:
         cmd += ["--set", s]
     launcher = start(cmd, log)
@@ -186,25 +218,35 @@ def run_fsdpp(args, tmp):
                 found[rank] = pid
         return found
 
-    peaks = supervise("fsdpp", [launcher], find_ranks, [log])
+    peaks = supervise("fsdpp", [launcher], find_ranks, [log], args.world, gpu)
     return out_dir, peaks
 
 
-def run_torch(args, tmp):
+def run_torch(args, tmp, gpu):
     out_dir = os.path.join(tmp, "pytorch")
     port = free_port()
     procs, logs = [], []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
+    for rank in range(args.world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         logs.append(os.path.join(tmp, f"pytorch-rank{rank}.log"))
         cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", args.config,
                "--steps", str(args.steps), "--threads", str(args.threads), "--out-dir", out_dir,
-               "--init-dir", args.init_dir]
+               "--init-dir", args.init_dir, "--device", args.device]
+        if args.param_dtype:
+            cmd += ["--param-dtype", args.param_dtype]
         procs.append(start(cmd, logs[-1], env))
     peaks = supervise("pytorch fully_shard", procs,
-                      lambda: {r: p.pid for r, p in enumerate(procs)}, logs)
+                      lambda: {r: p.pid for r, p in enumerate(procs)}, logs, args.world, gpu)
     return out_dir, peaks
+
+
+def flops_per_token(n_params, hf_config, seq_len):
+    """Training FLOPs per token: 6 per weight of every matrix product (forward and backward)
+    plus attention's score and value products, 12 x layers x hidden x sequence length. The
+    input embedding is a lookup; tied to the output head it is a product too."""
+    embedding = 0 if hf_config.tie_word_embeddings else hf_config.vocab_size * hf_config.hidden_size
+    return 6 * (n_params - embedding) + 12 * hf_config.num_hidden_layers * hf_config.hidden_size * seq_len
 
 
 def bench(args):
@@ -215,45 +257,61 @@ def bench(args):
         raise BenchError(f"--steps must be greater than {WARMUP_STEPS + 1}")
     if args.threads < 1:
         raise BenchError("--threads must be at least 1")
+    if args.world is None:
+        args.world = 1 if args.device == "cuda" else 2
+    if args.device == "cuda" and args.world != 1:
+        raise BenchError("--device cuda runs one rank on the one GPU (--world 1)")
     cfg = load_config(args.config, args.steps)
     data = get(cfg, "data.train")
     if not os.path.isfile(data):
         raise BenchError(f"token file {data} not found (scripts/make_corpus.sh builds the default)")
-    tokens_per_step = (int(get(cfg, "data.batch_size")) * int(get(cfg, "data.seq_len"))
-                       * int(get(cfg, "train.grad_accum", 1)))
+    seq_len = int(get(cfg, "data.seq_len"))
+    tokens_per_step = int(get(cfg, "data.batch_size")) * seq_len * int(get(cfg, "train.grad_accum", 1))
+    gpu = GpuMemory() if args.device == "cuda" else None
+    memory = "GPU MiB" if gpu else "RSS MiB"
 
     tmp = tempfile.mkdtemp(prefix="fsdpp-bench-fsdp-")  # kept on failure for its logs
-    args.init_dir = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
+    args.init_dir, n_params, hf_config = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
     results = {}
     for name, run in (("fsdpp", run_fsdpp), ("pytorch", run_torch)):
-        print(f"running {name} at world {WORLD} ({args.steps} steps, {args.threads} thread(s) "
-              "per rank)...", flush=True)
-        out_dir, peaks = run(args, tmp)
+        print(f"running {name} at world {args.world} on {gpu.name if gpu else 'the CPU'} ({args.steps} steps, "
+              f"{args.threads} thread(s) per rank, compute in {args.param_dtype or get(cfg, 'model.dtype', 'float32')})...",
+              flush=True)
+        out_dir, peaks = run(args, tmp, gpu)
         results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), tokens_per_step)
-        results[name]["rss"] = peaks
+        results[name]["memory"] = peaks
     shutil.rmtree(tmp, ignore_errors=True)
 
+    ranks = sorted(results["fsdpp"]["memory"])
     print()
-    print(f"{'engine':<10}{'step s':>10}{'tokens/s':>11}{'RSS r0 MiB':>12}{'RSS r1 MiB':>12}"
-          f"{'first loss':>12}{'final loss':>12}")
+    print(f"{'engine':<10}{'step s':>10}{'tokens/s':>11}" + "".join(f"{f'{memory} r{r}':>14}" for r in ranks)
+          + f"{'first loss':>12}{'final loss':>12}")
     for name, r in results.items():
-        print(f"{name:<10}{r['step_s']:>10.4f}{r['tokens_per_s']:>11.1f}{r['rss'][0]:>12.1f}"
-              f"{r['rss'][1]:>12.1f}{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
+        print(f"{name:<10}{r['step_s']:>10.4f}{r['tokens_per_s']:>11.1f}"
+              + "".join(f"{r['memory'][k]:>14.1f}" for k in ranks)
+              + f"{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
     f, t = results["fsdpp"], results["pytorch"]
     print()
     print(f"step time ratio (fsdpp / pytorch fully_shard): {f['step_s'] / t['step_s']:.2f}x")
-    for rank in range(WORLD):
-        print(f"peak RSS ratio rank {rank} (fsdpp / pytorch fully_shard): "
-              f"{f['rss'][rank] / t['rss'][rank]:.2f}x")
+    for rank in ranks:
+        print(f"peak {memory.split()[0]} ratio rank {rank} (fsdpp / pytorch fully_shard): "
+              f"{f['memory'][rank] / t['memory'][rank]:.2f}x")
+    if gpu:
+        flops = flops_per_token(n_params, hf_config, seq_len)
+        for name, r in results.items():
+            mfu = r["tokens_per_s"] * flops / (args.peak_tflops * 1e12 * args.world)
+            print(f"MFU {name}: {100 * mfu:.1f}% ({n_params / 1e6:.0f}M parameters, {flops / 1e9:.2f} GFLOP per "
+                  f"token, peak {args.peak_tflops:g} TFLOP/s)")
     # Same weights, data and optimiser: the curves must agree, or the timings compare
     # different work.
     print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
           f"grad norm: fsdpp {f['first_grad_norm']:.6f}, pytorch fully_shard {t['first_grad_norm']:.6f}")
     gap = abs(f["final_loss"] - t["final_loss"]) / abs(t["final_loss"])
+    tolerance = BF16_LOSS_TOLERANCE if args.param_dtype == "bfloat16" else LOSS_TOLERANCE
     print(f"final loss relative difference: {gap:.2e}")
-    if gap > LOSS_TOLERANCE:
+    if gap > tolerance:
         raise BenchError(f"the engines' final losses differ by {gap:.2e} relative (more than "
-                         f"{LOSS_TOLERANCE:g}), so they did not train alike")
+                         f"{tolerance:g}), so they did not train alike")
 
 
 # ---------------------------------------------------------------- PyTorch FSDP2 worker
@@ -287,10 +345,10 @@ class WindowSampler:
         return self.np.stack(rows).astype(self.np.int64)
 
 
-def build_sharded_model(cfg, world, init_dir):
+def build_sharded_model(cfg, world, init_dir, device, param_dtype):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
     if get(cfg, "model.dtype", "float32") != "float32":
@@ -298,14 +356,17 @@ def build_sharded_model(cfg, world, init_dir):
     if not hasattr(FSDPModule, "set_gradient_divide_factor"):
         raise BenchError(f"torch {torch.__version__} lacks FSDPModule.set_gradient_divide_factor")
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
+                                                 attn_implementation="sdpa").to(device)
     hf_config = model.config
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device, (world,))
+    # fp32 masters with compute in param_dtype and fp32 reductions, as fsdpp's param_dtype.
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None,
+                              reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
     if not hf_config.tie_word_embeddings:
-        fully_shard(model.model.embed_tokens, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model.model.embed_tokens, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     # fsdpp sums gradients over ranks and divides the loss by the global token count; FSDP2
     # averages by default. A factor of 1 makes it sum, and forcing plain SUM reductions keeps
     # it off NCCL's PreMulSum, which gloo does not have. Both settings are per unit.
@@ -325,7 +386,9 @@ def torch_worker(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cfg = load_config(args.config, args.steps)
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     try:
         seq_len = int(get(cfg, "data.seq_len"))
         batch = int(get(cfg, "data.batch_size"))
@@ -336,7 +399,7 @@ def torch_worker(args):
         held_out = int(len(tokens) * float(get(cfg, "data.eval_fraction", 0.0)))
         sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len)
 
-        model = build_sharded_model(cfg, world, args.init_dir)
+        model = build_sharded_model(cfg, world, args.init_dir, args.device, args.param_dtype)
         if file_vocab > model.config.vocab_size:
             raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
                              f"{model.config.vocab_size}")
@@ -349,7 +412,7 @@ def torch_worker(args):
             lr=float(get(cfg, "optimizer.lr")),
             betas=(float(get(cfg, "optimizer.beta1", 0.9)),
                    float(get(cfg, "optimizer.beta2", 0.999))),
-            eps=float(get(cfg, "optimizer.eps", 1e-8)))
+            eps=float(get(cfg, "optimizer.eps", 1e-8)), fused=True)  # fsdpp's AdamW is fused too
 
         steps = int(get(cfg, "train.steps"))
         accum = int(get(cfg, "train.grad_accum", 1))
@@ -367,9 +430,9 @@ def torch_worker(args):
             for group in opt.param_groups:
                 group["lr"] = lr
             opt.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), dtype=torch.float64)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
             for _ in range(accum):
-                window = torch.from_numpy(sampler.take(batch)[rank * rows:(rank + 1) * rows])
+                window = torch.from_numpy(sampler.take(batch)[rank * rows:(rank + 1) * rows]).to(args.device)
                 logits = model(input_ids=window[:, :-1], use_cache=False).logits
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                        window[:, 1:].reshape(-1), reduction="sum") / step_tokens
@@ -399,8 +462,17 @@ def torch_worker(args):
 
 if __name__ == "__main__":
     run_main("bench_fsdp",
-             f"Train the same model with fsdpp (fsdpp launch, {WORLD} ranks) and with PyTorch's "
-             f"fully_shard (FSDP2 over gloo, {WORLD} ranks) on the CPU, then compare median step "
-             "time, tokens/s, peak RSS per rank and loss. Relative paths, including those inside "
-             "the config, resolve against the current directory.",
-             steps=40, threads=1, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker)
+             "Train the same model with fsdpp (fsdpp launch) and with PyTorch's fully_shard (FSDP2), "
+             "from the same initial weights and batches, then compare median step time, tokens/s, "
+             "peak memory and loss: on the CPU over gloo (default: 2 ranks) or on one GPU over NCCL. "
+             "Relative paths, including those inside the config, resolve against the current directory.",
+             steps=40, threads=1, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker,
+             extra_args=[
+                 ("--device", {"choices": ["cpu", "cuda"], "default": "cpu",
+                               "help": "where both engines compute (default: %(default)s)"}),
+                 ("--world", {"type": int, "help": "ranks per engine (default: 2 on the CPU, 1 on a GPU)"}),
+                 ("--param-dtype", {"choices": ["bfloat16", "float16"],
+                                    "help": "compute dtype over fp32 masters, fp32 reductions (default: the model's)"}),
+                 ("--peak-tflops", {"type": float, "default": 989.0,
+                                    "help": "the GPU's dense bf16 peak for MFU (default: %(default)s, H100/H200 SXM)"}),
+             ])

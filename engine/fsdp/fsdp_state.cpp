@@ -45,6 +45,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     unit_mesh_.push_back(static_cast<size_t>(found - meshes_.begin()));
     const DeviceMesh& mesh = *found;
     const bool offload = unit.plan->offload == "cpu";
+    offloaded_ = offloaded_ || (offload && !device.is_cpu());
     // Offloaded masters sit in page-locked memory when a device is in use, so copies to and
     // from it run without staging.
     const auto master = offload ? at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu())
@@ -179,7 +180,8 @@ void FsdpState::final_callback() {
   }
   reducing_ = nullptr;
   // Offloaded gradients arrive in host memory asynchronously; the optimizer reads them next.
-  if (!device_.is_cpu()) synchronize_device(device_);
+  // Without offload nothing here waits for the device.
+  if (offloaded_) synchronize_device(device_);
   in_backward_ = false;
 }
 

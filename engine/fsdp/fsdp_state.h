@@ -87,6 +87,7 @@ class FsdpState {
   bool recording_order_ = true;           // until that forward ends
   FsdpUnit* reducing_ = nullptr;          // the unit whose reduction is in flight
   at::Device device_;
+  bool offloaded_ = false;  // some unit keeps its masters on the host while computing on a GPU
 };
 
 }  // namespace fsdpp

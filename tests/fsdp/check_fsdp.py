@@ -3,7 +3,9 @@ as a single plain process and through `fsdpp launch` at several world sizes must
 same loss at every step and the same final weights, within 1e-5 relative (of each tensor's
 largest magnitude). Usage: check_fsdp.py WORLD... [--set KEY=VALUE ...]
 [--reference-world N --tolerance T]: a reference run through the launcher at world N (for
-mixed precision, whose fp32 master shards a plain process does not keep) and a tolerance."""
+mixed precision, whose fp32 master shards a plain process does not keep) and a tolerance.
+[--tested-set KEY=VALUE ...]: settings of the runs under test only, e.g. a GPU device
+against a reference on the CPU."""
 import argparse
 import json
 import os
@@ -39,6 +41,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("worlds", type=int, nargs="+")
     ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--tested-set", action="append", default=[], dest="tested_sets")
     ap.add_argument("--name", default="default")
     ap.add_argument("--reference-world", type=int, default=0, help="0: a plain process")
     ap.add_argument("--tolerance", type=float, default=1e-5)
@@ -49,7 +52,7 @@ def main():
     ref_losses, ref_evals, ref_weights = run(os.path.join(base, "single"), args.reference_world, args.sets)
     failures = 0
     for world in args.worlds:
-        losses, evals, weights = run(os.path.join(base, f"world{world}"), world, args.sets)
+        losses, evals, weights = run(os.path.join(base, f"world{world}"), world, args.sets + args.tested_sets)
         loss_err = max_relative(losses + evals, ref_losses + ref_evals)  # held-out losses too, when evaluated
         weight_err, worst = weight_difference(weights, ref_weights, by_norm=bool(args.weight_tolerance))
         ok = len(losses) == len(ref_losses) and len(evals) == len(ref_evals) and loss_err < args.tolerance \
