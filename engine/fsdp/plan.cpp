@@ -4,6 +4,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/module_tree.h"
+#include "fsdp/sharded_param.h"
 
 #include <nlohmann/json.hpp>
 
@@ -133,11 +134,9 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
           }
         }
         const at::Tensor& t = item.value();
-        const int64_t rows = t.dim() > 0 ? t.size(0) : 1;
-        const int64_t row_numel = rows == 0 ? 0 : t.numel() / rows;
         r.params.push_back({paths.front(), e.module, item.key()});
         r.numel += t.numel();
-        r.padded_numel_per_rank += (rows + r.shard - 1) / r.shard * row_numel;
+        r.padded_numel_per_rank += ShardShape(t.sizes(), r.shard).shard_numel();
       }
     }
     r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(

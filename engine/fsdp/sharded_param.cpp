@@ -2,6 +2,7 @@
 #include "fsdp/sharded_param.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include "core/module.h"
 
@@ -24,21 +25,29 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
 
 }  // namespace
 
+ShardShape::ShardShape(at::IntArrayRef sizes, int world) {
+  if (!sizes.empty()) {
+    rows = sizes[0];
+    row_numel = rows == 0 ? 0 : c10::multiply_integers(sizes) / rows;
+  }
+  padded_rows = (rows + world - 1) / world;
+}
+
 ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world, const ShardFill& fill,
                            const at::TensorOptions& master)
     : name(std::move(name_)), param(std::move(param_)) {
-  if (param.dim() > 0) {
-    rows = param.size(0);
-    row_numel = rows == 0 ? 0 : param.numel() / rows;
-  }
-  padded_rows = (rows + world - 1) / world;
+  const ShardShape shape(param.sizes(), world);
+  rows = shape.rows;
+  row_numel = shape.row_numel;
+  padded_rows = shape.padded_rows;
   first_row = std::min<int64_t>(rows, padded_rows * rank);
   owned_rows = std::min<int64_t>(rows, first_row + padded_rows) - first_row;
   at::NoGradGuard no_grad;
   // The master shard is fp32 whatever the parameter's dtype, and owns its memory.
   local = at::zeros({shard_numel()}, master.dtype(at::kFloat));
-  std::vector<int64_t> owned_shape = param.sizes().vec();
-  if (owned_shape.empty()) owned_shape = {1};
+  // A scalar is stored as one row.
+  std::vector<int64_t> owned_shape(param.sizes().begin(), param.sizes().end());
+  if (owned_shape.empty()) owned_shape.push_back(1);
   owned_shape[0] = owned_rows;
   owned = local.narrow(0, 0, owned_rows * row_numel).view(owned_shape).detach();
   if (is_allocated(param)) {

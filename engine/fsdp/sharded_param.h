@@ -21,6 +21,17 @@ namespace fsdpp {
 using ShardFill =
     std::function<void(const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row)>;
 
+// How a tensor of `sizes` splits on dim 0 over `world` ranks: one place for the arithmetic
+// the plan predicts with and the shards are cut by.
+struct ShardShape {
+  int64_t rows = 1;         // size of dim 0 (1 for a scalar)
+  int64_t row_numel = 1;    // elements per row
+  int64_t padded_rows = 0;  // rows per rank, ceil(rows / world)
+
+  ShardShape(at::IntArrayRef sizes, int world);
+  int64_t shard_numel() const { return padded_rows * row_numel; }
+};
+
 struct ShardedParam {
   // An unallocated `param` (a meta build) gets its rows from `fill`; an allocated one gives
   // its own. The fp32 master shard is made with `master` (its device, pinned or not).
