@@ -14,6 +14,9 @@ c10::Device resolve_device(const std::string& name, int local_rank) {
   if (name == "auto" && !has_cuda) return c10::kCPU;
   if (name != "auto" && name != "cuda") throw UserError("device '" + name + "' is not one of auto, cpu, cuda");
   const int visible = has_cuda ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
+  // A scheduler that binds one GPU to each task shows every rank a single device, whatever
+  // its local rank.
+  if (visible == 1) return {c10::kCUDA, 0};
   if (local_rank >= visible) {
     throw UserError("local rank " + std::to_string(local_rank) + " needs a GPU but this process sees " +
                     std::to_string(visible) + " CUDA device(s)");

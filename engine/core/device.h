@@ -9,9 +9,9 @@
 
 namespace fsdpp {
 
-// "cpu", "cuda" (the GPU numbered by the local rank) or "auto" (that GPU when the process
-// sees any, else the CPU). A GPU that is asked for but not visible is a UserError naming
-// the local rank and the count of visible devices.
+// "cpu", "cuda" (the GPU numbered by the local rank, or the only one the process sees) or
+// "auto" (that GPU when the process sees any, else the CPU). A GPU that is asked for but
+// not visible is a UserError naming the local rank and the count of visible devices.
 c10::Device resolve_device(const std::string& name, int local_rank);
 // Makes `device` current for this thread, so streams, allocations and collectives use it.
 void use_device(c10::Device device);

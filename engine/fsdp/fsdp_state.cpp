@@ -181,7 +181,10 @@ void FsdpState::final_callback() {
   reducing_ = nullptr;
   // Offloaded gradients arrive in host memory asynchronously; the optimizer reads them next.
   // Without offload nothing here waits for the device.
-  if (offloaded_) synchronize_device(device_);
+  if (offloaded_) {
+    synchronize_device(device_);
+    for (auto& unit : units_) unit->add_host_gradients();
+  }
   in_backward_ = false;
 }
 

@@ -232,19 +232,30 @@ void FsdpUnit::finish_reduce() {
     // A view of this backward's fresh buffer (a new tensor when the reduction ran in
     // another dtype or the masters live elsewhere), so a first gradient needs no copy.
     at::Tensor shard = reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(at::kFloat);
-    if (p.owned.grad().defined()) {
-      p.owned.mutable_grad().add_(shard.to(p.owned.device()));
-    } else if (shard.device() == p.owned.device()) {
-      p.owned.mutable_grad() = shard;
+    if (shard.device() == p.owned.device()) {
+      if (p.owned.grad().defined()) {
+        p.owned.mutable_grad().add_(shard);
+      } else {
+        p.owned.mutable_grad() = shard;
+      }
     } else {
-      // Into pinned host memory without holding up the host; the state waits for the
-      // device before the optimizer reads it.
-      p.owned.mutable_grad() =
-          at::empty(p.owned.sizes(), p.owned.options().pinned_memory(p.owned.is_pinned())).copy_(shard, /*non_blocking=*/true);
+      // Offloaded: into pinned host memory without holding up the host. The state waits for
+      // the device before anything reads it, then adds it to a gradient already there.
+      at::Tensor host = at::empty(p.owned.sizes(), p.owned.options().pinned_memory(true)).copy_(shard, /*non_blocking=*/true);
+      if (p.owned.grad().defined()) {
+        host_grad_sums_.emplace_back(p.owned.grad(), host);
+      } else {
+        p.owned.mutable_grad() = host;
+      }
     }
     offset += p.shard_numel();
   }
   reduced_grads_ = at::Tensor();
+}
+
+void FsdpUnit::add_host_gradients() {
+  for (auto& [grad, arrived] : host_grad_sums_) grad.add_(arrived);
+  host_grad_sums_.clear();
 }
 
 }  // namespace fsdpp

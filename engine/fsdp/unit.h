@@ -50,8 +50,11 @@ class FsdpUnit {
   // Issues the reduce-scatter of the gathered parameters' gradients, drops the full
   // gradients and reshards. Once per backward.
   void post_backward();
-  // Waits for the reduce-scatter and sums it into the owned shards' .grad.
+  // Waits for the reduce-scatter and sums it into the owned shards' .grad. Offloaded
+  // gradients are copied to the host asynchronously: add_host_gradients() completes the
+  // sum once the device is done.
   void finish_reduce();
+  void add_host_gradients();
   void pre_backward();
   void end_backward() { reduced_ = false; }
   const UnitOptions& options() const { return options_; }
@@ -77,6 +80,7 @@ class FsdpUnit {
   bool reduced_ = false;
   at::Tensor reduced_grads_;       // [T] this rank's summed gradient rows, filled by reduce_
   CommWork reduce_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> host_grad_sums_;  // (host .grad, its copy in flight)
   std::vector<std::pair<Module*, int>> hooks_;
 };
 

@@ -92,16 +92,16 @@ DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
 
 torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids) {
   auto positions = torch::arange(input_ids.size(1), input_ids.options());  // [T]
-  auto cos_sin = (*rotary_emb_)(positions.to(rotary_emb_->inv_freq.device()));
-  cos_sin = cos_sin.to(embed_tokens->weight.device());
+  rotary_emb_->follow(positions.device());
+  auto cos_sin = (*rotary_emb_)(positions);
   auto h = (*embed_tokens)(input_ids);  // [B, T, C]
   for (auto& layer : layers_) h = (*layer)(h, cos_sin);
   return (*norm_)(h);
 }
 
 torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids) {
-  auto cos_sin = (*rotary_emb_)(position_ids.to(rotary_emb_->inv_freq.device()));  // [2, B, T, D]
-  cos_sin = cos_sin.to(inputs_embeds.device());
+  rotary_emb_->follow(inputs_embeds.device());
+  auto cos_sin = (*rotary_emb_)(position_ids.to(inputs_embeds.device()));  // [2, B, T, D]
   auto h = inputs_embeds;
   for (auto& layer : layers_) h = (*layer)(h, cos_sin);
   return (*norm_)(h);

@@ -66,6 +66,11 @@ class RotaryEmbedding : public Module {
   // set): positions [3, B, T] (temporal, height, width) -> [2, B, T, D], each frequency
   // taking its axis's position.
   torch::Tensor forward(const torch::Tensor& positions);
+  // Moves the frequencies to where the positions come from, once: a sharded model is
+  // placed unit by unit and this table is no parameter of any unit.
+  void follow(const torch::Device& device) {
+    if (inv_freq.device() != device) inv_freq = inv_freq.to(device);
+  }
 
   torch::Tensor inv_freq;  // [D / 2]
   std::vector<int64_t> mrope_section;

@@ -81,7 +81,7 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Vi
 torch::Tensor VisionLanguageLM::position_ids(const torch::Tensor& input_ids,
                                                             const VisionInputs& vision) const {
   const int64_t B = input_ids.size(0), T = input_ids.size(1), merge = visual_->config().spatial_merge_size;
-  auto ids = input_ids.to(at::kLong).contiguous();
+  auto ids = input_ids.to(at::kCPU, at::kLong).contiguous();  // read on the host, element by element
   auto out = at::empty({3, B, T}, at::kLong);
   auto id = ids.accessor<int64_t, 2>();
   auto pos = out.accessor<int64_t, 3>();

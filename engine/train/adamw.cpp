@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <unordered_map>
 
 namespace fsdpp {
 
@@ -42,22 +43,29 @@ AdamW::AdamW(std::vector<Group> groups, const OptimizerConfig& config)
 
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < groups_.size(); ++i) {
+  struct Batch {
     std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+  };
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    // One fused call per device: offloaded units keep their shards on the host while the
+    // rest of the group lives on the GPU.
+    std::unordered_map<c10::Device, Batch> by_device;
     for (size_t j = 0; j < groups_[i].params.size(); ++j) {
       const at::Tensor& p = groups_[i].params[j];
       if (!p.grad().defined()) continue;
-      params.push_back(p);
-      grads.push_back(p.grad());
-      exp_avg.push_back(state_[i].exp_avg[j]);
-      exp_avg_sq.push_back(state_[i].exp_avg_sq[j]);
-      steps.push_back(state_[i].steps[j]);
+      Batch& b = by_device[p.device()];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      b.exp_avg.push_back(state_[i].exp_avg[j]);
+      b.exp_avg_sq.push_back(state_[i].exp_avg_sq[j]);
+      b.steps.push_back(state_[i].steps[j]);
     }
-    if (params.empty()) continue;
-    at::_foreach_add_(steps, 1);
-    at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr,
-                      config_.beta1, config_.beta2, groups_[i].weight_decay, config_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false);
+    for (auto& [device, b] : by_device) {
+      at::_foreach_add_(b.steps, 1);
+      at::_fused_adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, /*max_exp_avg_sqs=*/{}, b.steps, lr,
+                        config_.beta1, config_.beta2, groups_[i].weight_decay, config_.eps,
+                        /*amsgrad=*/false, /*maximize=*/false);
+    }
   }
 }
 
@@ -93,21 +101,23 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
 double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  std::vector<at::Tensor> squares;  // each group's [1] share on the host
+  double square_total = 0.0;
   for (const auto& group : groups) {
-    std::vector<at::Tensor> local;
+    // Norms are taken where the gradients live (a GPU, or the host for offloaded units).
+    std::unordered_map<c10::Device, std::vector<at::Tensor>> local;
     for (const auto& p : group.params) {
-      if (p.grad().defined() && p.grad().numel() > 0) local.push_back(p.grad());
+      if (p.grad().defined() && p.grad().numel() > 0) local[p.grad().device()].push_back(p.grad());
     }
-    // Squares add across shards, so one all-reduce of the local sum gives the group's share;
-    // it is summed where the gradients live (a GPU, or the host when they are offloaded).
-    at::Tensor square_sum = local.empty() ? at::zeros({1}, at::kDouble)
-                                          : at::stack(at::_foreach_norm(local, 2)).to(at::kDouble).pow(2).sum().reshape({1});
+    // Squares add across shards, so one all-reduce of the local sum gives the group's share.
+    at::Tensor square_sum = at::zeros({1}, at::kDouble);
+    for (const auto& [device, on_device] : local) {
+      square_sum += at::stack(at::_foreach_norm(on_device, 2)).to(at::kDouble).pow(2).sum().to(at::kCPU);
+      grads.insert(grads.end(), on_device.begin(), on_device.end());
+    }
     if (group.shard_group != nullptr) group.shard_group->all_reduce_sum(square_sum);
-    squares.push_back(square_sum.to(at::kCPU));
-    grads.insert(grads.end(), local.begin(), local.end());
+    square_total += square_sum.item<double>();
   }
-  const double total = squares.empty() ? 0.0 : std::sqrt(at::cat(squares).sum().item<double>());
+  const double total = std::sqrt(square_total);
   if (std::isfinite(total) && max_norm > 0 && total > max_norm) {
     at::_foreach_mul_(grads, max_norm / (total + 1e-6));
   }
