@@ -137,22 +137,19 @@ void Comm::check(const at::Tensor& t, const char* op) const {
               t.device());
 }
 
-void Comm::all_gather(at::Tensor& out, const at::Tensor& in) {
+void Comm::run_blocking(at::Tensor& out, const at::Tensor& in, AsyncCollective collective) {
   if (!c10d_->backend) {
-    out.copy_(in.reshape(out.sizes()));
+    out.copy_(in.reshape(out.sizes()));  // one rank: gather and reduce both return the input
     return;
   }
   at::Tensor input = in.to(device_);
-  on_device(out, device_, [&](at::Tensor& o) { all_gather_async(o, input).wait(); });
+  on_device(out, device_, [&](at::Tensor& o) { (this->*collective)(o, input).wait(); });
 }
 
+void Comm::all_gather(at::Tensor& out, const at::Tensor& in) { run_blocking(out, in, &Comm::all_gather_async); }
+
 void Comm::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
-  if (!c10d_->backend) {
-    out.copy_(in.reshape(out.sizes()));
-    return;
-  }
-  at::Tensor input = in.to(device_);
-  on_device(out, device_, [&](at::Tensor& o) { reduce_scatter_sum_async(o, input).wait(); });
+  run_blocking(out, in, &Comm::reduce_scatter_sum_async);
 }
 
 void Comm::all_reduce_sum(at::Tensor& t) {

@@ -67,6 +67,9 @@ class Comm {
   struct Handles;  // the c10d store and backend
   Comm();
   void check(const at::Tensor& t, const char* op) const;
+  using AsyncCollective = CommWork (Comm::*)(at::Tensor&, const at::Tensor&);
+  // `collective` on copies on the group's device, waited for.
+  void run_blocking(at::Tensor& out, const at::Tensor& in, AsyncCollective collective);
 
   int rank_ = 0, size_ = 1, world_rank_ = 0;
   std::string name_ = "single";
