@@ -37,7 +37,9 @@ parity() {
   local gpu='parallel.device="cuda"'
   "$python" tests/fsdp/check_fsdp.py 1 --name gpu --tested-set "$gpu"
   "$python" tests/fsdp/check_fsdp.py 1 --name gpu-offload --tested-set "$gpu" --set 'policy.options.offload="cpu"'
-  # bf16 compute against the same precision on the CPU; tolerances as for the CPU's bf16 test.
+  # bf16 compute against the same precision on the CPU. GPU and CPU bf16 kernels accumulate
+  # in different orders, so losses get 1e-2 (the CPU-only bf16 test holds 1e-3); a first bound,
+  # to be tightened once a GPU run has measured the gap.
   "$python" tests/fsdp/check_fsdp.py 1 --name gpu-bf16 --reference-world 1 --tolerance 1e-2 --weight-tolerance 2e-2 \
     --tested-set "$gpu" --set 'policy.options.param_dtype="bfloat16"'
 }

@@ -71,8 +71,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                         .param_dtype = optional_dtype(p.param_dtype),
                         .reduce_dtype = parse_dtype(p.reduce_dtype),
                         .output_dtype = optional_dtype(p.output_dtype),
-                        .device = device,
-                        .offload = offload};
+                        .device = device};
     units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), mesh.shard_group,
                                                 mesh.replicate_group, options, this));
   }
@@ -136,16 +135,16 @@ void FsdpState::reshard_all() {
 
 FsdpUnit* FsdpState::neighbour_in_forward(FsdpUnit* unit, int step) const {
   if (recording_order_) return nullptr;
-  auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
-  if (it == forward_order_.end()) return nullptr;
-  const auto index = (it - forward_order_.begin()) + step;
+  auto it = forward_index_.find(unit);
+  if (it == forward_index_.end()) return nullptr;
+  const auto index = it->second + step;
   return index >= 0 && index < static_cast<std::ptrdiff_t>(forward_order_.size()) ? forward_order_[index] : nullptr;
 }
 
 void FsdpState::on_pre_forward(FsdpUnit* unit) {
   if (recording_order_) {
     // A unit seen twice means a second forward began without a backward between (evaluation).
-    if (std::find(forward_order_.begin(), forward_order_.end(), unit) == forward_order_.end()) {
+    if (forward_index_.emplace(unit, forward_order_.size()).second) {
       forward_order_.push_back(unit);
     } else {
       recording_order_ = false;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <unordered_map>
 
 namespace fsdpp {
 
@@ -84,6 +85,7 @@ class FsdpState {
   bool in_backward_ = false;
   bool sync_ = true;
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
+  std::unordered_map<const FsdpUnit*, std::ptrdiff_t> forward_index_;  // unit -> its place in forward_order_
   bool recording_order_ = true;           // until that forward ends
   FsdpUnit* reducing_ = nullptr;          // the unit whose reduction is in flight
   at::Device device_;

@@ -24,8 +24,7 @@ struct UnitOptions {
   std::optional<at::ScalarType> param_dtype;         // gather and compute in this (masters stay fp32)
   at::ScalarType reduce_dtype = at::kFloat;          // dtype of the reduce-scatter
   std::optional<at::ScalarType> output_dtype;        // cast the unit's output to this
-  at::Device device = at::kCPU;  // where the unit gathers, computes and reduces
-  bool offload = false;          // masters and their gradients in (pinned) host memory; the optimizer steps there
+  at::Device device = at::kCPU;  // where the unit gathers, computes and reduces (offloaded masters stay on the host)
 };
 
 class FsdpUnit {
@@ -57,7 +56,6 @@ class FsdpUnit {
   void add_host_gradients();
   void pre_backward();
   void end_backward() { reduced_ = false; }
-  const UnitOptions& options() const { return options_; }
 
  private:
   void install_hooks();
