@@ -112,7 +112,7 @@ def write_initial_model(cfg, out_dir):
         raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
     torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir)  # safetensors by default
     return out_dir, sum(p.numel() for p in model.parameters()), hf_config
 
 

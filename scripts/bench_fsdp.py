@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+import profile_summary
 from bench_common import (BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main,
                           write_initial_model)
 
@@ -205,6 +206,12 @@ def run_fsdpp(args, tmp, gpu):
             "checkpoint.save_final=false", "train.eval_every=0", 'metrics.progress="never"']
     if args.param_dtype:
         sets.append(f'policy.options.param_dtype="{args.param_dtype}"')
+    if args.activation_checkpoint:
+        sets.append("policy.options.activation_checkpoint=true")
+    if args.offload:
+        sets.append('policy.options.offload="cpu"')
+    if args.profile_step:
+        sets.append(f"metrics.profile_step={args.profile_step}")
     cmd = [args.fsdpp, "launch", "--nproc-per-node", str(args.world), "--", "train", args.config]
     for s in sets:
         cmd += ["--set", s]
@@ -235,6 +242,8 @@ def run_torch(args, tmp, gpu):
                "--init-dir", args.init_dir, "--device", args.device]
         if args.param_dtype:
             cmd += ["--param-dtype", args.param_dtype]
+        cmd += ["--activation-checkpoint"] * args.activation_checkpoint + ["--offload"] * args.offload
+        cmd += ["--profile-step", str(args.profile_step)]
         procs.append(start(cmd, logs[-1], env))
     peaks = supervise("pytorch fully_shard", procs,
                       lambda: {r: p.pid for r, p in enumerate(procs)}, logs, args.world, gpu)
@@ -255,6 +264,8 @@ def bench(args):
                          "or pass --fsdpp")
     if args.steps <= WARMUP_STEPS + 1:
         raise BenchError(f"--steps must be greater than {WARMUP_STEPS + 1}")
+    if not 0 <= args.profile_step <= args.steps:
+        raise BenchError(f"--profile-step must be within the {args.steps} steps (0: none)")
     if args.threads < 1:
         raise BenchError("--threads must be at least 1")
     if args.world is None:
@@ -280,6 +291,14 @@ def bench(args):
         out_dir, peaks = run(args, tmp, gpu)
         results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), tokens_per_step)
         results[name]["memory"] = peaks
+        if args.profile_step:
+            trace = os.path.join(out_dir, f"profile-step-{args.profile_step}-rank-0.json")
+            if not os.path.isfile(trace):
+                raise BenchError(f"{name} wrote no trace {trace}")
+            print(f"{name}, step {args.profile_step}: " + "\n".join(profile_summary.summarise(trace)), flush=True)
+            if args.trace_dir:
+                os.makedirs(args.trace_dir, exist_ok=True)
+                shutil.copy(trace, os.path.join(args.trace_dir, f"{name}-step-{args.profile_step}.json"))
     shutil.rmtree(tmp, ignore_errors=True)
 
     ranks = sorted(results["fsdpp"]["memory"])
@@ -345,28 +364,38 @@ class WindowSampler:
         return self.np.stack(rows).astype(self.np.int64)
 
 
-def build_sharded_model(cfg, world, init_dir, device, param_dtype):
+def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_checkpoint=False, offload=False):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
     if get(cfg, "model.dtype", "float32") != "float32":
         raise BenchError("only model.dtype = \"float32\" is benchmarked")
     if not hasattr(FSDPModule, "set_gradient_divide_factor"):
         raise BenchError(f"torch {torch.__version__} lacks FSDPModule.set_gradient_divide_factor")
-    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32,
-                                                 attn_implementation="sdpa").to(device)
+    # Offloaded, the weights stay on the host and fully_shard moves its shards there.
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
+    if not offload:
+        model = model.to(device)
     hf_config = model.config
+    if activation_checkpoint:  # each decoder layer recomputed in backward, as fsdpp's policy option
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device, (world,))
     # fp32 masters with compute in param_dtype and fp32 reductions, as fsdpp's param_dtype.
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, param_dtype) if param_dtype else None,
                               reduce_dtype=torch.float32)
+    options = dict(mesh=mesh, mp_policy=mp, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
+    # The plan of fsdpp's shipped policies (policies/lib/fsdp.lua): a unit per layer, the
+    # embedding and lm_head (one unit when tied), the root keeping the rest gathered.
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
-    if not hf_config.tie_word_embeddings:
-        fully_shard(model.model.embed_tokens, mesh=mesh, reshard_after_forward=True, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+        fully_shard(layer, reshard_after_forward=True, **options)
+    if hf_config.tie_word_embeddings:
+        fully_shard([model.model.embed_tokens, model.lm_head], reshard_after_forward=True, **options)
+    else:
+        fully_shard(model.model.embed_tokens, reshard_after_forward=True, **options)
+        fully_shard(model.lm_head, reshard_after_forward=True, **options)
+    fully_shard(model, reshard_after_forward=False, **options)
     # fsdpp sums gradients over ranks and divides the loss by the global token count; FSDP2
     # averages by default. A factor of 1 makes it sum, and forcing plain SUM reductions keeps
     # it off NCCL's PreMulSum, which gloo does not have. Both settings are per unit.
@@ -399,7 +428,8 @@ def torch_worker(args):
         held_out = int(len(tokens) * float(get(cfg, "data.eval_fraction", 0.0)))
         sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len)
 
-        model = build_sharded_model(cfg, world, args.init_dir, args.device, args.param_dtype)
+        model = build_sharded_model(cfg, world, args.init_dir, args.device, args.param_dtype,
+                                    args.activation_checkpoint, args.offload)
         if file_vocab > model.config.vocab_size:
             raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
                              f"{model.config.vocab_size}")
@@ -424,7 +454,14 @@ def torch_worker(args):
             metrics = open(os.path.join(args.out_dir, "metrics.jsonl"), "w")
 
         begin = time.perf_counter()
+        profiler = None
         for step in range(1, steps + 1):
+            if step == args.profile_step:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if args.device == "cuda":
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                profiler = torch.profiler.profile(activities=activities)
+                profiler.start()
             step_begin = time.perf_counter()
             lr = lr_at(step, cfg)
             for group in opt.param_groups:
@@ -447,6 +484,13 @@ def torch_worker(args):
                 norm = norm.full_tensor()
             grad_norm = norm.item()
             opt.step()
+            if profiler is not None:
+                if args.device == "cuda":
+                    torch.cuda.synchronize()
+                profiler.stop()
+                os.makedirs(args.out_dir, exist_ok=True)
+                profiler.export_chrome_trace(os.path.join(args.out_dir, f"profile-step-{step}-rank-{rank}.json"))
+                profiler = None
             now = time.perf_counter()
             if metrics:
                 metrics.write(json.dumps({
@@ -473,6 +517,13 @@ if __name__ == "__main__":
                  ("--world", {"type": int, "help": "ranks per engine (default: 2 on the CPU, 1 on a GPU)"}),
                  ("--param-dtype", {"choices": ["bfloat16", "float16"],
                                     "help": "compute dtype over fp32 masters, fp32 reductions (default: the model's)"}),
+                 ("--activation-checkpoint", {"action": "store_true",
+                                              "help": "both engines recompute each decoder layer in backward"}),
+                 ("--offload", {"action": "store_true",
+                                "help": "both engines keep fp32 masters, gradients and optimizer state on the host"}),
+                 ("--profile-step", {"type": int, "default": 0,
+                                     "help": "trace this step in both engines and summarise where its GPU time went"}),
+                 ("--trace-dir", {"help": "keep the --profile-step traces here as ENGINE-step-N.json"}),
                  ("--peak-tflops", {"type": float, "default": 989.0,
                                     "help": "the GPU's dense bf16 peak for MFU (default: %(default)s, H100/H200 SXM)"}),
              ])

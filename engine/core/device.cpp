@@ -8,18 +8,20 @@
 
 namespace fsdpp {
 
-c10::Device resolve_device(const std::string& name, int local_rank) {
+c10::Device resolve_device(const std::string& name, int local_rank, int local_world_size) {
   if (name == "cpu") return c10::kCPU;
   const bool has_cuda = at::globalContext().hasCUDA();
   if (name == "auto" && !has_cuda) return c10::kCPU;
   if (name != "auto" && name != "cuda") throw UserError("device '" + name + "' is not one of auto, cpu, cuda");
   const int visible = has_cuda ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
   // A scheduler that binds one GPU to each task shows every rank a single device, whatever
-  // its local rank.
-  if (visible == 1) return {c10::kCUDA, 0};
+  // its local rank. Several local ranks seeing that same one device would share it, which
+  // NCCL refuses ("duplicate GPU") only once the first collective runs.
+  if (visible == 1 && local_world_size == 1) return {c10::kCUDA, 0};
   if (local_rank >= visible) {
-    throw UserError("local rank " + std::to_string(local_rank) + " needs a GPU but this process sees " +
-                    std::to_string(visible) + " CUDA device(s)");
+    throw UserError("local rank " + std::to_string(local_rank) + " of " + std::to_string(local_world_size) +
+                    " needs a GPU of its own but this process sees " + std::to_string(visible) +
+                    " CUDA device(s); run at most " + std::to_string(visible) + " rank(s) per node on GPUs");
   }
   return {c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank)};
 }

@@ -9,10 +9,11 @@
 
 namespace fsdpp {
 
-// "cpu", "cuda" (the GPU numbered by the local rank, or the only one the process sees) or
-// "auto" (that GPU when the process sees any, else the CPU). A GPU that is asked for but
-// not visible is a UserError naming the local rank and the count of visible devices.
-c10::Device resolve_device(const std::string& name, int local_rank);
+// "cpu", "cuda" (the GPU numbered by the local rank, or the only one the process sees when
+// it is the node's only rank) or "auto" (that GPU when the process sees any, else the CPU).
+// A GPU that is asked for but not visible is a UserError naming the local rank, the local
+// world and the count of visible devices.
+c10::Device resolve_device(const std::string& name, int local_rank, int local_world_size);
 // Makes `device` current for this thread, so streams, allocations and collectives use it.
 void use_device(c10::Device device);
 // Blocks the host until the work queued on the device's current stream is done (nothing to

@@ -34,9 +34,16 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
                                                 std::chrono::milliseconds timeout, c10::Device device) {
   if (device.is_cpu()) return make_gloo(store, rank, size, timeout);
 #ifdef USE_C10D_NCCL
-  auto options = c10d::ProcessGroupNCCL::Options::create();
+  // A high-priority stream lets a collective start as soon as its input is ready rather than
+  // queue behind compute kernels already waiting for the GPU.
+  auto options = c10d::ProcessGroupNCCL::Options::create(/*is_high_priority_stream=*/true);
   options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  // Bound to its device and connected now, so a communicator that cannot be made (a GPU
+  // shared by two ranks, a broken transport) fails at start-up, not inside the first forward.
+  backend->setBoundDeviceId(device);
+  backend->eagerConnectSingleDevice(device);
+  return backend;
 #else
   throw UserError("this build of fsdpp has no NCCL: rebuild it where nccl.h is found to run on " + device.str());
 #endif
@@ -72,7 +79,17 @@ struct Comm::Handles {
 };
 
 Comm::Comm() : c10d_(std::make_unique<Handles>()) {}
-Comm::~Comm() = default;
+
+Comm::~Comm() {
+  // NCCL communicators are finalised explicitly: left to process exit they may be torn down
+  // while the driver unloads, with warnings or a hang instead of a clean end.
+  if (!c10d_->backend) return;
+  try {
+    c10d_->backend->shutdown();
+  } catch (const std::exception&) {
+    // A group whose peer already stopped cannot shut down cleanly; the process ends anyway.
+  }
+}
 
 std::shared_ptr<Comm> Comm::single(c10::Device device) {
   std::shared_ptr<Comm> comm(new Comm());

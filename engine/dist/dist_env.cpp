@@ -89,7 +89,8 @@ DistEnv DistEnv::from_environment() {
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
   // Without NCCL in this build a launched run must talk over gloo, hence compute on the CPU.
   const bool gpu_groups = !env.launched || Comm::has_nccl();
-  const c10::Device device = resolve_device(config.device == "auto" && !gpu_groups ? "cpu" : config.device, env.local_rank);
+  const c10::Device device = resolve_device(config.device == "auto" && !gpu_groups ? "cpu" : config.device, env.local_rank,
+                                             env.local_world_size);
   use_device(device);
   if (!env.launched) {
     if (!device.is_cpu()) log_info("device: ", device.str());

@@ -50,10 +50,23 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     // from it run without staging.
     const auto master = offload ? at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu())
                                 : at::TensorOptions().device(device);
-    std::vector<ShardedParam> params;
+    // The unit's master shards are slices of one flat buffer, in the order its gathers lay
+    // them out, so a gather starts with one copy (and cast) of the whole buffer.
+    const int world = mesh.shard_group->size();
+    std::vector<at::Tensor> tensors;
+    int64_t flat_numel = 0;
     for (const auto& p : unit.params) {
-      at::Tensor tensor = p.module->named_parameters(/*recurse=*/false)[p.local];
-      params.emplace_back(p.name, tensor, mesh.shard_group->rank(), mesh.shard_group->size(), fill, master);
+      tensors.push_back(p.module->named_parameters(/*recurse=*/false)[p.local]);
+      flat_numel += ShardShape(tensors.back().sizes(), world).shard_numel();
+    }
+    at::Tensor masters = at::zeros({flat_numel}, master.dtype(at::kFloat));
+    std::vector<ShardedParam> params;
+    int64_t offset = 0;
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const int64_t n = ShardShape(tensors[i].sizes(), world).shard_numel();
+      params.emplace_back(unit.params[i].name, tensors[i], mesh.shard_group->rank(), world, fill,
+                          masters.narrow(0, offset, n));
+      offset += n;
     }
     std::vector<Module*> modules;
     for (const auto& path : unit.plan->modules) {
@@ -72,7 +85,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                         .reduce_dtype = parse_dtype(p.reduce_dtype),
                         .output_dtype = optional_dtype(p.output_dtype),
                         .device = device};
-    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), mesh.shard_group,
+    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), masters, mesh.shard_group,
                                                 mesh.replicate_group, options, this));
   }
 }
@@ -130,7 +143,10 @@ void FsdpState::for_each_full_parameter(const std::function<void(const std::stri
 }
 
 void FsdpState::reshard_all() {
-  for (auto& unit : units_) unit->reshard();
+  for (auto& unit : units_) {
+    unit->reshard();
+    unit->release_cast_shard();
+  }
 }
 
 FsdpUnit* FsdpState::neighbour_in_forward(FsdpUnit* unit, int step) const {
@@ -165,8 +181,10 @@ void FsdpState::on_pre_backward(FsdpUnit* unit) {
 }
 
 void FsdpState::on_reduce_issued(FsdpUnit* unit) {
-  if (reducing_ != nullptr && reducing_ != unit) reducing_->finish_reduce();
-  reducing_ = unit;
+  // Each reduction in flight moves one stage on: a plain one completes when the next
+  // begins, an HSDP one a unit later (its all-reduce across replicas in between).
+  std::erase_if(reducing_, [unit](FsdpUnit* u) { return u != unit && u->advance_reduce(); });
+  if (std::find(reducing_.begin(), reducing_.end(), unit) == reducing_.end()) reducing_.push_back(unit);
 }
 
 void FsdpState::final_callback() {
@@ -177,7 +195,7 @@ void FsdpState::final_callback() {
     unit->finish_reduce();
     unit->end_backward();
   }
-  reducing_ = nullptr;
+  reducing_.clear();
   // Offloaded gradients arrive in host memory asynchronously; the optimizer reads them next.
   // Without offload nothing here waits for the device.
   if (offloaded_) {

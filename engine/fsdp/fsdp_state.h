@@ -57,6 +57,8 @@ class FsdpState {
   // Runs `visit(name, full tensor)` for every parameter with its full value, one unit
   // gathered at a time (a collective: every rank must call it).
   void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit);
+  // Frees every unit's gathered parameters and kept cast shards: due before the optimizer
+  // changes the masters.
   void reshard_all();
   // false: backwards keep full gradients and accumulate them; the next backward with sync
   // on reduce-scatters their sum (fewer collectives, full-size gradients held meanwhile).
@@ -66,7 +68,7 @@ class FsdpState {
   // Called by units from their hooks. A unit about to run issues its own gather and the
   // gather of the unit expected next (in forward: the one after it in the first forward's
   // order; in backward: the one before it), so the next unit's transfer overlaps this one's
-  // compute. Only one reduction is left in flight: a new one finishes the one before.
+  // compute. A new reduction moves those in flight one stage on (see FsdpUnit::advance_reduce).
   void on_pre_forward(FsdpUnit* unit);
   void on_pre_backward(FsdpUnit* unit);
   void on_reduce_issued(FsdpUnit* unit);
@@ -87,7 +89,7 @@ class FsdpState {
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
   std::unordered_map<const FsdpUnit*, std::ptrdiff_t> forward_index_;  // unit -> its place in forward_order_
   bool recording_order_ = true;           // until that forward ends
-  FsdpUnit* reducing_ = nullptr;          // the unit whose reduction is in flight
+  std::vector<FsdpUnit*> reducing_;       // units whose reductions are in flight, oldest first
   at::Device device_;
   bool offloaded_ = false;  // some unit keeps its masters on the host while computing on a GPU
 };

@@ -33,9 +33,9 @@ ShardShape::ShardShape(at::IntArrayRef sizes, int world) {
   padded_rows = (rows + world - 1) / world;
 }
 
-ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world, const ShardFill& fill,
-                           const at::TensorOptions& master)
-    : name(std::move(name_)), param(std::move(param_)) {
+ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int world_, const ShardFill& fill,
+                           at::Tensor slot)
+    : name(std::move(name_)), param(std::move(param_)), world(world_) {
   const ShardShape shape(param.sizes(), world);
   rows = shape.rows;
   row_numel = shape.row_numel;
@@ -43,8 +43,14 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
   first_row = std::min<int64_t>(rows, padded_rows * rank);
   owned_rows = std::min<int64_t>(rows, first_row + padded_rows) - first_row;
   at::NoGradGuard no_grad;
-  // The master shard is fp32 whatever the parameter's dtype, and owns its memory.
-  local = at::zeros({shard_numel()}, master.dtype(at::kFloat));
+  // The master shard is fp32 whatever the parameter's dtype.
+  if (slot.defined()) {
+    TORCH_CHECK(slot.scalar_type() == at::kFloat && slot.numel() == shard_numel(), "parameter ", name,
+                ": a master slot of ", slot.numel(), " ", slot.scalar_type(), " elements for a shard of ", shard_numel());
+    local = slot;
+  } else {
+    local = at::zeros({shard_numel()}, at::kFloat);
+  }
   // A scalar is stored as one row.
   std::vector<int64_t> owned_shape(param.sizes().begin(), param.sizes().end());
   if (owned_shape.empty()) owned_shape.push_back(1);
@@ -61,7 +67,13 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
 
 void ShardedParam::alloc_full() {
   if (is_full()) return;
-  set_storage_bytes(param, param.numel() * param.element_size());
+  set_storage_bytes(param, static_cast<size_t>(world * shard_numel()) * param.element_size());
+}
+
+at::Tensor ShardedParam::padded_full() const {
+  // variable_data() shares storage under a fresh version counter: a write through the view
+  // is not taken by autograd for a change of the tensors it saved from the parameter.
+  return param.variable_data().as_strided({world, shard_numel()}, {shard_numel(), 1}, 0);
 }
 
 void ShardedParam::free_full() {

@@ -34,9 +34,10 @@ struct ShardShape {
 
 struct ShardedParam {
   // An unallocated `param` (a meta build) gets its rows from `fill`; an allocated one gives
-  // its own. The fp32 master shard is made with `master` (its device, pinned or not).
+  // its own. The fp32 master shard lives in `slot` when given (shard_numel() zeroed fp32
+  // elements, e.g. the unit's slice of one flat buffer), else in fresh host memory.
   ShardedParam(std::string name, at::Tensor param, int rank, int world, const ShardFill& fill = {},
-               const at::TensorOptions& master = {});
+               at::Tensor slot = {});
 
   std::string name;          // dotted path of the first module that reaches it
   at::Tensor param;          // the module's parameter [full shape]; storage freed when sharded
@@ -47,11 +48,16 @@ struct ShardedParam {
   int64_t first_row = 0;     // index of the first owned row in the full parameter
   at::Tensor local;          // [padded_rows * row_numel] this rank's rows then zero padding
   at::Tensor owned;          // [owned_rows, ...] view of local's real rows: what the optimizer updates
+  int world = 1;             // ranks the rows are split over
 
   int64_t shard_numel() const { return padded_rows * row_numel; }
   int64_t numel() const { return rows * row_numel; }
+  // [world, shard_numel()] over param's allocated storage: the gathered shards, padding included.
+  at::Tensor padded_full() const;
   // Gives param its full storage back, or releases it, on whatever device param lives; the
-  // values are the caller's to fill.
+  // values are the caller's to fill. The storage holds world * shard_numel() elements, the
+  // rank-major shards with their padding, so one batched copy can fill every parameter of a
+  // unit from its gathered buffer; param views the first numel() of them.
   void alloc_full();
   void free_full();
   bool is_full() const;

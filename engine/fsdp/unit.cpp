@@ -34,6 +34,11 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
   }
 };
 
+// How many of rank r's shard elements are real (the rest is padding).
+int64_t real_length(const ShardedParam& p, int64_t r) {
+  return std::clamp<int64_t>(p.numel() - r * p.shard_numel(), 0, p.shard_numel());
+}
+
 // Writes the shards of ranks [first, first + count) of a full parameter `full` (any shape)
 // into rows [count, T] of `out` at column `offset`; padding positions are left as they are
 // (zero in a fresh buffer), so no padded copy of the parameter is made.
@@ -41,20 +46,29 @@ void copy_rank_shards(at::Tensor& out, const at::Tensor& full, const ShardedPara
                       int64_t offset) {
   const at::Tensor flat = full.reshape({-1});
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t begin = (first + i) * p.shard_numel();
-    const int64_t length = std::clamp<int64_t>(p.numel() - begin, 0, p.shard_numel());
-    if (length > 0) out[i].narrow(0, offset, length).copy_(flat.narrow(0, begin, length));
+    const int64_t length = real_length(p, first + i);
+    if (length > 0) out[i].narrow(0, offset, length).copy_(flat.narrow(0, (first + i) * p.shard_numel(), length));
+  }
+}
+
+// Zeroes what copy_rank_shards leaves alone in rows [W, T] of `out` at column `offset`: the
+// padding after the parameter's last row, or its whole column block when it got no gradient.
+void zero_padding(at::Tensor& out, const ShardedParam& p, bool written, int64_t offset) {
+  for (int64_t r = 0; r < out.size(0); ++r) {
+    const int64_t length = written ? real_length(p, r) : 0;
+    if (length < p.shard_numel()) out[r].narrow(0, offset + length, p.shard_numel() - length).zero_();
   }
 }
 
 }  // namespace
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
-                   std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group,
+                   at::Tensor masters, std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group,
                    UnitOptions options, FsdpState* state)
     : name_(std::move(name)),
       modules_(std::move(modules)),
       params_(std::move(params)),
+      masters_(std::move(masters)),
       comm_(std::move(shard_group)),
       replicate_group_(std::move(replicate_group)),
       options_(options),
@@ -122,25 +136,36 @@ void FsdpUnit::install_hooks() {
 }
 
 void FsdpUnit::begin_unshard() {
-  if (unsharded_ || gather_.pending() || params_.empty()) return;
+  if (unsharded_ || gathered_.defined() || params_.empty()) return;  // done, or issued (a prefetch)
+  // A training forward whose unit reshards after it gathers again in backward, from the
+  // same masters: its cast shard is kept for that gather (1/world of the unit in the
+  // compute dtype) rather than cast a second time.
+  const bool backward_follows = at::GradMode::is_enabled() && !state_->in_backward() &&
+                                options_.reshard_after_forward && !options_.post_forward_group;
   at::NoGradGuard no_grad;
   const int world = comm_->size();
   // Gathered in the parameters' own dtype (bf16 halves the traffic); masters stay fp32.
   const auto options = compute_options(params_.front().param.scalar_type());
-  gathered_ = at::empty({world * flat_numel_}, options);
   if (post_forward_slice_.defined()) {
     // The k ranks of the post-forward group hold the S/k-rank blocks in rank order.
+    gathered_ = at::empty({world * flat_numel_}, options);
     gather_ = options_.post_forward_group->all_gather_async(gathered_, post_forward_slice_);
     post_forward_slice_ = at::Tensor();
     return;
   }
-  at::Tensor flat = at::empty({flat_numel_}, options);
-  int64_t offset = 0;
-  for (auto& p : params_) {
-    // From pinned host memory when offloaded, so the copy does not hold up the host.
-    flat.narrow(0, offset, p.shard_numel()).copy_(p.local, /*non_blocking=*/true);
-    offset += p.shard_numel();
+  at::Tensor flat = std::move(cast_shard_);
+  if (!flat.defined()) {
+    // One copy (and cast) of every shard; from pinned host memory when offloaded, so the
+    // copy does not hold up the host.
+    flat = at::empty({flat_numel_}, options);
+    flat.copy_(masters_, /*non_blocking=*/true);
+    if (backward_follows && flat.scalar_type() != masters_.scalar_type()) cast_shard_ = flat;
   }
+  if (world == 1) {
+    gathered_ = flat;  // one rank's shard is the whole
+    return;
+  }
+  gathered_ = at::empty({world * flat_numel_}, options);
   gather_ = comm_->all_gather_async(gathered_, flat);
 }
 
@@ -154,16 +179,16 @@ void FsdpUnit::unshard() {
 }
 
 void FsdpUnit::copy_out(const at::Tensor& by_rank) {
-  int64_t offset = 0;
+  // Rank-major shards concatenate to the full tensor followed by padding, which is how each
+  // parameter's storage is laid out: one batched copy splits the gathered columns into them.
+  std::vector<at::Tensor> outs;
+  std::vector<int64_t> widths;
   for (auto& p : params_) {
     p.alloc_full();
-    // Rank-major shards concatenate to the full tensor followed by padding.
-    auto full = by_rank.narrow(1, offset, p.shard_numel()).reshape({-1}).narrow(0, 0, p.numel());
-    // variable_data() shares storage under a fresh version counter, so tensors autograd
-    // saved from the parameter do not see an in-place write.
-    p.param.variable_data().view({-1}).copy_(full);
-    offset += p.shard_numel();
+    outs.push_back(p.padded_full());
+    widths.push_back(p.shard_numel());
   }
+  at::split_with_sizes_copy_out(outs, by_rank, widths, /*dim=*/1);
 }
 
 void FsdpUnit::keep_post_forward_slice() {
@@ -180,6 +205,8 @@ void FsdpUnit::keep_post_forward_slice() {
   }
   post_forward_slice_ = post_forward_slice_.view({-1});
 }
+
+void FsdpUnit::release_cast_shard() { cast_shard_ = at::Tensor(); }
 
 void FsdpUnit::reshard() {
   post_forward_slice_ = at::Tensor();
@@ -198,6 +225,7 @@ void FsdpUnit::pre_backward() {
 void FsdpUnit::post_backward() {
   if (reduced_) return;
   reduced_ = true;
+  cast_shard_ = at::Tensor();
   if (!state_->requires_gradient_sync()) {
     // Accumulating without sync: the full gradients stay until a synced backward reduces
     // their sum once.
@@ -206,7 +234,7 @@ void FsdpUnit::post_backward() {
   }
   at::NoGradGuard no_grad;
   const int world = comm_->size();
-  at::Tensor scattered_in = at::zeros({world, flat_numel_}, compute_options(options_.reduce_dtype));  // [W, T]
+  at::Tensor scattered_in = at::empty({world, flat_numel_}, compute_options(options_.reduce_dtype));  // [W, T]
   int64_t offset = 0;
   for (auto& p : params_) {
     at::Tensor grad = p.param.grad();
@@ -214,19 +242,43 @@ void FsdpUnit::post_backward() {
       copy_rank_shards(scattered_in, grad, p, 0, world, offset);  // shard r goes to row r
       p.param.mutable_grad() = at::Tensor();
     }
+    zero_padding(scattered_in, p, grad.defined(), offset);
     offset += p.shard_numel();
   }
-  reduced_grads_ = at::empty({flat_numel_}, scattered_in.options());
-  reduce_ = comm_->reduce_scatter_sum_async(reduced_grads_, scattered_in.view({-1}));
+  if (world == 1) {
+    reduced_grads_ = scattered_in.view({-1});  // one rank's sum is its own gradient
+  } else {
+    reduced_grads_ = at::empty({flat_numel_}, scattered_in.options());
+    reduce_ = comm_->reduce_scatter_sum_async(reduced_grads_, scattered_in.view({-1}));
+  }
   reshard();
   state_->on_reduce_issued(this);
 }
 
+bool FsdpUnit::advance_reduce() {
+  if (!reduced_grads_.defined()) return true;
+  if (!replicas_summing_) {
+    reduce_.wait();
+    if (replicate_group_->size() > 1) {
+      // HSDP: the replicas' sum stays in flight too, finished at the next advance.
+      replica_reduce_ = replicate_group_->all_reduce_sum_async(reduced_grads_);
+      replicas_summing_ = true;
+      return false;
+    }
+  }
+  replica_reduce_.wait();
+  replicas_summing_ = false;
+  accumulate_reduced();
+  return true;
+}
+
 void FsdpUnit::finish_reduce() {
-  if (!reduced_grads_.defined()) return;
+  while (!advance_reduce()) {
+  }
+}
+
+void FsdpUnit::accumulate_reduced() {
   at::NoGradGuard no_grad;
-  reduce_.wait();
-  replicate_group_->all_reduce_sum(reduced_grads_);
   int64_t offset = 0;
   for (auto& p : params_) {
     // A view of this backward's fresh buffer (a new tensor when the reduction ran in

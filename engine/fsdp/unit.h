@@ -29,7 +29,8 @@ struct UnitOptions {
 
 class FsdpUnit {
  public:
-  FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
+  // `masters` [T] is the flat fp32 buffer whose slices are the params' `local` shards.
+  FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params, at::Tensor masters,
            std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group, UnitOptions options,
            FsdpState* state);
   ~FsdpUnit();
@@ -39,6 +40,8 @@ class FsdpUnit {
   bool is_unsharded() const { return unsharded_; }
   // A gather issued (a prefetch) and not yet written into the module tensors.
   bool is_gathering() const { return gathered_.defined(); }
+  // A forward's cast shard kept for backward's gather.
+  bool keeps_cast_shard() const { return cast_shard_.defined(); }
 
   // Issues the all-gather of every parameter (no-op when unsharded or already issued).
   void begin_unshard();
@@ -46,12 +49,18 @@ class FsdpUnit {
   void unshard();
   // Releases the gathered storage (waiting out a gather still in flight).
   void reshard();
+  // Drops the compute-dtype shard a forward kept for backward's gather: due before the
+  // masters change.
+  void release_cast_shard();
   // Issues the reduce-scatter of the gathered parameters' gradients, drops the full
   // gradients and reshards. Once per backward.
   void post_backward();
-  // Waits for the reduce-scatter and sums it into the owned shards' .grad. Offloaded
-  // gradients are copied to the host asynchronously: add_host_gradients() completes the
-  // sum once the device is done.
+  // Moves the reduction one stage on: waits for the reduce-scatter and, under HSDP, issues
+  // the replicas' all-reduce; or waits for that all-reduce. Once the reduction is complete,
+  // sums it into the owned shards' .grad and returns true. Offloaded gradients are copied to
+  // the host asynchronously: add_host_gradients() completes the sum once the device is done.
+  bool advance_reduce();
+  // Advances the reduction until it is complete.
   void finish_reduce();
   void add_host_gradients();
   void pre_backward();
@@ -60,12 +69,14 @@ class FsdpUnit {
  private:
   void install_hooks();
   void keep_post_forward_slice();
+  void accumulate_reduced();  // reduced_grads_ -> the owned shards' .grad
   void copy_out(const at::Tensor& by_rank);  // [S, T] rank-major shards -> module tensors
   at::TensorOptions compute_options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(options_.device); }
 
   std::string name_;
   std::vector<Module*> modules_;
   std::vector<ShardedParam> params_;
+  at::Tensor masters_;             // [T] every param's local shard, in order
   std::shared_ptr<Comm> comm_;            // the shard group
   std::shared_ptr<Comm> replicate_group_; // HSDP replicas, summed after the reduce-scatter
   UnitOptions options_;
@@ -73,11 +84,14 @@ class FsdpUnit {
   int64_t flat_numel_ = 0;  // Σ padded shard sizes
   bool unsharded_ = false;
   at::Tensor gathered_;            // [S * T] filled by gather_
+  at::Tensor cast_shard_;          // [T] masters_ in the compute dtype, kept from forward for backward
   CommWork gather_;
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
   bool reduced_ = false;
   at::Tensor reduced_grads_;       // [T] this rank's summed gradient rows, filled by reduce_
   CommWork reduce_;
+  CommWork replica_reduce_;        // HSDP: the replicas' sum of reduced_grads_
+  bool replicas_summing_ = false;  // replica_reduce_ issued, the reduce-scatter done
   std::vector<std::pair<at::Tensor, at::Tensor>> host_grad_sums_;  // (host .grad, its copy in flight)
   std::vector<std::pair<Module*, int>> hooks_;
 };

@@ -6,17 +6,6 @@
 
 namespace fsdpp {
 
-namespace {
-
-// [B, KV, T, D] -> [B, KV * groups, T, D], each key/value head serving `groups` query heads.
-torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
-  if (groups == 1) return x;
-  auto s = x.sizes();
-  return x.unsqueeze(2).expand({s[0], s[1], groups, s[2], s[3]}).reshape({s[0], s[1] * groups, s[2], s[3]});
-}
-
-}  // namespace
-
 Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
                      const torch::TensorOptions& opts)
     : Module(family.prefix + "Attention"),
@@ -46,10 +35,11 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   q = apply_rotary(q.transpose(1, 2), cos_sin);  // [B, H, T, D]
   k = apply_rotary(k.transpose(1, 2), cos_sin);  // [B, KV, T, D]
   v = v.transpose(1, 2);
-  const int64_t groups = heads_ / kv_heads_;
-  auto out = at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
-                                              /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                              /*is_causal=*/true);  // [B, H, T, D]
+  // Each key/value head serves heads / kv_heads query heads inside the kernel: copies
+  // expanded to every query head would be kept for backward too.
+  auto out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                              /*scale=*/std::nullopt,
+                                              /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 

@@ -77,10 +77,10 @@ std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const 
 }
 
 void AdamW::zero_grad() {
+  // Dropped rather than zeroed: the next backward's reduction then hands each shard a
+  // fresh buffer, where a zeroed one would cost a fill now and an add later.
   for (auto& g : groups_) {
-    for (auto& p : g.params) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
-    }
+    for (auto& p : g.params) p.mutable_grad() = at::Tensor();
   }
 }
 

@@ -38,6 +38,7 @@ class AdamW {
 
   // One update at learning rate `lr` from each parameter's .grad().
   void step(double lr);
+  // Drops every gradient (the next backward makes fresh ones).
   void zero_grad();
   const std::vector<Group>& groups() const { return groups_; }
 

@@ -13,6 +13,7 @@ class ConfigSection;
 struct MetricsConfig {
   std::string jsonl;               // JSONL output; "" means <train.out_dir>/metrics.jsonl
   std::string progress = "auto";   // progress bar: "auto" (on a terminal), "always", "never"
+  int64_t profile_step = 0;        // > 0: trace that step into <train.out_dir>/profile-step-N-rank-R.json
 
   static MetricsConfig from_section(ConfigSection& section);
 };

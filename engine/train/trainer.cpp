@@ -3,6 +3,7 @@
 // the summed gradients and hence every update equal those of one process on the whole batch.
 #include "train/trainer.h"
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "fsdp/fsdp_state.h"
@@ -11,6 +12,7 @@
 #include "train/run_checkpoint.h"
 #include "train/evaluate.h"
 #include "train/multimodal_data.h"
+#include "train/step_profiler.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -193,8 +195,10 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
                 {"loss", summary.final_loss}};
   };
 
+  StepProfiler profiler;
   const auto start = Clock::now();
   for (int64_t step = first_step; step <= tc.steps; ++step) {
+    if (step == config.metrics.profile_step) profiler.start();
     const auto step_start = Clock::now();
     const double lr = schedule.at(step);
     optimizer.zero_grad();
@@ -247,6 +251,13 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       m.skipped = true;
       ++summary.skipped_steps;
       if (rank == 0) log_warn("step ", step, ": gradient norm is ", grad_norm, "; update skipped");
+    }
+    if (profiler.active()) {
+      synchronize_device(device);
+      const auto trace = std::filesystem::path(tc.out_dir) /
+                         ("profile-step-" + std::to_string(step) + "-rank-" + std::to_string(rank) + ".json");
+      profiler.stop_and_save(trace.string());
+      log_info("profile: step ", step, " traced to ", trace.string());
     }
     m.elapsed_s = seconds_since(start);
     m.tokens = step * step_tokens;

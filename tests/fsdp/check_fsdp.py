@@ -4,8 +4,11 @@ same loss at every step and the same final weights, within 1e-5 relative (of eac
 largest magnitude). Usage: check_fsdp.py WORLD... [--set KEY=VALUE ...]
 [--reference-world N --tolerance T]: a reference run through the launcher at world N (for
 mixed precision, whose fp32 master shards a plain process does not keep) and a tolerance.
-[--tested-set KEY=VALUE ...]: settings of the runs under test only, e.g. a GPU device
-against a reference on the CPU."""
+[--tested-set KEY=VALUE ...] / [--reference-set KEY=VALUE ...]: settings of the runs under
+test only, or of the reference only, e.g. a GPU device against a reference on the CPU.
+[--floor-world N --floor-factor F]: instead of fixed tolerances, measure the rounding noise
+floor first, as the gap between the reference and the same settings at world N (which
+only reorders fp32 sums), and allow F times that gap (at least F float32 epsilons)."""
 import argparse
 import json
 import os
@@ -42,22 +45,41 @@ def main():
     ap.add_argument("worlds", type=int, nargs="+")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--tested-set", action="append", default=[], dest="tested_sets")
+    ap.add_argument("--reference-set", action="append", default=[], dest="reference_sets")
     ap.add_argument("--name", default="default")
     ap.add_argument("--reference-world", type=int, default=0, help="0: a plain process")
     ap.add_argument("--tolerance", type=float, default=1e-5)
     ap.add_argument("--weight-tolerance", type=float, help="weights by ||a - b|| / ||b|| instead of max-abs")
+    ap.add_argument("--weights-by-norm", action="store_true", help="weights by ||a - b|| / ||b|| instead of max-abs")
+    ap.add_argument("--floor-world", type=int, help="measure the noise floor at this world with the reference settings")
+    ap.add_argument("--floor-factor", type=float, default=10.0)
     args = ap.parse_args()
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     base = os.path.join(WORK, "fsdp", args.name)
-    ref_losses, ref_evals, ref_weights = run(os.path.join(base, "single"), args.reference_world, args.sets)
+    ref_losses, ref_evals, ref_weights = run(os.path.join(base, "single"), args.reference_world,
+                                            args.sets + args.reference_sets)
+    by_norm = args.weights_by_norm or bool(args.weight_tolerance)
+
+    def gaps(losses, evals, weights):
+        loss_err = max_relative(losses + evals, ref_losses + ref_evals)  # held-out losses too, when evaluated
+        return (loss_err, *weight_difference(weights, ref_weights, by_norm=by_norm))
+
+    loss_bound, weight_bound = args.tolerance, args.weight_tolerance or args.tolerance
+    if args.floor_world:
+        floor = run(os.path.join(base, f"floor{args.floor_world}"), args.floor_world, args.sets + args.reference_sets)
+        floor_loss, floor_weight, _ = gaps(*floor)
+        fp32_eps = 1.1920929e-07
+        loss_bound = args.floor_factor * max(floor_loss, fp32_eps)
+        weight_bound = args.floor_factor * max(floor_weight, fp32_eps)
+        print(f"noise floor ({args.name}): the reference at world {args.floor_world} differs from it by "
+              f"{floor_loss:.2e} in losses and {floor_weight:.2e} in weights; bounds x{args.floor_factor:g}: "
+              f"{loss_bound:.2e} and {weight_bound:.2e}")
     failures = 0
     for world in args.worlds:
         losses, evals, weights = run(os.path.join(base, f"world{world}"), world, args.sets + args.tested_sets)
-        loss_err = max_relative(losses + evals, ref_losses + ref_evals)  # held-out losses too, when evaluated
-        weight_err, worst = weight_difference(weights, ref_weights, by_norm=bool(args.weight_tolerance))
-        ok = len(losses) == len(ref_losses) and len(evals) == len(ref_evals) and loss_err < args.tolerance \
-            and weight_err < (args.weight_tolerance or args.tolerance) \
-            and weights.keys() == ref_weights.keys()
+        loss_err, weight_err, worst = gaps(losses, evals, weights)
+        ok = len(losses) == len(ref_losses) and len(evals) == len(ref_evals) and loss_err < loss_bound \
+            and weight_err < weight_bound and weights.keys() == ref_weights.keys()
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} world {world} {args.name}: {len(losses)} steps, {len(evals)} evaluations, max relative loss "
               f"difference {loss_err:.2e}, max relative weight difference {weight_err:.2e} ({worst}); "

@@ -25,15 +25,17 @@ std::shared_ptr<CausalLM> tiny(bool tied) {
   return model;
 }
 
-// Each decoder layer a unit, the embedding too when untied, the root the rest.
-std::unique_ptr<FsdpState> shard(CausalLM& model) {
+// Each decoder layer a unit, the embedding too when untied, the root the rest; units gather
+// and compute in `param_dtype` ("": the model's).
+std::unique_ptr<FsdpState> shard(CausalLM& model, const std::string& param_dtype = "") {
   Plan plan;
   for (const auto& e : named_modules(model)) {
     const bool tied = model.config().tie_word_embeddings;
     if (e.module->class_name() == "LlamaDecoderLayer" || (e.module->class_name() == "Embedding" && !tied)) {
-      plan.units.push_back({.modules = {e.path}});
+      plan.units.push_back({.modules = {e.path}, .param_dtype = param_dtype});
     }
   }
+  plan.units.push_back({.modules = {""}, .reshard_after_forward = false, .param_dtype = param_dtype});
   const ResolvedPlan resolved = resolve_plan(plan, model, 1, at::kFloat);
   return std::make_unique<FsdpState>(model, Comm::single(), resolved);
 }
@@ -98,6 +100,29 @@ TEST_CASE("the unit expected next is gathered while the current one runs", "[fsd
   CHECK(forward_prefetched);
   CHECK(backward_prefetched);
   for (const auto& unit : state->units()) CHECK_FALSE(unit->is_gathering());  // nothing left in flight
+}
+
+TEST_CASE("a training forward keeps its cast shards for backward's gather, and no longer", "[fsdp]") {
+  auto model = tiny(false);
+  auto state = shard(*model, "bfloat16");
+  auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
+  auto kept = [&] {
+    int count = 0;
+    for (const auto& unit : state->units()) count += unit->keeps_cast_shard();
+    return count;
+  };
+  auto loss = next_token_loss_sum((*model)(ids.narrow(1, 0, 8)), ids.narrow(1, 1, 8));
+  CHECK(kept() == 4);  // three layers and the embedding reshard after forward; the root does not
+  loss.backward();
+  CHECK(kept() == 0);  // each unit's backward gather took its own
+  {
+    at::NoGradGuard no_grad;  // no backward follows an evaluation
+    (*model)(ids.narrow(1, 0, 8));
+  }
+  CHECK(kept() == 0);
+  (*model)(ids.narrow(1, 0, 8));
+  state->reshard_all();  // the optimizer is about to change the masters
+  CHECK(kept() == 0);
 }
 
 TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[fsdp]") {

@@ -94,7 +94,7 @@ def make_one(outdir, name, seed, cls, config, save_args):
     # The checkpoint holds the weights the reference outputs came from, before the step.
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d, safe_serialization=True, **save_args)
+    model.save_pretrained(d, **save_args)
 
     # Clip by the global norm, then one AdamW step with decay on matrices only.
     ref["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM).reshape(())
