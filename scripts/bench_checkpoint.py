@@ -7,15 +7,17 @@ Run with the project venv from the repository root (data/licenses.tok comes from
 `bash scripts/make_corpus.sh`):
 
     .venv/bin/python scripts/bench_checkpoint.py [--world 2] [--hidden 512 --layers 8 --vocab 32000]
-                                                [--work DIR]
+                                                [--work DIR] [--smoke]
 
 All in one run, in a work directory (a fresh one under /tmp unless --work names one):
 
-1. An HF Llama config.json (no weights, so both engines initialise the model afresh) and a
-   TOML run file training it at batch size = world, one thread per rank.
-2. Disk baseline: a file the size of one rank's share of the checkpoint (at least 256 MiB) is
-   written with os.write in 16 MiB chunks and fsync'd (timed together), evicted from the page
-   cache with posix_fadvise(DONTNEED) and read back in 16 MiB chunks (timed).
+1. An HF Llama directory, a config.json and the weights transformers initialises from it,
+   which both engines start from, and a TOML run file training it at batch size = world, one
+   thread per rank.
+2. Disk baseline: a file the size of one rank's share of the checkpoint (at least 256 MiB,
+   but for --smoke) is written with os.write in 16 MiB chunks and fsync'd (timed together),
+   evicted from the page cache with posix_fadvise(DONTNEED) and read back in 16 MiB chunks
+   (timed).
 3. fsdpp save: `fsdpp launch` trains one step and saves a final checkpoint; the engine's own
    log line gives the total bytes and the slowest rank's bytes, seconds and GB/s (each rank
    timed from the start of the save to the fsync'd commit of its own file).
@@ -23,9 +25,9 @@ All in one run, in a work directory (a fresh one under /tmp unless --work names 
    launch resumes from it and trains one more step; each rank logs the tensor bytes it read
    and the seconds spent reading them (checksum verification included). The slowest rank is
    reported.
-5. DCP: the same model built with transformers' LlamaForCausalLM, each decoder layer (and
-   the untied embedding) and the root wrapped in fully_shard (FSDP2) over gloo, AdamW after
-   one step so its moments exist; dcp.save of get_state_dict(model, optimizer) is timed on
+5. DCP: the same model loaded with transformers' LlamaForCausalLM and sharded with
+   fully_shard (FSDP2) over gloo as scripts/bench_fsdp.py shards it, AdamW after one step
+   so its moments exist; dcp.save of get_state_dict(model, optimizer) is timed on
    each rank between barriers (FileSystemWriter fsyncs its files), the files are evicted from
    the page cache, and dcp.load plus set_state_dict into the same state dicts is timed. A
    rank's bytes are the size of the data files it wrote (__<rank>_*.distcp), which are also
@@ -44,12 +46,13 @@ import sys
 import tempfile
 import time
 
-from bench_common import BenchError, fail, read_toml
+from bench_common import BenchError, fail, parse_args, read_toml, write_initial_model
 from bench_fsdp import build_sharded_model, free_port, start, telling_line
 
 PROG = "bench_checkpoint"
 CHUNK = 16 << 20
 MIN_DISK_BYTES = 256 << 20
+SMOKE_MODEL = {"hidden": 64, "layers": 2, "vocab": 256}  # the bytes of data/licenses.tok must fit the vocabulary
 POLL_S = 0.1
 
 NUM = r"([0-9.]+(?:[eE][-+]?[0-9]+)?)"
@@ -85,12 +88,6 @@ def hf_config(args):
         "initializer_range": 0.02,
         "torch_dtype": "float32",
     }
-
-
-def parameter_count(c):
-    h, kv = c["hidden_size"], c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"])
-    layer = 2 * h * h + 2 * h * kv + 3 * h * c["intermediate_size"] + 2 * h
-    return 2 * c["vocab_size"] * h + c["num_hidden_layers"] * layer + h
 
 
 def run_toml(model_dir, data, seq_len, world):
@@ -298,7 +295,7 @@ def dcp_worker(args):
     cfg = read_toml(args.run)
     dist.init_process_group("gloo")
     try:
-        model = build_sharded_model(cfg, world)
+        model = build_sharded_model(cfg, world, cfg["model"]["path"], "cpu", None)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
         seq_len = int(cfg["data"]["seq_len"])
         ids = torch.randint(0, model.config.vocab_size, (1, seq_len),
@@ -365,8 +362,8 @@ def bench(args):
     run_file = os.path.join(work, "run.toml")
     with open(run_file, "w") as f:
         f.write(run_toml(model_dir, data, args.seq_len, args.world))
+    _, params, _ = write_initial_model(read_toml(run_file), model_dir)
 
-    params = parameter_count(config)
     share = params * 4 * 3 // args.world  # weights and two AdamW moments, float32
     fs_kind = filesystem_type(work)
     print(f"model: hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
@@ -378,8 +375,9 @@ def bench(args):
 
     rows = {}
     print("disk baseline...", flush=True)
+    # The floor steadies a measurement; a smoke run needs only its code path.
     size, write_s, read_s = disk_baseline(os.path.join(work, "disk-baseline.bin"),
-                                          max(MIN_DISK_BYTES, share))
+                                          share if args.smoke else max(MIN_DISK_BYTES, share))
     rows["disk sequential write"] = (size / write_s / 1e9, size, write_s)
     rows["disk sequential read"] = (size / read_s / 1e9, size, read_s)
 
@@ -439,12 +437,16 @@ def main():
     ap.add_argument("--work", help="work directory (default: a new one under /tmp, removed on success)")
     ap.add_argument("--keep", action="store_true", help="keep the default work directory")
     ap.add_argument("--fsdpp", default="build/fsdpp", help="path to the fsdpp binary (default: %(default)s)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="check the whole benchmark in seconds: a tiny model (" +
+                    ", ".join(f"--{k} {v}" for k, v in SMOKE_MODEL.items()) +
+                    " unless given) and a small disk baseline; its figures mean nothing")
     ap.add_argument("--dcp-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--dcp-dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.error = lambda msg: fail(PROG, msg)
-    args = ap.parse_args()
+    args = parse_args(ap, SMOKE_MODEL)
     try:
         if args.dcp_worker:
             dcp_worker(args)

@@ -7,8 +7,12 @@ import os
 import sys
 import tomllib
 
+import cpu_cap
+
 TOKEN_MAGIC = b"FSDPTOK\x00"
 TOKEN_HEADER_BYTES = 32
+SMOKE_STEPS = 3  # one untimed, two timed
+SMOKE_WARMUP_STEPS = 1
 
 
 class BenchError(Exception):
@@ -116,14 +120,30 @@ def write_initial_model(cfg, out_dir):
     return out_dir, sum(p.numel() for p in model.parameters()), hf_config
 
 
+def parse_args(ap, smoke_defaults):
+    """Parses the command line; under --smoke `smoke_defaults` replace the defaults, so that
+    values given explicitly still win."""
+    args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**smoke_defaults)
+        args = ap.parse_args()
+    return args
+
+
 def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worker, extra_args=()):
-    """The command line both benchmarks share; --torch-worker re-enters as the peer's process."""
+    """The command line both benchmarks share; --torch-worker re-enters as the peer's process.
+
+    `bench` reads the untimed warm-up as args.warmup_steps: --smoke shortens it with the run,
+    so that a smoke run still times steps and checks what a real one checks."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", default="examples/tiny-llama.toml",
                     help="fsdpp TOML config to benchmark (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=steps,
                     help=f"optimiser steps per engine; the first {warmup_steps} are not timed "
                     "(default: %(default)s)")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"check the whole benchmark in seconds: {SMOKE_STEPS} steps unless --steps is given, "
+                    f"{SMOKE_WARMUP_STEPS} of them untimed warm-up; its figures mean nothing")
     ap.add_argument("--threads", type=int, default=threads,
                     help="compute threads per process for both engines (default: %(default)s)")
     ap.add_argument("--fsdpp", default="build/fsdpp", help="path to the fsdpp binary (default: %(default)s)")
@@ -133,7 +153,10 @@ def run_main(prog, description, steps, threads, warmup_steps, bench, torch_worke
     ap.add_argument("--out-dir", help=argparse.SUPPRESS)
     ap.add_argument("--init-dir", help=argparse.SUPPRESS)
     ap.error = lambda msg: fail(prog, msg)
-    args = ap.parse_args()
+    args = parse_args(ap, {"steps": SMOKE_STEPS})
+    args.warmup_steps = SMOKE_WARMUP_STEPS if args.smoke else warmup_steps
+    if not args.torch_worker:
+        cpu_cap.apply(args.fsdpp)  # the peers, started from here, run the kernels fsdpp runs
     try:
         if args.torch_worker:
             if not args.out_dir:

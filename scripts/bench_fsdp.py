@@ -166,14 +166,14 @@ def telling_line(path):
 # ---------------------------------------------------------------- measurement
 
 
-def summarise(path, tokens_per_step):
+def summarise(path, tokens_per_step, warmup_steps):
     records = read_step_records(path)
     if [r["step"] for r in records] != list(range(1, len(records) + 1)):
         raise BenchError(f"{path}: steps are not logged one by one from step 1")
     timed = [b["elapsed_s"] - a["elapsed_s"]
-             for a, b in zip(records, records[1:]) if b["step"] > WARMUP_STEPS]
+             for a, b in zip(records, records[1:]) if b["step"] > warmup_steps]
     if not timed:
-        raise BenchError(f"{path}: no steps after the first {WARMUP_STEPS} to time")
+        raise BenchError(f"{path}: no steps after the first {warmup_steps} to time")
     step_s = statistics.median(timed)
     return {"step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
             "first_loss": records[0]["loss"], "final_loss": records[-1]["loss"],
@@ -262,8 +262,8 @@ def bench(args):
     if not (os.path.isfile(args.fsdpp) and os.access(args.fsdpp, os.X_OK)):
         raise BenchError(f"fsdpp binary {args.fsdpp} not found or not executable; build it first "
                          "or pass --fsdpp")
-    if args.steps <= WARMUP_STEPS + 1:
-        raise BenchError(f"--steps must be greater than {WARMUP_STEPS + 1}")
+    if args.steps <= args.warmup_steps + 1:
+        raise BenchError(f"--steps must be greater than {args.warmup_steps + 1}")
     if not 0 <= args.profile_step <= args.steps:
         raise BenchError(f"--profile-step must be within the {args.steps} steps (0: none)")
     if args.threads < 1:
@@ -289,7 +289,7 @@ def bench(args):
               f"{args.threads} thread(s) per rank, compute in {args.param_dtype or get(cfg, 'model.dtype', 'float32')})...",
               flush=True)
         out_dir, peaks = run(args, tmp, gpu)
-        results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), tokens_per_step)
+        results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), tokens_per_step, args.warmup_steps)
         results[name]["memory"] = peaks
         if args.profile_step:
             trace = os.path.join(out_dir, f"profile-step-{args.profile_step}-rank-0.json")

@@ -30,7 +30,7 @@ def overrides(args, out_dir):
         f"train.out_dir={out_dir}",
         "checkpoint.save_final=false",
         "train.eval_every=0",
-    ]
+    ] + ["train.log_every=1"] * args.smoke  # smoke's one-step warm-up must end on a logged step
 
 
 def parse_value(text):
@@ -57,14 +57,14 @@ def load_config(path, sets):
 # ---------------------------------------------------------------- measurement
 
 
-def summarise(path):
+def summarise(path, warmup_steps):
     records = read_step_records(path)
     # The baseline is the first logged step at or after the warm-up, so engines that log
     # only every few steps are still measured over the same span.
-    base = next((r for r in records if r["step"] >= WARMUP_STEPS), None)
+    base = next((r for r in records if r["step"] >= warmup_steps), None)
     last = records[-1] if records else None
     if base is None or last["step"] <= base["step"]:
-        raise BenchError(f"{path}: need logged steps after step {WARMUP_STEPS} to measure throughput")
+        raise BenchError(f"{path}: need logged steps after step {warmup_steps} to measure throughput")
     seconds = last["elapsed_s"] - base["elapsed_s"]
     if seconds <= 0:
         raise BenchError(f"{path}: elapsed_s does not increase")
@@ -95,8 +95,8 @@ def bench(args):
     if not (os.path.isfile(args.fsdpp) and os.access(args.fsdpp, os.X_OK)):
         raise BenchError(f"fsdpp binary {args.fsdpp} not found or not executable; build it first "
                          "or pass --fsdpp")
-    if args.steps <= WARMUP_STEPS:
-        raise BenchError(f"--steps must be greater than {WARMUP_STEPS}")
+    if args.steps <= args.warmup_steps:
+        raise BenchError(f"--steps must be greater than {args.warmup_steps}")
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="fsdpp-bench-") as tmp:
@@ -112,13 +112,13 @@ def bench(args):
             fsdpp_cmd += ["--set", s]
         torch_cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker",
                      "--config", args.config, "--steps", str(args.steps),
-                     "--threads", str(args.threads), "--out-dir", torch_dir]
+                     "--threads", str(args.threads), "--out-dir", torch_dir] + ["--smoke"] * args.smoke
 
         for name, cmd, out_dir in (("fsdpp", fsdpp_cmd, fsdpp_dir),
                                    ("pytorch", torch_cmd, torch_dir)):
             print(f"running {name} ({args.steps} steps, {args.threads} threads)...", flush=True)
             rss = run_child(name, cmd, os.path.join(tmp, f"{name}.log"))
-            results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"))
+            results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), args.warmup_steps)
             results[name]["rss_mib"] = rss
 
     print()

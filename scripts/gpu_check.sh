@@ -69,7 +69,7 @@ parity() {
   # Each GPU run against the same settings on the CPU. The bound is measured, not chosen: the
   # CPU reference at world 2 differs from it only by the order of its fp32 sums, and a GPU
   # differs from a CPU by the same kind of reordering (other kernels, other blockings).
-  local measured=(--floor-world 2 --floor-factor 10 --reference-set "$cpu" --tested-set "$gpu")
+  local measured=(--dtype float32 --floor-world 2 --floor-factor 10 --reference-set "$cpu" --tested-set "$gpu")
   "$python" tests/fsdp/check_fsdp.py 1 --name gpu "${measured[@]}"
   "$python" tests/fsdp/check_fsdp.py 1 --name gpu-offload "${measured[@]}" --set 'policy.options.offload="cpu"'
   # bf16 compute against bf16 on the CPU, both launched (the fp32 masters are FSDP's).

@@ -26,6 +26,7 @@ struct PolicyRun {
   std::filesystem::path lib_dir;         // where require() looks
   size_t memory_used = 0, memory_cap = 0;
   int64_t instructions_left = 0;
+  std::string budget_error;              // set once the budget is spent: "file:line: ..."
 };
 
 PolicyRun& run_of(lua_State* L);
@@ -59,6 +60,9 @@ int raw_field(lua_State* L, int table, const char* key);
 // pattern, a failing predicate, the instruction budget) comes back as a ScriptError, so it
 // unwinds the binding's C++ frames instead of jumping over them.
 void protected_call(lua_State* L, int nargs, int nresults);
+// lua_pcall's message handler: the error as one line with its file:line (also for error
+// objects that are not strings); the traceback goes to the debug log.
+int message_handler(lua_State* L);
 // The text of a script or library file; UserError naming it when unreadable.
 std::string read_text(const std::filesystem::path& path);
 // "file:line" of the policy code calling the current C function.

@@ -2,6 +2,7 @@
 #include "bindings/lua/lua_internal.h"
 
 #include "core/error.h"
+#include "core/isolated.h"
 #include "core/log.h"
 #include "policy_dir.h"
 
@@ -13,7 +14,6 @@ namespace fsdpp {
 namespace lua {
 lua_State* open_sandbox(PolicyRun& run);
 void lock_globals(lua_State* L);
-int traceback_handler(lua_State* L);
 }  // namespace lua
 
 namespace {
@@ -114,8 +114,11 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
   return path;
 }
 
-Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
-                const PolicyLimits& limits) {
+namespace {
+
+// The evaluation itself, in whichever process calls it.
+Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
+                     const PolicyLimits& limits) {
   PolicyRun run;
   run.model = &model;
   run.context = context;
@@ -135,7 +138,7 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
   push_context(L, run);
   lua_setglobal(L, "ctx");
   lock_globals(L);
-  lua_pushcfunction(L, traceback_handler);
+  lua_pushcfunction(L, message_handler);
   const int handler = lua_gettop(L);
   int status = luaL_loadbufferx(L, source.data(), source.size(), chunk_name(script).c_str(), "t");
   if (status == LUA_OK) status = lua_pcall(L, 0, 0, handler);
@@ -146,8 +149,29 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
         : lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
     throw UserError("policy error: " + message);
   }
-  for (const auto& w : run.plan.warnings) log_warn(w);
   return std::move(run.plan);
+}
+
+}  // namespace
+
+Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
+                const PolicyLimits& limits) {
+  const auto result = run_isolated(
+      [&] { return serialize_plan(evaluate_policy(script, model, context, limits)); }, limits.deadline);
+  const std::string where = "policy error: " + script.string() + ": ";
+  switch (result.end) {
+    case IsolatedResult::End::finished: break;
+    case IsolatedResult::End::failed: throw UserError(result.output);
+    case IsolatedResult::End::timed_out:
+      throw UserError(where + concat("still running after ", limits.deadline.count() / 1000.0,
+                                     " s, its deadline (a pattern match or loop that does not end?)"));
+    case IsolatedResult::End::died:
+      throw UserError(where + "its evaluation ended without a plan" +
+                      (result.signal ? " (signal " + std::to_string(result.signal) + ")" : std::string()));
+  }
+  Plan plan = deserialize_plan(result.output);
+  for (const auto& w : plan.warnings) log_warn(w);
+  return plan;
 }
 
 }  // namespace fsdpp

@@ -1,12 +1,15 @@
 // Running a wrap policy: a sandboxed Lua 5.4 script that reads the model tree and declares
 // FSDP units. The rest of the engine sees only this header: a Plan comes out, and every Lua
-// failure is a UserError carrying the script's file:line and a traceback.
+// failure is a one-line UserError carrying the script's file:line (the traceback goes to the
+// debug log). The script runs in a child process, so nothing it does, hanging inside a C
+// routine or crashing, reaches the engine.
 #pragma once
 
 #include "core/config_file.h"
 #include "fsdp/plan.h"
 #include "models/causal_lm.h"
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -35,6 +38,7 @@ struct PolicyContext {
 struct PolicyLimits {
   int64_t instructions = 50'000'000;  // Lua VM instructions before the script is stopped
   size_t memory_bytes = 64u << 20;    // heap the script may hold
+  std::chrono::milliseconds deadline{20'000};  // wall clock for the whole evaluation, C code included
 };
 
 // The script for `config.name`: a path when it names an existing .lua file, else

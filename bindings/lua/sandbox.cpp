@@ -1,11 +1,16 @@
-// The policy sandbox: base, string, table and math only, a clock, a load that refuses
-// bytecode, require confined to policies/lib, locked globals, an instruction budget and a
-// memory cap. Errors carry file:line and a traceback.
+// The policy sandbox: an allow-list of the base library with string, table and math, a
+// clock, a load that refuses bytecode, require confined to policies/lib; read-only globals
+// and library tables behind protected metatables; an instruction budget that no pcall can
+// swallow once spent, no finalizers, and a memory cap. (The wall-clock deadline is the
+// caller's: policy.cpp runs the whole evaluation in a child process.) Every error is one
+// line with the script's file:line; the traceback goes to the debug log.
 #include "bindings/lua/lua_internal.h"
 #include "core/config_file.h"
+#include "core/log.h"
 
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace fsdpp::lua {
@@ -14,6 +19,15 @@ namespace {
 
 constexpr int kHookEvery = 1000;  // instructions between budget checks
 
+// What a policy may use of the base library; the rest (rawset, collectgarbage, dofile,
+// loadfile, print, ...) is not there. pcall, xpcall, setmetatable, load and require are the
+// sandbox's own.
+const std::set<std::string> kBaseAllowed = {"assert", "error",  "getmetatable", "ipairs",   "next",
+                                            "pairs",  "rawequal", "rawget",     "rawlen",   "select",
+                                            "tonumber", "tostring", "type",     "_VERSION", "_G",
+                                            "string", "table",  "math"};
+
+bool budget_spent(lua_State* L) { return !run_of(L).budget_error.empty(); }
 void* capped_alloc(void* ud, void* ptr, size_t old_size, size_t new_size) {
   auto* run = static_cast<PolicyRun*>(ud);
   if (ptr == nullptr) old_size = 0;  // for new blocks Lua passes the object type here
@@ -33,9 +47,12 @@ void budget_hook(lua_State* L, lua_Debug*) {
   run.instructions_left -= kHookEvery;
   if (run.instructions_left < 0) {
     // Inside a hook the running function is level 0, which luaL_error would skip.
-    luaL_where(L, 0);
-    lua_pushstring(L, "policy exceeded its instruction budget (an endless loop?)");
-    lua_concat(L, 2);
+    if (run.budget_error.empty()) {
+      luaL_where(L, 0);
+      run.budget_error = std::string(lua_tostring(L, -1)) + "policy exceeded its instruction budget (an endless loop?)";
+      lua_pop(L, 1);
+    }
+    lua_pushstring(L, run.budget_error.c_str());
     lua_error(L);
   }
 }
@@ -89,12 +106,104 @@ int api_require(lua_State* L) {
   return 1;
 }
 
-int locked_newindex(lua_State* L) {
-  return luaL_error(L, "assignment to undeclared global '%s' (use local)", luaL_tolstring(L, 2, nullptr));
+// pcall and xpcall that catch a policy's errors but not the end of its budget: once spent,
+// the error goes on up, so `while true do pcall(loop) end` stops too.
+int finish_pcall(lua_State* L, int status, int first_result) {
+  if (status != LUA_OK && budget_spent(L)) {
+    lua_pushstring(L, run_of(L).budget_error.c_str());  // not what a handler made of it
+    return lua_error(L);
+  }
+  lua_pushboolean(L, status == LUA_OK);
+  lua_insert(L, first_result);
+  return lua_gettop(L) - first_result + 1;
 }
 
-int locked_index(lua_State* L) {
-  return luaL_error(L, "undefined global '%s'", luaL_tolstring(L, 2, nullptr));
+int api_pcall(lua_State* L) {
+  luaL_checkany(L, 1);
+  return finish_pcall(L, lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0), 1);
+}
+
+int api_xpcall(lua_State* L) {
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_pushvalue(L, 1);  // [f, handler, args..., f] -> [handler, f, args...]
+  lua_pushvalue(L, 2);
+  lua_replace(L, 1);
+  lua_replace(L, 2);
+  return finish_pcall(L, lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 1), 2);
+}
+
+// setmetatable without finalizers: a __gc would run when the collector chooses, where the
+// budget does not reach (Lua runs finalizers with hooks off), or when the state closes.
+int api_setmetatable(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  const int type = lua_type(L, 2);
+  luaL_argexpected(L, type == LUA_TNIL || type == LUA_TTABLE, 2, "nil or table");
+  if (type == LUA_TTABLE && raw_field(L, 2, "__gc") != LUA_TNIL) {
+    return luaL_error(L, "setmetatable: __gc finalizers are not allowed in a policy");
+  }
+  lua_settop(L, 2);
+  if (luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL) return luaL_error(L, "cannot change a protected metatable");
+  lua_setmetatable(L, 1);
+  return 1;
+}
+
+// The read-only view of a table: reads reach it, writes fail, pairs walks it, and its
+// metatable is protected. Upvalue 1 is the table, upvalue 2 its name in messages.
+int read_only_index(lua_State* L) {
+  lua_pushvalue(L, 2);
+  if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TNIL && lua_toboolean(L, lua_upvalueindex(3))) {
+    return luaL_error(L, "undefined global '%s'", luaL_tolstring(L, 2, nullptr));
+  }
+  return 1;
+}
+
+int read_only_newindex(lua_State* L) {
+  const char* key = luaL_tolstring(L, 2, nullptr);
+  if (lua_toboolean(L, lua_upvalueindex(3))) {
+    lua_pushvalue(L, 2);
+    return lua_rawget(L, lua_upvalueindex(1)) == LUA_TNIL
+               ? luaL_error(L, "assignment to undeclared global '%s' (use local)", key)
+               : luaL_error(L, "assignment to global '%s': globals are read-only (use local)", key);
+  }
+  return luaL_error(L, "%s.%s is read-only", lua_tostring(L, lua_upvalueindex(2)), key);
+}
+
+int read_only_pairs(lua_State* L) {
+  lua_getglobal(L, "next");
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_pushnil(L);
+  return 3;
+}
+
+// Replaces the table on top of the stack by its read-only view; `globals` makes reads of
+// missing names an error too.
+void push_read_only(lua_State* L, const char* name, bool globals) {
+  const int table = lua_gettop(L);
+  lua_newtable(L);  // the view
+  lua_newtable(L);  // its metatable
+  for (auto [event, function] : {std::pair<const char*, lua_CFunction>{"__index", read_only_index},
+                                 {"__newindex", read_only_newindex}, {"__pairs", read_only_pairs}}) {
+    lua_pushvalue(L, table);
+    lua_pushstring(L, name);
+    lua_pushboolean(L, globals);
+    lua_pushcclosure(L, function, 3);
+    lua_setfield(L, -2, event);
+  }
+  lua_pushliteral(L, "locked");
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+  lua_replace(L, table);
+}
+
+// The first frame with a line: where a non-string error object was raised.
+std::string error_location(lua_State* L) {
+  lua_Debug ar;
+  for (int level = 1; lua_getstack(L, level, &ar) != 0; ++level) {
+    if (lua_getinfo(L, "Sl", &ar) != 0 && ar.currentline > 0) {
+      return std::string(ar.short_src) + ":" + std::to_string(ar.currentline) + ": ";
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -126,9 +235,13 @@ int raw_field(lua_State* L, int table, const char* key) {
 }
 
 void protected_call(lua_State* L, int nargs, int nresults) {
-  if (lua_pcall(L, nargs, nresults, 0) == LUA_OK) return;
-  const char* message = lua_tostring(L, -1);
-  std::string text = message ? message : "(error object is not a string)";
+  const int function = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, message_handler);
+  lua_insert(L, function);
+  const int status = lua_pcall(L, nargs, nresults, function);
+  lua_remove(L, function);
+  if (status == LUA_OK) return;
+  std::string text = lua_tostring(L, -1);
   lua_pop(L, 1);
   throw ScriptError(text);
 }
@@ -165,9 +278,18 @@ lua_State* open_sandbox(PolicyRun& run) {
   luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
   lua_pop(L, 4);
   lua_pushglobaltable(L);
-  for (const char* unsafe : {"dofile", "loadfile", "collectgarbage", "print"}) {
+  std::vector<std::string> dropped;
+  for (lua_pushnil(L); lua_next(L, -2) != 0; lua_pop(L, 1)) {
+    if (lua_type(L, -2) == LUA_TSTRING && !kBaseAllowed.count(lua_tostring(L, -2))) dropped.push_back(lua_tostring(L, -2));
+  }
+  for (const auto& name : dropped) {
     lua_pushnil(L);
-    lua_setfield(L, -2, unsafe);
+    lua_setfield(L, -2, name.c_str());
+  }
+  for (auto [name, function] : {std::pair<const char*, lua_CFunction>{"pcall", api_pcall}, {"xpcall", api_xpcall},
+                                {"setmetatable", api_setmetatable}}) {
+    lua_pushcfunction(L, function);
+    lua_setfield(L, -2, name);
   }
   lua_getfield(L, -1, "string");
   lua_pushnil(L);
@@ -197,18 +319,38 @@ lua_State* open_sandbox(PolicyRun& run) {
 
 void lock_globals(lua_State* L) {
   lua_pushglobaltable(L);
-  lua_newtable(L);
-  lua_pushcfunction(L, locked_newindex);
-  lua_setfield(L, -2, "__newindex");
-  lua_pushcfunction(L, locked_index);
-  lua_setfield(L, -2, "__index");
-  lua_setmetatable(L, -2);
+  const int globals = lua_gettop(L);
+  for (const char* library : {"string", "table", "math", "os"}) {
+    lua_getfield(L, globals, library);
+    push_read_only(L, library, false);
+    lua_setfield(L, globals, library);
+  }
+  // Strings index the real string table through their metatable, which a policy can no
+  // longer reach: getmetatable("") answers "locked".
+  lua_pushliteral(L, "");
+  lua_getmetatable(L, -1);
+  lua_pushliteral(L, "locked");
+  lua_setfield(L, -2, "__metatable");
+  lua_pop(L, 2);
+  // Every chunk loaded from here on (the policy, require, load) sees the read-only view.
+  lua_pushvalue(L, globals);
+  push_read_only(L, "_G", true);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, globals, "_G");
+  lua_rawseti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
   lua_pop(L, 1);
 }
 
-int traceback_handler(lua_State* L) {
-  const char* message = lua_tostring(L, 1);
-  luaL_traceback(L, L, message ? message : "(error object is not a string)", 1);
+int message_handler(lua_State* L) {
+  std::string message;
+  if (lua_type(L, 1) == LUA_TSTRING || lua_type(L, 1) == LUA_TNUMBER) {
+    message = lua_tostring(L, 1);
+  } else {
+    message = error_location(L) + "error raised with a " + luaL_typename(L, 1) + " value (error messages are strings)";
+  }
+  luaL_traceback(L, L, message.c_str(), 1);
+  log_line(LogLevel::debug, lua_tostring(L, -1));
+  lua_pushstring(L, message.substr(0, message.find('\n')).c_str());
   return 1;
 }
 

@@ -1,6 +1,7 @@
 // The fsdpp command line: `train` and `eval` over a TOML run file. Every user error is one
 // line on stderr and exit status 2; an engine fault is one line and status 1.
 #include "bindings/lua/policy.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
@@ -38,15 +39,18 @@ commands:
                  run COMMAND (e.g. train CONFIG) as several ranks of one job
   export CHECKPOINT OUT
                  write a sharded checkpoint's model as a Hugging Face directory
+  probe          the oneDNN cap this CPU needs for bf16 products, as VAR=VALUE (nothing
+                 when it needs none), for other programs sharing the machine's kernels
 
 `fsdpp <command> --help` describes a command's options.
 )";
 
-constexpr const char* kTrainHelp = R"(usage: fsdpp train CONFIG [--set section.key=value ...]
+constexpr const char* kTrainHelp = R"(usage: fsdpp train CONFIG [--set section.key=value ...] [--verbose]
 
 Trains the model described by CONFIG (sections [model] [data] [optimizer] [scheduler]
 [train] [checkpoint] [metrics]; see examples/tiny-llama.toml). Each --set overrides one key,
-its value read as TOML (a bare word is taken as a string).
+its value read as TOML (a bare word is taken as a string). --verbose adds debug lines, such
+as the Lua traceback of a policy error.
 )";
 
 constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [--max-windows N] [--json]
@@ -71,12 +75,14 @@ group and holds one full tensor at a time; every file's checksum is verified fir
 )";
 
 constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
+                  [--verbose]
 
 Builds the model of CONFIG on the meta device (no memory), runs its wrap policy ([policy]
 name, default the model_type's own, with [policy.options]) for a simulated world of N ranks
 (default 1), validates the plan and prints the unit tree: modules, parameters and options
 per unit, the mesh, and per-rank memory (sharded parameters, gradients, optimizer state,
-the largest gathered unit). No process group, no GPU.
+the largest gathered unit). No process group, no GPU. --verbose adds a policy error's Lua
+traceback.
 )";
 
 constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R]
@@ -99,6 +105,7 @@ struct Args {
   int world = 1;
   bool json = false;
   bool help = false;
+  bool verbose = false;
 };
 
 Args parse_args(const std::string& command, int argc, char** argv) {
@@ -111,6 +118,8 @@ Args parse_args(const std::string& command, int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       args.help = true;
+    } else if (a == "--verbose") {
+      args.verbose = true;
     } else if (a == "--set") {
       args.overrides.push_back(value(i, a));
     } else if (a.starts_with("--set=")) {
@@ -267,6 +276,12 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return command.empty() ? 2 : 0;
     }
+    if (command == "probe") {
+      if (const auto cap = needed_onednn_cap()) std::cout << kOnednnIsaVariable << "=" << *cap << "\n";
+      return 0;
+    }
+    // Before any kernel runs: the commands that compute settle which CPU kernels they may use.
+    if (command == "train" || command == "eval" || command == "launch") settle_cpu_kernels(argv);
     if (command == "launch") {
       std::vector<std::string> rest(argv + 2, argv + argc);
       if (!rest.empty() && (rest[0] == "--help" || rest[0] == "-h")) {
@@ -285,13 +300,15 @@ int main(int argc, char** argv) {
       return run_export(rest);
     }
     if (command != "train" && command != "eval" && command != "plan") {
-      throw UserError("unknown command '" + command + "' (commands: train, eval, plan, launch, export; see fsdpp --help)");
+      throw UserError("unknown command '" + command +
+                      "' (commands: train, eval, plan, launch, export, probe; see fsdpp --help)");
     }
     const Args args = parse_args(command, argc, argv);
     if (args.help) {
       std::cout << (command == "train" ? kTrainHelp : command == "eval" ? kEvalHelp : kPlanHelp);
       return 0;
     }
+    set_log_verbose(args.verbose);
     if (command == "plan") return run_plan(args);
     return command == "train" ? run_train(args) : run_eval(args);
   } catch (const UserError& e) {

@@ -7,13 +7,21 @@ namespace fsdpp {
 
 at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "float64" || name == "fp64") return at::kDouble;
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
   if (name == "float16" || name == "fp16") return at::kHalf;
-  throw UserError("dtype '" + name + "' is not one of float32, bfloat16, float16");
+  throw UserError("dtype '" + name + "' is not one of float32, float64, bfloat16, float16");
 }
 
 std::string dtype_name(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  switch (dtype) {
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
 }
+
+at::ScalarType master_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
 }  // namespace fsdpp

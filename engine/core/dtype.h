@@ -7,9 +7,13 @@
 
 namespace fsdpp {
 
-// "float32"/"fp32", "bfloat16"/"bf16", "float16"/"fp16"; UserError for anything else.
+// "float32"/"fp32", "float64"/"fp64", "bfloat16"/"bf16", "float16"/"fp16"; UserError for
+// anything else.
 at::ScalarType parse_dtype(const std::string& name);
-// The long name: "float32", "bfloat16", "float16".
+// The long name: "float32", "float64", "bfloat16", "float16".
 std::string dtype_name(at::ScalarType dtype);
+// The dtype master shards, optimizer state and reductions keep for parameters of `dtype`:
+// float32, or float64 for a float64 model (whose runs are then exact to float64 rounding).
+at::ScalarType master_dtype(at::ScalarType dtype);
 
 }  // namespace fsdpp

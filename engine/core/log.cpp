@@ -24,6 +24,8 @@ void set_log_rank(int rank) {
                                  : "%H:%M:%S [rank " + std::to_string(rank) + "] %^%l%$ %v");
 }
 
+void set_log_verbose(bool verbose) { logger().set_level(verbose ? spdlog::level::debug : spdlog::level::info); }
+
 void log_line(LogLevel level, const std::string& message) {
   switch (level) {
     case LogLevel::debug: logger().debug(message); break;

@@ -12,6 +12,8 @@ enum class LogLevel { debug, info, warn, error };
 void log_line(LogLevel level, const std::string& message);
 // Routes log lines to stderr with a rank prefix once ranks exist; -1 means none.
 void set_log_rank(int rank);
+// Debug lines (a policy error's traceback) are written only when verbose.
+void set_log_verbose(bool verbose);
 
 template <class... Parts>
 std::string concat(const Parts&... parts) {

@@ -59,7 +59,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
       tensors.push_back(p.module->named_parameters(/*recurse=*/false)[p.local]);
       flat_numel += ShardShape(tensors.back().sizes(), world).shard_numel();
     }
-    at::Tensor masters = at::zeros({flat_numel}, master.dtype(at::kFloat));
+    at::Tensor masters = at::zeros({flat_numel}, master.dtype(master_dtype(tensors.front().scalar_type())));
     std::vector<ShardedParam> params;
     int64_t offset = 0;
     for (size_t i = 0; i < unit.params.size(); ++i) {

@@ -66,7 +66,7 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
   }
 
   std::map<std::string, std::string> wrapped;  // module path -> unit origin
-  for (const auto& unit : plan.units) {
+  for (auto& unit : plan.units) {
     if (unit.modules.empty()) throw UserError(where(unit) + ": wrap of an empty module list");
     for (const auto& path : unit.modules) {
       if (!by_path.count(path)) throw UserError(where(unit) + ": no module at path '" + path + "'");
@@ -77,6 +77,7 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
       }
     }
     check_dtype(unit, "precision.param", unit.param_dtype, true);
+    if (unit.reduce_dtype.empty()) unit.reduce_dtype = dtype_name(master_dtype(model_dtype));
     check_dtype(unit, "precision.reduce", unit.reduce_dtype, false);
     check_dtype(unit, "precision.output", unit.output_dtype, true);
     if (unit.offload != "none" && unit.offload != "cpu") {
@@ -172,6 +173,15 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
       << mib(plan.largest_gathered_bytes) << "\n";
   return out.str();
 }
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MeshShape, replicate, shard)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(UnitPlan, modules, reshard_after_forward, reshard_to, param_dtype, reduce_dtype,
+                                   output_dtype, offload, activation_checkpoint, mesh, origin)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Plan, units, warnings)
+
+std::string serialize_plan(const Plan& plan) { return nlohmann::json(plan).dump(); }
+
+Plan deserialize_plan(const std::string& text) { return nlohmann::json::parse(text).get<Plan>(); }
 
 std::string plan_json(const ResolvedPlan& plan, int world) {
   nlohmann::json units = nlohmann::json::array();

@@ -22,7 +22,7 @@ struct UnitPlan {
   int reshard_to = 0;                     // reshard_after_forward = k: keep 1/k after forward, so
                                           // backward gathers over k ranks; 0: as the bool says
   std::string param_dtype;                // "" keeps the model's dtype
-  std::string reduce_dtype = "float32";   // gradient reduction
+  std::string reduce_dtype;               // gradient reduction; "" is the masters' (float32, or float64)
   std::string output_dtype;               // "" leaves outputs as computed
   std::string offload = "none";           // "none" or "cpu"
   bool activation_checkpoint = false;
@@ -69,5 +69,9 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
 // The unit tree and per-rank memory as text, or as JSON.
 std::string format_plan(const ResolvedPlan& plan, int world);
 std::string plan_json(const ResolvedPlan& plan, int world);
+// A declared plan as text and back, every field kept: how a policy evaluated in another
+// process hands its plan over.
+std::string serialize_plan(const Plan& plan);
+Plan deserialize_plan(const std::string& text);
 
 }  // namespace fsdpp

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 
+#include "core/dtype.h"
 #include "core/module.h"
 
 namespace fsdpp {
@@ -43,13 +44,14 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
   first_row = std::min<int64_t>(rows, padded_rows * rank);
   owned_rows = std::min<int64_t>(rows, first_row + padded_rows) - first_row;
   at::NoGradGuard no_grad;
-  // The master shard is fp32 whatever the parameter's dtype.
+  // The master shard is fp32 whatever the parameter's dtype (fp64 for an fp64 one).
+  const auto dtype = master_dtype(param.scalar_type());
   if (slot.defined()) {
-    TORCH_CHECK(slot.scalar_type() == at::kFloat && slot.numel() == shard_numel(), "parameter ", name,
-                ": a master slot of ", slot.numel(), " ", slot.scalar_type(), " elements for a shard of ", shard_numel());
+    TORCH_CHECK(slot.scalar_type() == dtype && slot.numel() == shard_numel(), "parameter ", name, ": a master slot of ",
+                slot.numel(), " ", slot.scalar_type(), " elements for a shard of ", shard_numel(), " ", dtype);
     local = slot;
   } else {
-    local = at::zeros({shard_numel()}, at::kFloat);
+    local = at::zeros({shard_numel()}, dtype);
   }
   // A scalar is stored as one row.
   std::vector<int64_t> owned_shape(param.sizes().begin(), param.sizes().end());

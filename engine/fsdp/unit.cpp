@@ -283,7 +283,7 @@ void FsdpUnit::accumulate_reduced() {
   for (auto& p : params_) {
     // A view of this backward's fresh buffer (a new tensor when the reduction ran in
     // another dtype or the masters live elsewhere), so a first gradient needs no copy.
-    at::Tensor shard = reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(at::kFloat);
+    at::Tensor shard = reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(p.owned.scalar_type());
     if (shard.device() == p.owned.device()) {
       if (p.owned.grad().defined()) {
         p.owned.mutable_grad().add_(shard);

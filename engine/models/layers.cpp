@@ -1,5 +1,6 @@
 // Leaf modules. Numerics follow Hugging Face's implementations step for step (RMSNorm in
-// float32, RoPE tables in float32) so logits match transformers to rounding.
+// float32, RoPE tables in float32) so logits match transformers to rounding; a float64
+// model normalises in float64.
 #include "models/layers.h"
 
 #include <ATen/ATen.h>
@@ -61,10 +62,10 @@ torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
   // On a GPU, ATen's fused kernel: one pass each way instead of the six memory-bound passes
   // below. It rounds once to x's dtype where transformers rounds before and after the weight.
   if (x.is_cuda() && x.scalar_type() == weight.scalar_type()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
-  auto x32 = x.to(torch::kFloat32);
-  auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  x32 = x32 * at::rsqrt(variance + eps);
-  return weight * x32.to(x.scalar_type());
+  auto wide = x.to(at::promote_types(x.scalar_type(), torch::kFloat32));  // float64 stays float64
+  auto variance = wide.pow(2).mean(-1, /*keepdim=*/true);
+  wide = wide * at::rsqrt(variance + eps);
+  return weight * wide.to(x.scalar_type());
 }
 
 void RMSNorm::init_parameter(const std::string&, torch::Tensor& t, at::Generator&, double) {

@@ -11,7 +11,9 @@ namespace fsdpp {
 
 at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t vocab = logits.size(-1);
-  return at::cross_entropy_loss(logits.reshape({-1, vocab}).to(at::kFloat), targets.reshape({-1}),
+  // At least float32; a float64 model's loss stays float64.
+  const auto dtype = at::promote_types(logits.scalar_type(), at::kFloat);
+  return at::cross_entropy_loss(logits.reshape({-1, vocab}).to(dtype), targets.reshape({-1}),
                                 /*weight=*/{}, at::Reduction::Sum);
 }
 

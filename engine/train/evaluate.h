@@ -8,7 +8,8 @@
 
 namespace fsdpp {
 
-// Summed cross entropy, in float32, of logits [B, T, V] against targets [B, T].
+// Summed cross entropy, in float32 (float64 for float64 logits), of logits [B, T, V] against
+// targets [B, T].
 at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets);
 
 struct EvalResult {

@@ -17,7 +17,7 @@ class ShardedCheckpoint;
 
 struct ModelSourceConfig {
   std::string path;               // HF model directory, sharded checkpoint, or a config.json for a fresh model
-  std::string dtype = "float32";  // parameter dtype: float32, bfloat16, float16
+  std::string dtype = "float32";  // parameter dtype: float32, float64, bfloat16, float16
   uint64_t init_seed = 0;         // seed of a fresh model's initialisation
 
   static ModelSourceConfig from_section(ConfigSection& section);

@@ -9,8 +9,8 @@
 --   activation_checkpoint layers recompute forward in backward (default false)
 --   offload               "cpu" or "none"
 --   param_dtype           gather and compute dtype (default: the model's [model] dtype);
---                         master shards stay float32
---   reduce_dtype          gradient reduction dtype (default float32)
+--                         master shards stay float32 (float64 for a float64 model)
+--   reduce_dtype          gradient reduction dtype (default: the master shards')
 --   vision_tower          "shard": each vision block its own unit (default); "root": the
 --                         vision blocks stay in the root unit; "replicate": the whole tower
 --                         one unit, unsharded on every rank, its gradients all-reduced
@@ -29,7 +29,7 @@ function M.unit_options(extra)
   local opts = {
     mesh = mesh{shard = option("shard_size", -1), replicate = option("replicate", nil)},
     offload = offload(option("offload", "none")),
-    precision = precision{param = option("param_dtype", nil), reduce = option("reduce_dtype", "float32")},
+    precision = precision{param = option("param_dtype", nil), reduce = option("reduce_dtype", nil)},
   }
   for key, value in pairs(extra or {}) do opts[key] = value end
   return opts

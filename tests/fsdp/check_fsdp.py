@@ -1,14 +1,15 @@
 """FSDP on N ranks must train like one process: the same run (tests/assets/fsdp-llama.toml)
 as a single plain process and through `fsdpp launch` at several world sizes must give the
-same loss at every step and the same final weights, within 1e-5 relative (of each tensor's
-largest magnitude). Usage: check_fsdp.py WORLD... [--set KEY=VALUE ...]
+same loss at every step and the same final weights. By default the model is float64 and the
+bound is compare.FLOAT64_BOUND (1e-10 relative, of each tensor's largest magnitude).
+Usage: check_fsdp.py WORLD... [--set KEY=VALUE ...] [--dtype D]
 [--reference-world N --tolerance T]: a reference run through the launcher at world N (for
-mixed precision, whose fp32 master shards a plain process does not keep) and a tolerance.
+mixed precision, whose master shards a plain process does not keep) and a tolerance.
 [--tested-set KEY=VALUE ...] / [--reference-set KEY=VALUE ...]: settings of the runs under
 test only, or of the reference only, e.g. a GPU device against a reference on the CPU.
 [--floor-world N --floor-factor F]: instead of fixed tolerances, measure the rounding noise
 floor first, as the gap between the reference and the same settings at world N (which
-only reorders fp32 sums), and allow F times that gap (at least F float32 epsilons)."""
+only reorders sums), and allow F times that gap (at least F float32 epsilons)."""
 import argparse
 import json
 import os
@@ -19,7 +20,7 @@ import sys
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from compare import max_relative, weight_difference  # noqa: E402
+from compare import FLOAT64_BOUND, max_relative, weight_difference  # noqa: E402
 
 FSDPP = os.environ["FSDPP"]
 WORK = os.environ["WORK"]
@@ -36,7 +37,7 @@ def run(out_dir, world, sets):
     records = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
     losses = [r["loss"] for r in records if "loss" in r]
     eval_losses = [r["eval_loss"] for r in records if "eval_loss" in r]
-    weights = {k: v.float() for k, v in load_file(os.path.join(out_dir, "model", "model.safetensors")).items()}
+    weights = {k: v.double() for k, v in load_file(os.path.join(out_dir, "model", "model.safetensors")).items()}
     return losses, eval_losses, weights
 
 
@@ -48,12 +49,18 @@ def main():
     ap.add_argument("--reference-set", action="append", default=[], dest="reference_sets")
     ap.add_argument("--name", default="default")
     ap.add_argument("--reference-world", type=int, default=0, help="0: a plain process")
-    ap.add_argument("--tolerance", type=float, default=1e-5)
+    ap.add_argument("--dtype", default="float64", help="[model] dtype of every run (default: %(default)s)")
+    ap.add_argument("--tolerance", type=float, help=f"default: {FLOAT64_BOUND:g} in float64")
     ap.add_argument("--weight-tolerance", type=float, help="weights by ||a - b|| / ||b|| instead of max-abs")
     ap.add_argument("--weights-by-norm", action="store_true", help="weights by ||a - b|| / ||b|| instead of max-abs")
     ap.add_argument("--floor-world", type=int, help="measure the noise floor at this world with the reference settings")
     ap.add_argument("--floor-factor", type=float, default=10.0)
     args = ap.parse_args()
+    if args.tolerance is None and args.floor_world is None:
+        if args.dtype != "float64":
+            ap.error(f"--dtype {args.dtype} needs --tolerance or --floor-world")
+        args.tolerance = FLOAT64_BOUND
+    args.sets.insert(0, f'model.dtype="{args.dtype}"')
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     base = os.path.join(WORK, "fsdp", args.name)
     ref_losses, ref_evals, ref_weights = run(os.path.join(base, "single"), args.reference_world,

@@ -14,6 +14,12 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import cpu_cap  # noqa: E402
+
+cpu_cap.apply()  # before any torch kernel runs
+
 FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "export")
 CONFIG = "tests/assets/fsdp-llama.toml"

@@ -16,6 +16,10 @@ import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from compare import max_relative  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import cpu_cap  # noqa: E402
+
+cpu_cap.apply()  # before any torch kernel runs
 
 FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "sliced-load")

@@ -12,6 +12,12 @@ import tempfile
 import torch
 import transformers
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import cpu_cap  # noqa: E402
+
+cpu_cap.apply()  # before any torch kernel runs
+
 FSDPP = os.environ["FSDPP"]
 FIXTURES = os.environ["FIXTURES"]
 SEQ_LEN = 12

@@ -11,6 +11,12 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import cpu_cap  # noqa: E402
+
+cpu_cap.apply()  # before any torch kernel runs
+
 # Odd sizes on purpose: powers of two hide indexing and stride mistakes.
 COMMON = dict(
     vocab_size=101,

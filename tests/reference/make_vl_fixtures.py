@@ -4,10 +4,17 @@
 #   .venv/bin/python tests/reference/make_vl_fixtures.py OUTDIR
 import argparse
 import os
+import sys
 
 import torch
 from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import cpu_cap  # noqa: E402
+
+cpu_cap.apply()  # before any torch kernel runs
 
 IMAGE, VIDEO, START, END = 290, 291, 292, 293
 MERGE, PATCH, FRAMES, CHANNELS = 2, 4, 2, 3

@@ -1,0 +1,32 @@
+// Keeping the CPU's matrix kernels to ones that run. oneDNN picks AMX tile kernels for bf16
+// products wherever the CPU advertises AMX, and on hosts that advertise it without enabling
+// it (a hypervisor that leaves the tile state off) the first tile instruction faults with
+// SIGILL, whichever thread runs it. Probing single instructions does not catch this; running
+// the real kernel does. oneDNN reads its ISA cap once, so the cap goes into the environment
+// and the process starts again with it before any of its kernels has run.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace fsdpp {
+
+// The environment variable oneDNN caps its instruction set with, and the cap below AMX.
+inline constexpr const char* kOnednnIsaVariable = "ONEDNN_MAX_CPU_ISA";
+inline constexpr const char* kOnednnIsaBelowAmx = "AVX512_CORE_BF16";
+
+// Whether /proc/cpuinfo lists an AMX feature (amx_tile, amx_bf16).
+bool cpu_advertises_amx();
+// Runs one small bf16 product in a forked child: true when it finished, false when the
+// child died. FSDPP_CPU_PROBE=fail makes it report a fault (tests of the fallback).
+bool bf16_products_run();
+// The cap this process needs: ONEDNN_MAX_CPU_ISA's value when the CPU advertises AMX (or a
+// fault is forced) and a bf16 product dies, nothing otherwise or when the environment
+// already sets a cap. Costs a read of /proc/cpuinfo where nothing advertises AMX.
+std::optional<std::string> needed_onednn_cap();
+// Settles the cap before any kernel runs, once per process tree: when one is needed, logs
+// one warning, sets it and re-executes `argv` (this function then does not return). A
+// process it has checked marks the environment, so launched ranks inherit the answer.
+void settle_cpu_kernels(char** argv);
+
+}  // namespace fsdpp

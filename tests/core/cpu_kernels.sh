@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Where a bf16 product faults (forced here with FSDPP_CPU_PROBE=fail, as on a CPU that
+# advertises AMX without enabling it), the engine caps oneDNN below AMX, says so in one
+# warning, and bf16 trains: one process, and two launched ranks that inherit the answer.
+# `fsdpp probe` tells other programs the same cap. A cap set by the user is left alone.
+set -euo pipefail
+: "${FSDPP:?}" "${WORK:?}"
+bash scripts/make_corpus.sh >/dev/null
+out="$WORK/cpu-kernels"
+rm -rf "$out"
+mkdir -p "$out"
+run=(train examples/tiny-llama.toml --set train.steps=3 --set train.threads=1 --set 'model.dtype="bfloat16"'
+     --set checkpoint.save_final=false --set metrics.progress=never --set train.eval_every=0)
+
+check() {  # NAME LOG: the run trained 3 steps and warned once
+  local steps warnings
+  steps=$(grep -c '"loss"' "$out/$1/metrics.jsonl")
+  warnings=$(grep -c "oneDNN is capped at AVX512_CORE_BF16" "$2" || true)
+  [ "$steps" = 3 ] && [ "$warnings" = 1 ] || { echo "FAIL $1: $steps steps, $warnings warnings" >&2; cat "$2" >&2; exit 1; }
+  echo "ok   $1: a forced bf16 fault capped oneDNN with one warning, and bf16 trained 3 steps"
+}
+
+FSDPP_CPU_PROBE=fail "$FSDPP" "${run[@]}" --set "train.out_dir=\"$out/one\"" 2>"$out/one.log"
+check one "$out/one.log"
+FSDPP_CPU_PROBE=fail "$FSDPP" launch --nproc-per-node 2 -- "${run[@]}" --set "train.out_dir=\"$out/two\"" 2>"$out/two.log"
+check two "$out/two.log"
+
+[ "$(FSDPP_CPU_PROBE=fail "$FSDPP" probe)" = "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16" ] || { echo "FAIL: probe" >&2; exit 1; }
+[ -z "$(FSDPP_CPU_PROBE=fail ONEDNN_MAX_CPU_ISA=AVX2 "$FSDPP" probe)" ] || { echo "FAIL: probe over a user's cap" >&2; exit 1; }
+echo "ok   probe: prints the cap when needed, nothing over a cap the user set"
