@@ -63,8 +63,6 @@ void protected_call(lua_State* L, int nargs, int nresults);
 // lua_pcall's message handler: the error as one line with its file:line (also for error
 // objects that are not strings); the traceback goes to the debug log.
 int message_handler(lua_State* L);
-// The text of a script or library file; UserError naming it when unreadable.
-std::string read_text(const std::filesystem::path& path);
 // "file:line" of the policy code calling the current C function.
 std::string caller_location(lua_State* L);
 // The chunk name a script is loaded under: "@policies/..." for shipped files.

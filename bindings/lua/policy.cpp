@@ -4,10 +4,9 @@
 #include "core/error.h"
 #include "core/isolated.h"
 #include "core/log.h"
+#include "core/mapped_file.h"
 #include "policy_dir.h"
 
-#include <fstream>
-#include <sstream>
 
 namespace fsdpp {
 
@@ -75,14 +74,6 @@ void push_context(lua_State* L, const PolicyRun& run) {
 
 }  // namespace
 
-std::string lua::read_text(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(path.string() + ": cannot read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 PolicyConfig PolicyConfig::from_section(ConfigSection& s) {
   PolicyConfig c;
   c.name = s.get_string("name", c.name);
@@ -130,7 +121,7 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   run.lib_dir = policy_dir() / "lib";
   run.memory_cap = limits.memory_bytes;
   run.instructions_left = limits.instructions;
-  const std::string source = read_text(script);
+  const std::string source = read_text_file(script);
 
   lua_State* L = open_sandbox(run);
   if (L == nullptr) throw UserError(script.string() + ": cannot create a Lua state");

@@ -7,11 +7,10 @@
 #include "bindings/lua/lua_internal.h"
 #include "core/config_file.h"
 #include "core/log.h"
+#include "core/mapped_file.h"
 
 #include <chrono>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 namespace fsdpp::lua {
 
@@ -92,7 +91,7 @@ int api_require(lua_State* L) {
   if (!std::filesystem::is_regular_file(path)) {
     throw ScriptError("require: no module '" + name + "' in " + run.lib_dir.string());
   }
-  const std::string source = read_text(path);
+  const std::string source = read_text_file(path);
   if (luaL_loadbufferx(L, source.data(), source.size(), chunk_name(path).c_str(), "t") != LUA_OK) {
     throw ScriptError(lua_tostring(L, -1));
   }

@@ -222,7 +222,9 @@ int run_export(const std::vector<std::string>& argv) {
       } catch (const std::exception&) {
         max_shard_mb = 0;
       }
-      if (!(max_shard_mb > 0)) throw UserError("export: --max-shard-mb takes a positive number, got '" + v + "'");
+      if (!(max_shard_mb > 0 && max_shard_mb <= 1e9)) {
+        throw UserError("export: --max-shard-mb takes a number in (0, 1e9], got '" + v + "'");
+      }
     } else if (a.starts_with("-")) {
       throw UserError("export: unknown option " + a + " (see fsdpp export --help)");
     } else {
@@ -272,9 +274,13 @@ int run_eval(const Args& args) {
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   try {
-    if (command.empty() || command == "--help" || command == "-h" || command == "help") {
+    if (command.empty()) {
+      std::cerr << "fsdpp: error: no command given (fsdpp --help lists them)\n";
+      return 2;
+    }
+    if (command == "--help" || command == "-h" || command == "help") {
       std::cout << kUsage;
-      return command.empty() ? 2 : 0;
+      return 0;
     }
     if (command == "probe") {
       if (const auto cap = needed_onednn_cap()) std::cout << kOnednnIsaVariable << "=" << *cap << "\n";

@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -95,14 +96,27 @@ const void* ConfigSection::lookup(const std::string& key, const char* expected) 
   return node;
 }
 
-int64_t ConfigSection::get_int(const std::string& key, int64_t fallback) {
+int64_t ConfigSection::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
   auto* node = static_cast<const toml::node*>(lookup(key, "an integer"));
-  return node ? node->value<int64_t>().value() : fallback;
+  if (node == nullptr) return fallback;
+  const int64_t value = **node->as_integer();
+  if (value < min || value > max) {
+    fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + std::to_string(value));
+  }
+  return value;
 }
 
-double ConfigSection::get_double(const std::string& key, double fallback) {
+double ConfigSection::get_double(const std::string& key, double fallback, double min, double max) {
   auto* node = static_cast<const toml::node*>(lookup(key, "a float"));
-  return node ? node->value<double>().value() : fallback;
+  if (node == nullptr) return fallback;
+  // An integer too large for a double converts with rounding; the range check then applies.
+  const double value = node->is_integer() ? static_cast<double>(**node->as_integer()) : **node->as_floating_point();
+  if (!std::isfinite(value) || value < min || value > max) {
+    std::ostringstream message;
+    message << "must be a finite number in [" << min << ", " << max << "], got " << value;
+    fail(key, message.str());
+  }
+  return value;
 }
 
 bool ConfigSection::get_bool(const std::string& key, bool fallback) {
@@ -145,6 +159,8 @@ ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector
   file.doc_ = std::make_shared<ConfigDocument>();
   file.doc_->path = path;
   if (!std::filesystem::exists(path)) throw UserError(path.string() + ": no such config file");
+  // A FIFO or device in its place would block the read or never end.
+  if (!std::filesystem::is_regular_file(path)) throw UserError(path.string() + ": not a regular file");
   try {
     file.doc_->root = toml::parse_file(path.string());
   } catch (const toml::parse_error& e) {
@@ -159,6 +175,10 @@ ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector
     }
     const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
     const std::string value = text.substr(eq + 1);
+    // One value: a line break would let the rest of it be read as more TOML.
+    if (std::any_of(value.begin(), value.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
+      throw UserError("--set " + section + "." + key + ": the value holds a line break or control character");
+    }
     toml::table parsed;
     try {
       parsed = toml::parse("v = " + value);

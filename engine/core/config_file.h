@@ -3,6 +3,7 @@
 // an unknown key or section names the nearest valid one.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -17,12 +18,19 @@ struct ConfigDocument;
 
 using ConfigScalar = std::variant<bool, int64_t, double, std::string>;
 
+// The largest step count or step interval a run file may name: a trillion, beyond any run,
+// and far from where step arithmetic could overflow.
+inline constexpr int64_t kMaxSteps = 1'000'000'000'000;
+inline constexpr int64_t kMaxSeed = INT64_MAX;
+
 class ConfigSection {
  public:
   ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::string name);
 
-  int64_t get_int(const std::string& key, int64_t fallback);
-  double get_double(const std::string& key, double fallback);  // integers are accepted
+  // Every number is range-checked where it enters: a value outside [min, max] is a failure
+  // naming the range. Floats must be finite; integers are accepted for them.
+  int64_t get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max);
+  double get_double(const std::string& key, double fallback, double min, double max);
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
   // A sub-table of scalars ([section.key]), in file order; nested tables and arrays are errors.

@@ -19,7 +19,9 @@
 namespace fsdpp {
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking, so a FIFO in a file's place is refused below instead of waiting forever
+  // for a writer; mapping ignores the flag.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw UserError(path.string() + ": cannot open (" + std::strerror(errno) + ")");
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -120,6 +122,24 @@ void write_file_atomically(const std::filesystem::path& path, const void* bytes,
   AtomicFileWriter writer(path);
   writer.append(bytes, size);
   writer.commit();
+}
+
+std::string read_text_file(const std::filesystem::path& path) {
+  const auto file = MappedFile::open(path);
+  return {reinterpret_cast<const char*>(file->data()), file->size()};
+}
+
+std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    throw UserError("names a file '" + name + "' outside " + dir.string() + " (only plain file names are allowed)");
+  }
+  const std::filesystem::path path = dir / name;
+  const auto status = std::filesystem::symlink_status(path);
+  if (std::filesystem::is_symlink(status)) throw UserError("names " + name + ", which is a link (refused)");
+  if (!std::filesystem::exists(status)) throw UserError("names " + name + ", which is missing from " + dir.string());
+  if (!std::filesystem::is_regular_file(status)) throw UserError("names " + name + ", which is not a regular file");
+  return path;
 }
 
 }  // namespace fsdpp

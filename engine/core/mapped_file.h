@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <string>
 
 namespace fsdpp {
 
@@ -35,6 +36,15 @@ class MappedFile {
   const std::byte* data_;
   size_t size_;
 };
+
+// The file a manifest (checkpoint metadata, an HF index) names in its directory: a plain
+// name, no path; a regular file, not a link. UserError, to be prefixed with the manifest's
+// name, for a name that would leave the directory, a link, a missing or a special file.
+std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name);
+
+// The whole of a regular file as text; UserError naming it when it cannot be read or is not
+// a regular file (a FIFO in its place would block a plain read forever).
+std::string read_text_file(const std::filesystem::path& path);
 
 // Writes `path` through a temporary file that is fsynced and renamed into place on commit(),
 // so a crash leaves either the old file or the new one, never a torn one. Destroyed

@@ -42,7 +42,7 @@ ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
   ParallelConfig c;
   c.device = s.get_string("device", c.device);
   c.backend = s.get_string("backend", c.backend);
-  c.timeout_s = s.get_double("timeout_s", c.timeout_s);
+  c.timeout_s = s.get_double("timeout_s", c.timeout_s, 0, 1e7);
   s.finish();
   if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") {
     s.fail("device", "'" + c.device + "' is not one of auto, cpu, cuda");

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace fsdpp {
 
@@ -30,15 +31,19 @@ void on_signal(int sig) {
   [[maybe_unused]] ssize_t n = ::write(signal_pipe[1], &s, 1);
 }
 
-int parse_int(const std::string& flag, const std::string& value, int min) {
+int parse_int(const std::string& flag, const std::string& value, int min, int max) {
   try {
     size_t used = 0;
     int v = std::stoi(value, &used);
-    if (used == value.size() && v >= min) return v;
+    if (used == value.size() && v >= min && v <= max) return v;
   } catch (const std::exception&) {
   }
-  throw UserError("launch: " + flag + " takes a whole number >= " + std::to_string(min) + ", got '" + value + "'");
+  throw UserError("launch: " + flag + " takes a whole number in [" + std::to_string(min) + ", " + std::to_string(max) +
+                  "], got '" + value + "'");
 }
+
+// Ranks one node may start: a few per core, as oversubscribed CPU tests run, and no more.
+int max_local_ranks() { return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -108,11 +113,11 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       o.command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
       break;
     }
-    if (a == "--nproc-per-node") o.nproc_per_node = parse_int(a, value(a), 1);
-    else if (a == "--nnodes") o.nnodes = parse_int(a, value(a), 1);
-    else if (a == "--node-rank") o.node_rank = parse_int(a, value(a), 0);
+    if (a == "--nproc-per-node") o.nproc_per_node = parse_int(a, value(a), 1, max_local_ranks());
+    else if (a == "--nnodes") o.nnodes = parse_int(a, value(a), 1, 1 << 16);
+    else if (a == "--node-rank") o.node_rank = parse_int(a, value(a), 0, (1 << 16) - 1);
     else if (a == "--master-addr") o.master_addr = value(a);
-    else if (a == "--master-port") o.master_port = parse_int(a, value(a), 1), port_given = true;
+    else if (a == "--master-port") o.master_port = parse_int(a, value(a), 1, 65535), port_given = true;
     else throw UserError("launch: unknown option " + a + " (see fsdpp launch --help)");
   }
   if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");

@@ -3,18 +3,49 @@
 #include "io/checkpoint_export.h"
 
 #include "core/dtype.h"
+#include "core/error.h"
+#include "core/module_tree.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
 #include "models/model_config.h"
+#include "models/registry.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace fsdpp {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Whether `inner` is `outer` or lies inside it, once links and ".." are resolved.
+bool within(const fs::path& inner, const fs::path& outer) {
+  const auto a = fs::weakly_canonical(inner), b = fs::weakly_canonical(outer);
+  auto [end_b, _] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+  return end_b == b.end();
+}
+
+}  // namespace
 
 ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
                                 std::optional<at::ScalarType> dtype, size_t max_shard_bytes) {
+  if (within(out, dir) || within(dir, out)) {
+    throw UserError("export: " + out.string() + " would overwrite or contain the checkpoint " + dir.string() +
+                    " it reads; choose another OUT");
+  }
   const ShardedCheckpoint checkpoint = ShardedCheckpoint::open(dir);
   const ModelConfig config = ModelConfig::from_file(checkpoint.verified("config.json"));
+  // Every parameter the config's model has must be there: an HF directory without one
+  // would load with that weight initialised at random.
+  const auto expected = build_model(config, at::TensorOptions().device(at::kMeta));
+  for (const auto& p : unique_named_parameters(*expected)) {
+    if (!checkpoint.contains("model/" + p.name)) {
+      throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
+                      " with its config.json has");
+    }
+  }
   const at::ScalarType out_dtype =
       dtype.value_or(parse_dtype(checkpoint.metadata().value("model", nlohmann::json::object()).value("dtype", "float32")));
   constexpr std::string_view kPrefix = "model/";

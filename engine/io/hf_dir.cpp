@@ -4,6 +4,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/mapped_file.h"
 #include "core/module_tree.h"
 
 #include <ATen/ATen.h>
@@ -11,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <set>
 
 namespace fsdpp {
@@ -23,11 +23,11 @@ HfWeights HfWeights::open(const fs::path& dir) {
   HfWeights weights;
   const fs::path index = dir / "model.safetensors.index.json";
   const fs::path single = dir / "model.safetensors";
+  weights.dir_ = dir;
   if (fs::exists(index)) {
-    std::ifstream in(index);
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(read_text_file(index));
     } catch (const json::parse_error& e) {
       throw UserError(index.string() + ": not valid JSON (" + e.what() + ")");
     }
@@ -39,9 +39,11 @@ HfWeights HfWeights::open(const fs::path& dir) {
       if (!file.is_string()) throw UserError(index.string() + ": weight_map['" + name + "'] is not a file name");
       auto& shard = shards[file.get<std::string>()];
       if (!shard) {
-        const fs::path shard_path = dir / file.get<std::string>();
-        if (!fs::exists(shard_path)) {
-          throw UserError(index.string() + ": names shard " + shard_path.string() + ", which does not exist");
+        fs::path shard_path;
+        try {
+          shard_path = file_in_directory(dir, file.get<std::string>());
+        } catch (const UserError& e) {
+          throw UserError(index.string() + ": weight_map['" + name + "'] " + e.what());
         }
         shard = SafetensorsFile::open(shard_path);
       }
@@ -95,7 +97,9 @@ void HfWeights::advise_random() const {
 void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& names, c10::IntArrayRef full_shape,
                   at::Tensor& out, int64_t first_row) {
   auto found = std::find_if(names.begin(), names.end(), [&](const auto& n) { return weights.contains(n); });
-  if (found == names.end()) throw UserError("model weights: missing tensor '" + names.front() + "'");
+  if (found == names.end()) {
+    throw UserError(weights.dir().string() + ": no tensor '" + names.front() + "' in model.safetensors or its index");
+  }
   const SafetensorsFile& file = weights.file_of(*found);
   at::Tensor source = file.tensor(*found);
   const std::string where = file.path().string() + ": tensor '" + *found + "'";

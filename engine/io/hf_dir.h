@@ -18,6 +18,7 @@ class HfWeights {
   static HfWeights open(const std::filesystem::path& dir);
 
   bool empty() const { return where_.empty(); }
+  const std::filesystem::path& dir() const { return dir_; }
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   const SafetensorsFile& file_of(const std::string& name) const;
   std::vector<std::string> names() const;
@@ -29,6 +30,7 @@ class HfWeights {
 
  private:
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;
+  std::filesystem::path dir_;
 };
 
 // config.json of a directory, or the file itself when `path` names one.

@@ -81,18 +81,27 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     }
     Entry entry;
     entry.dtype = safetensors_dtype(value["dtype"].get<std::string>(), tensor_where);
+    // The element count in checked arithmetic: a shape whose product wraps around would
+    // otherwise match a small byte range.
     uint64_t numel = 1;
+    bool overflow = false, empty = false;
     for (const auto& dim : value["shape"]) {
-      if (!dim.is_number_unsigned()) throw UserError(tensor_where + ": corrupt shape");
+      if (!dim.is_number_unsigned() || dim.get<uint64_t>() > (uint64_t{1} << 48)) {
+        throw UserError(tensor_where + ": corrupt shape " + value["shape"].dump());
+      }
       entry.shape.push_back(dim.get<int64_t>());
-      numel *= dim.get<uint64_t>();
+      empty = empty || dim.get<uint64_t>() == 0;
+      overflow = __builtin_mul_overflow(numel, dim.get<uint64_t>(), &numel) || overflow;
+    }
+    uint64_t expected = 0;
+    if (!empty && (overflow || __builtin_mul_overflow(numel, c10::elementSize(entry.dtype), &expected))) {
+      throw UserError(tensor_where + ": shape " + value["shape"].dump() + " holds more elements than any file can");
     }
     for (const auto& off : value["data_offsets"]) {
       if (!off.is_number_unsigned()) throw UserError(tensor_where + ": corrupt data_offsets");
     }
     entry.begin = value["data_offsets"][0].get<size_t>();
     entry.end = value["data_offsets"][1].get<size_t>();
-    const uint64_t expected = numel * c10::elementSize(entry.dtype);
     if (entry.end < entry.begin || entry.end - entry.begin != expected) {
       throw UserError(tensor_where + ": data_offsets span " +
                       std::to_string(entry.end - std::min(entry.begin, entry.end)) +

@@ -3,7 +3,10 @@
 #include "io/sharded_checkpoint.h"
 
 #include "core/checksum.h"
+#include "core/config_file.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 #include <ATen/ATen.h>
 
@@ -31,6 +34,50 @@ std::optional<int64_t> step_of(const std::string& dir_name) {
 }
 
 int64_t row_count(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
+
+// metadata.json's checksum, from metadata.crc32c: edits and corruption show before any of its
+// fields is trusted.
+void check_metadata_checksum(const fs::path& dir, const std::string& text) {
+  const fs::path sum_path = file_in_directory(dir, kMetadataChecksumFile);
+  std::ifstream in(sum_path);
+  std::string recorded;
+  in >> recorded;
+  const std::string actual = format_crc32c(crc32c(text.data(), text.size()));
+  if (recorded != actual) {
+    throw UserError("checksum " + actual + " does not match the " + std::string(kMetadataChecksumFile) + " of " +
+                    dir.string() + " (the file is corrupt or was edited)");
+  }
+}
+
+// An integer in [min, max]; another type or a value out of range names the field.
+int64_t int_value(const json& value, const std::string& name, int64_t min, int64_t max) {
+  const bool too_big = value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(max);
+  if (!value.is_number_integer() || too_big || value.get<int64_t>() < min || value.get<int64_t>() > max) {
+    throw UserError(name + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                    value.dump());
+  }
+  return value.get<int64_t>();
+}
+
+int64_t int_field(const json& parent, const std::string& path, const char* key, int64_t min, int64_t max) {
+  const std::string name = path.empty() ? key : path + "." + key;
+  if (!parent.is_object() || !parent.contains(key)) throw UserError(name + " is missing");
+  return int_value(parent.at(key), name, min, max);
+}
+
+// A tensor shape: dimensions >= 0 whose product fits the sizes tensors may have.
+std::vector<int64_t> shape_field(const json& record, const std::string& key) {
+  const json& shape = record.at("shape");
+  if (!shape.is_array()) throw UserError("tensor '" + key + "': shape is not a list");
+  std::vector<int64_t> dims;
+  int64_t elements = 1;
+  for (const json& d : shape) dims.push_back(int_value(d, "tensor '" + key + "' shape", 0, int64_t{1} << 40));
+  for (int64_t d : dims) {
+    if (d != 0 && elements > (int64_t{1} << 48) / d) throw UserError("tensor '" + key + "': shape holds too many elements");
+    elements *= d;
+  }
+  return dims;
+}
 
 uintmax_t directory_bytes(const fs::path& dir) {
   uintmax_t total = 0;
@@ -77,30 +124,39 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   c.opened_ = std::make_shared<std::map<std::string, std::shared_ptr<SafetensorsFile>>>();
   c.verified_ = std::make_shared<std::set<std::string>>();
   c.stats_ = std::make_shared<ReadStats>();
-  std::ifstream in(meta_path);
   json meta;
   try {
-    meta = json::parse(in);
-    if (meta.value("format", "") != kCheckpointFormat) throw UserError("not a " + std::string(kCheckpointFormat));
+    const std::string text = read_text_file(meta_path);
+    check_metadata_checksum(dir, text);
+    meta = json::parse(text);
+    if (!meta.is_object() || meta.value("format", "") != kCheckpointFormat) {
+      throw UserError("not a " + std::string(kCheckpointFormat));
+    }
     if (meta.value("version", 0) != 1) throw UserError("version " + meta.value("version", json()).dump() + " is not 1");
+    c.step_ = int_field(meta, "", "step", 0, kMaxSteps);
+    c.world_size_ = static_cast<int>(int_field(meta, "", "world_size", 1, kMaxWorldSize));
+    int_field(meta.at("optimizer"), "optimizer", "steps", 0, kMaxSteps);
+    int_field(meta.at("data"), "data", "epoch", 0, INT64_MAX);
+    int_field(meta.at("data"), "data", "window", 0, INT64_MAX);
+    parse_dtype(meta.at("model").at("dtype").get<std::string>());
     for (const auto& [name, f] : meta.at("files").items()) {
-      const fs::path path = dir / name;
-      if (!fs::is_regular_file(path)) {
-        throw UserError("lists " + name + ", which is missing from " + dir.string());
-      }
-      const auto bytes = f.at("bytes").get<size_t>();
+      const fs::path path = file_in_directory(dir, name);
+      const auto bytes = static_cast<uintmax_t>(int_field(f, "files." + name, "bytes", 0, INT64_MAX));
       if (fs::file_size(path) != bytes) {
         throw UserError("records " + std::to_string(bytes) + " bytes for " + path.string() + ", which has " +
                         std::to_string(fs::file_size(path)) + " (truncated or overwritten)");
       }
-      c.files_[name] = {bytes, f.at("checksum").get<std::string>()};
+      c.files_[name] = {static_cast<size_t>(bytes), f.at("checksum").get<std::string>()};
     }
     for (const auto& [key, t] : meta.at("tensors").items()) {
-      TensorRecord r{safetensors_dtype(t.at("dtype").get<std::string>(), key), t.at("shape").get<std::vector<int64_t>>(), {}};
+      TensorRecord r{safetensors_dtype(t.at("dtype").get<std::string>(), key), shape_field(t, key), {}};
+      const int64_t rows_total = row_count(r.shape);
       for (const auto& s : t.at("shards")) {
-        const auto rows = s.at("rows").get<std::vector<int64_t>>();
-        if (rows.size() != 2) throw UserError("tensor '" + key + "': a shard's rows are not [first, count]");
-        r.shards.push_back({s.at("file").get<std::string>(), rows[0], rows[1]});
+        const json& rows = s.at("rows");
+        if (!rows.is_array() || rows.size() != 2) throw UserError("tensor '" + key + "': a shard's rows are not [first, count]");
+        const std::string where = "tensor '" + key + "' shard rows";
+        r.shards.push_back({s.at("file").get<std::string>(), int_value(rows[0], where, 0, rows_total),
+                            int_value(rows[1], where, 0, rows_total)});
         if (!c.files_.count(r.shards.back().file)) {
           throw UserError("tensor '" + key + "' names file " + r.shards.back().file + ", which files does not list");
         }
@@ -128,10 +184,6 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   c.metadata_ = std::make_shared<json>(std::move(meta));
   return c;
 }
-
-int64_t ShardedCheckpoint::step() const { return metadata_->at("step").get<int64_t>(); }
-
-int ShardedCheckpoint::world_size() const { return metadata_->at("world_size").get<int>(); }
 
 const TensorRecord& ShardedCheckpoint::record(const std::string& key) const {
   auto it = tensors_.find(key);
@@ -186,8 +238,9 @@ void ShardedCheckpoint::read_rows(const std::string& key, at::Tensor& rows, int6
     std::vector<int64_t> expected = r.shape.empty() ? std::vector<int64_t>{1} : r.shape;
     expected[0] = s.rows;
     if (stored.sizes().vec() != expected || stored.scalar_type() != r.dtype) {
-      throw UserError(f.path().string() + ": tensor '" + key + "' has shape " + c10::str(stored.sizes()) +
-                      " but the metadata records " + c10::str(c10::IntArrayRef(expected)));
+      throw UserError(f.path().string() + ": tensor '" + key + "' is " + safetensors_dtype_name(stored.scalar_type()) +
+                      " " + c10::str(stored.sizes()) + " but the metadata records " + safetensors_dtype_name(r.dtype) +
+                      " " + c10::str(c10::IntArrayRef(expected)));
     }
     out.narrow(0, lo - first_row, hi - lo).copy_(stored.view({s.rows, -1}).narrow(0, lo - s.first_row, hi - lo));
   }

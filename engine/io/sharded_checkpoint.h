@@ -1,7 +1,9 @@
 // Sharded checkpoints on disk. A checkpoint is a directory <root>/step-00000100 holding one
 // safetensors file per rank (that rank's rows of each tensor), the model's config.json, and
 // metadata.json: every tensor's global shape and dtype with each shard's file and rows, the
-// mesh, the world size, the step, the training state and a CRC-32C per file. It is written
+// mesh, the world size, the step, the training state and a CRC-32C per file; metadata.crc32c
+// holds metadata.json's own CRC-32C. Files are named plainly inside the directory: a name
+// that leaves it, or a link, is refused. It is written
 // as <root>/.partial-step-00000100 and renamed into place once complete, so a directory
 // named step-N is complete by construction and a crash mid-save leaves earlier ones intact.
 #pragma once
@@ -21,6 +23,9 @@
 namespace fsdpp {
 
 inline constexpr const char* kCheckpointFormat = "fsdpp-sharded-checkpoint";
+inline constexpr const char* kMetadataChecksumFile = "metadata.crc32c";
+// The largest world a checkpoint may record.
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 
 struct ShardRecord {
   std::string file;
@@ -45,16 +50,16 @@ struct ReadStats {
 // its checksum verified the first time any of its rows is read.
 class ShardedCheckpoint {
  public:
-  // UserError naming the file when the directory, its metadata or a file it lists is
-  // missing, malformed or of the wrong size.
+  // UserError naming the file (and field) when the directory, its metadata or a file it
+  // lists is missing, malformed, out of range, outside the directory or of the wrong size.
   static ShardedCheckpoint open(const std::filesystem::path& dir);
   // Whether `dir` holds a checkpoint (a metadata.json of this format), complete or not.
   static bool is_checkpoint(const std::filesystem::path& dir);
 
   const std::filesystem::path& dir() const { return dir_; }
   const nlohmann::json& metadata() const { return *metadata_; }
-  int64_t step() const;
-  int world_size() const;
+  int64_t step() const { return step_; }
+  int world_size() const { return world_size_; }
   bool contains(const std::string& key) const { return tensors_.count(key) != 0; }
   const TensorRecord& record(const std::string& key) const;
   // Keys that start with `prefix`, in order.
@@ -76,6 +81,8 @@ class ShardedCheckpoint {
   const SafetensorsFile& file(const std::string& name) const;
 
   std::filesystem::path dir_;
+  int64_t step_ = 0;
+  int world_size_ = 1;
   std::shared_ptr<nlohmann::json> metadata_;
   std::map<std::string, TensorRecord> tensors_;
   std::map<std::string, std::pair<size_t, std::string>> files_;  // name -> (bytes, checksum)

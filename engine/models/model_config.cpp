@@ -2,10 +2,12 @@
 #include "models/model_config.h"
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
+#include <cmath>
+#include <type_traits>
 
 namespace fsdpp {
 
@@ -21,11 +23,40 @@ T read(const json& j, const std::string& key, const std::string& origin, const T
     if (required) throw UserError(origin + ": missing key '" + key + "'");
     return fallback;
   }
+  // JSON numbers convert silently (2.5 layers would load as 2): integers must be integers,
+  // and every number finite.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!it->is_number_integer()) throw UserError(origin + ": " + key + " must be an integer, got " + it->dump());
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number() || !std::isfinite(it->get<double>())) {
+      throw UserError(origin + ": " + key + " must be a finite number, got " + it->dump());
+    }
+  }
   try {
     return it->get<T>();
   } catch (const json::exception&) {
     throw UserError(origin + ": key '" + key + "' has the wrong type (" + it->type_name() + ")");
   }
+}
+
+// Sizes beyond any model this engine can hold, and far from where size arithmetic overflows.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden, intermediate, head_dim
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr double kMaxParameters = 1e12;
+
+void check_range(const std::string& origin, const char* key, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max) {
+    throw UserError(origin + ": " + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                    std::to_string(value));
+  }
+}
+
+void check_positive(const std::string& origin, const char* key, double value) {
+  if (!(value > 0)) throw UserError(origin + ": " + key + " must be positive, got " + std::to_string(value));
 }
 
 RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
@@ -40,13 +71,17 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
   r.rope_type = read<std::string>(*block, "rope_type", where,
                                   read<std::string>(*block, "type", where, "default"));
   r.factor = read<double>(*block, "factor", where, 1.0);
+  check_positive(where, "factor", r.factor);
   r.mrope_section = read<std::vector<int64_t>>(*block, "mrope_section", where, {});
+  for (int64_t s : r.mrope_section) check_range(where, "mrope_section", s, 1, kMaxWidth);
   if (r.rope_type == "mrope") r.rope_type = "default";  // the frequencies are the default ones
   if (r.rope_type == "llama3") {
     r.low_freq_factor = read<double>(*block, "low_freq_factor", where, 1.0, true);
     r.high_freq_factor = read<double>(*block, "high_freq_factor", where, 4.0, true);
     r.original_max_position_embeddings =
         read<int64_t>(*block, "original_max_position_embeddings", where, 8192, true);
+    check_positive(where, "low_freq_factor", r.low_freq_factor);
+    check_range(where, "original_max_position_embeddings", r.original_max_position_embeddings, 1, kMaxPositions);
     if (r.high_freq_factor <= r.low_freq_factor) {
       throw UserError(where + ": high_freq_factor " + std::to_string(r.high_freq_factor) +
                       " must exceed low_freq_factor " + std::to_string(r.low_freq_factor));
@@ -86,6 +121,18 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
                       std::to_string(v.patch_size) + " × spatial_merge_size " + std::to_string(v.spatial_merge_size));
     }
   }
+  check_range(where, "depth", v.depth, 1, kMaxLayers);
+  check_range(where, "num_heads", v.num_heads, 1, kMaxHeads);
+  for (auto [key, value] : {std::pair{"patch_size", v.patch_size}, {"temporal_patch_size", v.temporal_patch_size},
+                            {"spatial_merge_size", v.spatial_merge_size}, {"in_channels", v.in_channels},
+                            {"out_hidden_size", v.out_hidden_size}, {"intermediate_size", v.intermediate_size}}) {
+    check_range(where, key, value, 1, kMaxWidth);
+  }
+  check_range(where, "width", v.embed_dim, 1, kMaxWidth);
+  if (v.windowed) {
+    check_range(where, "window_size", v.window_size, 1, kMaxPositions);
+    check_positive(where, "tokens_per_second", v.tokens_per_second);
+  }
   if (v.embed_dim <= 0 || v.num_heads <= 0 || v.embed_dim % v.num_heads != 0) {
     throw UserError(where + ": width " + std::to_string(v.embed_dim) + " must be a positive multiple of num_heads " +
                     std::to_string(v.num_heads));
@@ -100,11 +147,10 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
 }  // namespace
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(path.string() + ": cannot open model config");
+  const std::string text = read_text_file(path);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     throw UserError(path.string() + ": not valid JSON (" + e.what() + ")");
   }
@@ -150,12 +196,28 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   if (c.hidden_act != "silu") {
     throw UserError(origin + ": hidden_act '" + c.hidden_act + "' is not supported (silu)");
   }
-  for (auto [name, value] : {std::pair{"vocab_size", c.vocab_size},
-                             {"intermediate_size", c.intermediate_size},
-                             {"num_hidden_layers", c.num_hidden_layers},
-                             {"num_key_value_heads", c.num_key_value_heads},
-                             {"head_dim", c.head_dim}}) {
-    if (value <= 0) throw UserError(origin + ": " + name + " must be positive");
+  check_range(origin, "vocab_size", c.vocab_size, 1, kMaxVocab);
+  for (auto [key, value] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                            {"head_dim", c.head_dim}}) {
+    check_range(origin, key, value, 1, kMaxWidth);
+  }
+  check_range(origin, "num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers);
+  check_range(origin, "num_attention_heads", c.num_attention_heads, 1, kMaxHeads);
+  check_range(origin, "num_key_value_heads", c.num_key_value_heads, 1, c.num_attention_heads);
+  check_range(origin, "max_position_embeddings", c.max_position_embeddings, 1, kMaxPositions);
+  check_positive(origin, "rms_norm_eps", c.rms_norm_eps);
+  check_positive(origin, "rope_theta", c.rope_theta);
+  if (c.initializer_range < 0) throw UserError(origin + ": initializer_range must not be negative");
+  // Each layer's projections and MLP, and the embeddings: refused before anything is built.
+  const double h = static_cast<double>(c.hidden_size), q = static_cast<double>(c.num_attention_heads * c.head_dim),
+               kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double parameters = static_cast<double>(c.num_hidden_layers) *
+                                (h * (2 * q + 2 * kv) + 3 * h * static_cast<double>(c.intermediate_size)) +
+                            2 * h * static_cast<double>(c.vocab_size);
+  if (parameters > kMaxParameters) {
+    throw UserError(origin + ": describes a model of about " + std::to_string(static_cast<int64_t>(parameters / 1e9)) +
+                    "B parameters, more than the " + std::to_string(static_cast<int64_t>(kMaxParameters / 1e9)) +
+                    "B this engine builds");
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     throw UserError(origin + ": num_attention_heads " + std::to_string(c.num_attention_heads) +
@@ -171,6 +233,10 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
     c.image_token_id = read<int64_t>(file, "image_token_id", origin, -1, true);
     c.video_token_id = read<int64_t>(file, "video_token_id", origin, -1, true);
     c.vision_start_token_id = read<int64_t>(file, "vision_start_token_id", origin, -1, true);
+    for (auto [key, value] : {std::pair{"image_token_id", c.image_token_id}, {"video_token_id", c.video_token_id},
+                              {"vision_start_token_id", c.vision_start_token_id}}) {
+      check_range(origin, key, value, 0, c.vocab_size - 1);
+    }
     int64_t pairs = 0;
     for (int64_t s : c.rope_scaling.mrope_section) pairs += s;
     if (c.rope_scaling.mrope_section.size() != 3 || pairs * 2 != c.head_dim) {

@@ -21,16 +21,18 @@ constexpr size_t kHeaderBytes = 32;
 DataConfig DataConfig::from_section(ConfigSection& s) {
   DataConfig c;
   c.train = s.get_string("train", "");
-  c.seq_len = s.get_int("seq_len", c.seq_len);
-  c.batch_size = s.get_int("batch_size", c.batch_size);
-  c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction);
-  c.seed = static_cast<uint64_t>(s.get_int("seed", 0));
+  c.seq_len = s.get_int("seq_len", c.seq_len, 1, kMaxBatchTokens);
+  c.batch_size = s.get_int("batch_size", c.batch_size, 1, kMaxBatchTokens);
+  c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction, 0, 1);
+  c.seed = static_cast<uint64_t>(s.get_int("seed", 0, 0, kMaxSeed));
   c.shuffle = s.get_bool("shuffle", c.shuffle);
   s.finish();
   if (c.train.empty()) s.fail("train", "required: the token file to train on");
-  if (c.seq_len < 1) s.fail("seq_len", "must be at least 1, got " + std::to_string(c.seq_len));
-  if (c.batch_size < 1) s.fail("batch_size", "must be at least 1, got " + std::to_string(c.batch_size));
-  if (c.eval_fraction < 0 || c.eval_fraction >= 1) {
+  if (c.batch_size > kMaxBatchTokens / c.seq_len) {
+    s.fail("batch_size", "a global batch of " + std::to_string(c.batch_size) + " x " + std::to_string(c.seq_len) +
+                             " tokens is more than " + std::to_string(kMaxBatchTokens) + " (batch_size x seq_len)");
+  }
+  if (c.eval_fraction >= 1) {
     s.fail("eval_fraction", "must be in [0, 1), got " + std::to_string(c.eval_fraction));
   }
   return c;
@@ -51,11 +53,15 @@ TokenFile TokenFile::open(const std::filesystem::path& path) {
   std::memcpy(&vocab, t.file_->data() + 24, 8);
   if (version != 1) throw UserError(where + ": token file version " + std::to_string(version) + " is not supported");
   if (width != 2 && width != 4) throw UserError(where + ": bytes per token " + std::to_string(width) + " (expected 2 or 4)");
-  const uint64_t expected = kHeaderBytes + count * width;
-  if (t.file_->size() != expected) {
+  // Compared in tokens, so a count near 2^64 cannot overflow into a match.
+  const uint64_t held = (t.file_->size() - kHeaderBytes) / width;
+  if (count != held || (t.file_->size() - kHeaderBytes) % width != 0) {
     throw UserError(where + ": truncated or padded token file: header says " + std::to_string(count) +
-                    " tokens (" + std::to_string(expected) + " bytes), file has " +
-                    std::to_string(t.file_->size()) + " bytes");
+                    " tokens, file has " + std::to_string(t.file_->size()) + " bytes (" + std::to_string(held) +
+                    " tokens of " + std::to_string(width) + " bytes after the header)");
+  }
+  if (vocab < 1 || vocab > (uint64_t{1} << 32)) {
+    throw UserError(where + ": header vocabulary " + std::to_string(vocab) + " is not in [1, 2^32]");
   }
   t.count_ = static_cast<int64_t>(count);
   t.vocab_ = static_cast<int64_t>(vocab);
@@ -68,7 +74,18 @@ at::Tensor TokenFile::slice(int64_t begin, int64_t length) const {
   const std::byte* p = file_->data() + kHeaderBytes + begin * width_;
   auto dtype = width_ == 2 ? at::kUInt16 : at::kUInt32;
   auto view = at::from_blob(const_cast<std::byte*>(p), {length}, at::TensorOptions().dtype(dtype));
-  return view.to(at::kLong);
+  at::Tensor tokens = view.to(at::kLong);
+  // The header's vocabulary bounds every token: one beyond it would index past the
+  // embedding table.
+  if (length > 0) {
+    const int64_t largest = tokens.max().item<int64_t>();
+    if (largest >= vocab_) {
+      const int64_t at = begin + tokens.argmax().item<int64_t>();
+      throw UserError(file_->path().string() + ": the token at position " + std::to_string(at) + " is " + std::to_string(largest) +
+                      ", outside the header's vocabulary of " + std::to_string(vocab_));
+    }
+  }
+  return tokens;
 }
 
 ShuffledOrder::ShuffledOrder(int64_t size, uint64_t seed, bool shuffle)

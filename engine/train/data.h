@@ -16,6 +16,10 @@ namespace fsdpp {
 
 class ConfigSection;
 
+// The most tokens one global batch may hold (batch_size x seq_len): 2^32, far above what a
+// step can hold in memory, and far from where sizes overflow.
+inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 32;
+
 struct DataConfig {
   std::string train;           // token file to train on
   int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)

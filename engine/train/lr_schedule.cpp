@@ -12,14 +12,12 @@ namespace fsdpp {
 ScheduleConfig ScheduleConfig::from_section(ConfigSection& s) {
   ScheduleConfig c;
   c.kind = s.get_string("kind", c.kind);
-  c.warmup_steps = s.get_int("warmup_steps", c.warmup_steps);
-  c.min_lr_ratio = s.get_double("min_lr_ratio", c.min_lr_ratio);
+  c.warmup_steps = s.get_int("warmup_steps", c.warmup_steps, 0, kMaxSteps);
+  c.min_lr_ratio = s.get_double("min_lr_ratio", c.min_lr_ratio, 0, 1);
   s.finish();
   if (c.kind != "cosine" && c.kind != "linear" && c.kind != "constant") {
     s.fail("kind", "'" + c.kind + "' is not one of cosine, linear, constant");
   }
-  if (c.warmup_steps < 0) s.fail("warmup_steps", "must not be negative");
-  if (c.min_lr_ratio < 0 || c.min_lr_ratio > 1) s.fail("min_lr_ratio", "must be in [0, 1]");
   return c;
 }
 

@@ -27,9 +27,8 @@ MetricsConfig MetricsConfig::from_section(ConfigSection& s) {
   MetricsConfig c;
   c.jsonl = s.get_string("jsonl", c.jsonl);
   c.progress = s.get_string("progress", c.progress);
-  c.profile_step = s.get_int("profile_step", c.profile_step);
+  c.profile_step = s.get_int("profile_step", c.profile_step, 0, kMaxSteps);  // 0: off
   s.finish();
-  if (c.profile_step < 0) s.fail("profile_step", "must be 0 (off) or a step number, got " + std::to_string(c.profile_step));
   if (c.progress != "auto" && c.progress != "always" && c.progress != "never") {
     s.fail("progress", "'" + c.progress + "' is not one of auto, always, never");
   }

@@ -2,17 +2,35 @@
 #include "train/multimodal_data.h"
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "io/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
+#include <algorithm>
+#include <cmath>
+#include <sstream>
 
 namespace fsdpp {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+namespace {
+
+// A list of JSON integers: 1.5 is refused rather than read as 1.
+std::vector<int64_t> integer_list(const json& list, const std::string& what) {
+  if (!list.is_array()) throw UserError(what + " must be a list of integers");
+  std::vector<int64_t> out;
+  for (const json& v : list) {
+    if (!v.is_number_integer()) throw UserError(what + " must hold integers, not " + v.dump());
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace
 
 MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig& model, int64_t seq_len) {
   if (!model.vision) {
@@ -26,8 +44,7 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
   d.video_token_ = model.video_token_id;
   d.pixels_ = SafetensorsFile::open(dir / "pixels.safetensors");
   const fs::path index = dir / "samples.jsonl";
-  std::ifstream in(index);
-  if (!in) throw UserError(index.string() + ": cannot open");
+  std::istringstream in(read_text_file(index));
   const int64_t merge = model.vision->spatial_merge_size;
   const int64_t patch_width = model.vision->in_channels * model.vision->temporal_patch_size *
                               model.vision->patch_size * model.vision->patch_size;
@@ -38,11 +55,14 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
     Sample sample;
     try {
       const json j = json::parse(line);
-      sample.input_ids = j.at("input_ids").get<std::vector<int64_t>>();
+      sample.input_ids = integer_list(j.at("input_ids"), where + ": input_ids");
       for (const char* kind : {"images", "videos"}) {
         for (const auto& v : j.value(kind, json::array())) {
-          Visual visual{v.at("pixels").get<std::string>(), v.at("grid").get<std::vector<int64_t>>(),
+          Visual visual{v.at("pixels").get<std::string>(), integer_list(v.at("grid"), where + ": grid"),
                         v.value("seconds_per_grid", 1.0)};
+          if (!std::isfinite(visual.seconds) || visual.seconds <= 0) {
+            throw UserError(where + ": seconds_per_grid must be a positive number");
+          }
           (kind[0] == 'i' ? sample.images : sample.videos).push_back(std::move(visual));
         }
       }
@@ -54,8 +74,12 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
                                         {"video", &sample.videos, d.video_token_}}) {
       int64_t expected = 0;
       for (const auto& v : *visuals) {
-        if (v.grid.size() != 3 || v.grid[1] % merge != 0 || v.grid[2] % merge != 0 || v.grid[0] < 1) {
-          throw UserError(where + ": " + kind + " grid must be [t, h, w] with h and w multiples of " + std::to_string(merge));
+        const bool sized = v.grid.size() == 3 && std::all_of(v.grid.begin(), v.grid.end(), [](int64_t g) {
+          return g >= 1 && g <= (int64_t{1} << 16);
+        });
+        if (!sized || v.grid[1] % merge != 0 || v.grid[2] % merge != 0) {
+          throw UserError(where + ": " + kind + " grid must be [t, h, w] of sizes in [1, 65536], h and w multiples of " +
+                          std::to_string(merge));
         }
         if (!d.pixels_->contains(v.pixels)) throw UserError(where + ": pixels.safetensors has no '" + v.pixels + "'");
         const auto& shape = d.pixels_->entries().at(v.pixels).shape;

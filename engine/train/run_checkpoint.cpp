@@ -109,6 +109,8 @@ void RunCheckpointer::save(int64_t step, const json& client_state) {
                                     {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
     const std::string text = meta.dump(1) + "\n";
     write_file_atomically(staging / "metadata.json", text.data(), text.size());
+    const std::string sum = format_crc32c(crc32c(text.data(), text.size())) + "\n";
+    write_file_atomically(staging / kMetadataChecksumFile, sum.data(), sum.size());
     fsync_directory(staging);
     failpoint("checkpoint-before-commit");
     fs::rename(staging, final_dir);
@@ -199,7 +201,12 @@ ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool p
       state->step.fill_(adam_steps);
     }
   }
-  order_.seek({saved.at("epoch").get<uint64_t>(), saved.at("window").get<int64_t>()});
+  const auto window = saved.at("window").get<int64_t>();
+  if (window > static_cast<int64_t>(order_.size())) {
+    throw UserError(where + "/metadata.json: data.window " + std::to_string(window) + " is outside an epoch of " +
+                    std::to_string(order_.size()) + " windows");
+  }
+  order_.seek({saved.at("epoch").get<uint64_t>(), window});
   // Each rank's own generator when the world matches; otherwise the saved rank it maps to.
   const int source = world_->rank() % checkpoint.world_size();
   at::Tensor rng = checkpoint.read_whole(rank_file_name(source), "rng/cpu");

@@ -5,27 +5,24 @@
 #include "core/dtype.h"
 #include "core/error.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace fsdpp {
 
 TrainConfig TrainConfig::from_section(ConfigSection& s) {
   TrainConfig c;
-  c.steps = s.get_int("steps", c.steps);
-  c.grad_accum = s.get_int("grad_accum", c.grad_accum);
+  c.steps = s.get_int("steps", c.steps, 1, kMaxSteps);
+  c.grad_accum = s.get_int("grad_accum", c.grad_accum, 1, 1'000'000);
   c.sync_each_micro_batch = s.get_bool("sync_each_micro_batch", c.sync_each_micro_batch);
-  c.clip_grad_norm = s.get_double("clip_grad_norm", c.clip_grad_norm);
-  c.log_every = s.get_int("log_every", c.log_every);
-  c.eval_every = s.get_int("eval_every", c.eval_every);
-  c.eval_batches = s.get_int("eval_batches", c.eval_batches);
-  c.threads = s.get_int("threads", c.threads);
+  c.clip_grad_norm = s.get_double("clip_grad_norm", c.clip_grad_norm, 0, 1e12);
+  c.log_every = s.get_int("log_every", c.log_every, 1, kMaxSteps);
+  c.eval_every = s.get_int("eval_every", c.eval_every, 0, kMaxSteps);
+  c.eval_batches = s.get_int("eval_batches", c.eval_batches, 1, 1'000'000);
+  // More intra-op threads than the machine has only makes them wait for each other.
+  c.threads = s.get_int("threads", c.threads, 0, std::max(1u, std::thread::hardware_concurrency()));
   c.out_dir = s.get_string("out_dir", c.out_dir);
   s.finish();
-  if (c.steps < 1) s.fail("steps", "must be at least 1, got " + std::to_string(c.steps));
-  if (c.grad_accum < 1) s.fail("grad_accum", "must be at least 1, got " + std::to_string(c.grad_accum));
-  if (c.clip_grad_norm < 0) s.fail("clip_grad_norm", "must not be negative");
-  if (c.log_every < 1) s.fail("log_every", "must be at least 1");
-  if (c.eval_every < 0) s.fail("eval_every", "must not be negative");
-  if (c.eval_batches < 1) s.fail("eval_batches", "must be at least 1");
-  if (c.threads < 0) s.fail("threads", "must not be negative");
   if (c.out_dir.empty()) s.fail("out_dir", "must not be empty");
   return c;
 }
@@ -33,19 +30,16 @@ TrainConfig TrainConfig::from_section(ConfigSection& s) {
 CheckpointConfig CheckpointConfig::from_section(ConfigSection& s) {
   CheckpointConfig c;
   c.dir = s.get_string("dir", c.dir);
-  c.save_every = s.get_int("save_every", c.save_every);
+  c.save_every = s.get_int("save_every", c.save_every, 0, kMaxSteps);
   c.save_final = s.get_bool("save_final", c.save_final);
-  c.keep = s.get_int("keep", c.keep);
-  c.max_gb = s.get_double("max_gb", c.max_gb);
+  c.keep = s.get_int("keep", c.keep, 0, 1'000'000);  // 0 keeps every checkpoint
+  c.max_gb = s.get_double("max_gb", c.max_gb, 0, 1e9);  // 0: no cap
   c.resume = s.get_string("resume", c.resume);
   c.save_on_signal = s.get_bool("save_on_signal", c.save_on_signal);
   c.export_dir = s.get_string("export_dir", c.export_dir);
   c.export_dtype = s.get_string("export_dtype", c.export_dtype);
-  c.export_shard_mb = s.get_double("export_shard_mb", c.export_shard_mb);
+  c.export_shard_mb = s.get_double("export_shard_mb", c.export_shard_mb, 0, 1e9);
   s.finish();
-  if (c.save_every < 0) s.fail("save_every", "must not be negative");
-  if (c.keep < 0) s.fail("keep", "must not be negative (0 keeps every checkpoint)");
-  if (c.max_gb < 0) s.fail("max_gb", "must not be negative (0: no cap)");
   if (!(c.export_shard_mb > 0)) s.fail("export_shard_mb", "must be positive");
   if (!c.export_dtype.empty()) {
     try {

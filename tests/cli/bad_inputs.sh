@@ -88,6 +88,38 @@ expect "missing config" "nothing.toml: no such config file" -- train "$work/noth
 expect "unknown command" "unknown command 'trian'" -- trian "$work/ok.toml"
 expect "unknown option" "unknown option --fast" -- train "$work/ok.toml" --fast
 
+# Values are range-checked where they enter: non-finite floats, integers too large for a
+# float key, sizes a run cannot hold, threads the machine lacks, a --set smuggling TOML.
+expect "infinite lr" "--set optimizer.lr=inf" "[optimizer] lr: must be a finite number" \
+  -- train "$work/ok.toml" --set optimizer.lr=inf
+expect "NaN weight_decay" "[optimizer] weight_decay: must be a finite number" \
+  -- train "$work/ok.toml" --set optimizer.weight_decay=nan
+expect "NaN beta2" "[optimizer] beta2: must be a finite number" -- train "$work/ok.toml" --set optimizer.beta2=nan
+expect "infinite eps" "[optimizer] eps: must be a finite number" -- train "$work/ok.toml" --set optimizer.eps=inf
+expect "integer too large for a float key" "[optimizer] lr: must be a finite number in [0, 1e+06]" \
+  -- train "$work/ok.toml" --set optimizer.lr=9223372036854775807
+expect "infinite clip_grad_norm" "[train] clip_grad_norm: must be a finite number" \
+  -- train "$work/ok.toml" --set train.clip_grad_norm=inf
+expect "NaN eval_fraction" "[data] eval_fraction: must be a finite number" \
+  -- train "$work/ok.toml" --set data.eval_fraction=nan
+expect "threads beyond the machine" "[train] threads: must be in [0," -- train "$work/ok.toml" --set train.threads=100000
+expect "huge batch_size" "[data] batch_size: must be in [1, 4294967296]" \
+  -- train "$work/ok.toml" --set data.batch_size=9223372036854775807
+expect "batch x seq_len beyond a step" "[data] batch_size: a global batch of 65537 x 65536 tokens" \
+  -- train "$work/ok.toml" --set data.batch_size=65537 --set data.seq_len=65536
+expect "huge grad_accum" "[train] grad_accum: must be in [1, 1000000]" \
+  -- train "$work/ok.toml" --set train.grad_accum=9223372036854775807
+expect "--set with a line break" "--set train.steps: the value holds a line break" \
+  -- train "$work/ok.toml" --set "$(printf 'train.steps=1\n[evil]\nx=1')"
+expect "port out of range" "launch: --master-port takes a whole number in [1, 65535], got '70000'" \
+  -- launch --master-port 70000 --nproc-per-node 1 -- train "$work/ok.toml"
+expect "ranks beyond the machine" "launch: --nproc-per-node takes a whole number in [1," \
+  -- launch --nproc-per-node 100000 -- train "$work/ok.toml"
+expect "no command" "no command given" --
+
+mkfifo "$work/fifo.toml"
+expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
+
 if [ $failures -ne 0 ]; then
   echo "$failures bad-input case(s) failed"
   exit 1

@@ -21,7 +21,8 @@ namespace {
 // rank 1's, with metadata written from `tweak`ed JSON.
 fs::path two_rank_checkpoint(const fs::path& dir, const at::Tensor& full, const std::function<void(json&)>& tweak = {}) {
   fs::create_directories(dir);
-  json meta = {{"format", kCheckpointFormat}, {"version", 1}, {"step", 7}, {"world_size", 2}};
+  json meta = {{"format", kCheckpointFormat}, {"version", 1}, {"step", 7}, {"world_size", 2},
+               {"optimizer", {{"steps", 7}}}, {"data", {{"epoch", 0}, {"window", 3}}}, {"model", {{"dtype", "float32"}}}};
   const std::pair<int64_t, int64_t> rows[] = {{0, 2}, {2, 3}};
   for (int r = 0; r < 2; ++r) {
     SafetensorsWriter writer(dir / rank_file_name(r), {{"model/w", at::kFloat, {rows[r].second, 3}}});
@@ -33,7 +34,9 @@ fs::path two_rank_checkpoint(const fs::path& dir, const at::Tensor& full, const 
   meta["tensors"]["model/w"]["dtype"] = "F32";
   meta["tensors"]["model/w"]["shape"] = {5, 3};
   if (tweak) tweak(meta);
-  std::ofstream(dir / "metadata.json") << meta.dump();
+  const std::string text = meta.dump();
+  std::ofstream(dir / "metadata.json") << text;
+  std::ofstream(dir / kMetadataChecksumFile) << format_crc32c(crc32c(text.data(), text.size())) << "\n";
   return dir;
 }
 

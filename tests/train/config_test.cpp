@@ -94,7 +94,7 @@ seq_len = "long"
   }
   SECTION("invalid value") {
     auto msg = error_of(write_toml(std::string(kValid) + "grad_accum = 0\n"));
-    CHECK_THAT(msg, Catch::Contains(":14: [train] grad_accum: must be at least 1, got 0"));
+    CHECK_THAT(msg, Catch::Contains(":14: [train] grad_accum: must be in [1, 1000000], got 0"));
   }
   SECTION("missing required key") {
     CHECK_THAT(error_of(write_toml("[model]\npath = \"m\"\n")),

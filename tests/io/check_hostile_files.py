@@ -1,0 +1,248 @@
+"""Files nobody here wrote, crafted to break the engine, must each end with exit status 2
+and one "fsdpp: error:" line that names the file and what is wrong: no crash, no hang, no
+read outside a checkpoint or model directory, no silent use. The checkpoint cases rewrite
+metadata.json and its checksum file together, as a deliberate forger would, so the field
+checks behind the checksum are reached too."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+from safetensors.torch import save_file
+import torch
+
+FSDPP = os.environ["FSDPP"]
+WORK = os.path.join(os.environ["WORK"], "hostile")
+CONFIG = "tests/assets/fsdp-llama.toml"
+TIMEOUT_S = 60
+
+
+def crc32c(data):
+    table = crc32c.table
+    if table is None:
+        table = crc32c.table = []
+        for n in range(256):
+            c = n
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table.append(c)
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+crc32c.table = None
+
+
+def fsdpp(*args):
+    try:
+        return subprocess.run([FSDPP, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+failures = 0
+
+
+def expect(name, patterns, *args):
+    """The run must exit 2 with exactly one error line holding every pattern, and nothing
+    that looks like a crash."""
+    global failures
+    proc = fsdpp(*args)
+    if proc is None:
+        ok, detail = False, f"no end within {TIMEOUT_S} s"
+    else:
+        errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
+        crashed = any(w in proc.stderr for w in ("internal error", "Traceback", "terminate called", "Segmentation"))
+        ok = proc.returncode == 2 and len(errors) == 1 and not crashed and all(p in errors[0] for p in patterns)
+        detail = errors[0] if len(errors) == 1 else f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
+
+
+def forge(checkpoint, name, change):
+    """A copy of `checkpoint` whose metadata `change` edits, with a matching checksum."""
+    out = os.path.join(WORK, name)
+    shutil.copytree(checkpoint, out)
+    with open(os.path.join(out, "metadata.json")) as f:
+        meta = json.load(f)
+    change(meta, out)
+    text = (json.dumps(meta, indent=1) + "\n").encode()
+    with open(os.path.join(out, "metadata.json"), "wb") as f:
+        f.write(text)
+    with open(os.path.join(out, "metadata.crc32c"), "w") as f:
+        f.write(f"crc32c:{crc32c(text):08x}\n")
+    return out
+
+
+def checkpoint_cases(ckpt):
+    first_tensor = lambda meta: next(iter(meta["tensors"].values()))  # noqa: E731
+    export = lambda path: ("export", path, os.path.join(WORK, "exported"))  # noqa: E731
+
+    edited = os.path.join(WORK, "edited")
+    shutil.copytree(ckpt, edited)
+    with open(os.path.join(edited, "metadata.json"), "a") as f:
+        f.write(" ")
+    expect("metadata edited, checksum not", ["metadata.json", "does not match the metadata.crc32c"], *export(edited))
+    unsummed = os.path.join(WORK, "unsummed")
+    shutil.copytree(ckpt, unsummed)
+    os.remove(os.path.join(unsummed, "metadata.crc32c"))
+    expect("metadata checksum missing", ["metadata.crc32c, which is missing"], *export(unsummed))
+
+    cases = [
+        ("world_size 0", ["world_size must be an integer in [1, 1048576], got 0"],
+         lambda m, d: m.update(world_size=0)),
+        ("world_size 2^40", ["world_size must be an integer in [1, 1048576]"], lambda m, d: m.update(world_size=2**40)),
+        ("step 1e30", ["step must be an integer in [0, 1000000000000], got 1e+30"], lambda m, d: m.update(step=1e30)),
+        ("negative step", ["step must be an integer"], lambda m, d: m.update(step=-5)),
+        ("negative optimizer steps", ["optimizer.steps must be an integer"],
+         lambda m, d: m["optimizer"].update(steps=-1)),
+        ("files key ../", ["outside"], lambda m, d: m["files"].update({"../metadata.json": m["files"].pop("config.json")})),
+        ("absolute shard file", ["outside"],
+         lambda m, d: m["files"].update({"/etc/passwd": {"bytes": os.path.getsize("/etc/passwd"), "checksum": "0"}})),
+        ("shard file not listed", ["which files does not list"],
+         lambda m, d: first_tensor(m)["shards"][0].update(file="other.safetensors")),
+        ("negative shape", ["shape must be an integer in [0,"], lambda m, d: first_tensor(m).update(shape=[-3, 30])),
+        ("shape overflowing", ["shape holds too many elements"],
+         lambda m, d: first_tensor(m).update(shape=[2**40, 2**40])),
+        ("shard rows outside", ["shard rows must be an integer"],
+         lambda m, d: first_tensor(m)["shards"][0].update(rows=[0, 10**9])),
+        ("dtype not a string", ["malformed checkpoint metadata"], lambda m, d: m["model"].update(dtype=5)),
+        ("rank file a link", ["rank-00000.safetensors, which is a link"],
+         lambda m, d: (os.remove(os.path.join(d, "rank-00000.safetensors")),
+                       os.symlink("/etc/passwd", os.path.join(d, "rank-00000.safetensors")))),
+        ("a tensor missing", ["no tensor model/model.norm.weight"],
+         lambda m, d: m["tensors"].pop("model/model.norm.weight")),
+    ]
+    for name, patterns, change in cases:
+        expect(name, patterns, *export(forge(ckpt, name.replace(" ", "-").replace("/", "-"), change)))
+    far = forge(ckpt, "window-outside", lambda m, d: m["data"].update(window=10**9))
+    expect("window outside the epoch", ["data.window 1000000000 is outside an epoch"],
+           "train", CONFIG, "--set", f'train.out_dir="{WORK}/resumed"', "--set", f'checkpoint.resume="{far}"')
+    expect("export onto its source", ["would overwrite or contain the checkpoint"], "export", ckpt, ckpt)
+    expect("export into its source", ["would overwrite or contain the checkpoint"],
+           "export", ckpt, os.path.join(ckpt, "model"))
+
+
+def hf_cases(ckpt):
+    sharded = os.path.join(WORK, "hf-sharded")
+    subprocess.run([FSDPP, "export", ckpt, sharded, "--max-shard-mb", "0.01"], check=True, capture_output=True)
+    plan = lambda path: ("plan", CONFIG, "--set", f'model.path="{path}"')  # noqa: E731
+    train = lambda path: ("train", CONFIG, "--set", f'model.path="{path}"', "--set",  # noqa: E731
+                          f'train.out_dir="{WORK}/hf-run"', "--set", "train.steps=1")
+
+    def hf_copy(name, change):
+        out = os.path.join(WORK, name)
+        shutil.copytree(sharded, out)
+        change(out)
+        return out
+
+    def edit_index(d, value):
+        path = os.path.join(d, "model.safetensors.index.json")
+        index = json.load(open(path))
+        index["weight_map"][next(iter(index["weight_map"]))] = value
+        json.dump(index, open(path, "w"))
+
+    expect("index naming ../", ["weight_map", "outside"], *train(hf_copy("index-up", lambda d: edit_index(d, "../x"))))
+    expect("index naming /etc/passwd", ["weight_map", "outside"],
+           *train(hf_copy("index-abs", lambda d: edit_index(d, "/etc/passwd"))))
+
+    def link_shard(d):
+        shard = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
+        os.remove(os.path.join(d, shard))
+        os.symlink("/etc/passwd", os.path.join(d, shard))
+
+    expect("index shard a link", ["which is a link"], *train(hf_copy("index-link", link_shard)))
+
+    def fifo_weights(d):
+        for f in os.listdir(d):
+            if f.endswith(".safetensors") or f.endswith(".json") and f != "config.json":
+                os.remove(os.path.join(d, f))
+        os.mkfifo(os.path.join(d, "model.safetensors"))
+
+    expect("FIFO as model.safetensors", ["model.safetensors: not a regular file"], *train(hf_copy("fifo", fifo_weights)))
+
+    def wrapping_shape(d):
+        for f in os.listdir(d):
+            if f != "config.json":
+                os.remove(os.path.join(d, f))
+        header = json.dumps({"lm_head.weight": {"dtype": "F32", "shape": [2**32, 2**32, 16], "data_offsets": [0, 0]}})
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header.encode())
+
+    expect("safetensors shape whose size wraps", ["model.safetensors: tensor 'lm_head.weight': shape",
+                                                  "holds more elements than any file can"],
+           *train(hf_copy("wrapping-shape", wrapping_shape)))
+
+    def config(name, **changes):
+        def change(d):
+            path = os.path.join(d, "config.json")
+            cfg = json.load(open(path))
+            cfg.update(changes)
+            json.dump(cfg, open(path, "w"))
+        return hf_copy(name, change)
+
+    for name, patterns, changes in [
+        ("2.5 layers", ["num_hidden_layers must be an integer, got 2.5"], {"num_hidden_layers": 2.5}),
+        ("a million layers", ["num_hidden_layers must be in [1, 4096], got 1000000"], {"num_hidden_layers": 1000000}),
+        ("rope_theta 0", ["rope_theta must be positive"], {"rope_theta": 0}),
+        ("negative rms_norm_eps", ["rms_norm_eps must be positive"], {"rms_norm_eps": -1}),
+        ("no positions", ["max_position_embeddings must be in [1,"], {"max_position_embeddings": 0}),
+        ("garbage rope_scaling", ["rope_scaling: rope_type 'garbage' is not supported"],
+         {"rope_scaling": {"rope_type": "garbage"}}),
+        ("absurd width", ["describes a model of about", "more than the 1000B"],
+         {"hidden_size": 2**20, "intermediate_size": 2**20, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+          "head_dim": 1024, "num_hidden_layers": 4096}),
+    ]:
+        expect(f"config.json: {name}", ["config.json"] + patterns, *plan(config(name.replace(" ", "-"), **changes)))
+
+
+def token_case():
+    path = os.path.join(WORK, "beyond-vocab.tok")
+    tokens = list(range(300)) * 20  # the header says 256
+    with open(path, "wb") as f:
+        f.write(b"FSDPTOK\x00" + struct.pack("<IIQQ", 1, 2, len(tokens), 256) + struct.pack(f"<{len(tokens)}H", *tokens))
+    expect("token beyond the header's vocabulary", ["beyond-vocab.tok: the token at position 256 is 256", "outside the header's vocabulary of 256"],
+           "train", CONFIG, "--set", f'data.train="{path}"', "--set", f'train.out_dir="{WORK}/tok-run"',
+           "--set", "data.shuffle=false")
+
+
+def multimodal_cases():
+    base = os.path.join(WORK, "mm")
+    model = "tests/assets/models/tiny-qwen2-vl"
+    for name, sample, pattern in [
+        ("input_ids 1.5", {"input_ids": [1, 1.5, 2]}, "input_ids must hold integers, not 1.5"),
+        ("negative grid", {"input_ids": [1, 2, 3], "images": [{"pixels": "x", "grid": [1, -4, 4]}]},
+         "image grid must be [t, h, w] of sizes in [1, 65536]"),
+    ]:
+        d = os.path.join(base, name.replace(" ", "-"))
+        os.makedirs(d)
+        save_file({"x": torch.zeros(1, 1)}, os.path.join(d, "pixels.safetensors"))
+        with open(os.path.join(d, "samples.jsonl"), "w") as f:
+            f.write(json.dumps(sample) + "\n")
+        expect(f"samples.jsonl: {name}", ["samples.jsonl:1", pattern],
+               "train", CONFIG, "--set", f'model.path="{model}"', "--set", f'data.train="{d}"',
+               "--set", f'train.out_dir="{WORK}/mm-run"', "--set", "data.seq_len=40", "--set", "data.batch_size=1")
+
+
+def main():
+    subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    run = os.path.join(WORK, "run")
+    subprocess.run([FSDPP, "launch", "--nproc-per-node", "2", "--", "train", CONFIG, "--set", f'train.out_dir="{run}"',
+                    "--set", "train.steps=2"], check=True, capture_output=True, timeout=300)
+    ckpt = os.path.join(run, "checkpoints", "step-00000002")
+    checkpoint_cases(ckpt)
+    hf_cases(ckpt)
+    token_case()
+    multimodal_cases()
+    print(f"{failures} hostile file case(s) failed" if failures else "every hostile file is refused with one line")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
