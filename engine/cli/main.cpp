@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "models/registry.h"
 #include "io/checkpoint_export.h"
 #include "io/hf_dir.h"

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "core/module_tree.h"
-#include "dist/device_mesh.h"
+#include "distributed/device_mesh.h"
 #include "fsdp/plan.h"
 #include "fsdp/unit.h"
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/module.h"
-#include "dist/comm.h"
+#include "distributed/comm.h"
 #include "fsdp/sharded_param.h"
 
 #include <memory>

@@ -2,7 +2,7 @@
 // perplexity is usually reported for Hugging Face models.
 #pragma once
 
-#include "dist/comm.h"
+#include "distributed/comm.h"
 #include "models/causal_lm.h"
 #include "train/data.h"
 

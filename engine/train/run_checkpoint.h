@@ -5,7 +5,7 @@
 // whichever saved shards hold them, so a checkpoint loads at any world size or mesh.
 #pragma once
 
-#include "dist/comm.h"
+#include "distributed/comm.h"
 #include "fsdp/fsdp_state.h"
 #include "io/sharded_checkpoint.h"
 #include "models/model_config.h"

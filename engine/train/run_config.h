@@ -3,7 +3,7 @@
 #pragma once
 
 #include "core/config_file.h"
-#include "dist/dist_env.h"
+#include "distributed/dist_env.h"
 #include "train/adamw.h"
 #include "train/data.h"
 #include "train/lr_schedule.h"

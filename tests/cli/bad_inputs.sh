@@ -116,6 +116,8 @@ expect "port out of range" "launch: --master-port takes a whole number in [1, 65
 expect "ranks beyond the machine" "launch: --nproc-per-node takes a whole number in [1," \
   -- launch --nproc-per-node 100000 -- train "$work/ok.toml"
 expect "no command" "no command given" --
+expect "a user error in launched ranks" "fsdpp: error: rank 0: --set optimizer.lr=inf: [optimizer] lr" \
+  -- launch --nproc-per-node 2 -- train "$work/ok.toml" --set optimizer.lr=inf
 
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"

@@ -1,6 +1,6 @@
 // c10d-backed collectives. Gloo reduces with SUM only (no AVG), so callers divide
 // themselves. Each collective is issued asynchronously; the blocking forms wait at once.
-#include "dist/comm.h"
+#include "distributed/comm.h"
 
 #include "core/error.h"
 

@@ -1,5 +1,5 @@
 // Building the mesh's sub-groups; each process creates only the two groups it is in.
-#include "dist/device_mesh.h"
+#include "distributed/device_mesh.h"
 
 #include "core/error.h"
 

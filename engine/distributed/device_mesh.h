@@ -3,7 +3,7 @@
 // group (ranks s, S + s, 2S + s, ...): replicate = 1 is plain FSDP, replicate > 1 is HSDP.
 #pragma once
 
-#include "dist/comm.h"
+#include "distributed/comm.h"
 
 #include <memory>
 

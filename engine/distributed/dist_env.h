@@ -3,7 +3,7 @@
 // MASTER_PORT) or, failing those, from Slurm's; and the [parallel] section.
 #pragma once
 
-#include "dist/comm.h"
+#include "distributed/comm.h"
 
 #include <memory>
 #include <string>

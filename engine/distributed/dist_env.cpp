@@ -1,5 +1,5 @@
 // Environment rendezvous.
-#include "dist/dist_env.h"
+#include "distributed/dist_env.h"
 
 #include "core/device.h"
 #include "core/error.h"

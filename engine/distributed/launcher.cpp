@@ -1,0 +1,192 @@
+// The local process launcher.
+#include "distributed/launcher.h"
+#include "distributed/rank_process.h"
+
+#include "core/error.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fsdpp {
+
+namespace {
+
+int signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const unsigned char s = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(signal_pipe[1], &s, 1);
+}
+
+int parse_int(const std::string& flag, const std::string& value, int min, int max) {
+  try {
+    size_t used = 0;
+    int v = std::stoi(value, &used);
+    if (used == value.size() && v >= min && v <= max) return v;
+  } catch (const std::exception&) {
+  }
+  throw UserError("launch: " + flag + " takes a whole number in [" + std::to_string(min) + ", " + std::to_string(max) +
+                  "], got '" + value + "'");
+}
+
+// Ranks one node may start: a few per core, as oversubscribed CPU tests run, and no more.
+int max_local_ranks() { return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw UserError("launch: cannot find a free port; pass --master-port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
+
+LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  size_t i = 0;
+  auto value = [&](const std::string& flag) -> std::string {
+    if (i + 1 >= args.size()) throw UserError("launch: " + flag + " needs a value");
+    return args[++i];
+  };
+  bool port_given = false;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      o.command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
+      break;
+    }
+    if (a == "--nproc-per-node") o.nproc_per_node = parse_int(a, value(a), 1, max_local_ranks());
+    else if (a == "--nnodes") o.nnodes = parse_int(a, value(a), 1, 1 << 16);
+    else if (a == "--node-rank") o.node_rank = parse_int(a, value(a), 0, (1 << 16) - 1);
+    else if (a == "--master-addr") o.master_addr = value(a);
+    else if (a == "--master-port") o.master_port = parse_int(a, value(a), 1, 65535), port_given = true;
+    else throw UserError("launch: unknown option " + a + " (see fsdpp launch --help)");
+  }
+  if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");
+  if (o.node_rank >= o.nnodes) {
+    throw UserError("launch: --node-rank " + std::to_string(o.node_rank) + " must be below --nnodes " +
+                    std::to_string(o.nnodes));
+  }
+  if (!port_given) o.master_port = o.nnodes == 1 ? 0 : 29500;
+  return o;
+}
+
+namespace {
+
+// The variables a rank reads its place in the job from (as torchrun sets them).
+std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local, int port) {
+  const int world = o.nnodes * o.nproc_per_node;
+  return {{"RANK", std::to_string(o.node_rank * o.nproc_per_node + local)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", std::to_string(local)},
+          {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+          {"GROUP_RANK", std::to_string(o.node_rank)},
+          {"MASTER_ADDR", o.master_addr},
+          {"MASTER_PORT", std::to_string(port)},
+          {"FSDPP_LAUNCHER_PREFIXES_RANK", "1"}};
+}
+
+// Waits up to 100 ms for output from any rank or a signal to the launcher; returns the
+// signal that arrived, or 0.
+int wait_for_activity(const std::vector<std::unique_ptr<RankProcess>>& ranks) {
+  std::vector<pollfd> fds{{signal_pipe[0], POLLIN, 0}};
+  for (const auto& r : ranks) {
+    for (int fd : r->open_descriptors()) fds.push_back({fd, POLLIN, 0});
+  }
+  ::poll(fds.data(), fds.size(), 100);
+  unsigned char sig = 0;
+  if ((fds[0].revents & POLLIN) && ::read(signal_pipe[0], &sig, 1) == 1) return sig;
+  return 0;
+}
+
+// The launcher's one report of a failed job: the rank that stopped on a user error (exit
+// status 2) is the cause; the others' failures (a peer gone from a collective) are
+// consequences, whichever the launcher saw first.
+int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks, const RankProcess& first_failed) {
+  for (const auto& r : ranks) {
+    if (r->stopped_on_user_error()) {
+      std::fprintf(stderr, "fsdpp: error: rank %d: %s\n", r->rank(), r->error_message().c_str());
+      return 2;
+    }
+  }
+  const std::string said = first_failed.error_message().empty() ? "" : ": " + first_failed.error_message();
+  std::fprintf(stderr, "fsdpp: error: rank %d failed with %s%s\n", first_failed.rank(), first_failed.describe().c_str(),
+               said.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o, const std::string& self_exe) {
+  const int port = o.master_port == 0 ? free_port() : o.master_port;
+  if (::pipe2(signal_pipe, O_CLOEXEC) != 0) throw UserError("launch: cannot create a pipe");
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<std::string> argv{self_exe};
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int local = 0; local < o.nproc_per_node; ++local) {
+    ranks.push_back(std::make_unique<RankProcess>(o.node_rank * o.nproc_per_node + local));
+    ranks.back()->spawn(argv, rank_environment(o, local, port));
+  }
+
+  const RankProcess* failed = nullptr;
+  int forwarded = 0;
+  auto kill_time = std::chrono::steady_clock::time_point::max();
+  auto signal_all = [&](int sig) {
+    for (auto& r : ranks) r->signal(sig);
+  };
+  for (size_t running = ranks.size(); running > 0;) {
+    if (const int sig = wait_for_activity(ranks)) {
+      // No deadline: ranks that catch it save a checkpoint first, and a second signal,
+      // passed on the same way, ends them at once.
+      std::fprintf(stderr, "fsdpp launch: got %s; passing it to every rank\n", ::strsignal(sig));
+      forwarded = sig;
+      signal_all(sig);
+    }
+    for (auto& r : ranks) {
+      r->pump(false);
+      if (!r->running() || !r->reap()) continue;
+      --running;
+      r->pump(true);  // what it printed before it ended
+      if (r->succeeded(forwarded) || failed != nullptr) continue;
+      failed = r.get();
+      // The rest would wait in a collective for it forever: stopped, killed after a grace.
+      signal_all(SIGTERM);
+      kill_time = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    if (std::chrono::steady_clock::now() > kill_time) signal_all(SIGKILL);
+  }
+  if (failed != nullptr) return report_failure(ranks, *failed);
+  if (forwarded != 0) {
+    std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(forwarded));
+    return 128 + forwarded;
+  }
+  return 0;
+}
+
+}  // namespace fsdpp
