@@ -147,7 +147,8 @@ int api_setmetatable(lua_State* L) {
 }
 
 // The read-only view of a table: reads reach it, writes fail, pairs walks it, and its
-// metatable is protected. Upvalue 1 is the table, upvalue 2 its name in messages.
+// metatable is protected. Upvalues: 1 the table, 2 its name in messages, 3 whether it is the
+// globals (whose missing names are errors to read too).
 int read_only_index(lua_State* L) {
   lua_pushvalue(L, 2);
   if (lua_rawget(L, lua_upvalueindex(1)) == LUA_TNIL && lua_toboolean(L, lua_upvalueindex(3))) {

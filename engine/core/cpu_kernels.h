@@ -17,12 +17,13 @@ inline constexpr const char* kOnednnIsaBelowAmx = "AVX512_CORE_BF16";
 
 // Whether /proc/cpuinfo lists an AMX feature (amx_tile, amx_bf16).
 bool cpu_advertises_amx();
-// Runs one small bf16 product in a forked child: true when it finished, false when the
-// child died. FSDPP_CPU_PROBE=fail makes it report a fault (tests of the fallback).
+// Runs one small bf16 product in a forked child: true when it finished with the right
+// answer, false when the child died, hung or answered wrongly.
 bool bf16_products_run();
-// The cap this process needs: ONEDNN_MAX_CPU_ISA's value when the CPU advertises AMX (or a
-// fault is forced) and a bf16 product dies, nothing otherwise or when the environment
-// already sets a cap. Costs a read of /proc/cpuinfo where nothing advertises AMX.
+// The cap this process needs: ONEDNN_MAX_CPU_ISA's value when the CPU advertises AMX and a
+// bf16 product fails (or FSDPP_CPU_PROBE=fail forces a fault, for tests), nothing otherwise
+// or when the environment already sets a cap. Costs a read of /proc/cpuinfo where nothing
+// advertises AMX.
 std::optional<std::string> needed_onednn_cap();
 // Settles the cap before any kernel runs, once per process tree: when one is needed, logs
 // one warning, sets it and re-executes `argv` (this function then does not return). A

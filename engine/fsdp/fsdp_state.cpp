@@ -54,19 +54,16 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     // them out, so a gather starts with one copy (and cast) of the whole buffer.
     const int world = mesh.shard_group->size();
     std::vector<at::Tensor> tensors;
-    int64_t flat_numel = 0;
+    std::vector<int64_t> offsets{0};  // where each parameter's shard starts in the buffer
     for (const auto& p : unit.params) {
       tensors.push_back(p.module->named_parameters(/*recurse=*/false)[p.local]);
-      flat_numel += ShardShape(tensors.back().sizes(), world).shard_numel();
+      offsets.push_back(offsets.back() + ShardShape(tensors.back().sizes(), world).shard_numel());
     }
-    at::Tensor masters = at::zeros({flat_numel}, master.dtype(master_dtype(tensors.front().scalar_type())));
+    at::Tensor masters = at::zeros({offsets.back()}, master.dtype(master_dtype(tensors.front().scalar_type())));
     std::vector<ShardedParam> params;
-    int64_t offset = 0;
     for (size_t i = 0; i < unit.params.size(); ++i) {
-      const int64_t n = ShardShape(tensors[i].sizes(), world).shard_numel();
       params.emplace_back(unit.params[i].name, tensors[i], mesh.shard_group->rank(), world, fill,
-                          masters.narrow(0, offset, n));
-      offset += n;
+                          masters.narrow(0, offsets[i], offsets[i + 1] - offsets[i]));
     }
     std::vector<Module*> modules;
     for (const auto& path : unit.plan->modules) {

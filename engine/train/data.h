@@ -44,6 +44,9 @@ class TokenFile {
 
  private:
   std::shared_ptr<MappedFile> file_;
+  // UserError naming the position of the first token at or past the header's vocabulary.
+  void check_vocabulary() const;
+
   int64_t count_ = 0, vocab_ = 0, width_ = 0;
 };
 
