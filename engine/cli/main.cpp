@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
+#include "distributed/dist_env.h"
 #include "distributed/launcher.h"
 #include "models/registry.h"
 #include "io/checkpoint_export.h"
@@ -319,6 +320,11 @@ int main(int argc, char** argv) {
     return command == "train" ? run_train(args) : run_eval(args);
   } catch (const UserError& e) {
     std::fprintf(stderr, "fsdpp: error: %s\n", e.what());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // The machine refused a file operation (permissions, a full disk, a name too long): the
+    // user's to fix, and the paths say where.
+    std::fprintf(stderr, "fsdpp: error: %s\n", one_line(e.what()).c_str());
     return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what_without_backtrace());

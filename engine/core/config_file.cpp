@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -154,48 +155,65 @@ void ConfigSection::finish() const {
   }
 }
 
+namespace {
+
+// Applies one --set "section.key=value" (value read as TOML, or as a string when it does
+// not parse as one) to `doc`.
+void apply_override(ConfigDocument& doc, const std::string& text) {
+  const auto eq = text.find('=');
+  const auto dot = text.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+    throw UserError("--set " + text + ": expected section.key=value");
+  }
+  const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
+  const std::string value = text.substr(eq + 1);
+  // One setting: a line break would let the rest of it be read as more TOML.
+  if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
+    throw UserError("--set " + text + ": holds a line break or control character");
+  }
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed.insert("v", value);
+  }
+  // "policy.options.shard" names a key in a nested table; create the tables on the way.
+  toml::table* table = &doc.root;
+  std::string rest = section + "." + key;
+  for (size_t dot_at; (dot_at = rest.find('.')) != std::string::npos; rest = rest.substr(dot_at + 1)) {
+    const std::string part = rest.substr(0, dot_at);
+    if (!table->get_as<toml::table>(part)) table->insert_or_assign(part, toml::table{});
+    table = table->get_as<toml::table>(part);
+  }
+  table->insert_or_assign(rest, *parsed.get("v"));
+  doc.overridden[section + "." + key] = text;
+}
+
+}  // namespace
+
 ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
-  ConfigFile file;
-  file.doc_ = std::make_shared<ConfigDocument>();
-  file.doc_->path = path;
   if (!std::filesystem::exists(path)) throw UserError(path.string() + ": no such config file");
   // A FIFO or device in its place would block the read or never end.
   if (!std::filesystem::is_regular_file(path)) throw UserError(path.string() + ": not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) throw UserError(path.string() + ": cannot be read");
+  return parse(text.str(), path, overrides);
+}
+
+ConfigFile ConfigFile::parse(const std::string& text, const std::filesystem::path& path,
+                             const std::vector<std::string>& overrides) {
+  ConfigFile file;
+  file.doc_ = std::make_shared<ConfigDocument>();
+  file.doc_->path = path;
   try {
-    file.doc_->root = toml::parse_file(path.string());
+    file.doc_->root = toml::parse(text, path.string());
   } catch (const toml::parse_error& e) {
     throw UserError(path.string() + ":" + std::to_string(e.source().begin.line) +
                     ": invalid TOML: " + std::string(e.description()));
   }
-  for (const auto& text : overrides) {
-    const auto eq = text.find('=');
-    const auto dot = text.find('.');
-    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
-      throw UserError("--set " + text + ": expected section.key=value");
-    }
-    const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
-    const std::string value = text.substr(eq + 1);
-    // One value: a line break would let the rest of it be read as more TOML.
-    if (std::any_of(value.begin(), value.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
-      throw UserError("--set " + section + "." + key + ": the value holds a line break or control character");
-    }
-    toml::table parsed;
-    try {
-      parsed = toml::parse("v = " + value);
-    } catch (const toml::parse_error&) {
-      parsed.insert("v", value);
-    }
-    // "policy.options.shard" names a key in a nested table; create the tables on the way.
-    toml::table* table = &file.doc_->root;
-    std::string rest = section + "." + key;
-    for (size_t dot_at; (dot_at = rest.find('.')) != std::string::npos; rest = rest.substr(dot_at + 1)) {
-      const std::string part = rest.substr(0, dot_at);
-      if (!table->get_as<toml::table>(part)) table->insert_or_assign(part, toml::table{});
-      table = table->get_as<toml::table>(part);
-    }
-    table->insert_or_assign(rest, *parsed.get("v"));
-    file.doc_->overridden[section + "." + key] = text;
-  }
+  for (const auto& override_text : overrides) apply_override(*file.doc_, override_text);
   return file;
 }
 

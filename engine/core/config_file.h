@@ -56,6 +56,9 @@ class ConfigFile {
   // Parses `path`, then applies overrides "section.key=value" (value read as TOML, or as a
   // string when it does not parse as one).
   static ConfigFile load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
+  // The same for the text of a file at `path` (named in messages).
+  static ConfigFile parse(const std::string& text, const std::filesystem::path& path,
+                          const std::vector<std::string>& overrides);
 
   ConfigSection section(const std::string& name) const;
   // Errors for a top-level entry that is not one of `known` sections.

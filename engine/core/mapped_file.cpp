@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -129,9 +130,13 @@ std::string read_text_file(const std::filesystem::path& path) {
   return {reinterpret_cast<const char*>(file->data()), file->size()};
 }
 
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name.size() <= NAME_MAX && name != "." && name != ".." &&
+         name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+}
+
 std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-      name.find('\0') != std::string::npos) {
+  if (!is_plain_file_name(name)) {
     throw UserError("names a file '" + name + "' outside " + dir.string() + " (only plain file names are allowed)");
   }
   const std::filesystem::path path = dir / name;

@@ -42,6 +42,11 @@ class MappedFile {
 // name, for a name that would leave the directory, a link, a missing or a special file.
 std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name);
 
+// Whether `name` can only name an entry of its directory: not empty, ".", "..", longer than
+// a file name may be, and without a '/' or a NUL (what file_in_directory checks before it
+// looks at the disk).
+bool is_plain_file_name(const std::string& name);
+
 // The whole of a regular file as text; UserError naming it when it cannot be read or is not
 // a regular file (a FIFO in its place would block a plain read forever).
 std::string read_text_file(const std::filesystem::path& path);

@@ -97,14 +97,6 @@ std::shared_ptr<Comm> Comm::single(c10::Device device) {
   return comm;
 }
 
-bool Comm::has_nccl() {
-#ifdef USE_C10D_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, int port,
                                   std::chrono::milliseconds timeout, c10::Device device) {
   std::shared_ptr<Comm> comm(new Comm());

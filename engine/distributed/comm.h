@@ -36,8 +36,6 @@ class Comm {
   const std::string& name() const { return name_; }
   // Where the backend moves data: the CPU for gloo, this rank's GPU for NCCL.
   c10::Device device() const { return device_; }
-  // Whether this build can run NCCL groups.
-  static bool has_nccl();
 
   // The blocking forms take tensors on any device (staged through the group's device and
   // waited for before returning), so small bookkeeping tensors may stay on the host.

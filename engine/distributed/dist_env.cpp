@@ -4,7 +4,6 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/config_file.h"
 
 #include <csignal>
 #include <cstdlib>
@@ -38,28 +37,6 @@ std::string first_host(std::string list) {
 
 }  // namespace
 
-ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
-  ParallelConfig c;
-  c.device = s.get_string("device", c.device);
-  c.backend = s.get_string("backend", c.backend);
-  c.timeout_s = s.get_double("timeout_s", c.timeout_s, 0, 1e7);
-  s.finish();
-  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") {
-    s.fail("device", "'" + c.device + "' is not one of auto, cpu, cuda");
-  }
-  const std::string backends = Comm::has_nccl() ? "auto, gloo, nccl" : "auto, gloo";
-  if (c.backend != "auto" && c.backend != "gloo" && (c.backend != "nccl" || !Comm::has_nccl())) {
-    s.fail("backend", "'" + c.backend + "' is not available in this build (" + backends + ")");
-  }
-  // Each backend moves data of one kind of device only.
-  if (c.backend == "gloo" && c.device == "cuda") s.fail("backend", "gloo runs on the CPU, but device is 'cuda'");
-  if (c.backend == "nccl" && c.device == "cpu") s.fail("backend", "nccl runs on GPUs, but device is 'cpu'");
-  if (c.backend == "gloo") c.device = "cpu";
-  if (c.backend == "nccl") c.device = "cuda";
-  if (!(c.timeout_s > 0)) s.fail("timeout_s", "must be positive");
-  return c;
-}
-
 DistEnv DistEnv::from_environment() {
   DistEnv e;
   if (env("RANK") && env("WORLD_SIZE")) {
@@ -88,7 +65,7 @@ DistEnv DistEnv::from_environment() {
 
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
   // Without NCCL in this build a launched run must talk over gloo, hence compute on the CPU.
-  const bool gpu_groups = !env.launched || Comm::has_nccl();
+  const bool gpu_groups = !env.launched || nccl_available();
   const c10::Device device = resolve_device(config.device == "auto" && !gpu_groups ? "cpu" : config.device, env.local_rank,
                                              env.local_world_size);
   use_device(device);

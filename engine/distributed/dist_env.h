@@ -1,24 +1,16 @@
 // Where this process stands in a distributed run, read from the variables torchrun and
 // `fsdpp launch` set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT) or, failing those, from Slurm's; and the [parallel] section.
+// MASTER_PORT) or, failing those, from Slurm's, and the world group a run's [parallel]
+// section asks for.
 #pragma once
 
 #include "distributed/comm.h"
+#include "distributed/parallel_config.h"
 
 #include <memory>
 #include <string>
 
 namespace fsdpp {
-
-class ConfigSection;
-
-struct ParallelConfig {
-  std::string device = "auto";   // "auto" (this rank's GPU when there is one, else the CPU), "cpu" or "cuda"
-  std::string backend = "auto";  // "auto" (nccl on a GPU, gloo on the CPU), "gloo" or "nccl"
-  double timeout_s = 300;        // rendezvous and collective timeout
-
-  static ParallelConfig from_section(ConfigSection& section);
-};
 
 struct DistEnv {
   bool launched = false;         // a launcher set the variables (else: one plain process)

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/module_tree.h"
+#include "io/weight_index.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -25,23 +26,13 @@ HfWeights HfWeights::open(const fs::path& dir) {
   const fs::path single = dir / "model.safetensors";
   weights.dir_ = dir;
   if (fs::exists(index)) {
-    json j;
-    try {
-      j = json::parse(read_text_file(index));
-    } catch (const json::parse_error& e) {
-      throw UserError(index.string() + ": not valid JSON (" + e.what() + ")");
-    }
-    if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
-      throw UserError(index.string() + ": has no weight_map object");
-    }
     std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw UserError(index.string() + ": weight_map['" + name + "'] is not a file name");
-      auto& shard = shards[file.get<std::string>()];
+    for (const auto& [name, file] : parse_weight_map(read_text_file(index), index.string())) {
+      auto& shard = shards[file];
       if (!shard) {
         fs::path shard_path;
         try {
-          shard_path = file_in_directory(dir, file.get<std::string>());
+          shard_path = file_in_directory(dir, file);
         } catch (const UserError& e) {
           throw UserError(index.string() + ": weight_map['" + name + "'] " + e.what());
         }

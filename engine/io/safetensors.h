@@ -1,8 +1,9 @@
-// Reading and writing the safetensors format: an 8-byte little-endian header length, a JSON
-// header naming each tensor's dtype, shape and byte range, then the raw data.
+// Reading and writing the safetensors format: the header (io/safetensors_header.h), then
+// the raw data.
 #pragma once
 
 #include "core/mapped_file.h"
+#include "io/safetensors_header.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -16,21 +17,16 @@ namespace fsdpp {
 
 class SafetensorsFile {
  public:
-  struct Entry {
-    at::ScalarType dtype;
-    std::vector<int64_t> shape;
-    size_t begin = 0;  // byte range in the data section
-    size_t end = 0;
-  };
+  using Entry = SafetensorsEntry;
 
   // Maps the file and validates the whole header (lengths, dtypes, shapes, offsets); any
   // fault is a UserError naming the file and, where it applies, the tensor.
   static std::shared_ptr<SafetensorsFile> open(const std::filesystem::path& path);
 
   const std::filesystem::path& path() const { return file_->path(); }
-  const std::map<std::string, Entry>& entries() const { return entries_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  const std::map<std::string, Entry>& entries() const { return header_.entries; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  bool contains(const std::string& name) const { return header_.entries.count(name) != 0; }
   size_t resident_bytes() const { return file_->resident_bytes(); }
   void advise_random() const { file_->advise_random(); }
 
@@ -39,9 +35,7 @@ class SafetensorsFile {
 
  private:
   std::shared_ptr<MappedFile> file_;
-  size_t data_offset_ = 0;
-  std::map<std::string, Entry> entries_;
-  std::map<std::string, std::string> metadata_;
+  SafetensorsHeader header_;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -78,9 +72,5 @@ class SafetensorsWriter {
 // Writes tensors (any device, made contiguous on the CPU) atomically.
 void write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-// "F32", "BF16", ... for a dtype, and back (UserError for a name the format lacks).
-std::string safetensors_dtype_name(at::ScalarType dtype);
-at::ScalarType safetensors_dtype(const std::string& name, const std::string& origin);
 
 }  // namespace fsdpp

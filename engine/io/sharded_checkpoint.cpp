@@ -3,8 +3,6 @@
 #include "io/sharded_checkpoint.h"
 
 #include "core/checksum.h"
-#include "core/config_file.h"
-#include "core/dtype.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 
@@ -19,7 +17,6 @@
 namespace fsdpp {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 namespace {
 
@@ -33,8 +30,6 @@ std::optional<int64_t> step_of(const std::string& dir_name) {
   return std::stoll(digits);
 }
 
-int64_t row_count(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
-
 // metadata.json's checksum, from metadata.crc32c: edits and corruption show before any of its
 // fields is trusted.
 void check_metadata_checksum(const fs::path& dir, const std::string& text) {
@@ -47,36 +42,6 @@ void check_metadata_checksum(const fs::path& dir, const std::string& text) {
     throw UserError("checksum " + actual + " does not match the " + std::string(kMetadataChecksumFile) + " of " +
                     dir.string() + " (the file is corrupt or was edited)");
   }
-}
-
-// An integer in [min, max]; another type or a value out of range names the field.
-int64_t int_value(const json& value, const std::string& name, int64_t min, int64_t max) {
-  const bool too_big = value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(max);
-  if (!value.is_number_integer() || too_big || value.get<int64_t>() < min || value.get<int64_t>() > max) {
-    throw UserError(name + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
-                    value.dump());
-  }
-  return value.get<int64_t>();
-}
-
-int64_t int_field(const json& parent, const std::string& path, const char* key, int64_t min, int64_t max) {
-  const std::string name = path.empty() ? key : path + "." + key;
-  if (!parent.is_object() || !parent.contains(key)) throw UserError(name + " is missing");
-  return int_value(parent.at(key), name, min, max);
-}
-
-// A tensor shape: dimensions >= 0 whose product fits the sizes tensors may have.
-std::vector<int64_t> shape_field(const json& record, const std::string& key) {
-  const json& shape = record.at("shape");
-  if (!shape.is_array()) throw UserError("tensor '" + key + "': shape is not a list");
-  std::vector<int64_t> dims;
-  int64_t elements = 1;
-  for (const json& d : shape) dims.push_back(int_value(d, "tensor '" + key + "' shape", 0, int64_t{1} << 40));
-  for (int64_t d : dims) {
-    if (d != 0 && elements > (int64_t{1} << 48) / d) throw UserError("tensor '" + key + "': shape holds too many elements");
-    elements *= d;
-  }
-  return dims;
 }
 
 uintmax_t directory_bytes(const fs::path& dir) {
@@ -105,13 +70,7 @@ fs::path staging_path(const fs::path& root, int64_t step) {
   return root / (kPartialPrefix + checkpoint_path(root, step).filename().string());
 }
 
-bool ShardedCheckpoint::is_checkpoint(const fs::path& dir) {
-  const fs::path meta = dir / "metadata.json";
-  if (!fs::is_regular_file(meta)) return false;
-  std::ifstream in(meta);
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("format", "") == kCheckpointFormat;
-}
+bool ShardedCheckpoint::is_checkpoint(const fs::path& dir) { return fs::is_regular_file(dir / "metadata.json"); }
 
 ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   if (!fs::is_directory(dir)) throw UserError(dir.string() + ": no such checkpoint directory");
@@ -124,76 +83,32 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   c.opened_ = std::make_shared<std::map<std::string, std::shared_ptr<SafetensorsFile>>>();
   c.verified_ = std::make_shared<std::set<std::string>>();
   c.stats_ = std::make_shared<ReadStats>();
-  json meta;
   try {
     const std::string text = read_text_file(meta_path);
     check_metadata_checksum(dir, text);
-    meta = json::parse(text);
-    if (!meta.is_object() || meta.value("format", "") != kCheckpointFormat) {
-      throw UserError("not a " + std::string(kCheckpointFormat));
-    }
-    if (meta.value("version", 0) != 1) throw UserError("version " + meta.value("version", json()).dump() + " is not 1");
-    c.step_ = int_field(meta, "", "step", 0, kMaxSteps);
-    c.world_size_ = static_cast<int>(int_field(meta, "", "world_size", 1, kMaxWorldSize));
-    int_field(meta.at("optimizer"), "optimizer", "steps", 0, kMaxSteps);
-    int_field(meta.at("data"), "data", "epoch", 0, INT64_MAX);
-    int_field(meta.at("data"), "data", "window", 0, INT64_MAX);
-    parse_dtype(meta.at("model").at("dtype").get<std::string>());
-    for (const auto& [name, f] : meta.at("files").items()) {
+    c.meta_ = CheckpointMetadata::parse(text);
+    for (const auto& [name, f] : c.meta_.files) {
       const fs::path path = file_in_directory(dir, name);
-      const auto bytes = static_cast<uintmax_t>(int_field(f, "files." + name, "bytes", 0, INT64_MAX));
-      if (fs::file_size(path) != bytes) {
-        throw UserError("records " + std::to_string(bytes) + " bytes for " + path.string() + ", which has " +
+      if (fs::file_size(path) != f.bytes) {
+        throw UserError("records " + std::to_string(f.bytes) + " bytes for " + path.string() + ", which has " +
                         std::to_string(fs::file_size(path)) + " (truncated or overwritten)");
       }
-      c.files_[name] = {static_cast<size_t>(bytes), f.at("checksum").get<std::string>()};
     }
-    for (const auto& [key, t] : meta.at("tensors").items()) {
-      TensorRecord r{safetensors_dtype(t.at("dtype").get<std::string>(), key), shape_field(t, key), {}};
-      const int64_t rows_total = row_count(r.shape);
-      for (const auto& s : t.at("shards")) {
-        const json& rows = s.at("rows");
-        if (!rows.is_array() || rows.size() != 2) throw UserError("tensor '" + key + "': a shard's rows are not [first, count]");
-        const std::string where = "tensor '" + key + "' shard rows";
-        r.shards.push_back({s.at("file").get<std::string>(), int_value(rows[0], where, 0, rows_total),
-                            int_value(rows[1], where, 0, rows_total)});
-        if (!c.files_.count(r.shards.back().file)) {
-          throw UserError("tensor '" + key + "' names file " + r.shards.back().file + ", which files does not list");
-        }
-      }
-      std::sort(r.shards.begin(), r.shards.end(), [](const auto& a, const auto& b) { return a.first_row < b.first_row; });
-      int64_t next = 0;
-      for (const auto& s : r.shards) {
-        if (s.first_row != next || s.rows < 0) {
-          throw UserError("tensor '" + key + "': shards do not tile its rows (row " + std::to_string(next) +
-                          " expected, " + std::to_string(s.first_row) + " found)");
-        }
-        next += s.rows;
-      }
-      if (next != row_count(r.shape)) {
-        throw UserError("tensor '" + key + "': shards hold " + std::to_string(next) + " of its " +
-                        std::to_string(row_count(r.shape)) + " rows");
-      }
-      c.tensors_.emplace(key, std::move(r));
-    }
-  } catch (const json::exception& e) {
-    throw UserError(meta_path.string() + ": malformed checkpoint metadata (" + e.what() + ")");
   } catch (const UserError& e) {
     throw UserError(meta_path.string() + ": " + e.what());
   }
-  c.metadata_ = std::make_shared<json>(std::move(meta));
   return c;
 }
 
 const TensorRecord& ShardedCheckpoint::record(const std::string& key) const {
-  auto it = tensors_.find(key);
-  if (it == tensors_.end()) throw UserError(dir_.string() + ": checkpoint has no tensor '" + key + "'");
+  auto it = meta_.tensors.find(key);
+  if (it == meta_.tensors.end()) throw UserError(dir_.string() + ": checkpoint has no tensor '" + key + "'");
   return it->second;
 }
 
 std::vector<std::string> ShardedCheckpoint::keys(const std::string& prefix) const {
   std::vector<std::string> out;
-  for (const auto& [key, r] : tensors_) {
+  for (const auto& [key, r] : meta_.tensors) {
     if (key.starts_with(prefix)) out.push_back(key);
   }
   return out;
@@ -202,8 +117,8 @@ std::vector<std::string> ShardedCheckpoint::keys(const std::string& prefix) cons
 fs::path ShardedCheckpoint::verified(const std::string& name) const {
   const fs::path path = dir_ / name;
   if (verified_->count(name)) return path;
-  auto it = files_.find(name);
-  if (it == files_.end()) throw UserError(dir_.string() + ": checkpoint lists no file " + name);
+  auto it = meta_.files.find(name);
+  if (it == meta_.files.end()) throw UserError(dir_.string() + ": checkpoint lists no file " + name);
   const auto& [bytes, checksum] = it->second;
   const auto mapped = MappedFile::open(path);
   const std::string actual = format_crc32c(crc32c(mapped->data(), mapped->size()));
@@ -256,13 +171,13 @@ at::Tensor ShardedCheckpoint::read_full(const std::string& key) const {
 }
 
 at::Tensor ShardedCheckpoint::read_whole(const std::string& file_name, const std::string& key) const {
-  if (!files_.count(file_name)) return {};
+  if (!meta_.files.count(file_name)) return {};
   const SafetensorsFile& f = file(file_name);
   return f.contains(key) ? f.tensor(key).clone() : at::Tensor();
 }
 
 void ShardedCheckpoint::verify_all() const {
-  for (const auto& [name, info] : files_) {
+  for (const auto& [name, info] : meta_.files) {
     verified(name);
   }
 }

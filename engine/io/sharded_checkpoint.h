@@ -8,6 +8,7 @@
 // named step-N is complete by construction and a crash mid-save leaves earlier ones intact.
 #pragma once
 
+#include "io/checkpoint_metadata.h"
 #include "io/safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -22,22 +23,7 @@
 
 namespace fsdpp {
 
-inline constexpr const char* kCheckpointFormat = "fsdpp-sharded-checkpoint";
 inline constexpr const char* kMetadataChecksumFile = "metadata.crc32c";
-// The largest world a checkpoint may record.
-inline constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
-
-struct ShardRecord {
-  std::string file;
-  int64_t first_row = 0;
-  int64_t rows = 0;
-};
-
-struct TensorRecord {
-  at::ScalarType dtype;
-  std::vector<int64_t> shape;        // the full tensor's
-  std::vector<ShardRecord> shards;   // by first_row, covering every row once
-};
 
 // Tensor bytes read from a checkpoint and the seconds spent reading them (checksum
 // verification included).
@@ -53,14 +39,15 @@ class ShardedCheckpoint {
   // UserError naming the file (and field) when the directory, its metadata or a file it
   // lists is missing, malformed, out of range, outside the directory or of the wrong size.
   static ShardedCheckpoint open(const std::filesystem::path& dir);
-  // Whether `dir` holds a checkpoint (a metadata.json of this format), complete or not.
+  // Whether `dir` holds a checkpoint (a metadata.json), complete or not; open() says what is
+  // wrong with one that is not, rather than letting it pass for another kind of directory.
   static bool is_checkpoint(const std::filesystem::path& dir);
 
   const std::filesystem::path& dir() const { return dir_; }
-  const nlohmann::json& metadata() const { return *metadata_; }
-  int64_t step() const { return step_; }
-  int world_size() const { return world_size_; }
-  bool contains(const std::string& key) const { return tensors_.count(key) != 0; }
+  const nlohmann::json& metadata() const { return *meta_.document; }
+  int64_t step() const { return meta_.step; }
+  int world_size() const { return meta_.world_size; }
+  bool contains(const std::string& key) const { return meta_.tensors.count(key) != 0; }
   const TensorRecord& record(const std::string& key) const;
   // Keys that start with `prefix`, in order.
   std::vector<std::string> keys(const std::string& prefix) const;
@@ -81,11 +68,7 @@ class ShardedCheckpoint {
   const SafetensorsFile& file(const std::string& name) const;
 
   std::filesystem::path dir_;
-  int64_t step_ = 0;
-  int world_size_ = 1;
-  std::shared_ptr<nlohmann::json> metadata_;
-  std::map<std::string, TensorRecord> tensors_;
-  std::map<std::string, std::pair<size_t, std::string>> files_;  // name -> (bytes, checksum)
+  CheckpointMetadata meta_;
   std::shared_ptr<std::map<std::string, std::shared_ptr<SafetensorsFile>>> opened_;
   std::shared_ptr<std::set<std::string>> verified_;
   std::shared_ptr<ReadStats> stats_;

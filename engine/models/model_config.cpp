@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -27,6 +28,11 @@ T read(const json& j, const std::string& key, const std::string& origin, const T
   // and every number finite.
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (!it->is_number_integer()) throw UserError(origin + ": " + key + " must be an integer, got " + it->dump());
+  }
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number_integer(); })) {
+      throw UserError(origin + ": " + key + " must be a list of integers, got " + it->dump());
+    }
   }
   if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number() || !std::isfinite(it->get<double>())) {
@@ -105,7 +111,13 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
   if (model_type == "qwen2_vl") {
     v.embed_dim = read<int64_t>(j, "embed_dim", where, 0, true);
     v.out_hidden_size = read<int64_t>(j, "hidden_size", where, 0, true);
-    v.intermediate_size = static_cast<int64_t>(static_cast<double>(v.embed_dim) * read<double>(j, "mlp_ratio", where, 4.0));
+    // Checked as a double: a ratio past int64 would make the cast undefined.
+    const double inner = static_cast<double>(v.embed_dim) * read<double>(j, "mlp_ratio", where, 4.0);
+    if (!(inner >= 1 && inner <= static_cast<double>(kMaxWidth))) {
+      throw UserError(where + ": embed_dim x mlp_ratio = " + std::to_string(inner) + " is not in [1, " +
+                      std::to_string(kMaxWidth) + "]");
+    }
+    v.intermediate_size = static_cast<int64_t>(inner);
     v.hidden_act = read<std::string>(j, "hidden_act", where, "quick_gelu");
   } else {
     v.windowed = true;
@@ -116,10 +128,6 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
     v.window_size = read<int64_t>(j, "window_size", where, 112);
     v.fullatt_block_indexes = read<std::vector<int64_t>>(j, "fullatt_block_indexes", where, {7, 15, 23, 31});
     v.tokens_per_second = read<double>(j, "tokens_per_second", where, 4.0);
-    if (v.window_size % (v.patch_size * v.spatial_merge_size) != 0) {
-      throw UserError(where + ": window_size " + std::to_string(v.window_size) + " is not a multiple of patch_size " +
-                      std::to_string(v.patch_size) + " × spatial_merge_size " + std::to_string(v.spatial_merge_size));
-    }
   }
   check_range(where, "depth", v.depth, 1, kMaxLayers);
   check_range(where, "num_heads", v.num_heads, 1, kMaxHeads);
@@ -132,6 +140,10 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
   if (v.windowed) {
     check_range(where, "window_size", v.window_size, 1, kMaxPositions);
     check_positive(where, "tokens_per_second", v.tokens_per_second);
+    if (v.window_size % (v.patch_size * v.spatial_merge_size) != 0) {
+      throw UserError(where + ": window_size " + std::to_string(v.window_size) + " is not a multiple of patch_size " +
+                      std::to_string(v.patch_size) + " × spatial_merge_size " + std::to_string(v.spatial_merge_size));
+    }
   }
   if (v.embed_dim <= 0 || v.num_heads <= 0 || v.embed_dim % v.num_heads != 0) {
     throw UserError(where + ": width " + std::to_string(v.embed_dim) + " must be a positive multiple of num_heads " +
@@ -147,14 +159,17 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
 }  // namespace
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
-  const std::string text = read_text_file(path);
+  return from_text(read_text_file(path), path.string());
+}
+
+ModelConfig ModelConfig::from_text(const std::string& text, const std::string& origin) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw UserError(path.string() + ": not valid JSON (" + e.what() + ")");
+  } catch (const json::exception& e) {  // a syntax error, or a number past double (406)
+    throw UserError(origin + ": not valid JSON (" + e.what() + ")");
   }
-  return from_json(j, path.string());
+  return from_json(j, origin);
 }
 
 ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) {
@@ -226,6 +241,10 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   }
   if (c.head_dim % 2 != 0) {
     throw UserError(origin + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
+  }
+  const bool vision_language = c.model_type == "qwen2_vl" || c.model_type == "qwen2_5_vl";
+  if (vision_language && !file.contains("vision_config")) {
+    throw UserError(origin + ": model_type '" + c.model_type + "' needs a vision_config");
   }
   if (file.contains("vision_config")) {
     if (!file["vision_config"].is_object()) throw UserError(origin + ": vision_config is not an object");

@@ -66,6 +66,7 @@ struct ModelConfig {
 
   // Reads and validates `path`; every problem names the file and key.
   static ModelConfig from_file(const std::filesystem::path& path);
+  static ModelConfig from_text(const std::string& text, const std::string& origin);
   static ModelConfig from_json(const nlohmann::json& json, const std::string& origin);
 };
 

@@ -1,11 +1,10 @@
-// Training data: memory-mapped token files (made by scripts/make_tokens.py) split into a
-// training part and a held-out tail, and deterministic shuffled batches of windows.
-//
-// Token file layout (little-endian): "FSDPTOK\0", u32 version = 1, u32 bytes per token
-// (2 or 4), u64 token count, u64 vocab size, then the tokens.
+// Training data: memory-mapped token files (train/token_header.h) split into a training
+// part and a held-out tail, and deterministic shuffled batches of windows.
 #pragma once
 
 #include "core/mapped_file.h"
+#include "train/data_config.h"
+#include "train/token_header.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -14,40 +13,20 @@
 
 namespace fsdpp {
 
-class ConfigSection;
-
-// The most tokens one global batch may hold (batch_size x seq_len): 2^32, far above what a
-// step can hold in memory, and far from where sizes overflow.
-inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 32;
-
-struct DataConfig {
-  std::string train;           // token file to train on
-  int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)
-  int64_t batch_size = 8;      // sequences per micro-batch
-  double eval_fraction = 0.0;  // share of the file's tail held out for evaluation
-  uint64_t seed = 0;           // batch order
-  bool shuffle = true;         // false visits windows (or multimodal samples) in file order
-
-  static DataConfig from_section(ConfigSection& section);
-};
-
 class TokenFile {
  public:
-  // Validates the header against the file size; UserError naming the file otherwise.
+  // Validates the header and every token (TokenHeader::parse); UserError naming the file.
   static TokenFile open(const std::filesystem::path& path);
 
-  int64_t size() const { return count_; }
-  int64_t vocab_size() const { return vocab_; }
+  int64_t size() const { return header_.count; }
+  int64_t vocab_size() const { return header_.vocab; }
   const std::filesystem::path& path() const { return file_->path(); }
   // Tokens [begin, begin + length) as int64.
   at::Tensor slice(int64_t begin, int64_t length) const;  // [length]
 
  private:
   std::shared_ptr<MappedFile> file_;
-  // UserError naming the position of the first token at or past the header's vocabulary.
-  void check_vocabulary() const;
-
-  int64_t count_ = 0, vocab_ = 0, width_ = 0;
+  TokenHeader header_;
 };
 
 // Visits the indices 0..size-1 once per epoch, in an order fixed by (seed, epoch), or in

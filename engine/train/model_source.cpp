@@ -1,7 +1,6 @@
 // Model construction from the [model] section, whole or unallocated with a per-shard fill.
 #include "train/model_source.h"
 
-#include "core/config_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
@@ -46,21 +45,6 @@ ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint) {
   return [checkpoint](const std::string& name, const at::Tensor&, at::Tensor& rows, int64_t first_row) {
     checkpoint->read_rows("model/" + name, rows, first_row);
   };
-}
-
-ModelSourceConfig ModelSourceConfig::from_section(ConfigSection& s) {
-  ModelSourceConfig c;
-  c.path = s.get_string("path", "");
-  c.dtype = s.get_string("dtype", c.dtype);
-  c.init_seed = static_cast<uint64_t>(s.get_int("init_seed", 0, 0, kMaxSeed));
-  s.finish();
-  if (c.path.empty()) s.fail("path", "required: an HF model directory, a checkpoint or a config.json");
-  try {
-    parse_dtype(c.dtype);
-  } catch (const UserError& e) {
-    s.fail("dtype", e.what());
-  }
-  return c;
 }
 
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated) {

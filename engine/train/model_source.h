@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "train/model_source_config.h"
 #include "fsdp/sharded_param.h"
 #include "models/causal_lm.h"
 
@@ -11,17 +12,8 @@
 
 namespace fsdpp {
 
-class ConfigSection;
 class HfWeights;
 class ShardedCheckpoint;
-
-struct ModelSourceConfig {
-  std::string path;               // HF model directory, sharded checkpoint, or a config.json for a fresh model
-  std::string dtype = "float32";  // parameter dtype: float32, float64, bfloat16, float16
-  uint64_t init_seed = 0;         // seed of a fresh model's initialisation
-
-  static ModelSourceConfig from_section(ConfigSection& section);
-};
 
 struct LoadedModel {
   std::shared_ptr<CausalLM> model;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "models/qwen_vl.h"
+#include "train/sample_index.h"
 
 #include <filesystem>
 #include <memory>
@@ -39,21 +40,11 @@ class MultimodalDataset {
   MultimodalBatch batch(const std::vector<int64_t>& samples) const;
 
  private:
-  struct Visual {
-    std::string pixels;
-    std::vector<int64_t> grid;  // t, h, w
-    double seconds = 1.0;
-  };
-  struct Sample {
-    std::vector<int64_t> input_ids;
-    std::vector<Visual> images, videos;
-    int64_t target_count = 0;  // tokens it asks to be predicted, counted once at open
-  };
-  at::Tensor targets(const Sample& sample) const;  // [T]
+  at::Tensor targets(const SampleRecord& sample) const;  // [T]
 
   std::filesystem::path dir_;
   int64_t seq_len_ = 0, image_token_ = -1, video_token_ = -1;
-  std::vector<Sample> samples_;
+  std::vector<SampleRecord> samples_;
   std::shared_ptr<SafetensorsFile> pixels_;
 };
 

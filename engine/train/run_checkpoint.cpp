@@ -213,7 +213,11 @@ ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool p
   if (rng.defined()) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng);
+    try {
+      generator.set_state(rng);
+    } catch (const c10::Error&) {
+      throw UserError(where + "/" + rank_file_name(source) + ": rng/cpu is not a generator state (the file is corrupt)");
+    }
   }
   return point;
 }

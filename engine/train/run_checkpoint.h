@@ -8,6 +8,7 @@
 #include "distributed/comm.h"
 #include "fsdp/fsdp_state.h"
 #include "io/sharded_checkpoint.h"
+#include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "train/adamw.h"
 #include "train/data.h"

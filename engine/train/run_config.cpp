@@ -52,9 +52,12 @@ CheckpointConfig CheckpointConfig::from_section(ConfigSection& s) {
 }
 
 RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
-  const ConfigFile file = ConfigFile::load(path, overrides);
+  return parse(ConfigFile::load(path, overrides));
+}
+
+RunConfig RunConfig::parse(const ConfigFile& file) {
   file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics", "parallel", "policy"});
-  RunConfig run{.file = path, .source = file};
+  RunConfig run{.file = file.path(), .source = file};
   auto section = [&file](const char* name) { return file.section(name); };
   auto model = section("model");
   run.model = ModelSourceConfig::from_section(model);

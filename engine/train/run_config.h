@@ -3,12 +3,12 @@
 #pragma once
 
 #include "core/config_file.h"
-#include "distributed/dist_env.h"
-#include "train/adamw.h"
-#include "train/data.h"
+#include "distributed/parallel_config.h"
+#include "train/data_config.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
-#include "train/model_source.h"
+#include "train/model_source_config.h"
+#include "train/optimizer_config.h"
 
 #include <filesystem>
 #include <vector>
@@ -60,6 +60,8 @@ struct RunConfig {
 
   // Parses and validates every section of `path` after applying `overrides`.
   static RunConfig load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
+  // Parses and validates every section of a file already read.
+  static RunConfig parse(const ConfigFile& file);
 };
 
 }  // namespace fsdpp

@@ -4,13 +4,16 @@
 #include "train/trainer.h"
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "distributed/dist_env.h"
 #include "fsdp/fsdp_state.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
 #include "train/run_checkpoint.h"
 #include "train/evaluate.h"
+#include "train/model_source.h"
 #include "train/multimodal_data.h"
 #include "train/step_profiler.h"
 

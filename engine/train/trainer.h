@@ -3,6 +3,8 @@
 #pragma once
 
 #include "fsdp/plan.h"
+#include "models/causal_lm.h"
+#include "train/data.h"
 #include "train/run_config.h"
 
 #include <functional>

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 
+from crc32c import crc32c
 from safetensors.torch import save_file
 import torch
 
@@ -17,24 +18,6 @@ FSDPP = os.environ["FSDPP"]
 WORK = os.path.join(os.environ["WORK"], "hostile")
 CONFIG = "tests/assets/fsdp-llama.toml"
 TIMEOUT_S = 60
-
-
-def crc32c(data):
-    table = crc32c.table
-    if table is None:
-        table = crc32c.table = []
-        for n in range(256):
-            c = n
-            for _ in range(8):
-                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-            table.append(c)
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-crc32c.table = None
 
 
 def fsdpp(*args):
@@ -76,6 +59,19 @@ def forge(checkpoint, name, change):
     with open(os.path.join(out, "metadata.crc32c"), "w") as f:
         f.write(f"crc32c:{crc32c(text):08x}\n")
     return out
+
+
+def zero_rank0_rng(meta, d):
+    """Zeroes rank 0's saved generator state and records the file's new checksum."""
+    path = os.path.join(d, "rank-00000.safetensors")
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    header_len = struct.unpack("<Q", data[:8])[0]
+    begin, end = json.loads(data[8:8 + header_len])["rng/cpu"]["data_offsets"]
+    data[8 + header_len + begin:8 + header_len + end] = bytes(end - begin)
+    with open(path, "wb") as f:
+        f.write(data)
+    meta["files"]["rank-00000.safetensors"]["checksum"] = f"crc32c:{crc32c(bytes(data)):08x}"
 
 
 def checkpoint_cases(ckpt):
@@ -122,6 +118,9 @@ def checkpoint_cases(ckpt):
     far = forge(ckpt, "window-outside", lambda m, d: m["data"].update(window=10**9))
     expect("window outside the epoch", ["data.window 1000000000 is outside an epoch"],
            "train", CONFIG, "--set", f'train.out_dir="{WORK}/resumed"', "--set", f'checkpoint.resume="{far}"')
+    broken_rng = forge(ckpt, "rng-zeroed", zero_rank0_rng)
+    expect("generator state zeroed", ["rank-00000.safetensors: rng/cpu is not a generator state"],
+           "train", CONFIG, "--set", f'train.out_dir="{WORK}/resumed"', "--set", f'checkpoint.resume="{broken_rng}"')
     expect("export onto its source", ["would overwrite or contain the checkpoint"], "export", ckpt, ckpt)
     expect("export into its source", ["would overwrite or contain the checkpoint"],
            "export", ckpt, os.path.join(ckpt, "model"))

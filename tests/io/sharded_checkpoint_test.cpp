@@ -88,7 +88,9 @@ TEST_CASE("sharded checkpoint: metadata that does not add up is refused naming t
   CHECK_THAT(open_error(wrong_sum), Catch::Contains("rank-00001.safetensors") && Catch::Contains("checksum"));
   const auto foreign = two_rank_checkpoint(root / "foreign", full, [](json& m) { m["format"] = "other"; });
   CHECK_THAT(open_error(foreign), Catch::Contains("foreign/metadata.json"));
-  CHECK_FALSE(ShardedCheckpoint::is_checkpoint(foreign));
+  // Still taken for a checkpoint, so that open() says what is wrong rather than the
+  // directory passing for an HF one (whose config.json a checkpoint also holds).
+  CHECK(ShardedCheckpoint::is_checkpoint(foreign));
 }
 
 TEST_CASE("rotation: keeps the newest `keep`, honours the size cap, never deletes the newest", "[checkpoint]") {

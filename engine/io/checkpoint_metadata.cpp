@@ -1,0 +1,115 @@
+// Parsing and validating checkpoint metadata.
+#include "io/checkpoint_metadata.h"
+
+#include "core/config_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "io/safetensors_header.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+namespace fsdpp {
+
+namespace {
+
+using nlohmann::json;
+
+// An integer in [min, max]; another type or a value out of range names the field.
+int64_t int_value(const json& value, const std::string& name, int64_t min, int64_t max) {
+  const bool too_big = value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(max);
+  if (!value.is_number_integer() || too_big || value.get<int64_t>() < min || value.get<int64_t>() > max) {
+    throw UserError(name + " must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                    value.dump());
+  }
+  return value.get<int64_t>();
+}
+
+int64_t int_field(const json& parent, const std::string& path, const char* key, int64_t min, int64_t max) {
+  const std::string name = path.empty() ? key : path + "." + key;
+  if (!parent.is_object() || !parent.contains(key)) throw UserError(name + " is missing");
+  return int_value(parent.at(key), name, min, max);
+}
+
+// A tensor shape: dimensions >= 0 whose product fits the sizes tensors may have.
+std::vector<int64_t> shape_field(const json& record, const std::string& key) {
+  const json& shape = record.at("shape");
+  if (!shape.is_array()) throw UserError("tensor '" + key + "': shape is not a list");
+  std::vector<int64_t> dims;
+  int64_t elements = 1;
+  for (const json& d : shape) dims.push_back(int_value(d, "tensor '" + key + "' shape", 0, int64_t{1} << 40));
+  for (int64_t d : dims) {
+    if (d != 0 && elements > (int64_t{1} << 48) / d) throw UserError("tensor '" + key + "': shape holds too many elements");
+    elements *= d;
+  }
+  return dims;
+}
+
+// One tensor's record; its shards must name listed files and tile its rows exactly.
+TensorRecord tensor_record(const std::string& key, const json& t, const std::map<std::string, FileRecord>& files) {
+  TensorRecord r{safetensors_dtype(t.at("dtype").get<std::string>(), key), shape_field(t, key), {}};
+  const int64_t rows_total = row_count(r.shape);
+  for (const auto& s : t.at("shards")) {
+    const json& rows = s.at("rows");
+    if (!rows.is_array() || rows.size() != 2) throw UserError("tensor '" + key + "': a shard's rows are not [first, count]");
+    const std::string where = "tensor '" + key + "' shard rows";
+    r.shards.push_back({s.at("file").get<std::string>(), int_value(rows[0], where, 0, rows_total),
+                        int_value(rows[1], where, 0, rows_total)});
+    if (!files.count(r.shards.back().file)) {
+      throw UserError("tensor '" + key + "' names file " + r.shards.back().file + ", which files does not list");
+    }
+  }
+  std::sort(r.shards.begin(), r.shards.end(), [](const auto& a, const auto& b) { return a.first_row < b.first_row; });
+  int64_t next = 0;
+  for (const auto& s : r.shards) {
+    if (s.first_row != next) {
+      throw UserError("tensor '" + key + "': shards do not tile its rows (row " + std::to_string(next) + " expected, " +
+                      std::to_string(s.first_row) + " found)");
+    }
+    next += s.rows;
+  }
+  if (next != rows_total) {
+    throw UserError("tensor '" + key + "': shards hold " + std::to_string(next) + " of its " +
+                    std::to_string(rows_total) + " rows");
+  }
+  return r;
+}
+
+}  // namespace
+
+int64_t row_count(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
+
+CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
+  try {
+    auto meta = std::make_shared<json>(json::parse(text));
+    if (!meta->is_object() || meta->value("format", "") != kCheckpointFormat) {
+      throw UserError("not a " + std::string(kCheckpointFormat));
+    }
+    if (meta->value("version", 0) != 1) throw UserError("version " + meta->value("version", json()).dump() + " is not 1");
+    CheckpointMetadata m;
+    m.step = int_field(*meta, "", "step", 0, kMaxSteps);
+    m.world_size = static_cast<int>(int_field(*meta, "", "world_size", 1, kMaxWorldSize));
+    int_field(meta->at("optimizer"), "optimizer", "steps", 0, kMaxSteps);
+    int_field(meta->at("data"), "data", "epoch", 0, INT64_MAX);
+    int_field(meta->at("data"), "data", "window", 0, INT64_MAX);
+    parse_dtype(meta->at("model").at("dtype").get<std::string>());
+    if (meta->contains("config_hash") && !meta->at("config_hash").is_string()) throw UserError("config_hash is not a string");
+    if (meta->contains("client_state")) int_field(meta->at("client_state"), "client_state", "skipped_steps", 0, kMaxSteps);
+    for (const auto& [name, f] : meta->at("files").items()) {
+      if (!is_plain_file_name(name)) {
+        throw UserError("files names '" + name + "', outside the checkpoint (only plain file names are allowed)");
+      }
+      const auto bytes = static_cast<uint64_t>(int_field(f, "files." + name, "bytes", 0, INT64_MAX));
+      m.files[name] = {bytes, f.at("checksum").get<std::string>()};
+    }
+    for (const auto& [key, t] : meta->at("tensors").items()) m.tensors.emplace(key, tensor_record(key, t, m.files));
+    m.document = std::move(meta);
+    return m;
+  } catch (const json::exception& e) {
+    throw UserError("malformed checkpoint metadata (" + std::string(e.what()) + ")");
+  }
+}
+
+}  // namespace fsdpp

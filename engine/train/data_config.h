@@ -1,0 +1,27 @@
+// The [data] section: which token file (or multimodal dataset) to train on and how it is
+// cut into batches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+// The most tokens one global batch may hold (batch_size x seq_len): 2^32, far above what a
+// step can hold in memory, and far from where sizes overflow.
+inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 32;
+
+struct DataConfig {
+  std::string train;           // token file to train on
+  int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)
+  int64_t batch_size = 8;      // sequences per micro-batch
+  double eval_fraction = 0.0;  // share of the file's tail held out for evaluation
+  uint64_t seed = 0;           // batch order
+  bool shuffle = true;         // false visits windows (or multimodal samples) in file order
+
+  static DataConfig from_section(ConfigSection& section);
+};
+
+}  // namespace fsdpp

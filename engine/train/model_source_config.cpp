@@ -1,0 +1,25 @@
+// Parsing the [model] section.
+#include "train/model_source_config.h"
+
+#include "core/config_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace fsdpp {
+
+ModelSourceConfig ModelSourceConfig::from_section(ConfigSection& s) {
+  ModelSourceConfig c;
+  c.path = s.get_string("path", "");
+  c.dtype = s.get_string("dtype", c.dtype);
+  c.init_seed = static_cast<uint64_t>(s.get_int("init_seed", 0, 0, kMaxSeed));
+  s.finish();
+  if (c.path.empty()) s.fail("path", "required: an HF model directory, a checkpoint or a config.json");
+  try {
+    parse_dtype(c.dtype);
+  } catch (const UserError& e) {
+    s.fail("dtype", e.what());
+  }
+  return c;
+}
+
+}  // namespace fsdpp

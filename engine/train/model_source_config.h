@@ -1,0 +1,20 @@
+// The [model] section: where the model comes from (an HF directory, a sharded checkpoint
+// or a config.json) and the dtype its parameters are held in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+struct ModelSourceConfig {
+  std::string path;               // HF model directory, sharded checkpoint, or a config.json for a fresh model
+  std::string dtype = "float32";  // parameter dtype: float32, float64, bfloat16, float16
+  uint64_t init_seed = 0;         // seed of a fresh model's initialisation
+
+  static ModelSourceConfig from_section(ConfigSection& section);
+};
+
+}  // namespace fsdpp
