@@ -11,6 +11,7 @@
 #include "io/checkpoint_export.h"
 #include "io/hf_dir.h"
 #include "train/model_source.h"
+#include "train/data.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
 

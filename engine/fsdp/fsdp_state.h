@@ -6,6 +6,7 @@
 #include "core/module_tree.h"
 #include "distributed/device_mesh.h"
 #include "fsdp/plan.h"
+#include "fsdp/sharded_view.h"
 #include "fsdp/unit.h"
 
 #include <functional>
@@ -19,22 +20,7 @@ namespace fsdpp {
 // only its own rows (each parameter is computed whole, one at a time, and sliced).
 ShardFill fresh_init_fill(Module& root, uint64_t seed, double std);
 
-// This rank's rows of one parameter, as checkpoints save and load them.
-struct ShardRows {
-  std::string name;
-  at::Tensor rows;                  // [owned_rows, ...] the fp32 master rows, the optimizer's parameter
-  std::vector<int64_t> full_shape;  // the unsharded parameter's shape
-  int64_t first_row = 0;            // where `rows` start in the full parameter
-  bool primary = true;              // false on HSDP replicas after the first: they hold copies
-};
-
-// The owned shards of the units on one mesh, and the group their squared norms sum over.
-struct GradGroup {
-  std::vector<at::Tensor> params;
-  Comm* shard_group = nullptr;
-};
-
-class FsdpState {
+class FsdpState : public ShardedView {
  public:
   // Shards every unit of `plan` over its mesh's shard group, building one DeviceMesh per
   // distinct shape (in plan order, the same on every rank); with a replicate group of
@@ -47,22 +33,15 @@ class FsdpState {
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
   const Comm& world() const { return *world_; }
-  // The owned rows of every parameter, named as in the model: the optimizer's parameters.
-  std::vector<NamedParameter> sharded_parameters() const;
-  std::vector<ShardRows> shard_rows() const;
-  // "replicate x shard" of every mesh, in creation order.
-  std::vector<std::string> mesh_shapes() const;
-  // One group per mesh, for clipping by a single norm over every shard.
-  std::vector<GradGroup> grad_groups() const;
-  // Runs `visit(name, full tensor)` for every parameter with its full value, one unit
-  // gathered at a time (a collective: every rank must call it).
-  void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit);
-  // Frees every unit's gathered parameters and kept cast shards: due before the optimizer
-  // changes the masters.
-  void reshard_all();
-  // false: backwards keep full gradients and accumulate them; the next backward with sync
-  // on reduce-scatters their sum (fewer collectives, full-size gradients held meanwhile).
-  void set_requires_gradient_sync(bool sync) { sync_ = sync; }
+  std::vector<NamedParameter> sharded_parameters() const override;
+  std::vector<ShardRows> shard_rows() const override;
+  std::vector<std::string> mesh_shapes() const override;
+  std::vector<GradGroup> grad_groups() const override;
+  // One unit gathered at a time.
+  void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit) override;
+  // Also drops every unit's kept cast shards.
+  void reshard_all() override;
+  void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
   bool requires_gradient_sync() const { return sync_; }
 
   // Called by units from their hooks. A unit about to run issues its own gather and the

@@ -2,6 +2,7 @@
 // what wrap policies read (config, no_split_modules).
 #pragma once
 
+#include "core/error.h"
 #include "core/module.h"
 #include "models/model_config.h"
 
@@ -10,6 +11,24 @@
 
 namespace fsdpp {
 
+// The images and videos of a batch, cut into patches as the HF processor cuts them.
+struct VisionInputs {
+  torch::Tensor pixel_values;         // [Ni, C * Tt * P * P] image patches; undefined: none
+  torch::Tensor image_grid_thw;       // [I, 3] int64: frames, rows, columns of patches per image
+  torch::Tensor pixel_values_videos;  // [Nv, C * Tt * P * P] video patches; undefined: none
+  torch::Tensor video_grid_thw;       // [V, 3] int64
+  torch::Tensor second_per_grid_ts;   // [V] seconds per temporal patch (Qwen2.5-VL); undefined: 1
+
+  bool empty() const { return !pixel_values.defined() && !pixel_values_videos.defined(); }
+  // The patches on `device`; grids and timings stay on the host, where positions are planned.
+  VisionInputs to(const torch::Device& device) const {
+    VisionInputs moved = *this;
+    if (pixel_values.defined()) moved.pixel_values = pixel_values.to(device);
+    if (pixel_values_videos.defined()) moved.pixel_values_videos = pixel_values_videos.to(device);
+    return moved;
+  }
+};
+
 class CausalLM : public Module {
  public:
   CausalLM(std::string class_name, ModelConfig config, std::vector<std::string> no_split)
@@ -17,6 +36,10 @@ class CausalLM : public Module {
 
   FSDPP_MODULE_CALL
   virtual torch::Tensor forward(const torch::Tensor& input_ids) = 0;  // [B, T] -> [B, T, V]
+  // With the batch's images and videos; only vision-language models take them.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
+    throw UserError(class_name() + " takes no images or videos");
+  }
 
   const ModelConfig& config() const { return config_; }
   // Classes that must stay whole inside one unit (Hugging Face's _no_split_modules).

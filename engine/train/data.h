@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/mapped_file.h"
+#include "train/batches.h"
 #include "train/data_config.h"
 #include "train/token_header.h"
 
@@ -23,6 +24,10 @@ class TokenFile {
   const std::filesystem::path& path() const { return file_->path(); }
   // Tokens [begin, begin + length) as int64.
   at::Tensor slice(int64_t begin, int64_t length) const;  // [length]
+  // Whether the file carries a loss mask, and its flags [begin, begin + length): true where
+  // the token is a training target.
+  bool has_mask() const { return header_.has_mask; }
+  at::Tensor mask_slice(int64_t begin, int64_t length) const;  // [length] bool
 
  private:
   std::shared_ptr<MappedFile> file_;
@@ -56,25 +61,39 @@ class ShuffledOrder {
   std::vector<int64_t> order_;
 };
 
-// Draws batches of (input, target) windows from tokens [begin, end): each epoch visits every
-// non-overlapping window once.
-class BatchSampler {
- public:
-  BatchSampler(const TokenFile& tokens, int64_t begin, int64_t end, int64_t seq_len,
-               int64_t batch_size, uint64_t seed, bool shuffle = true);
+// Which tokens of a file a run trains on and which it holds out: the held-out part is the
+// file's last eval_fraction (all of it is evaluated when nothing is held out).
+struct TokenRange {
+  int64_t begin = 0, end = 0;
+};
+TokenRange train_range(const DataConfig& data, const TokenFile& tokens);
+TokenRange eval_range(const DataConfig& data, const TokenFile& tokens);
 
-  struct Batch {
-    at::Tensor input;   // [B, T] int64
-    at::Tensor target;  // [B, T] int64, input shifted by one
-  };
-  Batch next();
-  int64_t windows_per_epoch() const { return order_.size(); }
-  ShuffledOrder& order() { return order_; }
+// The training windows of a token file: non-overlapping windows of seq_len + 1 tokens of its
+// training part, each input predicting its next token; every epoch visits each window once.
+// Every token is a target, so a step holds micro-batches x batch_size x seq_len of them, unless
+// train_on = "completion", where only the tokens the file's loss mask marks are.
+class TokenWindows : public Batches {
+ public:
+  TokenWindows(std::shared_ptr<const TokenFile> tokens, const DataConfig& config);
+
+  int64_t draw_step(int64_t micro_batches) override;
+  MicroBatch rows(int64_t micro, int64_t first, int64_t count) const override;
+  ShuffledOrder& order() override { return order_; }
+  nlohmann::json identity() const override;
+  const char* item_name() const override { return "windows"; }
+  bool can_evaluate() const override { return config_.eval_fraction > 0; }
+  EvalResult evaluate(CausalLM& model, int64_t max_windows, Comm* group) const override;
 
  private:
-  const TokenFile* tokens_;
-  int64_t begin_, seq_len_, batch_size_;
+  // Where row `row` of micro-batch `micro` of the drawn step starts in the file.
+  int64_t window_start(int64_t micro, int64_t row) const;
+
+  std::shared_ptr<const TokenFile> tokens_;
+  DataConfig config_;
+  TokenRange range_;
   ShuffledOrder order_;
+  std::vector<int64_t> drawn_;  // the step's windows, micro-batch after micro-batch
 };
 
 }  // namespace fsdpp

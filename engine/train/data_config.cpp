@@ -13,7 +13,13 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction, 0, 1);
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0, 0, kMaxSeed));
   c.shuffle = s.get_bool("shuffle", c.shuffle);
+  const std::string train_on = s.get_string("train_on", "all");
   s.finish();
+  if (train_on == "completion") {
+    c.train_on = TrainOn::completion;
+  } else if (train_on != "all") {
+    s.fail("train_on", "'" + train_on + "' is not one of all, completion");
+  }
   if (c.train.empty()) s.fail("train", "required: the token file to train on");
   if (c.batch_size > kMaxBatchTokens / c.seq_len) {
     s.fail("batch_size", "a global batch of " + std::to_string(c.batch_size) + " x " + std::to_string(c.seq_len) +

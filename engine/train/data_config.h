@@ -13,6 +13,12 @@ class ConfigSection;
 // step can hold in memory, and far from where sizes overflow.
 inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 32;
 
+// Which tokens are training targets.
+enum class TrainOn {
+  all,         // every token after the first of a window
+  completion,  // only those the token file's loss mask marks (assistant turns, completions)
+};
+
 struct DataConfig {
   std::string train;           // token file to train on
   int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)
@@ -20,6 +26,7 @@ struct DataConfig {
   double eval_fraction = 0.0;  // share of the file's tail held out for evaluation
   uint64_t seed = 0;           // batch order
   bool shuffle = true;         // false visits windows (or multimodal samples) in file order
+  TrainOn train_on = TrainOn::all;  // "all" or "completion" (needs a token file with a loss mask)
 
   static DataConfig from_section(ConfigSection& section);
 };

@@ -2,6 +2,7 @@
 #include "train/evaluate.h"
 
 #include "core/error.h"
+#include "train/data.h"
 
 #include <ATen/ATen.h>
 

@@ -4,9 +4,10 @@
 
 #include "distributed/comm.h"
 #include "models/causal_lm.h"
-#include "train/data.h"
 
 namespace fsdpp {
+
+class TokenFile;
 
 // Summed cross entropy, in float32 (float64 for float64 logits), of logits [B, T, V] against
 // targets [B, T].

@@ -47,6 +47,13 @@ ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint) {
   };
 }
 
+ModelConfig model_config_of(const ModelSourceConfig& config) {
+  if (ShardedCheckpoint::is_checkpoint(config.path)) {
+    return ModelConfig::from_file(ShardedCheckpoint::open(config.path).verified("config.json"));
+  }
+  return ModelConfig::from_file(hf_config_path(config.path));
+}
+
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated) {
   auto opts = torch::TensorOptions().dtype(parse_dtype(config.dtype));
   if (unallocated) opts = opts.device(torch::kMeta);

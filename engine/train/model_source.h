@@ -26,6 +26,8 @@ struct LoadedModel {
 // Builds the model with its values. With `unallocated` it is built without memory and
 // `fill` supplies the values shard by shard (FSDP); otherwise every parameter is filled.
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false);
+// The architecture alone, read without building the model.
+ModelConfig model_config_of(const ModelSourceConfig& config);
 
 // Parameter rows from a checkpoint's saved masters ("model/<name>").
 ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint);

@@ -44,7 +44,7 @@ int64_t MultimodalDataset::target_count(const std::vector<int64_t>& samples) con
   return n;
 }
 
-MultimodalBatch MultimodalDataset::batch(const std::vector<int64_t>& samples) const {
+MicroBatch MultimodalDataset::batch(const std::vector<int64_t>& samples) const {
   std::vector<at::Tensor> inputs, targets_, image_pixels, image_grids, video_pixels, video_grids, seconds;
   for (int64_t s : samples) {
     const SampleRecord& sample = samples_[static_cast<size_t>(s)];
@@ -63,7 +63,7 @@ MultimodalBatch MultimodalDataset::batch(const std::vector<int64_t>& samples) co
       seconds.push_back(at::full({1}, v.seconds, at::kDouble));
     }
   }
-  MultimodalBatch b{at::stack(inputs), at::stack(targets_), {}};
+  MicroBatch b{at::stack(inputs), at::stack(targets_), {}};
   if (!image_pixels.empty()) b.vision.pixel_values = at::cat(image_pixels), b.vision.image_grid_thw = at::stack(image_grids);
   if (!video_pixels.empty()) {
     b.vision.pixel_values_videos = at::cat(video_pixels);
@@ -71,6 +71,26 @@ MultimodalBatch MultimodalDataset::batch(const std::vector<int64_t>& samples) co
     b.vision.second_per_grid_ts = at::cat(seconds);
   }
   return b;
+}
+
+MultimodalSamples::MultimodalSamples(MultimodalDataset dataset, const DataConfig& config)
+    : dataset_(std::move(dataset)), config_(config), order_(dataset_.size(), config.seed, config.shuffle) {}
+
+int64_t MultimodalSamples::draw_step(int64_t micro_batches) {
+  drawn_.clear();
+  for (int64_t i = 0; i < micro_batches * config_.batch_size; ++i) drawn_.push_back(order_.next());
+  return std::max<int64_t>(dataset_.target_count(drawn_), 1);
+}
+
+MicroBatch MultimodalSamples::rows(int64_t micro, int64_t first, int64_t count) const {
+  const auto begin = drawn_.begin() + micro * config_.batch_size + first;
+  return dataset_.batch({begin, begin + count});
+}
+
+nlohmann::json MultimodalSamples::identity() const {
+  return {{"train", fs::absolute(config_.train).lexically_normal().string()}, {"tokens", dataset_.size()},
+          {"begin", 0}, {"end", dataset_.size()}, {"shuffle", config_.shuffle}, {"seq_len", config_.seq_len},
+          {"seed", config_.seed}, {"batch_size", config_.batch_size}};
 }
 
 }  // namespace fsdpp

@@ -8,7 +8,8 @@
 // order. Targets never ask for a placeholder, nor for the padding after a short sample.
 #pragma once
 
-#include "models/qwen_vl.h"
+#include "train/batches.h"
+#include "train/data.h"
 #include "train/sample_index.h"
 
 #include <filesystem>
@@ -19,12 +20,6 @@
 namespace fsdpp {
 
 class SafetensorsFile;
-
-struct MultimodalBatch {
-  at::Tensor input;     // [B, T] int64
-  at::Tensor target;    // [B, T] int64, -100 where nothing is predicted
-  VisionInputs vision;  // the rows' images and videos, in row order
-};
 
 class MultimodalDataset {
  public:
@@ -37,7 +32,7 @@ class MultimodalDataset {
   const std::filesystem::path& dir() const { return dir_; }
   // Tokens the samples ask to be predicted (their targets that are not -100).
   int64_t target_count(const std::vector<int64_t>& samples) const;
-  MultimodalBatch batch(const std::vector<int64_t>& samples) const;
+  MicroBatch batch(const std::vector<int64_t>& samples) const;
 
  private:
   at::Tensor targets(const SampleRecord& sample) const;  // [T]
@@ -46,6 +41,26 @@ class MultimodalDataset {
   int64_t seq_len_ = 0, image_token_ = -1, video_token_ = -1;
   std::vector<SampleRecord> samples_;
   std::shared_ptr<SafetensorsFile> pixels_;
+};
+
+// A dataset's samples as a run's batches: every epoch visits each sample once, in an order
+// the seed fixes; a step's targets are those its samples ask for, which vary with their
+// lengths and placeholders.
+class MultimodalSamples : public Batches {
+ public:
+  MultimodalSamples(MultimodalDataset dataset, const DataConfig& config);
+
+  int64_t draw_step(int64_t micro_batches) override;
+  MicroBatch rows(int64_t micro, int64_t first, int64_t count) const override;
+  ShuffledOrder& order() override { return order_; }
+  nlohmann::json identity() const override;
+  const char* item_name() const override { return "samples"; }
+
+ private:
+  MultimodalDataset dataset_;
+  DataConfig config_;
+  ShuffledOrder order_;
+  std::vector<int64_t> drawn_;  // the step's samples, micro-batch after micro-batch
 };
 
 }  // namespace fsdpp

@@ -235,36 +235,19 @@ std::optional<fs::path> resume_path(const CheckpointConfig& config) {
   return fs::path(config.resume);
 }
 
-void export_model(CausalLM& model, FsdpState* fsdp, const CheckpointConfig& config) {
+void export_model(const ModelConfig& model, ShardedView& view, int rank, const CheckpointConfig& config) {
   const auto dtype = parse_dtype(config.export_dtype);
   const auto max_shard_bytes = static_cast<size_t>(config.export_shard_mb * (1 << 20));
-  if (fsdp == nullptr) {
-    NamedTensors tensors;
-    for (const auto& p : unique_named_parameters(model)) tensors.emplace_back(p.name, p.tensor);
-    save_hf_dir(model.config(), tensors, config.export_dir, dtype, max_shard_bytes);
-    return;
-  }
   std::unique_ptr<HfDirWriter> writer;
-  if (fsdp->world().rank() == 0) {
+  if (rank == 0) {
     std::vector<TensorSpec> specs;
-    for (const auto& unit : fsdp->units()) {
-      for (const auto& p : unit->params()) specs.push_back({p.name, dtype, p.param.sizes().vec()});
-    }
-    writer = std::make_unique<HfDirWriter>(model.config(), specs, config.export_dir, dtype, max_shard_bytes);
+    for (const auto& r : view.shard_rows()) specs.push_back({r.name, dtype, r.full_shape});
+    writer = std::make_unique<HfDirWriter>(model, specs, config.export_dir, dtype, max_shard_bytes);
   }
-  fsdp->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
+  view.for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
     if (writer) writer->write(name, t);
   });
   if (writer) writer->finish();
-}
-
-
-std::vector<ShardRows> whole_shard_rows(Module& model) {
-  std::vector<ShardRows> out;
-  for (const auto& p : unique_named_parameters(model)) {
-    out.push_back({p.name, p.tensor, p.tensor.sizes().vec(), 0, true});
-  }
-  return out;
 }
 
 }  // namespace fsdpp

@@ -6,9 +6,8 @@
 #pragma once
 
 #include "distributed/comm.h"
-#include "fsdp/fsdp_state.h"
+#include "fsdp/sharded_view.h"
 #include "io/sharded_checkpoint.h"
-#include "models/causal_lm.h"
 #include "models/model_config.h"
 #include "train/adamw.h"
 #include "train/data.h"
@@ -65,11 +64,8 @@ std::optional<std::filesystem::path> resume_path(const CheckpointConfig& config)
 
 // Writes the full model as an HF directory (config.export_dir, export_dtype, sharded above
 // export_shard_mb), one unit gathered at a time: rank 0 streams each tensor to disk as it
-// arrives, so no rank ever holds the whole model. Collective when `fsdp` is set.
-void export_model(CausalLM& model, FsdpState* fsdp, const CheckpointConfig& config);
-
-// The parameters of an unsharded model as one shard each (a single-process run).
-std::vector<ShardRows> whole_shard_rows(Module& model);
+// arrives, so no rank ever holds the whole model. Collective when `view` is sharded.
+void export_model(const ModelConfig& model, ShardedView& view, int rank, const CheckpointConfig& config);
 
 // A hash of the settings that shape the run (every section but [checkpoint] and [train]).
 std::string config_hash(const RunConfig& config);

@@ -4,7 +4,6 @@
 
 #include "fsdp/plan.h"
 #include "models/causal_lm.h"
-#include "train/data.h"
 #include "train/run_config.h"
 
 #include <functional>
@@ -22,13 +21,5 @@ struct TrainSummary {
 using PlanBuilder = std::function<Plan(CausalLM& model, int world, int rank)>;
 
 TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan);
-
-// The evaluation token range a config names: the held-out tail of data.train when
-// eval_fraction > 0, else all of it.
-struct TokenRange {
-  int64_t begin = 0, end = 0;
-};
-TokenRange train_range(const DataConfig& data, const TokenFile& tokens);
-TokenRange eval_range(const DataConfig& data, const TokenFile& tokens);
 
 }  // namespace fsdpp

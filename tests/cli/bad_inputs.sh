@@ -5,7 +5,10 @@ set -uo pipefail
 : "${FSDPP:?}" "${FIXTURES:?}" "${WORK:?}"
 work="$WORK/bad-inputs"
 rm -rf "$work" && mkdir -p "$work"
-python3 scripts/make_tokens.py --out "$work/ok.tok" examples/tiny-llama.toml >/dev/null || exit 1
+# Tokens within the fixture's vocabulary of 101, so the data is not what a case trips on.
+python3 -c 'import struct, sys; t = [i % 101 for i in range(2000)]
+open(sys.argv[1], "wb").write(b"FSDPTOK\0" + struct.pack("<IIQQ", 1, 2, len(t), 101) + struct.pack(f"<{len(t)}H", *t))' \
+  "$work/ok.tok" || exit 1
 
 cat >"$work/ok.toml" <<TOML
 [model]
@@ -53,6 +56,12 @@ expect "wrong TOML type" "wrong_type.toml:6" "expected an integer, got a string"
 
 expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
   -- train "$work/ok.toml" --set train.stpes=3
+
+expect "unknown train_on" "[data] train_on: 'prompts' is not one of all, completion" \
+  -- train "$work/ok.toml" --set 'data.train_on="prompts"'
+
+expect "completion without a loss mask" "ok.tok: [data] train_on = \"completion\" needs a token file with a loss mask" \
+  -- train "$work/ok.toml" --set 'data.train_on="completion"'
 
 expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda" \
   -- train "$work/ok.toml" --set 'parallel.device="tpu"'
