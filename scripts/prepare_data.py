@@ -11,7 +11,8 @@ Inputs, by extension:
                        assistant turns (with their end-of-turn tokens) are targets
                    {"prompt": ..., "completion": ...}   only the completion is a target
                    {"<text field>": ...}                a document, every token a target
-Every document ends with the tokenizer's end-of-text token, itself a target.
+Every document ends with the tokenizer's end-of-text token, a target where the token before it
+is one (not after a chat's closing user turn).
 
 Tokenizer: --tokenizer DIR, a Hugging Face model directory (tokenizer.json, and the chat
 template of tokenizer_config.json, applied through transformers); without it every byte is a
@@ -67,7 +68,10 @@ class HfTokenizer:
         return self.tok.encode(text, add_special_tokens=False)
 
     def render(self, messages, generation_prompt=False):
-        return list(self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt))
+        try:
+            return list(self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt))
+        except Exception as e:  # the template's own refusals (roles out of turn, an unknown role)
+            raise BadRecord(f"the chat template refuses it: {str(e).splitlines()[0]}")
 
     def chat(self, messages):
         """The conversation's tokens and mask: each assistant turn's tokens past the generation
@@ -80,7 +84,8 @@ class HfTokenizer:
             context = self.render(messages[:k], generation_prompt=message["role"] == "assistant") if k else []
             full = self.render(messages[:k + 1])
             if full[:len(ids)] != ids or full[:len(context)] != context:
-                raise BadRecord(f"the chat template renders message {k} by changing what came before it")
+                raise BadRecord(f"the chat template renders message {k} by changing what came before it (templates "
+                                "that rewrite earlier turns, such as ones dropping past reasoning, are not supported)")
             target = 1 if message["role"] == "assistant" else 0
             mask += [0] * (len(context) - len(ids)) + [target] * (len(full) - len(context))
             ids = full
@@ -91,7 +96,8 @@ def document(tokenizer, record, text_field):
     """(tokens, mask) of one record, without the end-of-text token."""
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
-    if "messages" in record:
+    # Parquet rows hold every column, null where a record has no such field.
+    if record.get("messages") is not None:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
@@ -100,7 +106,7 @@ def document(tokenizer, record, text_field):
         if not any(m["role"] == "assistant" for m in messages):
             raise BadRecord("a chat without an assistant turn has nothing to learn")
         return tokenizer.chat(messages)
-    if "prompt" in record or "completion" in record:
+    if record.get("prompt") is not None or record.get("completion") is not None:
         prompt, completion = record.get("prompt"), record.get("completion")
         if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
             raise BadRecord("prompt and completion must be strings, the completion not empty")
@@ -113,13 +119,13 @@ def document(tokenizer, record, text_field):
     return ids, [1] * len(ids)
 
 
-def records(path):
+def records(path, text_field):
     """(line or row number, record) of one input file."""
     ext = os.path.splitext(path)[1].lower()
     try:
         if ext == ".txt":
             with open(path, encoding="utf-8") as f:
-                yield 1, {"text": f.read()}
+                yield 1, {text_field: f.read()}
         elif ext == ".jsonl":
             with open(path, encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
@@ -134,8 +140,11 @@ def records(path):
                 import pyarrow.parquet as pq
             except ImportError:
                 fail(f"{path}: reading Parquet needs the pyarrow package")
-            for number, row in enumerate(pq.read_table(path).to_pylist(), 1):
-                yield number, row
+            try:
+                rows = pq.read_table(path).to_pylist()
+            except Exception as e:  # a file pyarrow cannot read is the user's
+                fail(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
+            yield from enumerate(rows, 1)
         else:
             fail(f"{path}: unknown input kind (.txt, .jsonl or .parquet)")
     except OSError as e:
@@ -175,7 +184,7 @@ def main():
     tokens, ends, mask, skipped = [], [], [], 0
     progress = sys.stderr.isatty()
     for path in args.inputs:
-        for number, record in records(path):
+        for number, record in records(path, args.text_field):
             try:
                 if isinstance(record, BadRecord):
                     raise record
@@ -185,8 +194,12 @@ def main():
                     fail(f"{path}:{number}: {e} (--skip-bad skips such records)")
                 skipped += 1
                 continue
-            tokens += ids + [tokenizer.eos_id]
-            mask += marks + [1]
+            # One end-of-text token, learned where the document ends on something learned
+            # (not after a chat's closing user turn); a template may have written it already.
+            if not ids or ids[-1] != tokenizer.eos_id:
+                ids, marks = ids + [tokenizer.eos_id], marks + [marks[-1] if marks else 1]
+            tokens += ids
+            mask += marks
             ends.append(len(tokens))
             if progress and len(ends) % 1000 == 0:
                 print(f"\rprepare_data: {len(ends)} documents, {len(tokens)} tokens", end="", file=sys.stderr)

@@ -247,9 +247,14 @@ int run_eval(const Args& args) {
   policy_config(config);  // validates [policy] even though evaluation does not shard
   const TokenFile tokens = TokenFile::open(args.tokens.empty() ? config.data.train : args.tokens);
   const TokenRange range = args.tokens.empty() ? eval_range(config.data, tokens) : TokenRange{0, tokens.size()};
+  const bool masked = config.data.train_on == TrainOn::completion;
+  if (masked && !tokens.has_mask()) {
+    throw UserError(tokens.path().string() + ": [data] train_on = \"completion\" evaluates the tokens a loss mask "
+                    "marks, and this file has none");
+  }
   auto model = load_model(config.model).model;
   const EvalResult r = evaluate(*model, tokens, range.begin, range.end, config.data.seq_len,
-                                config.data.batch_size, args.max_windows);
+                                config.data.batch_size, args.max_windows, nullptr, masked);
   if (!args.logits.empty()) {
     const int64_t windows = std::min<int64_t>(std::max<int64_t>(args.max_windows, 1), r.windows);
     std::vector<at::Tensor> inputs;

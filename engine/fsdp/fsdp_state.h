@@ -32,7 +32,6 @@ class FsdpState : public ShardedView {
   ~FsdpState();
 
   const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
-  const Comm& world() const { return *world_; }
   std::vector<NamedParameter> sharded_parameters() const override;
   std::vector<ShardRows> shard_rows() const override;
   std::vector<std::string> mesh_shapes() const override;

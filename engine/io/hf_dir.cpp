@@ -125,21 +125,6 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {
   }
 }
 
-void save_hf_dir(CausalLM& model, const fs::path& dir, at::ScalarType dtype) {
-  NamedTensors tensors;
-  for (const auto& p : unique_named_parameters(model)) tensors.emplace_back(p.name, p.tensor);
-  save_hf_dir(model.config(), tensors, dir, dtype);
-}
-
-void save_hf_dir(const ModelConfig& model_config, const NamedTensors& tensors, const fs::path& dir,
-                 at::ScalarType dtype, size_t max_shard_bytes) {
-  std::vector<TensorSpec> specs;
-  for (const auto& [name, t] : tensors) specs.push_back({name, dtype, t.sizes().vec()});
-  HfDirWriter writer(model_config, specs, dir, dtype, max_shard_bytes);
-  for (const auto& [name, t] : tensors) writer.write(name, t);
-  writer.finish();
-}
-
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
                          at::ScalarType dtype, size_t max_shard_bytes)
     : dir_(dir) {

@@ -70,11 +70,4 @@ class HfDirWriter {
   std::unique_ptr<SafetensorsWriter> writer_;
 };
 
-// Writes `tensors` (full parameters, HF names) of a model of `config` as an HF directory
-// in `dtype`: config.json and model.safetensors, or shards of at most `max_shard_bytes`
-// with an index when larger.
-void save_hf_dir(const ModelConfig& config, const NamedTensors& tensors, const std::filesystem::path& dir,
-                 at::ScalarType dtype, size_t max_shard_bytes = size_t{2} << 30);
-void save_hf_dir(CausalLM& model, const std::filesystem::path& dir, at::ScalarType dtype);
-
 }  // namespace fsdpp

@@ -70,7 +70,9 @@ fs::path staging_path(const fs::path& root, int64_t step) {
   return root / (kPartialPrefix + checkpoint_path(root, step).filename().string());
 }
 
-bool ShardedCheckpoint::is_checkpoint(const fs::path& dir) { return fs::is_regular_file(dir / "metadata.json"); }
+bool ShardedCheckpoint::is_checkpoint(const fs::path& dir) {
+  return fs::is_regular_file(dir / "metadata.json") && fs::exists(dir / kMetadataChecksumFile);
+}
 
 ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   if (!fs::is_directory(dir)) throw UserError(dir.string() + ": no such checkpoint directory");

@@ -39,8 +39,9 @@ class ShardedCheckpoint {
   // UserError naming the file (and field) when the directory, its metadata or a file it
   // lists is missing, malformed, out of range, outside the directory or of the wrong size.
   static ShardedCheckpoint open(const std::filesystem::path& dir);
-  // Whether `dir` holds a checkpoint (a metadata.json), complete or not; open() says what is
-  // wrong with one that is not, rather than letting it pass for another kind of directory.
+  // Whether `dir` holds a checkpoint, complete or not: a metadata.json with its checksum
+  // file, which no HF directory has. Its contents are not judged here: open() says what is
+  // wrong with them, rather than letting the directory pass for another kind.
   static bool is_checkpoint(const std::filesystem::path& dir);
 
   const std::filesystem::path& dir() const { return dir_; }

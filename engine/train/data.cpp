@@ -135,7 +135,7 @@ nlohmann::json TokenWindows::identity() const {
 EvalResult TokenWindows::evaluate(CausalLM& model, int64_t max_windows, Comm* group) const {
   const TokenRange held_out = eval_range(config_, *tokens_);
   return fsdpp::evaluate(model, *tokens_, held_out.begin, held_out.end, config_.seq_len, config_.batch_size,
-                         max_windows, group);
+                         max_windows, group, config_.train_on == TrainOn::completion);
 }
 
 }  // namespace fsdpp

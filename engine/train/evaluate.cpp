@@ -19,7 +19,7 @@ at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targe
 }
 
 EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
-                    int64_t seq_len, int64_t batch_size, int64_t max_windows, Comm* group) {
+                    int64_t seq_len, int64_t batch_size, int64_t max_windows, Comm* group, bool masked_targets) {
   if (seq_len < 2) throw UserError("evaluation needs seq_len >= 2, got " + std::to_string(seq_len));
   int64_t windows = (end - begin) / seq_len;
   if (max_windows > 0) windows = std::min(windows, max_windows);
@@ -36,7 +36,7 @@ EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int
   const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
   const int64_t batches = (windows + batch_size - 1) / batch_size;
   const auto device = model.parameters().front().device();
-  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
+  at::Tensor sums = at::zeros({2}, at::TensorOptions(at::kDouble).device(device));  // loss, targets
   for (int64_t round = 0; round * world < batches; ++round) {
     const int64_t batch = round * world + rank;
     const bool counted = batch < batches;
@@ -44,16 +44,22 @@ EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int
     const int64_t count = counted ? std::min(batch_size, windows - first) : 1;
     auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len}).to(device);  // [b, T]
     auto logits = model(ids);  // [b, T, V]
-    if (counted) {
-      loss_sum += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), ids.narrow(1, 1, seq_len - 1)).to(at::kDouble);
+    if (!counted) continue;
+    at::Tensor targets = ids.narrow(1, 1, seq_len - 1);  // [b, T - 1]
+    if (masked_targets) {
+      const at::Tensor marked = tokens.mask_slice(begin + first * seq_len, count * seq_len).view({count, seq_len});
+      targets = targets.masked_fill(marked.narrow(1, 1, seq_len - 1).logical_not().to(device), -100);
     }
+    sums[0] += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), targets).to(at::kDouble).squeeze();
+    sums[1] += (targets != -100).sum().to(at::kDouble);
   }
-  if (group) group->all_reduce_sum(loss_sum);
+  if (group) group->all_reduce_sum(sums);
   model.train(was_training);
   EvalResult r;
   r.windows = windows;
-  r.tokens = windows * (seq_len - 1);
-  r.loss = loss_sum.item<double>() / static_cast<double>(r.tokens);
+  r.tokens = static_cast<int64_t>(sums[1].item<double>());
+  if (r.tokens == 0) throw UserError(tokens.path().string() + ": the evaluated windows hold no marked target");
+  r.loss = sums[0].item<double>() / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);
   return r;
 }

@@ -15,7 +15,7 @@ at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targe
 
 struct EvalResult {
   int64_t windows = 0;
-  int64_t tokens = 0;      // predicted tokens: windows × (seq_len - 1)
+  int64_t tokens = 0;      // predicted tokens: windows × (seq_len - 1), or the masked ones
   double loss = 0.0;       // mean next-token loss in nats
   double perplexity = 0.0;
 };
@@ -23,8 +23,11 @@ struct EvalResult {
 // Mean loss over consecutive non-overlapping windows of `seq_len` tokens of tokens
 // [begin, end), each window predicting its own tokens 2..seq_len (as transformers does with
 // labels = input_ids). At most `max_windows` windows when positive. With `group`, its ranks
-// share the batches and every rank returns the same result (a collective).
+// share the batches and every rank returns the same result (a collective). With
+// `masked_targets`, only the tokens the file's loss mask marks are predicted (the labels of the
+// rest are -100), as [data] train_on = "completion" trains.
 EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
-                    int64_t seq_len, int64_t batch_size, int64_t max_windows = 0, Comm* group = nullptr);
+                    int64_t seq_len, int64_t batch_size, int64_t max_windows = 0, Comm* group = nullptr,
+                    bool masked_targets = false);
 
 }  // namespace fsdpp

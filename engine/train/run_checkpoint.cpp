@@ -230,7 +230,8 @@ std::optional<fs::path> resume_path(const CheckpointConfig& config) {
     return latest->path;
   }
   if (!ShardedCheckpoint::is_checkpoint(config.resume)) {
-    throw UserError("[checkpoint] resume: " + config.resume + " is not a complete checkpoint (no metadata.json)");
+    throw UserError("[checkpoint] resume: " + config.resume +
+                    " is not a complete checkpoint (no metadata.json with its metadata.crc32c)");
   }
   return fs::path(config.resume);
 }

@@ -30,7 +30,8 @@ int64_t first_outside(const std::byte* data, int64_t count, uint64_t vocab) {
 // file's exactly (compared in tokens and entries, so no count near 2^64 overflows into a match).
 TokenHeader read_layout(const std::byte* data, size_t size, const std::string& where) {
   if (size < kTokenHeaderBytes || std::memcmp(data, kMagic, 8) != 0) {
-    throw UserError(where + ": not an fsdpp token file (bad magic; make one with scripts/make_tokens.py)");
+    throw UserError(where + ": not an fsdpp token file (bad magic; make one with scripts/make_tokens.py or "
+                    "scripts/prepare_data.py)");
   }
   uint32_t version = 0, width = 0, flags = 0, zero = 0;
   uint64_t count = 0, vocab = 0, documents = 0;
@@ -48,7 +49,10 @@ TokenHeader read_layout(const std::byte* data, size_t size, const std::string& w
     std::memcpy(&documents, data + 32, 8);
     std::memcpy(&flags, data + 40, 4);
     std::memcpy(&zero, data + 44, 4);
-    if (flags > 1 || zero != 0) throw UserError(where + ": unknown header flags " + std::to_string(flags));
+    if (flags > 1 || zero != 0) {
+      throw UserError(where + ": unknown header flags " + std::to_string(flags) + " and " + std::to_string(zero) +
+                      " (expected 0 or 1, and 0)");
+    }
     offset += 16;
   }
   // Bytes per token over every section: the tokens, a mask byte, and the document ends.

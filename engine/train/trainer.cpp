@@ -1,6 +1,6 @@
 // The training loop. Launched on several ranks it shards the model (fsdp/), gives each rank
-// its rows of every global batch, and normalises the loss by the global token count, so
-// the summed gradients and hence every update equal those of one process on the whole batch.
+// its rows of every global batch, and normalises the loss by the step's global target count,
+// so the summed gradients and hence every update equal those of one process on the whole batch.
 #include "train/trainer.h"
 
 #include "core/device.h"

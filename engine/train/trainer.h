@@ -1,5 +1,6 @@
-// The single-process training loop: batches, forward, loss normalised by the step's token
-// count, backward, global-norm clipping, AdamW, schedule, metrics, periodic saves.
+// The training loop, on one process or sharded over many: batches, forward, loss normalised
+// by the step's target count, backward, global-norm clipping, AdamW, schedule, metrics,
+// evaluation and periodic saves.
 #pragma once
 
 #include "fsdp/plan.h"

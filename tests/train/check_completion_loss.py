@@ -3,7 +3,7 @@ scripts/prepare_data.py marks exactly those tokens (and each turn's end) and a P
 completion, refuses a bad record
 with FILE:LINE or skips it with --skip-bad; fsdpp's first-step loss with train_on =
 "completion" equals the mean cross entropy of transformers' model over the marked targets of
-the same windows, and two ranks, or two accumulated micro-batches, equal one process. All in
+the same windows, as does `fsdpp eval`'s loss over its windows, and two ranks, or two accumulated micro-batches, equal one process. All in
 float64: ranks and accumulation within tests/compare.py's FLOAT64_BOUND; transformers within
 TRANSFORMERS_BOUND, as its rotary tables are computed in float32 whatever the model's dtype."""
 import json
@@ -103,17 +103,30 @@ def gap(losses, reference):
     return max(abs(a - b) / abs(b) if b else (0.0 if a == 0 else float("inf")) for a, b in zip(losses, reference))
 
 
-def reference_loss(tokens, mask):
-    """transformers' mean cross entropy over the marked targets of the first step's windows."""
+def masked_loss(inputs, targets, marks):
+    """transformers' mean cross entropy over the marked targets: inputs and targets [B, T]."""
     model = AutoModelForCausalLM.from_pretrained(FIXTURE, dtype=torch.float64)
-    ids = torch.tensor(tokens)
-    windows = torch.stack([ids[w * SEQ_LEN:(w + 1) * SEQ_LEN + 1] for w in range(BATCH)])  # [B, T + 1]
-    marks = torch.stack([torch.tensor(mask[w * SEQ_LEN + 1:(w + 1) * SEQ_LEN + 1]) for w in range(BATCH)]).bool()
-    targets = windows[:, 1:].masked_fill(~marks, -100)
     with torch.no_grad():
-        logits = model(windows[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+        logits = model(inputs).logits
+    labels = targets.masked_fill(~marks, -100)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
                                              ignore_index=-100).item()
+
+
+def first_step_reference(tokens, mask):
+    """The first step's windows: BATCH windows of SEQ_LEN + 1 tokens from the start (no shuffle)."""
+    ids, marks = torch.tensor(tokens), torch.tensor(mask).bool()
+    windows = torch.stack([ids[w * SEQ_LEN:(w + 1) * SEQ_LEN + 1] for w in range(BATCH)])  # [B, T + 1]
+    window_marks = torch.stack([marks[w * SEQ_LEN:(w + 1) * SEQ_LEN + 1] for w in range(BATCH)])
+    return masked_loss(windows[:, :-1], windows[:, 1:], window_marks[:, 1:])
+
+
+def eval_reference(tokens, mask):
+    """`fsdpp eval`'s windows: consecutive SEQ_LEN tokens, each predicting its own tokens 2..SEQ_LEN."""
+    n = len(tokens) // SEQ_LEN
+    ids = torch.tensor(tokens[:n * SEQ_LEN]).view(n, SEQ_LEN)
+    marks = torch.tensor(mask[:n * SEQ_LEN]).bool().view(n, SEQ_LEN)
+    return masked_loss(ids[:, :-1], ids[:, 1:], marks[:, 1:])
 
 
 def main():
@@ -133,8 +146,11 @@ def main():
                 f'[data]\ntrain = "{out}"\nseq_len = {SEQ_LEN}\nbatch_size = {BATCH}\nshuffle = false\n'
                 'train_on = "completion"\n[optimizer]\nlr = 1e-2\n[train]\nsteps = 3\n[checkpoint]\nsave_final = false\n')
     one = train("one", out)
-    reference = reference_loss(tokens, mask)
+    reference = first_step_reference(tokens, mask)
+    evaluated = json.loads(subprocess.run([FSDPP, "eval", os.path.join(WORK, "run.toml"), "--json"], check=True,
+                                          capture_output=True, text=True).stdout)
     gaps = {"first loss vs transformers": (gap(one[:1], [reference]), TRANSFORMERS_BOUND),
+            "eval loss vs transformers": (gap([evaluated["loss"]], [eval_reference(tokens, mask)]), TRANSFORMERS_BOUND),
             "2 ranks vs 1": (gap(train("two", out, nproc=2), one), FLOAT64_BOUND),
             "2 micro-batches vs 1 batch": (gap(train("accum", out, "data.batch_size=1", "train.grad_accum=2"), one),
                                            FLOAT64_BOUND)}

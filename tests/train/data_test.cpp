@@ -2,6 +2,7 @@
 // epoch once, and learning-rate schedule shapes.
 #include "core/error.h"
 #include "train/data.h"
+#include "train/token_header.h"
 #include "train/lr_schedule.h"
 
 #include <catch2/catch.hpp>
@@ -16,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Writes the token file format documented in train/data.h.
+// Writes a version 1 token file (train/token_header.h).
 fs::path write_tokens(const std::vector<uint16_t>& tokens, int64_t drop_bytes = 0) {
   auto path = fs::temp_directory_path() / ("fsdpp-tok-" + std::to_string(::getpid()) + "-" +
                                            std::to_string(tokens.size()) + "-" + std::to_string(drop_bytes));
@@ -30,6 +31,31 @@ fs::path write_tokens(const std::vector<uint16_t>& tokens, int64_t drop_bytes = 
   bytes.resize(bytes.size() - drop_bytes);
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
+}
+
+// A version 2 file's bytes: tokens, document ends and, with flags 1, one mask byte per token.
+std::string v2_bytes(const std::vector<uint16_t>& tokens, const std::vector<uint64_t>& ends,
+                     const std::vector<uint8_t>& mask, uint32_t flags = 1) {
+  std::string bytes("FSDPTOK\0", 8);
+  const uint32_t version = 2, width = 2, zero = 0;
+  const uint64_t count = tokens.size(), vocab = 100, documents = ends.size();
+  for (auto [p, n] : {std::pair<const void*, size_t>{&version, 4}, {&width, 4}, {&count, 8}, {&vocab, 8},
+                      {&documents, 8}, {&flags, 4}, {&zero, 4}}) {
+    bytes.append(static_cast<const char*>(p), n);
+  }
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  bytes.append(reinterpret_cast<const char*>(ends.data()), ends.size() * 8);
+  bytes.append(reinterpret_cast<const char*>(mask.data()), mask.size());
+  return bytes;
+}
+
+std::string v2_error(const std::string& bytes) {
+  try {
+    TokenHeader::parse(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), "chat.tok");
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 std::vector<uint16_t> iota_tokens(size_t n) {
@@ -48,6 +74,20 @@ TEST_CASE("token files read back and refuse truncation", "[train][data]") {
   auto truncated = write_tokens(iota_tokens(300), 5);
   CHECK_THROWS_WITH(TokenFile::open(truncated),
                     Catch::Contains(truncated.string()) && Catch::Contains("truncated"));
+}
+
+TEST_CASE("version 2 token files: document ends and a loss mask, each checked", "[train][data]") {
+  const std::vector<uint16_t> tokens = {5, 6, 7, 8, 9};
+  const std::string good = v2_bytes(tokens, {2, 5}, {0, 1, 0, 1, 1});
+  const TokenHeader h = TokenHeader::parse(reinterpret_cast<const std::byte*>(good.data()), good.size(), "chat.tok");
+  CHECK((h.version == 2 && h.count == 5 && h.documents == 2 && h.has_mask));
+  CHECK(v2_error(v2_bytes(tokens, {2, 5}, {}, 0)).empty());  // no mask
+  CHECK_THAT(v2_error(v2_bytes(tokens, {3, 2, 5}, {0, 1, 0, 1, 1})), Catch::Contains("document 1 ends at token 2"));
+  CHECK_THAT(v2_error(v2_bytes(tokens, {2, 4}, {0, 1, 0, 1, 1})), Catch::Contains("document 1 ends at token 4"));
+  CHECK_THAT(v2_error(v2_bytes(tokens, {2, 5}, {0, 1, 2, 1, 1})), Catch::Contains("mask byte of token 2 is 2"));
+  CHECK_THAT(v2_error(v2_bytes(tokens, {2, 5}, {0, 1, 0, 1, 1}, 3)), Catch::Contains("unknown header flags 3"));
+  CHECK_THAT(v2_error(good + "x"), Catch::Contains("truncated or padded"));
+  CHECK_THAT(v2_error(v2_bytes(tokens, {}, {0, 1, 0, 1, 1})), Catch::Contains("no document ends"));
 }
 
 TEST_CASE("batches are shifted windows, each window once per epoch, reproducible", "[train][data]") {
