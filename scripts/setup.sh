@@ -8,8 +8,9 @@ cd "$root"
 
 # libgloo-dev: the torch wheel exports ProcessGroupGloo but ships no Gloo headers.
 # clang and libclang-rt-14-dev: libFuzzer and the sanitizers for the fuzz targets.
+# libprotobuf-dev and protobuf-compiler: TensorBoard's event records.
 debs=(liblua5.4-dev libgloo-dev libtomlplusplus-dev libspdlog-dev catch2 nlohmann-json3-dev ccache
-      cmake ninja-build g++ python3-venv procps clang libclang-rt-14-dev)
+      cmake ninja-build g++ python3-venv procps clang libclang-rt-14-dev libprotobuf-dev protobuf-compiler)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,7 +22,8 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-py_pins=(torch==2.11.0 transformers==4.57.1 safetensors tokenizers numpy pillow crc32c==2.7.1 pyarrow==26.0.1)
+py_pins=(torch==2.11.0 transformers==4.57.1 safetensors tokenizers numpy pillow crc32c==2.7.1 pyarrow==26.0.1
+         tensorboard==2.21.0)
 stamp=.venv/.fsdpp-setup-$(printf '%s\n' "${py_pins[@]}" | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -11,6 +11,7 @@
 #include "io/checkpoint_export.h"
 #include "io/hf_dir.h"
 #include "train/model_source.h"
+#include "train/batches.h"
 #include "train/data.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
@@ -59,9 +60,11 @@ constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [-
                   [--logits FILE] [--set section.key=value ...]
 
 Mean next-token loss and perplexity of the model [model] names (fresh, trained or loaded
-from an HF directory) over consecutive non-overlapping windows of data.seq_len tokens: of
-FILE when given, else of data.train's held-out tail (all of it when eval_fraction is 0).
-Each window predicts its tokens 2..seq_len, as transformers does with labels = input_ids.
+from an HF directory) over FILE when given, else over data.train's held-out part (all of it
+when eval_fraction is 0). A token file with document ends is evaluated by its documents, in
+rows laid out as training lays them out ([data] packing, train_on; --max-windows counts
+rows); any other over consecutive non-overlapping windows of data.seq_len tokens, each
+predicting its tokens 2..seq_len, as transformers does with labels = input_ids.
 [model] path may name a sharded checkpoint. --logits FILE also writes the first windows
 (--max-windows of them, default 1) and their logits to FILE as safetensors (input_ids
 [N, T] int64, logits [N, T, V] float32), for comparison with another implementation.
@@ -245,17 +248,18 @@ int run_export(const std::vector<std::string>& argv) {
 int run_eval(const Args& args) {
   const RunConfig config = load_run(args);
   policy_config(config);  // validates [policy] even though evaluation does not shard
-  const TokenFile tokens = TokenFile::open(args.tokens.empty() ? config.data.train : args.tokens);
-  const TokenRange range = args.tokens.empty() ? eval_range(config.data, tokens) : TokenRange{0, tokens.size()};
-  const bool masked = config.data.train_on == TrainOn::completion;
-  if (masked && !tokens.has_mask()) {
-    throw UserError(tokens.path().string() + ": [data] train_on = \"completion\" evaluates the tokens a loss mask "
-                    "marks, and this file has none");
+  DataConfig data = config.data;
+  if (!args.tokens.empty()) {
+    data.train = args.tokens;
+    data.eval_fraction = 0;  // all of FILE
   }
-  auto model = load_model(config.model).model;
-  const EvalResult r = evaluate(*model, tokens, range.begin, range.end, config.data.seq_len,
-                                config.data.batch_size, args.max_windows, nullptr, masked);
+  auto loaded = load_model(config.model);
+  auto& model = loaded.model;
+  const auto batches = open_batches(data, model->config());
+  const EvalResult r = batches->evaluate(*model, args.max_windows, nullptr);
   if (!args.logits.empty()) {
+    const TokenFile tokens = TokenFile::open(data.train);
+    const TokenRange range = eval_range(data, tokens);
     const int64_t windows = std::min<int64_t>(std::max<int64_t>(args.max_windows, 1), r.windows);
     std::vector<at::Tensor> inputs;
     for (int64_t w = 0; w < windows; ++w) inputs.push_back(tokens.slice(range.begin + w * config.data.seq_len, config.data.seq_len));
@@ -269,8 +273,8 @@ int run_eval(const Args& args) {
     std::cout << nlohmann::json{{"windows", r.windows}, {"tokens", r.tokens}, {"loss", r.loss},
                                 {"perplexity", r.perplexity}}.dump() << std::endl;
   } else {
-    std::printf("eval: %lld windows of %lld tokens, %lld predicted: loss %.6f  perplexity %.4f\n",
-                static_cast<long long>(r.windows), static_cast<long long>(config.data.seq_len),
+    std::printf("eval: %lld %s of %lld tokens, %lld predicted: loss %.6f  perplexity %.4f\n",
+                static_cast<long long>(r.windows), batches->item_name(), static_cast<long long>(config.data.seq_len),
                 static_cast<long long>(r.tokens), r.loss, r.perplexity);
   }
   return 0;

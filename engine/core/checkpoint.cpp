@@ -18,7 +18,7 @@ struct RecomputeBackward : public torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     std::vector<at::Tensor> leaves;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      leaves.push_back(inputs[i].detach().requires_grad_(needs_grad[i]));
+      leaves.push_back(inputs[i].defined() ? inputs[i].detach().requires_grad_(needs_grad[i]) : inputs[i]);
     }
     at::Tensor output;
     {
@@ -48,9 +48,11 @@ at::Tensor checkpointed(const std::vector<at::Tensor>& inputs, CheckpointBody bo
   auto node = std::make_shared<RecomputeBackward>();
   std::vector<at::Tensor> differentiable;
   for (const auto& x : inputs) {
-    node->inputs.push_back(x.detach());
-    node->needs_grad.push_back(x.requires_grad());
-    if (x.requires_grad()) differentiable.push_back(x);
+    // An undefined input (an optional one left out) passes through as it is.
+    const bool needs_grad = x.defined() && x.requires_grad();
+    node->inputs.push_back(x.defined() ? x.detach() : x);
+    node->needs_grad.push_back(needs_grad);
+    if (needs_grad) differentiable.push_back(x);
   }
   node->body = std::move(body);
   node->set_next_edges(torch::autograd::collect_next_edges(differentiable));

@@ -4,6 +4,8 @@
 #include "core/error.h"
 
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <sys/resource.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace fsdpp {
@@ -35,6 +37,20 @@ void synchronize_device(c10::Device device) {
   if (device.is_cpu()) return;
   c10::impl::VirtualGuardImpl guard(device.type());
   guard.synchronizeStream(guard.getStream(device));
+}
+
+std::optional<DeviceMemory> device_peak_memory(c10::Device device) {
+  if (device.is_cpu()) return std::nullopt;
+  const auto stats = at::accelerator::getDeviceStats(device.index());
+  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return DeviceMemory{static_cast<double>(stats.allocated_bytes[all].peak) / 1e9,
+                      static_cast<double>(stats.reserved_bytes[all].peak) / 1e9};
+}
+
+double host_peak_memory_gb() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) * 1024 / 1e9;  // Linux reports KiB
 }
 
 }  // namespace fsdpp

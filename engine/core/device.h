@@ -5,6 +5,7 @@
 
 #include <c10/core/Device.h>
 
+#include <optional>
 #include <string>
 
 namespace fsdpp {
@@ -19,5 +20,14 @@ void use_device(c10::Device device);
 // Blocks the host until the work queued on the device's current stream is done (nothing to
 // wait for on the CPU).
 void synchronize_device(c10::Device device);
+
+// The most memory the device's caching allocator has held for tensors and reserved from the
+// driver since the process began, in GB (1e9 bytes); none on the CPU.
+struct DeviceMemory {
+  double allocated_gb = 0, reserved_gb = 0;
+};
+std::optional<DeviceMemory> device_peak_memory(c10::Device device);
+// The process's peak resident memory in GB.
+double host_peak_memory_gb();
 
 }  // namespace fsdpp

@@ -29,6 +29,12 @@ struct VisionInputs {
   }
 };
 
+// Where the documents packed into a batch's rows begin (models/document_attention.h): attention
+// stays inside each document and positions restart at each.
+struct DocumentStarts {
+  torch::Tensor offsets;  // [S + 1] int64 offsets into the rows read one after another
+};
+
 class CausalLM : public Module {
  public:
   CausalLM(std::string class_name, ModelConfig config, std::vector<std::string> no_split)
@@ -39,6 +45,10 @@ class CausalLM : public Module {
   // With the batch's images and videos; only vision-language models take them.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
     throw UserError(class_name() + " takes no images or videos");
+  }
+  // With several documents packed into each row; the text decoders take them.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
+    throw UserError(class_name() + " does not attend within packed documents: set [data] packing = false");
   }
 
   const ModelConfig& config() const { return config_; }

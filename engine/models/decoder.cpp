@@ -1,6 +1,8 @@
 // Llama-family decoder layers and models; attention runs through ATen's fused
-// scaled_dot_product_attention with a causal mask.
+// scaled_dot_product_attention with a causal mask, or causal within packed documents.
 #include "models/decoder.h"
+
+#include "models/document_attention.h"
 
 #include <ATen/ATen.h>
 
@@ -23,7 +25,8 @@ Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
   }
 }
 
-torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin) {
+torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
+                                 const torch::Tensor& documents) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = (*q_proj_)(x).view({B, T, heads_, head_dim_});     // [B, T, H, D]
   auto k = (*k_proj_)(x).view({B, T, kv_heads_, head_dim_});  // [B, T, KV, D]
@@ -37,9 +40,11 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   v = v.transpose(1, 2);
   // Each key/value head serves heads / kv_heads query heads inside the kernel: copies
   // expanded to every query head would be kept for backward too.
-  auto out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                              /*scale=*/std::nullopt,
-                                              /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]
+  auto out = documents.defined()
+                 ? document_causal_attention(q, k, v, documents)
+                 : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                    /*scale=*/std::nullopt,
+                                                    /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
@@ -63,8 +68,9 @@ DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c,
   post_attention_layernorm_ = register_child("post_attention_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
 }
 
-torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin) {
-  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin);
+torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
+                                    const torch::Tensor& documents) {
+  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, documents);
   return h + (*mlp_)((*post_attention_layernorm_)(h));
 }
 
@@ -80,20 +86,23 @@ DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
   rotary_emb_ = register_child("rotary_emb", std::make_shared<RotaryEmbedding>(family.prefix + "RotaryEmbedding", c, opts.device()));
 }
 
-torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids) {
-  auto positions = torch::arange(input_ids.size(1), input_ids.options());  // [T]
+torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, const torch::Tensor& documents) {
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  auto positions = documents.defined() ? document_positions(documents, B, T)           // [B, T]
+                                       : torch::arange(T, input_ids.options());        // [T]
   rotary_emb_->follow(positions.device());
-  auto cos_sin = (*rotary_emb_)(positions);
-  auto h = (*embed_tokens)(input_ids);  // [B, T, C]
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin);
+  auto cos_sin = (*rotary_emb_)(positions);  // [2, T, D] or [2, B, T, D]
+  auto h = (*embed_tokens)(input_ids);       // [B, T, C]
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, documents);
   return (*norm_)(h);
 }
 
-torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids) {
+torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
+                                    const torch::Tensor& documents) {
   rotary_emb_->follow(inputs_embeds.device());
   auto cos_sin = (*rotary_emb_)(position_ids.to(inputs_embeds.device()));  // [2, B, T, D]
   auto h = inputs_embeds;
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin);
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, documents);
   return (*norm_)(h);
 }
 
@@ -109,6 +118,10 @@ DecoderCausalLM::DecoderCausalLM(const DecoderFamily& family, const ModelConfig&
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids) {
   return (*lm_head_)((*model_)(input_ids));
+}
+
+torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
+  return (*lm_head_)((*model_)(input_ids, documents.offsets.to(input_ids.device())));
 }
 
 }  // namespace fsdpp

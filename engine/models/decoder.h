@@ -19,8 +19,9 @@ class Attention : public Module {
   Attention(const DecoderFamily& family, const ModelConfig& config,
             const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  // x [B, T, C], cos_sin [2, T, D] -> [B, T, C]
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin);
+  // x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], documents as in
+  // models/document_attention.h (undefined: causal rows) -> [B, T, C]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& documents);
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -43,7 +44,7 @@ class DecoderLayer : public Module {
   DecoderLayer(const DecoderFamily& family, const ModelConfig& config,
                const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& documents);
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
@@ -57,10 +58,13 @@ class DecoderModel : public Module {
   DecoderModel(const DecoderFamily& family, const ModelConfig& config,
                const torch::TensorOptions& opts, const std::string& class_name = "");
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& input_ids);  // [B, T] -> [B, T, C]
+  // input_ids [B, T], documents as in models/document_attention.h (undefined: one sequence
+  // per row) -> [B, T, C]
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& documents = {});
   // Embeddings the caller made (with vision features placed in them) and multimodal RoPE
-  // positions: inputs_embeds [B, T, C], position_ids [3, B, T] -> [B, T, C].
-  torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids);
+  // positions: inputs_embeds [B, T, C], position_ids [3, B, T], documents as above -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
+                        const torch::Tensor& documents);
 
   std::shared_ptr<Embedding> embed_tokens;
 
@@ -75,6 +79,7 @@ class DecoderCausalLM : public CausalLM {
   DecoderCausalLM(const DecoderFamily& family, const ModelConfig& config,
                   const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& input_ids) override;
+  torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) override;
 
  private:
   std::shared_ptr<DecoderModel> model_;

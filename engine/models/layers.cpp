@@ -113,10 +113,10 @@ RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& conf
 }
 
 torch::Tensor RotaryEmbedding::forward(const torch::Tensor& positions) {
-  if (positions.dim() == 1) {
-    auto freqs = positions.to(torch::kFloat32).unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, D/2]
-    auto emb = torch::cat({freqs, freqs}, -1);                                          // [T, D]
-    return torch::stack({emb.cos(), emb.sin()});                                        // [2, T, D]
+  if (positions.dim() < 3) {
+    auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [T, D/2] or [B, T, D/2]
+    auto emb = torch::cat({freqs, freqs}, -1);                             // [T, D] or [B, T, D]
+    return torch::stack({emb.cos(), emb.sin()});                           // [2, T, D] or [2, B, T, D]
   }
   auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [3, B, T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);                             // [3, B, T, D]

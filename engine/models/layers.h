@@ -62,7 +62,7 @@ class RotaryEmbedding : public Module {
  public:
   RotaryEmbedding(std::string class_name, const ModelConfig& config, const torch::Device& device);
   FSDPP_MODULE_CALL
-  // positions [T] -> [2, T, D]: cos then sin, in float32. Multimodal RoPE (mrope_section
+  // positions [T] or [B, T] -> [2, T, D] or [2, B, T, D]: cos then sin, in float32. Multimodal RoPE (mrope_section
   // set): positions [3, B, T] (temporal, height, width) -> [2, B, T, D], each frequency
   // taking its axis's position.
   torch::Tensor forward(const torch::Tensor& positions);

@@ -75,7 +75,7 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Vi
       embeds = embeds.masked_scatter(video_mask.unsqueeze(-1).expand_as(embeds), features.narrow(0, image_tokens, video_tokens));
     }
   }
-  return (*lm_head_)((*model_)(embeds, position_ids(input_ids, vision)));
+  return (*lm_head_)((*model_)(embeds, position_ids(input_ids, vision), torch::Tensor()));
 }
 
 torch::Tensor VisionLanguageLM::position_ids(const torch::Tensor& input_ids,

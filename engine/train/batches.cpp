@@ -4,13 +4,14 @@
 #include "core/error.h"
 #include "train/data.h"
 #include "train/multimodal_data.h"
+#include "train/packed_documents.h"
 
 #include <filesystem>
 
 namespace fsdpp {
 
-EvalResult Batches::evaluate(CausalLM& model, int64_t max_windows, Comm* group) const {
-  throw UserError(std::string("evaluation needs held-out token windows, not ") + item_name());
+EvalResult Batches::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {
+  throw UserError(std::string("evaluation needs held-out token windows or documents, not ") + item_name());
 }
 
 std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model) {
@@ -26,6 +27,11 @@ std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfi
   if (tokens->vocab_size() > model.vocab_size) {
     throw UserError(tokens->path().string() + ": token vocabulary " + std::to_string(tokens->vocab_size()) +
                     " exceeds the model's vocab_size " + std::to_string(model.vocab_size));
+  }
+  if (tokens->documents() > 0) return std::make_unique<PackedDocuments>(std::move(tokens), config);
+  if (!config.packing) {
+    throw UserError(tokens->path().string() + ": [data] packing = false gives each document a row, and this file "
+                    "is one stream without document ends (write one with scripts/prepare_data.py)");
   }
   return std::make_unique<TokenWindows>(std::move(tokens), config);
 }

@@ -1,14 +1,16 @@
 // [data] as the training loop sees it: a source of global micro-batches drawn step by step in
 // an order the seed fixes (the same on every rank), from which each rank takes its own rows;
 // and the count of targets a step holds over every rank, which the loss divides by so that N
-// ranks and accumulation equal one process. Token windows (train/data.h) and multimodal
-// samples (train/multimodal_data.h) are its implementations.
+// ranks and accumulation equal one process. Token windows (train/data.h), rows of documents
+// (train/packed_documents.h) and multimodal samples (train/multimodal_data.h) are its
+// implementations.
 #pragma once
 
 #include "distributed/comm.h"
 #include "models/causal_lm.h"
 #include "train/data_config.h"
 #include "train/evaluate.h"
+#include "train/micro_batch.h"
 
 #include <nlohmann/json.hpp>
 
@@ -17,17 +19,6 @@
 namespace fsdpp {
 
 class ShuffledOrder;
-
-struct MicroBatch {
-  at::Tensor input;     // [rows, T] int64
-  at::Tensor target;    // [rows, T] int64, -100 where nothing is predicted
-  VisionInputs vision;  // the rows' images and videos, in row order (none for text)
-
-  // The batch's logits [rows, T, V] from `model` (the batch already on its device).
-  at::Tensor logits(CausalLM& model) const {
-    return vision.empty() ? model(input) : model(input, vision);
-  }
-};
 
 class Batches {
  public:
@@ -42,16 +33,17 @@ class Batches {
   // a resume refuses a stream whose identity differs.
   virtual ShuffledOrder& order() = 0;
   virtual nlohmann::json identity() const = 0;
-  // What one index of the order draws, for the log: "windows" or "samples".
+  // What one index of the order draws, for the log: "windows", "rows" or "samples".
   virtual const char* item_name() const = 0;
   // Held-out evaluation, where the data has a held-out part (a collective with `group`).
   virtual bool can_evaluate() const { return false; }
-  virtual EvalResult evaluate(CausalLM& model, int64_t max_windows, Comm* group) const;
+  virtual EvalResult evaluate(CausalLM& model, int64_t max_rows, Comm* group) const;
 };
 
-// The batches `config` names for `model`: a directory is a multimodal dataset, a file a token
-// file. UserError when the data does not fit the model (a vocabulary past the model's, images
-// for a model without a vision tower).
+// The batches `config` names for `model`: a directory is a multimodal dataset, a token file
+// with document ends its documents' rows, any other token file its windows. UserError when the
+// data does not fit the model (a vocabulary past the model's, images for a model without a
+// vision tower).
 std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model);
 
 }  // namespace fsdpp

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -31,6 +32,13 @@ at::Tensor TokenFile::mask_slice(int64_t begin, int64_t length) const {
   TORCH_CHECK(has_mask() && begin >= 0 && begin + length <= header_.count, "mask slice out of range");
   auto* p = const_cast<std::byte*>(file_->data() + header_.mask_offset + begin);
   return at::from_blob(p, {length}, at::TensorOptions().dtype(at::kByte)).to(at::kBool);
+}
+
+int64_t TokenFile::document_end(int64_t d) const {
+  TORCH_CHECK(d >= 0 && d < header_.documents, "document ", d, " out of range");
+  uint64_t end = 0;  // unaligned after 2-byte tokens
+  std::memcpy(&end, file_->data() + header_.ends_offset + d * 8, 8);
+  return static_cast<int64_t>(end);
 }
 
 ShuffledOrder::ShuffledOrder(int64_t size, uint64_t seed, bool shuffle)

@@ -28,6 +28,10 @@ class TokenFile {
   // the token is a training target.
   bool has_mask() const { return header_.has_mask; }
   at::Tensor mask_slice(int64_t begin, int64_t length) const;  // [length] bool
+  // Version 2: the documents the tokens hold (0: one unbroken stream), and where document `d`
+  // ends (a token offset; the last document ends at size()).
+  int64_t documents() const { return header_.documents; }
+  int64_t document_end(int64_t d) const;
 
  private:
   std::shared_ptr<MappedFile> file_;

@@ -13,6 +13,7 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction, 0, 1);
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0, 0, kMaxSeed));
   c.shuffle = s.get_bool("shuffle", c.shuffle);
+  c.packing = s.get_bool("packing", c.packing);
   const std::string train_on = s.get_string("train_on", "all");
   s.finish();
   if (train_on == "completion") {

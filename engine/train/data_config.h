@@ -27,6 +27,9 @@ struct DataConfig {
   uint64_t seed = 0;           // batch order
   bool shuffle = true;         // false visits windows (or multimodal samples) in file order
   TrainOn train_on = TrainOn::all;  // "all" or "completion" (needs a token file with a loss mask)
+  // A token file with document ends (version 2): true packs several documents into each row,
+  // attention never crossing from one to another; false gives each document a padded row.
+  bool packing = true;
 
   static DataConfig from_section(ConfigSection& section);
 };

@@ -1,4 +1,4 @@
-// Loss and windowed evaluation.
+// Loss and evaluation over rows.
 #include "train/evaluate.h"
 
 #include "core/error.h"
@@ -18,6 +18,41 @@ at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targe
                                 /*weight=*/{}, at::Reduction::Sum);
 }
 
+EvalResult evaluate_rows(CausalLM& model, int64_t rows, int64_t batch_size, const EvalRows& batch, Comm* group,
+                         const std::string& where) {
+  at::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  // Batch k goes to rank k mod W. Every rank runs the same number of forwards, since a
+  // sharded model gathers its units in each one: a rank out of batches in the last round
+  // runs its first row again and does not count it.
+  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  const int64_t batches = (rows + batch_size - 1) / batch_size;
+  const auto device = model.parameters().front().device();
+  at::Tensor sums = at::zeros({2}, at::TensorOptions(at::kDouble).device(device));  // loss, targets
+  for (int64_t round = 0; round * world < batches; ++round) {
+    const int64_t index = round * world + rank;
+    const bool counted = index < batches;
+    const int64_t first = counted ? index * batch_size : 0;
+    MicroBatch b = batch(first, counted ? std::min(batch_size, rows - first) : 1);
+    b.input = b.input.to(device);
+    auto logits = b.logits(model);  // [b, T, V]
+    if (!counted) continue;
+    auto targets = b.target.to(device);  // [b, T]
+    sums[0] += next_token_loss_sum(logits, targets).to(at::kDouble).squeeze();
+    sums[1] += (targets != -100).sum().to(at::kDouble);
+  }
+  if (group) group->all_reduce_sum(sums);
+  model.train(was_training);
+  EvalResult r;
+  r.windows = rows;
+  r.tokens = static_cast<int64_t>(sums[1].item<double>());
+  if (r.tokens == 0) throw UserError(where + ": the evaluated rows hold no target to predict");
+  r.loss = sums[0].item<double>() / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
 EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
                     int64_t seq_len, int64_t batch_size, int64_t max_windows, Comm* group, bool masked_targets) {
   if (seq_len < 2) throw UserError("evaluation needs seq_len >= 2, got " + std::to_string(seq_len));
@@ -27,41 +62,18 @@ EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int
     throw UserError(tokens.path().string() + ": " + std::to_string(end - begin) +
                     " tokens cannot fill one evaluation window of " + std::to_string(seq_len));
   }
-  at::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
-  // Batch k goes to rank k mod W. Every rank runs the same number of forwards, since a
-  // sharded model gathers its units in each one: a rank out of batches in the last round
-  // runs its first window again and does not count it.
-  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
-  const int64_t batches = (windows + batch_size - 1) / batch_size;
-  const auto device = model.parameters().front().device();
-  at::Tensor sums = at::zeros({2}, at::TensorOptions(at::kDouble).device(device));  // loss, targets
-  for (int64_t round = 0; round * world < batches; ++round) {
-    const int64_t batch = round * world + rank;
-    const bool counted = batch < batches;
-    const int64_t first = counted ? batch * batch_size : 0;
-    const int64_t count = counted ? std::min(batch_size, windows - first) : 1;
-    auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len}).to(device);  // [b, T]
-    auto logits = model(ids);  // [b, T, V]
-    if (!counted) continue;
-    at::Tensor targets = ids.narrow(1, 1, seq_len - 1);  // [b, T - 1]
+  auto window_rows = [&](int64_t first, int64_t count) {
+    auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len});  // [b, T]
+    // Each window predicts its own next tokens; its last token predicts nothing.
+    auto targets = at::full_like(ids, -100);
+    targets.narrow(1, 0, seq_len - 1).copy_(ids.narrow(1, 1, seq_len - 1));
     if (masked_targets) {
       const at::Tensor marked = tokens.mask_slice(begin + first * seq_len, count * seq_len).view({count, seq_len});
-      targets = targets.masked_fill(marked.narrow(1, 1, seq_len - 1).logical_not().to(device), -100);
+      targets.narrow(1, 0, seq_len - 1).masked_fill_(marked.narrow(1, 1, seq_len - 1).logical_not(), -100);
     }
-    sums[0] += next_token_loss_sum(logits.narrow(1, 0, seq_len - 1), targets).to(at::kDouble).squeeze();
-    sums[1] += (targets != -100).sum().to(at::kDouble);
-  }
-  if (group) group->all_reduce_sum(sums);
-  model.train(was_training);
-  EvalResult r;
-  r.windows = windows;
-  r.tokens = static_cast<int64_t>(sums[1].item<double>());
-  if (r.tokens == 0) throw UserError(tokens.path().string() + ": the evaluated windows hold no marked target");
-  r.loss = sums[0].item<double>() / static_cast<double>(r.tokens);
-  r.perplexity = std::exp(r.loss);
-  return r;
+    return MicroBatch{ids, targets, {}, {}};
+  };
+  return evaluate_rows(model, windows, batch_size, window_rows, group, tokens.path().string());
 }
 
 }  // namespace fsdpp

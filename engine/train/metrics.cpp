@@ -1,9 +1,9 @@
-// Metric records: log lines, progress bar, JSONL.
+// Metric records: log lines, progress bar, JSONL, TensorBoard.
 #include "train/metrics.h"
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/config_file.h"
+#include "train/tensorboard.h"
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -23,25 +23,27 @@ nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : 
 
 }  // namespace
 
-MetricsConfig MetricsConfig::from_section(ConfigSection& s) {
-  MetricsConfig c;
-  c.jsonl = s.get_string("jsonl", c.jsonl);
-  c.progress = s.get_string("progress", c.progress);
-  c.profile_step = s.get_int("profile_step", c.profile_step, 0, kMaxSteps);  // 0: off
-  s.finish();
-  if (c.progress != "auto" && c.progress != "always" && c.progress != "never") {
-    s.fail("progress", "'" + c.progress + "' is not one of auto, always, never");
+std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
+  std::vector<std::pair<std::string, double>> f = {
+      {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_s},
+      {"elapsed_s", elapsed_s}, {"tokens", static_cast<double>(tokens)}, {"eta_s", eta_s},
+      {"host_peak_gb", host_peak_gb}};
+  for (const auto& [key, value] : {std::pair{"mfu", mfu}, {"device_allocated_gb", device_allocated_gb},
+                                   {"device_reserved_gb", device_reserved_gb}}) {
+    if (value) f.emplace_back(key, *value);
   }
-  return c;
+  return f;
 }
 
-MetricsSink::MetricsSink(const MetricsConfig& config, const std::string& jsonl_path, int64_t total_steps,
-                         int64_t resumed_after)
-    : total_steps_(total_steps),
+MetricsSink::MetricsSink(const MetricsConfig& config, int64_t total_steps, int64_t resumed_after)
+    : tensorboard_(std::make_unique<TensorBoardWriter>(config.tensorboard)),
+      total_steps_(total_steps),
       progress_(config.progress == "always" || (config.progress == "auto" && ::isatty(STDERR_FILENO))) {
+  const std::string& jsonl_path = config.jsonl;
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes.
+  // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes
+  // (TensorBoard, given a new event file, shows the redone steps after the old ones).
   std::string kept;
   if (resumed_after > 0) {
     std::ifstream old(jsonl_path);
@@ -58,28 +60,40 @@ MetricsSink::MetricsSink(const MetricsConfig& config, const std::string& jsonl_p
 MetricsSink::~MetricsSink() { clear_progress(); }
 
 void MetricsSink::record_step(const StepMetrics& m, bool log_line) {
-  nlohmann::json j = {{"step", m.step},       {"loss", number(m.loss)},
-                      {"lr", m.lr},           {"grad_norm", number(m.grad_norm)},
-                      {"tokens_per_s", m.tokens_per_s}, {"elapsed_s", m.elapsed_s},
-                      {"tokens", m.tokens}};
+  nlohmann::json j = {{"step", m.step}};
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [key, value] : m.figures()) {
+    j[key] = key == "tokens" ? nlohmann::json(m.tokens) : number(value);
+    if (std::isfinite(value)) scalars.emplace_back(key, value);  // JSON null: no scalar
+  }
   if (m.skipped) j["skipped"] = true;
   jsonl_ << j.dump() << '\n' << std::flush;
+  tensorboard_->add_scalars(m.step, scalars);
   if (log_line) {
     clear_progress();
-    std::ostringstream line;
-    line << std::fixed << "step " << m.step << "/" << total_steps_ << "  loss "
-         << std::setprecision(4) << m.loss << "  lr " << std::scientific << std::setprecision(3)
-         << m.lr << std::fixed << "  grad_norm " << std::setprecision(3) << m.grad_norm
-         << "  tok/s " << std::setprecision(0) << m.tokens_per_s << "  elapsed "
-         << std::setprecision(1) << m.elapsed_s << "s";
-    log_info(line.str());
+    log_info(step_line(m));
   }
   if (progress_) draw_progress(m);
+}
+
+std::string MetricsSink::step_line(const StepMetrics& m) const {
+  std::ostringstream line;
+  line << std::fixed << "step " << m.step << "/" << total_steps_ << "  loss " << std::setprecision(4) << m.loss
+       << "  lr " << std::scientific << std::setprecision(3) << m.lr << std::fixed << "  grad_norm "
+       << std::setprecision(3) << m.grad_norm << "  tok/s " << std::setprecision(0) << m.tokens_per_s;
+  if (m.mfu) line << "  mfu " << std::setprecision(1) << 100 * *m.mfu << "%";
+  line << "  mem " << std::setprecision(2) << m.host_peak_gb << " GB";
+  if (m.device_allocated_gb) {
+    line << " (device " << *m.device_allocated_gb << " allocated, " << *m.device_reserved_gb << " reserved)";
+  }
+  line << "  elapsed " << std::setprecision(1) << m.elapsed_s << "s  left " << m.eta_s << "s";
+  return line.str();
 }
 
 void MetricsSink::record_eval(int64_t step, double loss, double perplexity) {
   jsonl_ << nlohmann::json{{"step", step}, {"eval_loss", loss}, {"eval_perplexity", perplexity}}.dump()
          << '\n' << std::flush;
+  tensorboard_->add_scalars(step, {{"eval_loss", loss}, {"eval_perplexity", perplexity}});
   clear_progress();
   log_info("eval at step ", step, ": loss ", loss, "  perplexity ", perplexity);
 }

@@ -1,22 +1,19 @@
-// The [metrics] section and the sink for per-step metrics: a log line every log_every
-// steps, a progress bar when stderr is a terminal, and every record as one JSONL line.
+// The sink for per-step metrics: a log line every log_every steps, a progress bar when
+// stderr is a terminal, every record as one JSONL line, and a scalar per figure per step in
+// TensorBoard event files (the same figures as the JSONL).
 #pragma once
+
+#include "train/metrics_config.h"
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fsdpp {
-
-class ConfigSection;
-
-struct MetricsConfig {
-  std::string jsonl;               // JSONL output; "" means <train.out_dir>/metrics.jsonl
-  std::string progress = "auto";   // progress bar: "auto" (on a terminal), "always", "never"
-  int64_t profile_step = 0;        // > 0: trace that step into <train.out_dir>/profile-step-N-rank-R.json
-
-  static MetricsConfig from_section(ConfigSection& section);
-};
 
 struct StepMetrics {
   int64_t step = 0;
@@ -26,24 +23,35 @@ struct StepMetrics {
   double tokens_per_s = 0.0; // since the previous record
   double elapsed_s = 0.0;    // since training began
   int64_t tokens = 0;        // trained so far
+  double eta_s = 0.0;        // time left at this run's pace so far
+  double host_peak_gb = 0.0; // peak resident memory of the process
+  std::optional<double> mfu;                  // model FLOPs utilisation (a GPU with peak_tflops)
+  std::optional<double> device_allocated_gb;  // a GPU's peak allocated and reserved memory
+  std::optional<double> device_reserved_gb;
   bool skipped = false;      // the update was skipped (non-finite gradient norm)
+
+  // Every figure by its JSONL key, in order; the optional ones only when measured.
+  std::vector<std::pair<std::string, double>> figures() const;
 };
+
+class TensorBoardWriter;
 
 class MetricsSink {
  public:
   // A run resumed after step `resumed_after` (> 0) keeps the file's records up to that step.
-  MetricsSink(const MetricsConfig& config, const std::string& jsonl_path, int64_t total_steps,
-              int64_t resumed_after = 0);
+  MetricsSink(const MetricsConfig& config, int64_t total_steps, int64_t resumed_after = 0);
   ~MetricsSink();
 
   void record_step(const StepMetrics& m, bool log_line);
   void record_eval(int64_t step, double loss, double perplexity);
 
  private:
+  std::string step_line(const StepMetrics& m) const;
   void draw_progress(const StepMetrics& m);
   void clear_progress();
 
   std::ofstream jsonl_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t total_steps_;
   bool progress_;
   bool bar_drawn_ = false;

@@ -79,6 +79,7 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model";
   if (run.checkpoint.export_dtype.empty()) run.checkpoint.export_dtype = run.model.dtype;
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
+  if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";
   return run;
 }
 

@@ -6,7 +6,7 @@
 #include "distributed/parallel_config.h"
 #include "train/data_config.h"
 #include "train/lr_schedule.h"
-#include "train/metrics.h"
+#include "train/metrics_config.h"
 #include "train/model_source_config.h"
 #include "train/optimizer_config.h"
 

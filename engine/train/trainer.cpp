@@ -16,6 +16,7 @@
 #include "train/evaluate.h"
 #include "train/model_source.h"
 #include "train/batches.h"
+#include "train/metrics.h"
 #include "train/step_profiler.h"
 
 #include <ATen/ATen.h>
@@ -60,6 +61,7 @@ struct Session {
   int64_t rows = 0;  // this rank's rows of every global micro-batch
   bool sharded = false;  // launched: the model is sharded by the policy's plan
   size_t units = 0;      // FSDP units when sharded
+  int64_t parameters = 0;  // the whole model's, counted before sharding
   std::shared_ptr<const ShardedCheckpoint> checkpoint;  // the one to resume from, if any
   LoadedModel loaded;
   std::unique_ptr<ShardedView> view;  // FsdpState when launched, else WholeModel
@@ -134,6 +136,7 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   s.batches = open_batches(config.data, model_config_of(config.model));
   s.loaded = load_model(config.model, /*unallocated=*/env.launched);
   CausalLM& model = *s.loaded.model;
+  s.parameters = model.recursive_param_count();  // numel holds for unallocated parameters too
   s.sharded = env.launched;
   if (!s.sharded) model.to(s.device);  // a sharded model is placed unit by unit instead
   model.train();
@@ -200,6 +203,35 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
   return r;
 }
 
+// Training FLOPs per token: 6 per weight of every matrix product (forward and backward) plus
+// attention's score and value products, 12 x layers x hidden x seq_len. The input embedding
+// is a lookup, unless tied to the output head, which is a product.
+double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq_len) {
+  const int64_t lookup = model.tie_word_embeddings ? 0 : model.vocab_size * model.hidden_size;
+  return 6.0 * static_cast<double>(parameters - lookup) +
+         12.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size * seq_len);
+}
+
+// The figures of a step beyond its loss: pace, time left, memory and, on a GPU with a stated
+// peak, model FLOPs utilisation over every rank.
+void measure(StepMetrics& m, const RunConfig& config, const Session& s, int64_t first_step,
+             Clock::time_point start, Clock::time_point step_start, double step_flops) {
+  const int64_t step_tokens = config.train.grad_accum * config.data.batch_size * config.data.seq_len;
+  const double step_s = std::max(1e-9, seconds_since(step_start));
+  m.elapsed_s = seconds_since(start);
+  m.tokens = m.step * step_tokens;
+  m.tokens_per_s = static_cast<double>(step_tokens) / step_s;
+  m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(config.train.steps - m.step);
+  m.host_peak_gb = host_peak_memory_gb();
+  if (const auto memory = device_peak_memory(s.device)) {
+    m.device_allocated_gb = memory->allocated_gb;
+    m.device_reserved_gb = memory->reserved_gb;
+    if (config.metrics.peak_tflops > 0) {
+      m.mfu = step_flops / step_s / (config.metrics.peak_tflops * 1e12 * s.comm->size());
+    }
+  }
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
@@ -211,8 +243,10 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const int64_t first_step = s.checkpoint ? resume(s, summary, load_start) : 1;
   const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
   std::unique_ptr<MetricsSink> metrics;
-  if (rank == 0) metrics = std::make_unique<MetricsSink>(config.metrics, config.metrics.jsonl, tc.steps, first_step - 1);
+  if (rank == 0) metrics = std::make_unique<MetricsSink>(config.metrics, tc.steps, first_step - 1);
   const int64_t step_tokens = tc.grad_accum * config.data.batch_size * config.data.seq_len;
+  const double step_flops = static_cast<double>(step_tokens) *
+                            flops_per_token(s.loaded.model->config(), s.parameters, config.data.seq_len);
   if (rank == 0) {
     log_info("train: ", tc.steps, " steps of ", step_tokens, " tokens (", tc.grad_accum, " x ",
              config.data.batch_size, " x ", config.data.seq_len, "), ", s.comm->size(), " rank(s), ",
@@ -245,9 +279,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       profiler.stop_and_save(trace.string());
       log_info("profile: step ", step, " traced to ", trace.string());
     }
-    m.elapsed_s = seconds_since(start);
-    m.tokens = step * step_tokens;
-    m.tokens_per_s = static_cast<double>(step_tokens) / std::max(1e-9, seconds_since(step_start));
+    measure(m, config, s, first_step, start, step_start, step_flops);
     if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
     summary.final_loss = m.loss;
     summary.steps = step;

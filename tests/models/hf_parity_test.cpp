@@ -20,26 +20,41 @@ double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
 }
 
-// The mean next-token loss of `logits` [B, T, V] for `ids` [B, T], checked against the
-// reference's `loss_key`, then backward and every gradient against the reference's
-// "grad.<name>" entries: each one the reference has, and no more.
-void check_loss_and_gradients(Module& model, const at::Tensor& logits, const at::Tensor& ids,
-                              const SafetensorsFile& reference, const std::string& loss_key) {
-  const int64_t B = ids.size(0), T = ids.size(1);
-  auto loss = next_token_loss_sum(logits.narrow(1, 0, T - 1), ids.narrow(1, 1, T - 1)) /
-              static_cast<double>(B * (T - 1));
+// Targets [B, T] for `ids` [B, T] as transformers takes labels = input_ids: each token
+// predicts the next, the last predicts nothing.
+at::Tensor next_tokens(const at::Tensor& ids) {
+  auto targets = at::full_like(ids, -100);
+  targets.narrow(1, 0, ids.size(1) - 1).copy_(ids.narrow(1, 1, ids.size(1) - 1));
+  return targets;
+}
+
+// The mean next-token loss of `logits` [B, T, V] over `targets` [B, T] (-100: none), checked
+// against the reference's `loss_key`, then backward and every gradient against the
+// reference's "<grad_prefix><name>" entries: each one the reference has, and no more.
+void check_loss_and_gradients(Module& model, const at::Tensor& logits, const at::Tensor& targets,
+                              const SafetensorsFile& reference, const std::string& loss_key,
+                              const std::string& grad_prefix = "grad.") {
+  auto loss = next_token_loss_sum(logits, targets) / (targets != -100).sum().item<double>();
   CHECK(relative_error(loss, reference.tensor(loss_key)) < 1e-5);
   loss.backward();
   int checked = 0;
   for (const auto& p : unique_named_parameters(model)) {
     INFO("gradient of " << p.name);
-    REQUIRE(reference.contains("grad." + p.name));
-    CHECK(relative_error(p.tensor.grad(), reference.tensor("grad." + p.name)) < 1e-5);
+    REQUIRE(reference.contains(grad_prefix + p.name));
+    CHECK(relative_error(p.tensor.grad(), reference.tensor(grad_prefix + p.name)) < 1e-5);
     ++checked;
   }
   int expected = 0;
-  for (const auto& [name, entry] : reference.entries()) expected += name.starts_with("grad.");
+  for (const auto& [name, entry] : reference.entries()) expected += name.starts_with(grad_prefix);
   CHECK(checked == expected);
+}
+
+// A fixture's model in float32 and its reference outputs.
+std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixture(const std::string& model_name) {
+  const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
+  REQUIRE(fixtures != nullptr);
+  const std::string dir = std::string(fixtures) + "/" + model_name;
+  return {load_model({.path = dir, .dtype = "float32"}).model, SafetensorsFile::open(dir + "/reference.safetensors")};
 }
 
 }  // namespace
@@ -48,16 +63,12 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3",
                                           "llama_sharded");
   INFO("model " << model_name);
-  const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
-  REQUIRE(fixtures != nullptr);
-  const std::string dir = std::string(fixtures) + "/" + model_name;
-  auto model = load_model({.path = dir, .dtype = "float32"}).model;
-  auto reference = SafetensorsFile::open(dir + "/reference.safetensors");
+  auto [model, reference] = load_fixture(model_name);
 
   auto ids = reference->tensor("input_ids");  // [B, T]
   auto logits = (*model)(ids);                // [B, T, V]
   CHECK(relative_error(logits, reference->tensor("logits")) < 1e-5);
-  check_loss_and_gradients(*model, logits, ids, *reference, "loss");
+  check_loss_and_gradients(*model, logits, next_tokens(ids), *reference, "loss");
 
   // The optimizer starts from transformers' own gradients: Adam's first step is about
   // lr * g / (|g| + eps), so where g is near zero it would magnify rounding in the gradients
@@ -78,6 +89,27 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   }
 }
 
+// Rows packing several documents (make_hf_fixtures.py's packed_reference): the logits of every
+// document as transformers gives for it alone, and the loss and gradients over all targets and
+// over those a loss mask marks.
+TEST_CASE("packed documents give what each document gives alone through transformers", "[models][parity]") {
+  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3");
+  const bool masked = GENERATE(false, true);
+  INFO("model " << model_name << (masked ? ", loss mask" : ""));
+  auto [model, reference] = load_fixture(model_name);
+
+  auto ids = reference->tensor("packed.input_ids");  // [R, T]
+  auto logits = (*model)(ids, DocumentStarts{reference->tensor("packed.offsets")});  // [R, T, V]
+  // Padding positions have no reference; the documents' positions are all the rest.
+  auto expected = reference->tensor("packed.logits");
+  auto in_document = expected.abs().sum(-1) > 0;  // [R, T]
+  CHECK(relative_error(logits.detach().index({in_document}), expected.index({in_document})) < 1e-5);
+  auto targets = reference->tensor("packed.targets");
+  const std::string variant = masked ? "packed_masked" : "packed";
+  if (masked) targets = targets.masked_fill(reference->tensor("packed.marked").logical_not(), -100);
+  check_loss_and_gradients(*model, logits, targets, *reference, variant + ".loss", variant + ".grad.");
+}
+
 // Qwen2-VL and Qwen2.5-VL (tests/reference/make_vl_fixtures.py): text, image, video and
 // image-plus-video batches give transformers' fp32 logits; the last also its loss and every
 // gradient, vision tower included.
@@ -85,13 +117,9 @@ TEST_CASE("Qwen2-VL and Qwen2.5-VL logits and gradients match transformers for t
           "[models][parity]") {
   const std::string model_name = GENERATE("qwen2_vl", "qwen2_5_vl");
   INFO("model " << model_name);
-  const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
-  REQUIRE(fixtures != nullptr);
-  const std::string dir = std::string(fixtures) + "/" + model_name;
-  auto loaded = load_model({.path = dir, .dtype = "float32"}).model;
+  auto [loaded, reference] = load_fixture(model_name);
   auto* model = dynamic_cast<VisionLanguageLM*>(loaded.get());
   REQUIRE(model != nullptr);
-  auto reference = SafetensorsFile::open(dir + "/reference.safetensors");
   auto optional = [&](const std::string& key) { return reference->contains(key) ? reference->tensor(key) : at::Tensor(); };
   for (const std::string name : {"text", "image", "video", "image_video"}) {
     INFO("batch " << name);
@@ -101,6 +129,6 @@ TEST_CASE("Qwen2-VL and Qwen2.5-VL logits and gradients match transformers for t
                               optional(name + ".second_per_grid_ts")};
     auto logits = (*model)(ids, vision);  // [B, T, V]
     CHECK(relative_error(logits, reference->tensor(name + ".logits")) < 1e-5);
-    if (name == "image_video") check_loss_and_gradients(*model, logits, ids, *reference, "image_video.loss");
+    if (name == "image_video") check_loss_and_gradients(*model, logits, next_tokens(ids), *reference, "image_video.loss");
   }
 }

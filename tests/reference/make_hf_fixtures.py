@@ -33,6 +33,9 @@ COMMON = dict(
     attn_implementation="eager",
 )
 BATCH, SEQ = 2, 13
+# Packed rows of SEQ tokens: documents (by their length) laid out row by row, the last row
+# padded; each document's reference is the document run alone.
+PACKED_ROWS = [[9, 4], [5, 8], [3]]
 # One optimizer step after the reference backward, checked by the C++ parity test too.
 CLIP_NORM, LR, BETAS, EPS, WEIGHT_DECAY = 0.5, 1e-2, (0.9, 0.95), 1e-8, 0.1
 INPUT_SEED = 20240601
@@ -78,6 +81,48 @@ def perturb(model):
                 p.copy_(0.2 * torch.randn_like(p))
 
 
+def packed_reference(model, gen, vocab_size):
+    """What rows packing several documents must give: the logits of each document run alone,
+    placed where it sits in its row, and the mean loss over the documents' targets (all of
+    them, and a random half: a loss mask) with its gradients. Positions restart at every
+    document; padding has no logits and no targets."""
+    rows, offsets = len(PACKED_ROWS), []
+    input_ids = torch.zeros(rows, SEQ, dtype=torch.int64)
+    targets = torch.full((rows, SEQ), -100, dtype=torch.int64)
+    logits = torch.zeros(rows, SEQ, vocab_size)
+    documents = []
+    for r, lengths in enumerate(PACKED_ROWS):
+        at = 0
+        for length in lengths:
+            offsets.append(r * SEQ + at)
+            ids = torch.randint(0, vocab_size, (length,), generator=gen, dtype=torch.int64)
+            input_ids[r, at:at + length] = ids
+            targets[r, at:at + length - 1] = ids[1:]
+            documents.append((r, at, ids))
+            at += length
+        if at < SEQ:
+            offsets.append(r * SEQ + at)
+    offsets.append(rows * SEQ)
+    marked = torch.rand(rows, SEQ, generator=gen) < 0.5
+    ref = {"packed.input_ids": input_ids, "packed.offsets": torch.tensor(offsets, dtype=torch.int64),
+           "packed.targets": targets, "packed.marked": marked.to(torch.uint8)}
+    params = list(model.named_parameters())
+    for variant, labels in (("packed", targets), ("packed_masked", targets.masked_fill(~marked, -100))):
+        total = 0.0
+        for r, at, ids in documents:
+            out = model(ids[None]).logits[0]  # [L, V]
+            if variant == "packed":
+                logits[r, at:at + len(ids)] = out.detach()
+            total = total + torch.nn.functional.cross_entropy(out, labels[r, at:at + len(ids)], ignore_index=-100,
+                                                              reduction="sum")
+        loss = total / (labels != -100).sum()
+        grads = torch.autograd.grad(loss, [p for _, p in params])
+        ref[f"{variant}.loss"] = loss.detach().reshape(())
+        ref.update({f"{variant}.grad.{n}": g.detach().clone() for (n, _), g in zip(params, grads)})
+    ref["packed.logits"] = logits
+    return ref
+
+
 def make_one(outdir, name, seed, cls, config, save_args):
     torch.manual_seed(seed)
     model = cls(config)
@@ -96,6 +141,8 @@ def make_one(outdir, name, seed, cls, config, save_args):
     }
     for n, p in model.named_parameters():
         ref[f"grad.{n}"] = p.grad.detach().clone()  # clipping below scales p.grad in place
+
+    ref.update(packed_reference(model, gen, config.vocab_size))
 
     # The checkpoint holds the weights the reference outputs came from, before the step.
     d = os.path.join(outdir, name)

@@ -1,0 +1,40 @@
+// Causal attention inside packed documents: a block-diagonal causal mask on ATen's fused
+// attention, on every device.
+#include "models/document_attention.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdpp {
+
+namespace {
+
+// The document each token belongs to: [B * T] int64, from the offsets without a host sync
+// (the output size is known, so repeat_interleave needs not read the lengths back).
+at::Tensor document_of_token(const at::Tensor& documents, int64_t tokens) {
+  const int64_t S = documents.size(0) - 1;
+  auto lengths = documents.narrow(0, 1, S) - documents.narrow(0, 0, S);  // [S]
+  return at::repeat_interleave(at::arange(S, documents.options()), lengths, 0, tokens);
+}
+
+}  // namespace
+
+at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len) {
+  const int64_t tokens = batch * seq_len;
+  auto owner = document_of_token(documents, tokens);  // [B * T]
+  return (at::arange(tokens, documents.options()) - documents.index_select(0, owner)).view({batch, seq_len});
+}
+
+at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& documents) {
+  const int64_t B = q.size(0), T = q.size(2);
+  auto owner = document_of_token(documents, B * T).view({B, T});  // [B, T]
+  // Each token always sees itself, so no row of the mask is empty (an empty one would give
+  // NaN through the softmax); padding attends to padding alone.
+  auto same_document = owner.unsqueeze(2) == owner.unsqueeze(1);                   // [B, T, T]
+  auto causal = at::ones({T, T}, at::TensorOptions(at::kBool).device(q.device())).tril();
+  auto mask = (same_document & causal).unsqueeze(1);                               // [B, 1, T, T]
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+}
+
+}  // namespace fsdpp

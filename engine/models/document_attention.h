@@ -1,0 +1,26 @@
+// Attention over rows that pack several documents. A packed row must compute what each of its
+// documents would compute alone, as transformers does for packed training with position_ids:
+// a token attends only to the earlier tokens of its own document, and RoPE positions restart
+// at every document. Rows holding one document each need none of this (causal attention with
+// positions 0..T-1 already is that), so an undefined `documents` means plain causal rows.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdpp {
+
+// `documents` [S + 1] int64: the batch read row after row as one sequence of B * T tokens,
+// document s holding tokens [documents[s], documents[s + 1]); every row start r * T is among
+// the offsets (no document spans two rows) and the last one is B * T. Padding after a row's
+// documents is a document of its own, whose targets are none.
+
+// RoPE positions [B, T] int64: each token's distance from the start of its document.
+at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len);
+
+// Scaled dot-product attention, causal within each document: q [B, H, T, D], k and v
+// [B, KV, T, D] with H a multiple of KV (each key/value head serves H / KV query heads
+// inside the kernel) -> [B, H, T, D].
+at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& documents);
+
+}  // namespace fsdpp

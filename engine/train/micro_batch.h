@@ -1,0 +1,23 @@
+// One micro-batch as the model takes it: rows of token ids, their targets, and what else the
+// rows carry (the documents packed into them, or images and videos).
+#pragma once
+
+#include "models/causal_lm.h"
+
+namespace fsdpp {
+
+struct MicroBatch {
+  at::Tensor input;          // [rows, T] int64
+  at::Tensor target;         // [rows, T] int64, -100 where nothing is predicted
+  DocumentStarts documents;  // where packed documents begin (undefined offsets: one per row)
+  VisionInputs vision;       // the rows' images and videos, in row order (none for text)
+
+  // The batch's logits [rows, T, V] from `model` (the batch already on its device).
+  at::Tensor logits(CausalLM& model) const {
+    if (!vision.empty()) return model(input, vision);
+    if (documents.offsets.defined()) return model(input, documents);
+    return model(input);
+  }
+};
+
+}  // namespace fsdpp

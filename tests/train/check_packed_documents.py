@@ -1,0 +1,226 @@
+"""From chat JSONL to packed training, held to transformers. scripts/prepare_data.py marks
+exactly the assistant turns (and each turn's end) of chats rendered by a Hugging Face chat
+template, and a Parquet row's completion; it refuses a line that is not JSON, a chat without
+an assistant turn and a malformed one with FILE:LINE, or skips them with --skip-bad. fsdpp
+packs the documents into rows (best fit, longest first, long ones cut into pieces) where
+attention stays inside each document: its first-step loss with train_on = "completion"
+equals transformers' mean cross entropy over the marked targets of each piece run alone, and
+so does `fsdpp eval`'s; 2 and 3 ranks, two accumulated micro-batches and a resume mid-epoch
+equal one uninterrupted process; packing = false refuses a document longer than a row. All
+in float64: ranks, accumulation and resume within tests/compare.py's FLOAT64_BOUND;
+transformers within TRANSFORMERS_BOUND, as its rotary tables are computed in float32 whatever
+the model's dtype."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pyarrow
+import pyarrow.parquet
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+from compare import FLOAT64_BOUND  # noqa: E402
+
+FSDPP = os.environ["FSDPP"]
+FIXTURE = os.path.join(os.environ["FIXTURES"], "llama_untied")  # vocab 101
+WORK = os.path.join(os.environ["WORK"], "packed-documents")
+SEQ_LEN, BATCH = 72, 6
+# float32 cos/sin tables (relative rounding 6e-8) reach the loss at about that size: measured
+# 2.4e-8. A lost or misplaced mask moves the loss by 1e-2 and more.
+TRANSFORMERS_BOUND = 1e-6
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATS = [
+    [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello, how are you?"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "sum 2 and 3"},
+     {"role": "assistant", "content": "5"}, {"role": "user", "content": "and 4 and 4?"},
+     {"role": "assistant", "content": "8, as always"}],
+    [{"role": "user", "content": "name a colour"}, {"role": "assistant", "content": "blue like the sky"}],
+] + [[{"role": "user", "content": f"sum {a} and {a + 3}"}, {"role": "assistant", "content": str(2 * a + 3)}]
+     for a in range(6)]  # short chats, two to a row
+
+
+def make_tokenizer(path):
+    """A character-level tokenizer with a chat template, saved by transformers as a model's is."""
+    chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789 ,.?!\n"))
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {c: i for i, c in enumerate(specials + chars)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|endoftext|>"))  # no merges: one token a character
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>",
+                                  additional_special_tokens=specials[1:])
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(path)
+    return tok
+
+
+def read_token_file(path):
+    data = open(path, "rb").read()
+    magic, version, width, count, vocab, documents, flags, _ = struct.unpack_from("<8sIIQQQII", data)
+    assert (magic, version, width, flags) == (b"FSDPTOK\x00", 2, 2, 1), (magic, version, width, flags)
+    tokens = list(struct.unpack_from(f"<{count}H", data, 48))
+    ends = list(struct.unpack_from(f"<{documents}Q", data, 48 + 2 * count))
+    mask = list(data[48 + 2 * count + 8 * documents:])
+    return tokens, ends, mask, vocab
+
+
+def prepare(*args):
+    return subprocess.run([sys.executable, "scripts/prepare_data.py", *args], capture_output=True, text=True)
+
+
+def check_prepared(tok, data, out):
+    """Refusals with FILE:LINE, --skip-bad, and a mask that marks the assistant turns alone."""
+    for line, reason in ((4, "not JSON"), (5, "messages must be"), (6, "without an assistant turn")):
+        with open(data) as f:
+            lines = f.readlines()
+        bad = os.path.join(WORK, f"bad-{line}.jsonl")
+        with open(bad, "w") as f:
+            f.writelines(lines[:3] + [lines[line - 1]])  # the bad line becomes line 4
+        refused = prepare(bad, "--tokenizer", os.path.join(WORK, "tok"), "--out", out)
+        errors = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(errors) == 1 and f"{bad}:4: " in errors[0] and reason in errors[0], \
+            (reason, refused.stderr)
+    rows = os.path.join(WORK, "rows.parquet")
+    pyarrow.parquet.write_table(pyarrow.table({"prompt": ["the weather? "], "completion": ["a fine day"]}), rows)
+    done = prepare(data, rows, "--tokenizer", os.path.join(WORK, "tok"), "--out", out, "--skip-bad")
+    assert done.returncode == 0 and "skipped 3 bad records" in done.stdout, done.stdout + done.stderr
+    tokens, ends, mask, vocab = read_token_file(out)
+    assert vocab == len(tok) and len(ends) == len(CHATS) + 1 and ends[-1] == len(tokens) == len(mask)
+    for chat, begin, end in zip(CHATS, [0] + ends, ends):
+        learned = tok.decode([t for t, m in zip(tokens[begin:end], mask[begin:end]) if m])
+        expected = "".join(m["content"] + "<|im_end|>\n" for m in chat if m["role"] == "assistant") + "<|endoftext|>"
+        assert learned == expected, (learned, expected)
+    completion = tok.decode([t for t, m in zip(tokens[ends[-2]:], mask[ends[-2]:]) if m])
+    assert completion == "a fine day<|endoftext|>", completion
+    return tokens, ends, mask
+
+
+def run(name, *sets, nproc=1, expect_rc=0):
+    run_dir = os.path.join(WORK, name)
+    config = os.path.join(WORK, "run.toml")
+    args = ["train", config, "--set", f'train.out_dir="{run_dir}"', *[a for s in sets for a in ("--set", s)]]
+    cmd = [FSDPP, *args] if nproc == 1 else [FSDPP, "launch", "--nproc-per-node", str(nproc), "--", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == expect_rc, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return run_dir, proc
+
+
+def train(name, *sets, nproc=1):
+    run_dir, _ = run(name, *sets, nproc=nproc)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r and "eval_loss" not in r}
+
+
+def gap(losses, reference):
+    """The largest relative difference over the steps both have."""
+    steps = sorted(set(losses) & set(reference))
+    assert steps, (losses, reference)
+    return max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in steps)
+
+
+def pieces(ends, mask, completion):
+    """Every document cut into pieces of at most SEQ_LEN tokens, as (begin, length, document
+    end, learned targets); a piece learning nothing is left out."""
+    out = []
+    for begin, end in zip([0] + ends, ends):
+        for at in range(begin, end, SEQ_LEN):
+            length = min(SEQ_LEN, end - at)
+            targets = min(length, end - at - 1)
+            learned = sum(mask[at + 1:at + 1 + targets]) if completion else targets
+            if learned:
+                out.append((at, length, end, learned))
+    return out
+
+
+def best_fit(all_pieces):
+    """Rows as the engine documents its packing: pieces longest first, each into the row with
+    the least room that holds it (the earliest such row on a tie), else a new row."""
+    rows, room, placed = [], [], 0  # room: (free slots, when the row got them, row)
+    for piece in sorted(all_pieces, key=lambda p: -p[1]):
+        fits = [r for r in room if r[0] >= piece[1]]
+        if fits:
+            best = min(fits)
+            room.remove(best)
+            free, row = best[0], best[2]
+        else:
+            free, row = SEQ_LEN, len(rows)
+            rows.append([])
+        rows[row].append(piece)
+        if free > piece[1]:
+            placed += 1
+            room.append((free - piece[1], placed, row))
+    return rows
+
+
+def mean_loss(model, tokens, mask, chosen):
+    """transformers' mean cross entropy over the learned targets of pieces, each run alone."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for begin, length, end, learned in chosen:
+            targets = min(length, end - begin - 1)
+            logits = model(torch.tensor([tokens[begin:begin + length]])).logits[0, :targets]
+            labels = torch.tensor(tokens[begin + 1:begin + 1 + targets])
+            labels = labels.masked_fill(~torch.tensor(mask[begin + 1:begin + 1 + targets]).bool(), -100)
+            total += torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum").item()
+            count += learned
+    return total / count
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    tok = make_tokenizer(os.path.join(WORK, "tok"))
+    data = os.path.join(WORK, "chats.jsonl")
+    with open(data, "w") as f:
+        for chat in CHATS[:2]:
+            f.write(json.dumps({"messages": chat}) + "\n")
+        f.write("\n{not json\n" + json.dumps({"messages": "not a list"}) + "\n")
+        f.write(json.dumps({"messages": [{"role": "user", "content": "anyone?"}]}) + "\n")
+        for chat in CHATS[2:]:
+            f.write(json.dumps({"messages": chat}) + "\n")
+    out = os.path.join(WORK, "chats.tok")
+    tokens, ends, mask = check_prepared(tok, data, out)
+    with open(os.path.join(WORK, "run.toml"), "w") as f:
+        f.write(f'[model]\npath = "{FIXTURE}"\ndtype = "float64"\n'
+                f'[data]\ntrain = "{out}"\nseq_len = {SEQ_LEN}\nbatch_size = {BATCH}\nshuffle = false\n'
+                'train_on = "completion"\n[optimizer]\nlr = 1e-2\n[scheduler]\nkind = "constant"\n'
+                '[train]\nsteps = 4\n[checkpoint]\nsave_final = false\n')
+    one = train("one", "checkpoint.save_every=2")
+    model = AutoModelForCausalLM.from_pretrained(FIXTURE, dtype=torch.float64)
+    learned = pieces(ends, mask, completion=True)
+    rows = best_fit(learned)
+    first_step = mean_loss(model, tokens, mask, [p for row in rows[:BATCH] for p in row])
+    evaluated = json.loads(subprocess.run([FSDPP, "eval", os.path.join(WORK, "run.toml"), "--json"], check=True,
+                                          capture_output=True, text=True).stdout)
+    saved = os.path.join(WORK, "one", "checkpoints", "step-00000002")
+    gaps = {"first loss vs transformers": (gap({1: one[1]}, {1: first_step}), TRANSFORMERS_BOUND),
+            "eval loss vs transformers": (gap({0: evaluated["loss"]}, {0: mean_loss(model, tokens, mask, learned)}),
+                                          TRANSFORMERS_BOUND),
+            "2 ranks vs 1": (gap(train("two", nproc=2), one), FLOAT64_BOUND),
+            "3 ranks vs 1": (gap(train("three", nproc=3), one), FLOAT64_BOUND),
+            "2 micro-batches vs 1 batch": (gap(train("accum", "data.batch_size=3", "train.grad_accum=2"), one),
+                                           FLOAT64_BOUND),
+            "resumed after step 2 at 2 ranks vs uninterrupted":
+                (gap(train("resumed", f'checkpoint.resume="{saved}"', nproc=2), one), FLOAT64_BOUND)}
+    everything = train("all", 'data.train_on="all"')
+    _, refused = run("unpacked", "data.packing=false", expect_rc=2)
+    errors = [l for l in refused.stderr.splitlines() if l.startswith("fsdpp: error:")]
+    unpacked_ok = len(errors) == 1 and f"{out}: document 1 holds" in errors[0]
+    failed = [k for k, (value, bound) in gaps.items() if not value <= bound]
+    for k, (value, bound) in gaps.items():
+        print(f"{'FAIL' if k in failed else 'ok  '} {k}: {value:.2e} (bound {bound:.0e})")
+    print(f"{'ok  ' if unpacked_ok else 'FAIL'} packing = false refuses the long chat: {errors}")
+    # Learning every token is a different objective: its loss must differ from the masked one.
+    print(f"{len(learned)} pieces in {len(rows)} rows; first losses, completion {one[1]:.6f} vs all "
+          f"{everything[1]:.6f}; transformers {first_step:.6f}")
+    if failed or not unpacked_ok or abs(everything[1] - one[1]) < 1e-3:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
