@@ -48,7 +48,9 @@ build() {
     -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include -isystem $prefix/usr/include/x86_64-linux-gnu" \
     -Dspdlog_DIR="$lib/cmake/spdlog" -Dfmt_DIR="$lib/cmake/fmt" -Dtomlplusplus_DIR="$lib/cmake/tomlplusplus" \
     -Dnlohmann_json_DIR="$prefix/usr/share/cmake/nlohmann_json" \
-    -DLUA_INCLUDE_DIR="$prefix/usr/include/lua5.4" -DLUA_LIBRARY="$lib/liblua5.4.so"
+    -DLUA_INCLUDE_DIR="$prefix/usr/include/lua5.4" -DLUA_LIBRARY="$lib/liblua5.4.so" \
+    -DProtobuf_INCLUDE_DIR="$prefix/usr/include" -DProtobuf_LIBRARY="$lib/libprotobuf.so" \
+    -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc"
   ninja -C build-gpu -j "$(nproc)" fsdpp
   readelf -d "$fsdpp" | grep -q 'NEEDED.*libtorch_cuda' || { echo "gpu_check: $fsdpp does not link libtorch_cuda" >&2; exit 1; }
 }
