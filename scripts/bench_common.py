@@ -13,6 +13,7 @@ TOKEN_MAGIC = b"FSDPTOK\x00"
 TOKEN_HEADER_BYTES = 32
 SMOKE_STEPS = 3  # one untimed, two timed
 SMOKE_WARMUP_STEPS = 1
+LOSS_TOLERANCE = 1e-4  # fp32 with the same weights and batches; only summation order differs
 
 
 class BenchError(Exception):
@@ -118,6 +119,45 @@ def write_initial_model(cfg, out_dir):
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     model.save_pretrained(out_dir)  # safetensors by default
     return out_dir, sum(p.numel() for p in model.parameters()), hf_config
+
+
+class WindowSampler:
+    """Windows of seq_len + 1 tokens starting every seq_len tokens, in file order, as fsdpp
+    visits them with data.shuffle = false (the engines shuffle with different generators, and
+    the same batches are what makes their losses comparable step by step).
+
+    Every rank draws the same global batch and keeps its own rows, as fsdpp does.
+    """
+
+    def __init__(self, tokens, seq_len):
+        import numpy as np
+
+        self.np = np
+        self.tokens, self.seq_len = tokens, seq_len
+        self.windows = (len(tokens) - 1) // seq_len
+        if self.windows < 1:
+            raise BenchError(f"training split has {len(tokens)} tokens, fewer than seq_len + 1")
+        self.cursor = 0
+
+    def take(self, count):
+        rows = []
+        for _ in range(count):
+            if self.cursor == self.windows:
+                self.cursor = 0
+            start = self.cursor * self.seq_len
+            rows.append(self.tokens[start:start + self.seq_len + 1])
+            self.cursor += 1
+        return self.np.stack(rows).astype(self.np.int64)
+
+
+def check_trained_alike(fsdpp_loss, peer_loss, tolerance):
+    """The engines ran the same weights, batches and optimiser: their final losses must agree
+    within `tolerance` (relative), or the timings compare different work."""
+    gap = abs(fsdpp_loss - peer_loss) / abs(peer_loss)
+    print(f"final loss relative difference: {gap:.2e}")
+    if gap > tolerance:
+        raise BenchError(f"the engines' final losses differ by {gap:.2e} relative (more than "
+                         f"{tolerance:g}), so they did not train alike")
 
 
 def parse_args(ap, smoke_defaults):

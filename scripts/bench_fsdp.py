@@ -25,12 +25,11 @@ import tempfile
 import time
 
 import profile_summary
-from bench_common import (BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main,
-                          write_initial_model)
+from bench_common import (LOSS_TOLERANCE, BenchError, WindowSampler, check_trained_alike, get, read_toml, lr_at,
+                          read_step_records, read_tokens, run_main, write_initial_model)
 
 WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
 SAMPLE_S = 0.05
-LOSS_TOLERANCE = 1e-4  # fp32 with the same weights and batches; only summation order differs
 BF16_LOSS_TOLERANCE = 2e-2  # bf16 compute: the engines' kernels round differently
 
 
@@ -325,43 +324,11 @@ def bench(args):
     # different work.
     print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
           f"grad norm: fsdpp {f['first_grad_norm']:.6f}, pytorch fully_shard {t['first_grad_norm']:.6f}")
-    gap = abs(f["final_loss"] - t["final_loss"]) / abs(t["final_loss"])
-    tolerance = BF16_LOSS_TOLERANCE if args.param_dtype == "bfloat16" else LOSS_TOLERANCE
-    print(f"final loss relative difference: {gap:.2e}")
-    if gap > tolerance:
-        raise BenchError(f"the engines' final losses differ by {gap:.2e} relative (more than "
-                         f"{tolerance:g}), so they did not train alike")
+    check_trained_alike(f["final_loss"], t["final_loss"],
+                        BF16_LOSS_TOLERANCE if args.param_dtype == "bfloat16" else LOSS_TOLERANCE)
 
 
 # ---------------------------------------------------------------- PyTorch FSDP2 worker
-
-
-class WindowSampler:
-    """Windows of seq_len + 1 tokens starting every seq_len tokens, in file order, as fsdpp
-    visits them with data.shuffle = false.
-
-    Every rank draws the same global batch and keeps its own rows, as fsdpp does.
-    """
-
-    def __init__(self, tokens, seq_len):
-        import numpy as np
-
-        self.np = np
-        self.tokens, self.seq_len = tokens, seq_len
-        self.windows = (len(tokens) - 1) // seq_len
-        if self.windows < 1:
-            raise BenchError(f"training split has {len(tokens)} tokens, fewer than seq_len + 1")
-        self.cursor = 0
-
-    def take(self, count):
-        rows = []
-        for _ in range(count):
-            if self.cursor == self.windows:
-                self.cursor = 0
-            start = self.cursor * self.seq_len
-            rows.append(self.tokens[start:start + self.seq_len + 1])
-            self.cursor += 1
-        return self.np.stack(rows).astype(self.np.int64)
 
 
 def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_checkpoint=False, offload=False):

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 # Benchmarks fsdpp training against the same model, data and optimiser written in plain
-# PyTorch, reporting throughput, peak memory and final loss of each.
+# PyTorch, reporting throughput, peak memory and final loss of each. Both start from one set of
+# initial weights made by transformers and train on the same batches (windows in file order),
+# so their losses must agree; the benchmark fails when they part.
 # Run with the project venv from the repository root: .venv/bin/python scripts/bench_train.py
 #
 # Each engine runs in its own child process so that its peak RSS can be read from the
@@ -15,7 +17,8 @@ import tempfile
 import time
 import tomllib
 
-from bench_common import BenchError, get, read_toml, lr_at, read_step_records, read_tokens, run_main
+from bench_common import (LOSS_TOLERANCE, BenchError, WindowSampler, check_trained_alike, get, read_toml, lr_at,
+                          read_step_records, read_tokens, run_main, write_initial_model)
 
 WARMUP_STEPS = 10  # steps left out of the throughput figure (allocation, thread start-up)
 
@@ -27,7 +30,9 @@ def overrides(args, out_dir):
     return [
         f"train.steps={args.steps}",
         f"train.threads={args.threads}",
-        f"train.out_dir={out_dir}",
+        f"train.out_dir={json.dumps(out_dir)}",  # a JSON string is a valid TOML string
+        f"model.path={json.dumps(args.init_dir)}",
+        "data.shuffle=false",
         "checkpoint.save_final=false",
         "train.eval_every=0",
     ] + ["train.log_every=1"] * args.smoke  # smoke's one-step warm-up must end on a logged step
@@ -70,6 +75,7 @@ def summarise(path, warmup_steps):
         raise BenchError(f"{path}: elapsed_s does not increase")
     return {
         "tokens_per_s": (last["tokens"] - base["tokens"]) / seconds,
+        "first_loss": records[0]["loss"],
         "final_loss": last["loss"],
         "final_step": last["step"],
     }
@@ -102,6 +108,7 @@ def bench(args):
     with tempfile.TemporaryDirectory(prefix="fsdpp-bench-") as tmp:
         fsdpp_dir = os.path.join(tmp, "fsdpp")
         torch_dir = os.path.join(tmp, "pytorch")
+        args.init_dir, _, _ = write_initial_model(read_toml(args.config), os.path.join(tmp, "initial-model"))
         # Checked here so a missing corpus is reported plainly rather than by a child.
         data = get(load_config(args.config, overrides(args, fsdpp_dir)), "data.train")
         if not os.path.isfile(data):
@@ -112,7 +119,8 @@ def bench(args):
             fsdpp_cmd += ["--set", s]
         torch_cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker",
                      "--config", args.config, "--steps", str(args.steps),
-                     "--threads", str(args.threads), "--out-dir", torch_dir] + ["--smoke"] * args.smoke
+                     "--threads", str(args.threads), "--out-dir", torch_dir,
+                     "--init-dir", args.init_dir] + ["--smoke"] * args.smoke
 
         for name, cmd, out_dir in (("fsdpp", fsdpp_cmd, fsdpp_dir),
                                    ("pytorch", torch_cmd, torch_dir)):
@@ -122,54 +130,33 @@ def bench(args):
             results[name]["rss_mib"] = rss
 
     print()
-    print(f"{'engine':<10}{'tokens/s':>12}{'peak RSS MiB':>15}{'final loss':>12}")
+    print(f"{'engine':<10}{'tokens/s':>12}{'peak RSS MiB':>15}{'first loss':>12}{'final loss':>12}")
     for name, r in results.items():
-        print(f"{name:<10}{r['tokens_per_s']:>12.1f}{r['rss_mib']:>15.1f}{r['final_loss']:>12.4f}")
+        print(f"{name:<10}{r['tokens_per_s']:>12.1f}{r['rss_mib']:>15.1f}{r['first_loss']:>12.4f}"
+              f"{r['final_loss']:>12.4f}")
     f, t = results["fsdpp"], results["pytorch"]
     print()
     print(f"tokens/s ratio (fsdpp / pytorch): {f['tokens_per_s'] / t['tokens_per_s']:.2f}x")
     print(f"peak RSS ratio (fsdpp / pytorch): {f['rss_mib'] / t['rss_mib']:.2f}x")
+    check_trained_alike(f["final_loss"], t["final_loss"], LOSS_TOLERANCE)
 
 
 # ---------------------------------------------------------------- PyTorch reference
 
 
-def build_model(cfg):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    dtype_name = get(cfg, "model.dtype", "float32")
-    if dtype_name not in dtypes:
-        raise BenchError(f"unsupported model.dtype {dtype_name!r}")
-    path = get(cfg, "model.path")
-    model_dir = path if os.path.isdir(path) else os.path.dirname(path)
-    try:
-        hf_config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
-    # Like fsdpp, weights are loaded when the model directory has them, else initialised.
-    has_weights = any(os.path.exists(os.path.join(model_dir, f))
-                      for f in ("model.safetensors", "model.safetensors.index.json"))
-    torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
-    if has_weights:
-        return AutoModelForCausalLM.from_pretrained(
-            model_dir, config=hf_config, dtype=dtypes[dtype_name], attn_implementation="sdpa")
-    return AutoModelForCausalLM.from_config(
-        hf_config, dtype=dtypes[dtype_name], attn_implementation="sdpa")
-
-
 def torch_worker(args):
-    import numpy as np
     import torch
     import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
 
     cfg = load_config(args.config, overrides(args, args.out_dir))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
+    if get(cfg, "model.dtype", "float32") != "float32":
+        raise BenchError("only model.dtype = \"float32\" is benchmarked")
     tokens, file_vocab = read_tokens(get(cfg, "data.train"))
-    model = build_model(cfg)
+    model = AutoModelForCausalLM.from_pretrained(args.init_dir, dtype=torch.float32, attn_implementation="sdpa")
     vocab = model.config.vocab_size
     if file_vocab > vocab:
         raise BenchError(f"token file vocab {file_vocab} exceeds model vocab {vocab}")
@@ -178,11 +165,7 @@ def torch_worker(args):
     seq_len = int(get(cfg, "data.seq_len"))
     batch = int(get(cfg, "data.batch_size"))
     held_out = int(len(tokens) * float(get(cfg, "data.eval_fraction", 0.0)))
-    train_tokens = tokens[:len(tokens) - held_out]
-    max_offset = len(train_tokens) - (seq_len + 1)
-    if max_offset < 0:
-        raise BenchError(f"training split has {len(train_tokens)} tokens, fewer than seq_len + 1")
-    rng = np.random.default_rng(int(get(cfg, "data.seed", 0)))
+    sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len)
 
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -197,7 +180,6 @@ def torch_worker(args):
     steps = int(get(cfg, "train.steps"))
     accum = int(get(cfg, "train.grad_accum", 1))
     clip = float(get(cfg, "train.clip_grad_norm", 0.0))
-    log_every = max(1, int(get(cfg, "train.log_every", 1)))
     tokens_per_step = batch * seq_len * accum
 
     os.makedirs(args.out_dir, exist_ok=True)
@@ -211,9 +193,7 @@ def torch_worker(args):
         opt.zero_grad(set_to_none=True)
         step_loss = 0.0
         for _ in range(accum):
-            offsets = rng.integers(0, max_offset, size=batch, endpoint=True)
-            window = np.stack([train_tokens[o:o + seq_len + 1] for o in offsets]).astype(np.int64)
-            window = torch.from_numpy(window)
+            window = torch.from_numpy(sampler.take(batch))  # [B, T + 1]
             logits = model(input_ids=window[:, :-1], use_cache=False).logits
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                    window[:, 1:].reshape(-1))
@@ -226,21 +206,21 @@ def torch_worker(args):
                 torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])).item()
         opt.step()
 
-        if step % log_every == 0 or step == steps:
-            now = time.perf_counter()
-            done = step * tokens_per_step
-            record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": (done - last_tokens) / (now - last_time),
-                      "elapsed_s": now - start, "tokens": done}
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
-            last_time, last_tokens = now, done
+        # Every step, as fsdpp's metrics.jsonl holds every step: records compare step by step.
+        now = time.perf_counter()
+        done = step * tokens_per_step
+        record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": (done - last_tokens) / (now - last_time),
+                  "elapsed_s": now - start, "tokens": done}
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+        last_time, last_tokens = now, done
     metrics.close()
 
 
 if __name__ == "__main__":
     run_main("bench_train",
              "Train the same model with fsdpp and with plain PyTorch (transformers + AdamW) on the "
-             "CPU and compare tokens/s, peak RSS and final loss. Relative paths, including those "
+             "CPU, from the same initial weights and batches, and compare tokens/s, peak RSS and losses. Relative paths, including those "
              "inside the config, resolve against the current directory.",
              steps=60, threads=2, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker)

@@ -50,7 +50,7 @@ build() {
     -Dnlohmann_json_DIR="$prefix/usr/share/cmake/nlohmann_json" \
     -DLUA_INCLUDE_DIR="$prefix/usr/include/lua5.4" -DLUA_LIBRARY="$lib/liblua5.4.so" \
     -DProtobuf_INCLUDE_DIR="$prefix/usr/include" -DProtobuf_LIBRARY="$lib/libprotobuf.so" \
-    -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc"
+    -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc" -DCLI11_DIR="$prefix/usr/share/cmake/CLI11"
   ninja -C build-gpu -j "$(nproc)" fsdpp
   readelf -d "$fsdpp" | grep -q 'NEEDED.*libtorch_cuda' || { echo "gpu_check: $fsdpp does not link libtorch_cuda" >&2; exit 1; }
 }

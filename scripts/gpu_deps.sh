@@ -10,7 +10,8 @@ cd "$root"
 # The headers and libraries of scripts/setup.sh's build packages, with the shared
 # libraries they link to; compilers and build tools are the GPU machine's own.
 packages=(liblua5.4-dev liblua5.4-0 libgloo-dev libtomlplusplus-dev libtomlplusplus3 libspdlog-dev libspdlog1.10 libfmt-dev libfmt9
-          catch2 nlohmann-json3-dev libprotobuf-dev libprotobuf32 protobuf-compiler libprotoc32)
+          catch2 nlohmann-json3-dev libprotobuf-dev libprotobuf32 protobuf-compiler libprotoc32
+          libcli11-dev)
 mkdir -p .gpu-deps
 cd .gpu-deps
 missing=()

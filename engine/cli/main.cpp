@@ -1,6 +1,7 @@
-// The fsdpp command line: `train` and `eval` over a TOML run file. Every user error is one
-// line on stderr and exit status 2; an engine fault is one line and status 1.
+// The fsdpp binary: runs the command cli/arguments.h parsed. Every user error is one line on
+// stderr and exit status 2; an engine fault is one line and status 1.
 #include "bindings/lua/policy.h"
+#include "cli/arguments.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -32,137 +33,7 @@ namespace {
 
 using namespace fsdpp;
 
-constexpr const char* kUsage = R"(usage: fsdpp <command> [options]
-
-commands:
-  train CONFIG   train the model a TOML run file describes
-  eval CONFIG    mean next-token loss and perplexity of the configured model
-  plan CONFIG    the wrap plan the policy makes, and per-rank memory, for N ranks
-  launch ... -- COMMAND
-                 run COMMAND (e.g. train CONFIG) as several ranks of one job
-  export CHECKPOINT OUT
-                 write a sharded checkpoint's model as a Hugging Face directory
-  probe          the oneDNN cap this CPU needs for bf16 products, as VAR=VALUE (nothing
-                 when it needs none), for other programs sharing the machine's kernels
-
-`fsdpp <command> --help` describes a command's options.
-)";
-
-constexpr const char* kTrainHelp = R"(usage: fsdpp train CONFIG [--set section.key=value ...] [--verbose]
-
-Trains the model described by CONFIG (sections [model] [data] [optimizer] [scheduler]
-[train] [checkpoint] [metrics]; see examples/tiny-llama.toml). Each --set overrides one key,
-its value read as TOML (a bare word is taken as a string). --verbose adds debug lines, such
-as the Lua traceback of a policy error.
-)";
-
-constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [--max-windows N] [--json]
-                  [--logits FILE] [--set section.key=value ...]
-
-Mean next-token loss and perplexity of the model [model] names (fresh, trained or loaded
-from an HF directory) over FILE when given, else over data.train's held-out part (all of it
-when eval_fraction is 0). A token file with document ends is evaluated by its documents, in
-rows laid out as training lays them out ([data] packing, train_on; --max-windows counts
-rows); any other over consecutive non-overlapping windows of data.seq_len tokens, each
-predicting its tokens 2..seq_len, as transformers does with labels = input_ids.
-[model] path may name a sharded checkpoint. --logits FILE also writes the first windows
-(--max-windows of them, default 1) and their logits to FILE as safetensors (input_ids
-[N, T] int64, logits [N, T, V] float32), for comparison with another implementation.
-)";
-
-constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N]
-
-Writes the model of the sharded checkpoint CHECKPOINT (a step-N directory that training
-saved) to OUT as a Hugging Face directory: config.json plus model.safetensors, or shards
-of at most N MiB (default 2048, fractions allowed) with model.safetensors.index.json. D is float32, bfloat16
-or float16 (default: the dtype the run trained in). Runs on one machine without a process
-group and holds one full tensor at a time; every file's checksum is verified first.
-)";
-
-constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
-                  [--verbose]
-
-Builds the model of CONFIG on the meta device (no memory), runs its wrap policy ([policy]
-name, default the model_type's own, with [policy.options]) for a simulated world of N ranks
-(default 1), validates the plan and prints the unit tree: modules, parameters and options
-per unit, the mesh, and per-rank memory (sharded parameters, gradients, optimizer state,
-the largest gathered unit). No process group, no GPU. --verbose adds a policy error's Lua
-traceback.
-)";
-
-constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R]
-                    [--master-addr A] [--master-port P] -- COMMAND [ARGS...]
-
-Starts N ranks of this node, each running `fsdpp COMMAND ARGS...` with RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them).
-Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to every rank.
-When one rank fails the others are stopped (SIGTERM, then SIGKILL after 5 s) and launch
-exits non-zero naming the rank and its exit status. On one node the port defaults to a
-free one; across nodes to 29500, with A the address of node 0.
-)";
-
-struct Args {
-  std::string config;
-  std::vector<std::string> overrides;
-  std::string tokens;
-  std::string logits;
-  int64_t max_windows = 0;
-  int world = 1;
-  bool json = false;
-  bool help = false;
-  bool verbose = false;
-};
-
-Args parse_args(const std::string& command, int argc, char** argv) {
-  Args args;
-  auto value = [&](int& i, const std::string& flag) -> std::string {
-    if (i + 1 >= argc) throw UserError(command + ": " + flag + " needs a value");
-    return argv[++i];
-  };
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      args.help = true;
-    } else if (a == "--verbose") {
-      args.verbose = true;
-    } else if (a == "--set") {
-      args.overrides.push_back(value(i, a));
-    } else if (a.starts_with("--set=")) {
-      args.overrides.push_back(a.substr(6));
-    } else if (command == "eval" && a == "--tokens") {
-      args.tokens = value(i, a);
-    } else if (command == "eval" && a == "--logits") {
-      args.logits = value(i, a);
-    } else if (command == "eval" && a == "--max-windows") {
-      const std::string v = value(i, a);
-      try {
-        args.max_windows = std::stoll(v);
-      } catch (const std::exception&) {
-        throw UserError("eval: --max-windows takes a number, got '" + v + "'");
-      }
-    } else if ((command == "eval" || command == "plan") && a == "--json") {
-      args.json = true;
-    } else if (command == "plan" && a == "--world") {
-      const std::string v = value(i, a);
-      try {
-        args.world = std::stoi(v);
-      } catch (const std::exception&) {
-        args.world = 0;
-      }
-      if (args.world < 1) throw UserError("plan: --world takes a number >= 1, got '" + v + "'");
-    } else if (a.starts_with("-")) {
-      throw UserError(command + ": unknown option " + a + " (see fsdpp " + command + " --help)");
-    } else if (args.config.empty()) {
-      args.config = a;
-    } else {
-      throw UserError(command + ": unexpected argument '" + a + "'");
-    }
-  }
-  if (!args.help && args.config.empty()) throw UserError(command + ": missing CONFIG (see fsdpp " + command + " --help)");
-  return args;
-}
-
-RunConfig load_run(const Args& args) {
+RunConfig load_run(const CommandLine& args) {
   RunConfig config = RunConfig::load(args.config, args.overrides);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
   return config;
@@ -173,7 +44,7 @@ PolicyConfig policy_config(const RunConfig& config) {
   return PolicyConfig::from_section(section);
 }
 
-int run_train(const Args& args) {
+int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
   const PolicyConfig policy = policy_config(config);
   auto build_plan = [&policy](CausalLM& model, int world, int rank) {
@@ -187,7 +58,7 @@ int run_train(const Args& args) {
   return 0;
 }
 
-int run_plan(const Args& args) {
+int run_plan(const CommandLine& args) {
   const RunConfig config = load_run(args);
   const PolicyConfig policy = policy_config(config);
   const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.model.path));
@@ -208,44 +79,19 @@ int run_plan(const Args& args) {
   return 0;
 }
 
-int run_export(const std::vector<std::string>& argv) {
-  std::vector<std::string> positional;
-  std::optional<at::ScalarType> dtype;
-  double max_shard_mb = 2048;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argv.size()) throw UserError("export: " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--dtype") {
-      dtype = parse_dtype(value());
-    } else if (a == "--max-shard-mb") {
-      const std::string v = value();
-      try {
-        max_shard_mb = std::stod(v);
-      } catch (const std::exception&) {
-        max_shard_mb = 0;
-      }
-      if (!(max_shard_mb > 0 && max_shard_mb <= 1e9)) {
-        throw UserError("export: --max-shard-mb takes a number in (0, 1e9], got '" + v + "'");
-      }
-    } else if (a.starts_with("-")) {
-      throw UserError("export: unknown option " + a + " (see fsdpp export --help)");
-    } else {
-      positional.push_back(a);
-    }
-  }
-  if (positional.size() != 2) throw UserError("export: needs CHECKPOINT and OUT (see fsdpp export --help)");
+int run_export(const CommandLine& args) {
+  const std::optional<at::ScalarType> dtype =
+      args.dtype.empty() ? std::nullopt : std::optional<at::ScalarType>(parse_dtype(args.dtype));
   const auto start = std::chrono::steady_clock::now();
-  const ExportSummary s = export_checkpoint(positional[0], positional[1], dtype, static_cast<size_t>(max_shard_mb * (1 << 20)));
+  const ExportSummary s =
+      export_checkpoint(args.checkpoint, args.out, dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  log_info("export: step ", s.step, ", ", s.tensors, " tensors, ", s.bytes, " bytes written to ", positional[1], " in ",
+  log_info("export: step ", s.step, ", ", s.tensors, " tensors, ", s.bytes, " bytes written to ", args.out, " in ",
            seconds, " s");
   return 0;
 }
 
-int run_eval(const Args& args) {
+int run_eval(const CommandLine& args) {
   const RunConfig config = load_run(args);
   policy_config(config);  // validates [policy] even though evaluation does not shard
   DataConfig data = config.data;
@@ -283,51 +129,31 @@ int run_eval(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "";
   try {
-    if (command.empty()) {
-      std::cerr << "fsdpp: error: no command given (fsdpp --help lists them)\n";
-      return 2;
-    }
-    if (command == "--help" || command == "-h" || command == "help") {
-      std::cout << kUsage;
+    const CommandLine args = parse_command_line(argc, argv);
+    if (!args.help.empty()) {
+      std::cout << args.help;
       return 0;
     }
-    if (command == "probe") {
-      if (const auto cap = needed_onednn_cap()) std::cout << kOnednnIsaVariable << "=" << *cap << "\n";
-      return 0;
+    switch (args.command) {
+      case Command::probe:
+        if (const auto cap = needed_onednn_cap()) std::cout << kOnednnIsaVariable << "=" << *cap << "\n";
+        return 0;
+      case Command::export_checkpoint:
+        return run_export(args);
+      case Command::plan:
+        set_log_verbose(args.verbose);
+        return run_plan(args);
+      default:
+        break;
     }
     // Before any kernel runs: the commands that compute settle which CPU kernels they may use.
-    if (command == "train" || command == "eval" || command == "launch") settle_cpu_kernels(argv);
-    if (command == "launch") {
-      std::vector<std::string> rest(argv + 2, argv + argc);
-      if (!rest.empty() && (rest[0] == "--help" || rest[0] == "-h")) {
-        std::cout << kLaunchHelp;
-        return 0;
-      }
-      const LaunchOptions options = parse_launch_args(rest);
-      return launch(options, std::filesystem::read_symlink("/proc/self/exe").string());
-    }
-    if (command == "export") {
-      std::vector<std::string> rest(argv + 2, argv + argc);
-      if (!rest.empty() && (rest[0] == "--help" || rest[0] == "-h")) {
-        std::cout << kExportHelp;
-        return 0;
-      }
-      return run_export(rest);
-    }
-    if (command != "train" && command != "eval" && command != "plan") {
-      throw UserError("unknown command '" + command +
-                      "' (commands: train, eval, plan, launch, export, probe; see fsdpp --help)");
-    }
-    const Args args = parse_args(command, argc, argv);
-    if (args.help) {
-      std::cout << (command == "train" ? kTrainHelp : command == "eval" ? kEvalHelp : kPlanHelp);
-      return 0;
+    settle_cpu_kernels(argv);
+    if (args.command == Command::launch) {
+      return launch(args.launch, std::filesystem::read_symlink("/proc/self/exe").string());
     }
     set_log_verbose(args.verbose);
-    if (command == "plan") return run_plan(args);
-    return command == "train" ? run_train(args) : run_eval(args);
+    return args.command == Command::train ? run_train(args) : run_eval(args);
   } catch (const UserError& e) {
     std::fprintf(stderr, "fsdpp: error: %s\n", e.what());
     return 2;

@@ -18,7 +18,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace fsdpp {
@@ -31,20 +30,6 @@ void on_signal(int sig) {
   const unsigned char s = static_cast<unsigned char>(sig);
   [[maybe_unused]] ssize_t n = ::write(signal_pipe[1], &s, 1);
 }
-
-int parse_int(const std::string& flag, const std::string& value, int min, int max) {
-  try {
-    size_t used = 0;
-    int v = std::stoi(value, &used);
-    if (used == value.size() && v >= min && v <= max) return v;
-  } catch (const std::exception&) {
-  }
-  throw UserError("launch: " + flag + " takes a whole number in [" + std::to_string(min) + ", " + std::to_string(max) +
-                  "], got '" + value + "'");
-}
-
-// Ranks one node may start: a few per core, as oversubscribed CPU tests run, and no more.
-int max_local_ranks() { return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -59,40 +44,6 @@ int free_port() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
-
-}  // namespace
-
-LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
-  LaunchOptions o;
-  size_t i = 0;
-  auto value = [&](const std::string& flag) -> std::string {
-    if (i + 1 >= args.size()) throw UserError("launch: " + flag + " needs a value");
-    return args[++i];
-  };
-  bool port_given = false;
-  for (; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      o.command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
-      break;
-    }
-    if (a == "--nproc-per-node") o.nproc_per_node = parse_int(a, value(a), 1, max_local_ranks());
-    else if (a == "--nnodes") o.nnodes = parse_int(a, value(a), 1, 1 << 16);
-    else if (a == "--node-rank") o.node_rank = parse_int(a, value(a), 0, (1 << 16) - 1);
-    else if (a == "--master-addr") o.master_addr = value(a);
-    else if (a == "--master-port") o.master_port = parse_int(a, value(a), 1, 65535), port_given = true;
-    else throw UserError("launch: unknown option " + a + " (see fsdpp launch --help)");
-  }
-  if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");
-  if (o.node_rank >= o.nnodes) {
-    throw UserError("launch: --node-rank " + std::to_string(o.node_rank) + " must be below --nnodes " +
-                    std::to_string(o.nnodes));
-  }
-  if (!port_given) o.master_port = o.nnodes == 1 ? 0 : 29500;
-  return o;
-}
-
-namespace {
 
 // The variables a rank reads its place in the job from (as torchrun sets them).
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local, int port) {

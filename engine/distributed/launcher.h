@@ -18,9 +18,6 @@ struct LaunchOptions {
   std::vector<std::string> command; // the fsdpp command each rank runs, e.g. {"train", "run.toml"}
 };
 
-// Parses `launch` arguments (argv after "launch"); UserError on a bad one.
-LaunchOptions parse_launch_args(const std::vector<std::string>& args);
-
 // Runs the ranks to completion: 0 when every rank succeeded, 128 + the signal when a
 // forwarded SIGINT or SIGTERM stopped them all cleanly, else 1.
 int launch(const LaunchOptions& options, const std::string& self_exe);

@@ -125,10 +125,12 @@ std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const PlanBuilde
 Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   Session s;
   const DistEnv env = DistEnv::from_environment();
+  // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
+  // leaving mid-rendezvous would make the others report a lost connection instead.
+  s.rows = rows_per_rank(config, env.world_size);
   s.comm = init_distributed(env, config.parallel);
   const int rank = s.comm->rank();
   s.device = s.comm->device();
-  s.rows = rows_per_rank(config, s.comm->size());
   // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
   s.checkpoint = open_resume_checkpoint(config.checkpoint, rank);

@@ -13,18 +13,20 @@ the model's dtype."""
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
 import pyarrow
 import pyarrow.parquet
 import torch
-from tokenizers import Tokenizer, decoders, models
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TESTS)
+sys.path.insert(0, os.path.join(os.path.dirname(TESTS), "scripts"))
 from compare import FLOAT64_BOUND  # noqa: E402
+from make_sft_example import make_tokenizer  # noqa: E402  (one token a character, a chat template)
+from packed_rows import best_fit, pieces, read_token_file  # noqa: E402
 
 FSDPP = os.environ["FSDPP"]
 FIXTURE = os.path.join(os.environ["FIXTURES"], "llama_untied")  # vocab 101
@@ -33,8 +35,6 @@ SEQ_LEN, BATCH = 72, 6
 # float32 cos/sin tables (relative rounding 6e-8) reach the loss at about that size: measured
 # 2.4e-8. A lost or misplaced mask moves the loss by 1e-2 and more.
 TRANSFORMERS_BOUND = 1e-6
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CHATS = [
     [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello, how are you?"}],
     [{"role": "system", "content": "be brief"}, {"role": "user", "content": "sum 2 and 3"},
@@ -43,30 +43,6 @@ CHATS = [
     [{"role": "user", "content": "name a colour"}, {"role": "assistant", "content": "blue like the sky"}],
 ] + [[{"role": "user", "content": f"sum {a} and {a + 3}"}, {"role": "assistant", "content": str(2 * a + 3)}]
      for a in range(6)]  # short chats, two to a row
-
-
-def make_tokenizer(path):
-    """A character-level tokenizer with a chat template, saved by transformers as a model's is."""
-    chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789 ,.?!\n"))
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {c: i for i, c in enumerate(specials + chars)}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|endoftext|>"))  # no merges: one token a character
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>",
-                                  additional_special_tokens=specials[1:])
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(path)
-    return tok
-
-
-def read_token_file(path):
-    data = open(path, "rb").read()
-    magic, version, width, count, vocab, documents, flags, _ = struct.unpack_from("<8sIIQQQII", data)
-    assert (magic, version, width, flags) == (b"FSDPTOK\x00", 2, 2, 1), (magic, version, width, flags)
-    tokens = list(struct.unpack_from(f"<{count}H", data, 48))
-    ends = list(struct.unpack_from(f"<{documents}Q", data, 48 + 2 * count))
-    mask = list(data[48 + 2 * count + 8 * documents:])
-    return tokens, ends, mask, vocab
 
 
 def prepare(*args):
@@ -90,7 +66,7 @@ def check_prepared(tok, data, out):
     done = prepare(data, rows, "--tokenizer", os.path.join(WORK, "tok"), "--out", out, "--skip-bad")
     assert done.returncode == 0 and "skipped 3 bad records" in done.stdout, done.stdout + done.stderr
     tokens, ends, mask, vocab = read_token_file(out)
-    assert vocab == len(tok) and len(ends) == len(CHATS) + 1 and ends[-1] == len(tokens) == len(mask)
+    assert len(mask) == len(tokens) and vocab == len(tok) and len(ends) == len(CHATS) + 1 and ends[-1] == len(tokens) == len(mask)
     for chat, begin, end in zip(CHATS, [0] + ends, ends):
         learned = tok.decode([t for t, m in zip(tokens[begin:end], mask[begin:end]) if m])
         expected = "".join(m["content"] + "<|im_end|>\n" for m in chat if m["role"] == "assistant") + "<|endoftext|>"
@@ -121,40 +97,6 @@ def gap(losses, reference):
     steps = sorted(set(losses) & set(reference))
     assert steps, (losses, reference)
     return max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in steps)
-
-
-def pieces(ends, mask, completion):
-    """Every document cut into pieces of at most SEQ_LEN tokens, as (begin, length, document
-    end, learned targets); a piece learning nothing is left out."""
-    out = []
-    for begin, end in zip([0] + ends, ends):
-        for at in range(begin, end, SEQ_LEN):
-            length = min(SEQ_LEN, end - at)
-            targets = min(length, end - at - 1)
-            learned = sum(mask[at + 1:at + 1 + targets]) if completion else targets
-            if learned:
-                out.append((at, length, end, learned))
-    return out
-
-
-def best_fit(all_pieces):
-    """Rows as the engine documents its packing: pieces longest first, each into the row with
-    the least room that holds it (the earliest such row on a tie), else a new row."""
-    rows, room, placed = [], [], 0  # room: (free slots, when the row got them, row)
-    for piece in sorted(all_pieces, key=lambda p: -p[1]):
-        fits = [r for r in room if r[0] >= piece[1]]
-        if fits:
-            best = min(fits)
-            room.remove(best)
-            free, row = best[0], best[2]
-        else:
-            free, row = SEQ_LEN, len(rows)
-            rows.append([])
-        rows[row].append(piece)
-        if free > piece[1]:
-            placed += 1
-            room.append((free - piece[1], placed, row))
-    return rows
 
 
 def mean_loss(model, tokens, mask, chosen):
@@ -192,8 +134,8 @@ def main():
                 '[train]\nsteps = 4\n[checkpoint]\nsave_final = false\n')
     one = train("one", "checkpoint.save_every=2")
     model = AutoModelForCausalLM.from_pretrained(FIXTURE, dtype=torch.float64)
-    learned = pieces(ends, mask, completion=True)
-    rows = best_fit(learned)
+    learned = pieces(ends, mask, SEQ_LEN, completion=True)
+    rows = best_fit(learned, SEQ_LEN)
     first_step = mean_loss(model, tokens, mask, [p for row in rows[:BATCH] for p in row])
     evaluated = json.loads(subprocess.run([FSDPP, "eval", os.path.join(WORK, "run.toml"), "--json"], check=True,
                                           capture_output=True, text=True).stdout)

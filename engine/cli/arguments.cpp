@@ -1,0 +1,250 @@
+// Parsing the command line with CLI11. The help texts are written out by hand: they are
+// the commands' documentation, and CLI11's own help and error wording is switched off so
+// that every message reads like the engine's others.
+#include "cli/arguments.h"
+
+#include "core/error.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <thread>
+
+namespace fsdpp {
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: fsdpp <command> [options]
+
+commands:
+  train CONFIG   train the model a TOML run file describes
+  eval CONFIG    mean next-token loss and perplexity of the configured model
+  plan CONFIG    the wrap plan the policy makes, and per-rank memory, for N ranks
+  launch ... -- COMMAND
+                 run COMMAND (e.g. train CONFIG) as several ranks of one job
+  export CHECKPOINT OUT
+                 write a sharded checkpoint's model as a Hugging Face directory
+  probe          the oneDNN cap this CPU needs for bf16 products, as VAR=VALUE (nothing
+                 when it needs none), for other programs sharing the machine's kernels
+
+`fsdpp <command> --help` describes a command's options.
+)";
+
+constexpr const char* kTrainHelp = R"(usage: fsdpp train CONFIG [--set section.key=value ...] [--verbose]
+
+Trains the model described by CONFIG (sections [model] [data] [optimizer] [scheduler]
+[train] [checkpoint] [metrics]; see examples/tiny-llama.toml). Each --set overrides one key,
+its value read as TOML (a bare word is taken as a string). --verbose adds debug lines, such
+as the Lua traceback of a policy error.
+)";
+
+constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [--max-windows N] [--json]
+                  [--logits FILE] [--set section.key=value ...]
+
+Mean next-token loss and perplexity of the model [model] names (fresh, trained or loaded
+from an HF directory) over FILE when given, else over data.train's held-out part (all of it
+when eval_fraction is 0). A token file with document ends is evaluated by its documents, in
+rows laid out as training lays them out ([data] packing, train_on; --max-windows counts
+rows); any other over consecutive non-overlapping windows of data.seq_len tokens, each
+predicting its tokens 2..seq_len, as transformers does with labels = input_ids.
+[model] path may name a sharded checkpoint. --logits FILE also writes the first windows
+(--max-windows of them, default 1) and their logits to FILE as safetensors (input_ids
+[N, T] int64, logits [N, T, V] float32), for comparison with another implementation.
+)";
+
+constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N]
+
+Writes the model of the sharded checkpoint CHECKPOINT (a step-N directory that training
+saved) to OUT as a Hugging Face directory: config.json plus model.safetensors, or shards
+of at most N MiB (default 2048, fractions allowed) with model.safetensors.index.json. D is float32, bfloat16
+or float16 (default: the dtype the run trained in). Runs on one machine without a process
+group and holds one full tensor at a time; every file's checksum is verified first.
+)";
+
+constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
+                  [--verbose]
+
+Builds the model of CONFIG on the meta device (no memory), runs its wrap policy ([policy]
+name, default the model_type's own, with [policy.options]) for a simulated world of N ranks
+(default 1), validates the plan and prints the unit tree: modules, parameters and options
+per unit, the mesh, and per-rank memory (sharded parameters, gradients, optimizer state,
+the largest gathered unit). No process group, no GPU. --verbose adds a policy error's Lua
+traceback.
+)";
+
+constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R]
+                    [--master-addr A] [--master-port P] -- COMMAND [ARGS...]
+
+Starts N ranks of this node, each running `fsdpp COMMAND ARGS...` with RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them).
+Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to every rank.
+When one rank fails the others are stopped (SIGTERM, then SIGKILL after 5 s) and launch
+exits non-zero naming the rank and its exit status. On one node the port defaults to a
+free one; across nodes to 29500, with A the address of node 0.
+)";
+
+// A whole number for `flag` in [min, max], or UserError in the command's words.
+int64_t whole_number(const std::string& command, const std::string& flag, const std::string& text, int64_t min,
+                     int64_t max) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= min && v <= max) return v;
+  } catch (const std::exception&) {
+  }
+  throw UserError(command + ": " + flag + " takes a whole number in [" + std::to_string(min) + ", " +
+                  std::to_string(max) + "], got '" + text + "'");
+}
+
+// Ranks one node may start: a few per core, as oversubscribed CPU tests run, and no more.
+int max_local_ranks() { return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// One command's options: CLI11 matches them (--opt value, --opt=value, flags, positionals);
+// what it cannot place is reported here, as the engine words it.
+class OptionParser {
+ public:
+  explicit OptionParser(std::string command) : command_(std::move(command)) {
+    app_.set_help_flag();
+    app_.allow_extras();
+    app_.add_flag("-h,--help", help_);
+  }
+
+  CLI::App& app() { return app_; }
+
+  // Parses `args`; true when --help was asked for.
+  bool parse(std::vector<std::string> args) {
+    std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
+    try {
+      app_.parse(args);
+    } catch (const CLI::ArgumentMismatch& e) {  // "--set: 1 required TEXT missing"
+      const std::string what = e.what();
+      throw UserError(command_ + ": " + what.substr(0, what.find(':')) + " needs a value");
+    } catch (const CLI::ParseError& e) {
+      throw UserError(command_ + ": " + e.what() + " (see fsdpp " + command_ + " --help)");
+    }
+    if (help_) return true;
+    for (const std::string& extra : app_.remaining()) {
+      if (extra.starts_with("-")) {
+        throw UserError(command_ + ": unknown option " + extra + " (see fsdpp " + command_ + " --help)");
+      }
+      throw UserError(command_ + ": unexpected argument '" + extra + "'");
+    }
+    return false;
+  }
+
+  // A string option; each occurrence takes one value.
+  CLI::Option* add(const std::string& name, std::string& value) { return app_.add_option(name, value); }
+
+ private:
+  std::string command_;
+  CLI::App app_;
+  bool help_ = false;
+};
+
+// train, eval and plan: CONFIG, --set (any number) and --verbose, with each one's own options.
+void parse_run_command(const std::string& command, const std::vector<std::string>& args, CommandLine& cl) {
+  OptionParser parser(command);
+  auto& app = parser.app();
+  parser.add("CONFIG", cl.config);
+  app.add_option("--set", cl.overrides)->allow_extra_args(false);
+  app.add_flag("--verbose", cl.verbose);
+  std::string max_windows, world;
+  if (command == "eval") {
+    parser.add("--tokens", cl.tokens);
+    parser.add("--logits", cl.logits);
+    parser.add("--max-windows", max_windows);
+  }
+  if (command == "plan") parser.add("--world", world);
+  if (command == "eval" || command == "plan") app.add_flag("--json", cl.json);
+  if (parser.parse(args)) {
+    cl.help = command == "train" ? kTrainHelp : command == "eval" ? kEvalHelp : kPlanHelp;
+    return;
+  }
+  if (cl.config.empty()) throw UserError(command + ": missing CONFIG (see fsdpp " + command + " --help)");
+  if (!max_windows.empty()) cl.max_windows = whole_number(command, "--max-windows", max_windows, 0, int64_t{1} << 40);
+  if (!world.empty()) cl.world = static_cast<int>(whole_number(command, "--world", world, 1, 1 << 20));
+}
+
+void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
+  OptionParser parser("export");
+  std::string max_shard_mb;
+  parser.add("CHECKPOINT", cl.checkpoint);
+  parser.add("OUT", cl.out);
+  parser.add("--dtype", cl.dtype);
+  parser.add("--max-shard-mb", max_shard_mb);
+  if (parser.parse(args)) {
+    cl.help = kExportHelp;
+    return;
+  }
+  if (cl.out.empty()) throw UserError("export: needs CHECKPOINT and OUT (see fsdpp export --help)");
+  if (!max_shard_mb.empty()) {
+    try {
+      size_t used = 0;
+      cl.max_shard_mb = std::stod(max_shard_mb, &used);
+      if (used != max_shard_mb.size()) cl.max_shard_mb = 0;
+    } catch (const std::exception&) {
+      cl.max_shard_mb = 0;
+    }
+    if (!(cl.max_shard_mb > 0 && cl.max_shard_mb <= 1e9)) {
+      throw UserError("export: --max-shard-mb takes a number in (0, 1e9], got '" + max_shard_mb + "'");
+    }
+  }
+}
+
+// launch's own options come before "--"; everything after it is the command each rank runs.
+void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
+  const auto separator = std::find(args.begin(), args.end(), "--");
+  OptionParser parser("launch");
+  std::string nproc, nnodes, node_rank, port;
+  parser.add("--nproc-per-node", nproc);
+  parser.add("--nnodes", nnodes);
+  parser.add("--node-rank", node_rank);
+  parser.add("--master-addr", cl.launch.master_addr);
+  parser.add("--master-port", port);
+  if (parser.parse({args.begin(), separator})) {
+    cl.help = kLaunchHelp;
+    return;
+  }
+  LaunchOptions& o = cl.launch;
+  if (separator != args.end()) o.command.assign(separator + 1, args.end());
+  if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");
+  if (!nproc.empty()) o.nproc_per_node = static_cast<int>(whole_number("launch", "--nproc-per-node", nproc, 1, max_local_ranks()));
+  if (!nnodes.empty()) o.nnodes = static_cast<int>(whole_number("launch", "--nnodes", nnodes, 1, 1 << 16));
+  if (!node_rank.empty()) o.node_rank = static_cast<int>(whole_number("launch", "--node-rank", node_rank, 0, (1 << 16) - 1));
+  if (o.node_rank >= o.nnodes) {
+    throw UserError("launch: --node-rank " + std::to_string(o.node_rank) + " must be below --nnodes " +
+                    std::to_string(o.nnodes));
+  }
+  o.master_port = !port.empty() ? static_cast<int>(whole_number("launch", "--master-port", port, 1, 65535))
+                  : o.nnodes == 1 ? 0 : 29500;
+}
+
+}  // namespace
+
+CommandLine parse_command_line(int argc, char** argv) {
+  CommandLine cl;
+  const std::string command = argc > 1 ? argv[1] : "";
+  const std::vector<std::string> args(argv + std::min(argc, 2), argv + argc);
+  if (command.empty()) throw UserError("no command given (fsdpp --help lists them)");
+  if (command == "--help" || command == "-h" || command == "help") {
+    cl.help = kUsage;
+  } else if (command == "train" || command == "eval" || command == "plan") {
+    cl.command = command == "train" ? Command::train : command == "eval" ? Command::eval : Command::plan;
+    parse_run_command(command, args, cl);
+  } else if (command == "export") {
+    cl.command = Command::export_checkpoint;
+    parse_export(args, cl);
+  } else if (command == "launch") {
+    cl.command = Command::launch;
+    parse_launch(args, cl);
+  } else if (command == "probe") {
+    cl.command = Command::probe;
+    if (OptionParser("probe").parse(args)) cl.help = kUsage;
+  } else {
+    throw UserError("unknown command '" + command +
+                    "' (commands: train, eval, plan, launch, export, probe; see fsdpp --help)");
+  }
+  return cl;
+}
+
+}  // namespace fsdpp
