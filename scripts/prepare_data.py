@@ -8,7 +8,9 @@ Inputs, by extension:
   .txt             one document per file
   .jsonl, .parquet one record per line or row:
                    {"messages": [{"role": ..., "content": ...}, ...]}  a chat; only the
-                       assistant turns (with their end-of-turn tokens) are targets
+                       assistant turns (with their end-of-turn tokens) are targets; under a
+                       template that rewrites earlier turns (dropping past reasoning), a
+                       document per assistant turn, rendered as the template shows it
                    {"prompt": ..., "completion": ...}   only the completion is a target
                    {"<text field>": ...}                a document, every token a target
 Every document ends with the tokenizer's end-of-text token, a target where the token before it
@@ -74,26 +76,47 @@ class HfTokenizer:
             raise BadRecord(f"the chat template refuses it: {str(e).splitlines()[0]}")
 
     def chat(self, messages):
-        """The conversation's tokens and mask: each assistant turn's tokens past the generation
-        prompt are targets. Rendering prefix by prefix needs a template whose renderings of a
-        conversation's prefixes are prefixes of each other, as chat templates are."""
+        """The conversation as documents of (tokens, mask), each assistant turn's tokens past
+        the generation prompt its targets. Rendered prefix by prefix it is one document, where
+        the template renders every prefix of the conversation as a prefix of the whole; a
+        template that rewrites earlier turns (one dropping past reasoning, say) gives a
+        document per assistant turn instead, the conversation up to that turn as the template
+        renders it, with that turn alone learned: what the model is shown when it answers."""
         if self.tok.chat_template is None:
             raise BadRecord("the tokenizer has no chat template")
+        whole = self.prefix_rendering(messages)
+        if whole is not None:
+            return [whole]
+        turns = []
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            context = self.render(messages[:k], generation_prompt=True) if k else []
+            full = self.render(messages[:k + 1])
+            if full[:len(context)] != context:
+                raise BadRecord(f"the chat template renders assistant message {k} without the generation prompt "
+                                "it renders before it")
+            turns.append((full, [0] * len(context) + [1] * (len(full) - len(context))))
+        return turns
+
+    def prefix_rendering(self, messages):
+        """(tokens, mask) of the conversation rendered message by message, or None where the
+        template renders a message by changing what came before it."""
         ids, mask = [], []
         for k, message in enumerate(messages):
             context = self.render(messages[:k], generation_prompt=message["role"] == "assistant") if k else []
             full = self.render(messages[:k + 1])
             if full[:len(ids)] != ids or full[:len(context)] != context:
-                raise BadRecord(f"the chat template renders message {k} by changing what came before it (templates "
-                                "that rewrite earlier turns, such as ones dropping past reasoning, are not supported)")
+                return None
             target = 1 if message["role"] == "assistant" else 0
             mask += [0] * (len(context) - len(ids)) + [target] * (len(full) - len(context))
             ids = full
         return ids, mask
 
 
-def document(tokenizer, record, text_field):
-    """(tokens, mask) of one record, without the end-of-text token."""
+def documents(tokenizer, record, text_field):
+    """The documents of one record as (tokens, mask), without end-of-text tokens: one, or for a
+    chat under a template that rewrites earlier turns, one per assistant turn."""
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
     # Parquet rows hold every column, null where a record has no such field.
@@ -111,12 +134,12 @@ def document(tokenizer, record, text_field):
         if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
             raise BadRecord("prompt and completion must be strings, the completion not empty")
         p, c = tokenizer.encode(prompt), tokenizer.encode(completion)
-        return p + c, [0] * len(p) + [1] * len(c)
+        return [(p + c, [0] * len(p) + [1] * len(c))]
     text = record.get(text_field)
     if not isinstance(text, str) or not text:
         raise BadRecord(f"no '{text_field}' string, nor messages, nor prompt and completion")
     ids = tokenizer.encode(text)
-    return ids, [1] * len(ids)
+    return [(ids, [1] * len(ids))]
 
 
 def records(path, text_field):
@@ -188,19 +211,20 @@ def main():
             try:
                 if isinstance(record, BadRecord):
                     raise record
-                ids, marks = document(tokenizer, record, args.text_field)
+                parts = documents(tokenizer, record, args.text_field)
             except BadRecord as e:
                 if not args.skip_bad:
                     fail(f"{path}:{number}: {e} (--skip-bad skips such records)")
                 skipped += 1
                 continue
-            # One end-of-text token, learned where the document ends on something learned
-            # (not after a chat's closing user turn); a template may have written it already.
-            if not ids or ids[-1] != tokenizer.eos_id:
-                ids, marks = ids + [tokenizer.eos_id], marks + [marks[-1] if marks else 1]
-            tokens += ids
-            mask += marks
-            ends.append(len(tokens))
+            for ids, marks in parts:
+                # One end-of-text token, learned where the document ends on something learned
+                # (not after a chat's closing user turn); a template may have written it already.
+                if not ids or ids[-1] != tokenizer.eos_id:
+                    ids, marks = ids + [tokenizer.eos_id], marks + [marks[-1] if marks else 1]
+                tokens += ids
+                mask += marks
+                ends.append(len(tokens))
             if progress and len(ends) % 1000 == 0:
                 print(f"\rprepare_data: {len(ends)} documents, {len(tokens)} tokens", end="", file=sys.stderr)
     if progress:

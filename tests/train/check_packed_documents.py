@@ -1,6 +1,7 @@
 """From chat JSONL to packed training, held to transformers. scripts/prepare_data.py marks
 exactly the assistant turns (and each turn's end) of chats rendered by a Hugging Face chat
-template, and a Parquet row's completion; it refuses a line that is not JSON, a chat without
+template, and a Parquet row's completion; under a template that rewrites earlier turns it
+writes a document per assistant turn, rendered as transformers renders it; it refuses a line that is not JSON, a chat without
 an assistant turn and a malformed one with FILE:LINE, or skips them with --skip-bad. fsdpp
 packs the documents into rows (best fit, longest first, long ones cut into pieces) where
 attention stays inside each document: its first-step loss with train_on = "completion"
@@ -66,7 +67,7 @@ def check_prepared(tok, data, out):
     done = prepare(data, rows, "--tokenizer", os.path.join(WORK, "tok"), "--out", out, "--skip-bad")
     assert done.returncode == 0 and "skipped 3 bad records" in done.stdout, done.stdout + done.stderr
     tokens, ends, mask, vocab = read_token_file(out)
-    assert len(mask) == len(tokens) and vocab == len(tok) and len(ends) == len(CHATS) + 1 and ends[-1] == len(tokens) == len(mask)
+    assert len(mask) == len(tokens) and vocab == len(tok) and len(ends) == len(CHATS) + 1 and ends[-1] == len(tokens)
     for chat, begin, end in zip(CHATS, [0] + ends, ends):
         learned = tok.decode([t for t, m in zip(tokens[begin:end], mask[begin:end]) if m])
         expected = "".join(m["content"] + "<|im_end|>\n" for m in chat if m["role"] == "assistant") + "<|endoftext|>"
@@ -74,6 +75,34 @@ def check_prepared(tok, data, out):
     completion = tok.decode([t for t, m in zip(tokens[ends[-2]:], mask[ends[-2]:]) if m])
     assert completion == "a fine day<|endoftext|>", completion
     return tokens, ends, mask
+
+
+# Shows earlier assistant turns by their conclusion alone (what follows " so "), as templates
+# that drop past reasoning do: a conversation is then no longer rendered prefix by prefix.
+REWRITING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not "
+                      "loop.last %}{{ m['content'].split(' so ')[-1] }}{% else %}{{ m['content'] }}{% endif %}"
+                      "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def check_rewriting_template():
+    """Under a template that rewrites earlier turns, a chat becomes a document per assistant
+    turn: the conversation up to it as transformers renders it, that turn alone learned."""
+    tok = make_tokenizer(os.path.join(WORK, "tok-rewriting"), template=REWRITING_TEMPLATE)
+    chat = [{"role": "user", "content": "add 2 and 3"}, {"role": "assistant", "content": "2 plus 3 is 5 so 5"},
+            {"role": "user", "content": "and 4?"}, {"role": "assistant", "content": "5 plus 4 is 9 so 9"}]
+    data, out = os.path.join(WORK, "rewriting.jsonl"), os.path.join(WORK, "rewriting.tok")
+    with open(data, "w") as f:
+        f.write(json.dumps({"messages": chat}) + "\n")
+    done = prepare(data, "--tokenizer", os.path.join(WORK, "tok-rewriting"), "--out", out)
+    assert done.returncode == 0, done.stderr
+    tokens, ends, mask, _ = read_token_file(out)
+    assert len(ends) == 2, ends
+    for turn, (begin, end) in zip((1, 3), zip([0] + ends, ends)):
+        expected = tok.apply_chat_template(chat[:turn + 1], tokenize=True) + [tok.eos_token_id]
+        assert tokens[begin:end] == expected, (tok.decode(tokens[begin:end]), tok.decode(expected))
+        learned = tok.decode([t for t, m in zip(tokens[begin:end], mask[begin:end]) if m])
+        assert learned == chat[turn]["content"] + "<|im_end|>\n<|endoftext|>", learned
+    assert "2 plus 3" not in tok.decode(tokens[ends[0]:])  # the second turn sees the first rewritten
 
 
 def run(name, *sets, nproc=1, expect_rc=0):
@@ -127,6 +156,7 @@ def main():
             f.write(json.dumps({"messages": chat}) + "\n")
     out = os.path.join(WORK, "chats.tok")
     tokens, ends, mask = check_prepared(tok, data, out)
+    check_rewriting_template()
     with open(os.path.join(WORK, "run.toml"), "w") as f:
         f.write(f'[model]\npath = "{FIXTURE}"\ndtype = "float64"\n'
                 f'[data]\ntrain = "{out}"\nseq_len = {SEQ_LEN}\nbatch_size = {BATCH}\nshuffle = false\n'
