@@ -234,6 +234,24 @@ void measure(StepMetrics& m, const RunConfig& config, const Session& s, int64_t 
   }
 }
 
+// The run's shape, for the log.
+void log_run(const RunConfig& config, const Session& s, int64_t step_tokens) {
+  const TrainConfig& tc = config.train;
+  log_info("train: ", tc.steps, " steps of ", step_tokens, " tokens (", tc.grad_accum, " x ", config.data.batch_size,
+           " x ", config.data.seq_len, "), ", s.comm->size(), " rank(s), ",
+           s.sharded ? concat(s.units, " FSDP units, ") : std::string(), at::get_num_threads(), " threads per rank, ",
+           s.batches->order().size(), " ", s.batches->item_name(), " per epoch");
+}
+
+// Writes the traced step's profile once the device has finished its work.
+void save_profile(StepProfiler& profiler, const Session& s, const std::string& out_dir, int64_t step) {
+  synchronize_device(s.device);
+  const auto trace = std::filesystem::path(out_dir) /
+                     ("profile-step-" + std::to_string(step) + "-rank-" + std::to_string(s.comm->rank()) + ".json");
+  profiler.stop_and_save(trace.string());
+  log_info("profile: step ", step, " traced to ", trace.string());
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
@@ -249,12 +267,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const int64_t step_tokens = tc.grad_accum * config.data.batch_size * config.data.seq_len;
   const double step_flops = static_cast<double>(step_tokens) *
                             flops_per_token(s.loaded.model->config(), s.parameters, config.data.seq_len);
-  if (rank == 0) {
-    log_info("train: ", tc.steps, " steps of ", step_tokens, " tokens (", tc.grad_accum, " x ",
-             config.data.batch_size, " x ", config.data.seq_len, "), ", s.comm->size(), " rank(s), ",
-             s.sharded ? concat(s.units, " FSDP units, ") : std::string(), at::get_num_threads(),
-             " threads per rank, ", s.batches->order().size(), " ", s.batches->item_name(), " per epoch");
-  }
+  if (rank == 0) log_run(config, s, step_tokens);
   if (config.checkpoint.save_on_signal) catch_stop_signals();
   auto client_state = [&](int64_t step) {
     return json{{"skipped_steps", summary.skipped_steps}, {"tokens_seen", step * step_tokens},
@@ -274,13 +287,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       ++summary.skipped_steps;
       if (rank == 0) log_warn("step ", step, ": gradient norm is ", r.grad_norm, "; update skipped");
     }
-    if (profiler.active()) {
-      synchronize_device(s.device);
-      const auto trace = std::filesystem::path(tc.out_dir) /
-                         ("profile-step-" + std::to_string(step) + "-rank-" + std::to_string(rank) + ".json");
-      profiler.stop_and_save(trace.string());
-      log_info("profile: step ", step, " traced to ", trace.string());
-    }
+    if (profiler.active()) save_profile(profiler, s, tc.out_dir, step);
     measure(m, config, s, first_step, start, step_start, step_flops);
     if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
     summary.final_loss = m.loss;
