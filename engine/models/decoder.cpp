@@ -13,7 +13,8 @@ Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
     : Module(family.prefix + "Attention"),
       heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
-      head_dim_(c.head_dim) {
+      head_dim_(c.head_dim),
+      sliding_window_(c.sliding_window) {
   const bool qkv_bias = family.qkv_bias || c.attention_bias;
   q_proj_ = register_child("q_proj", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_, qkv_bias, opts));
   k_proj_ = register_child("k_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, qkv_bias, opts));
@@ -40,8 +41,10 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   v = v.transpose(1, 2);
   // Each key/value head serves heads / kv_heads query heads inside the kernel: copies
   // expanded to every query head would be kept for backward too.
-  auto out = documents.defined()
-                 ? document_causal_attention(q, k, v, documents)
+  // A window no shorter than the rows restricts nothing: the plain causal kernel serves.
+  const int64_t window = sliding_window_ > 0 && T > sliding_window_ ? sliding_window_ : 0;
+  auto out = documents.defined() || window > 0
+                 ? restricted_causal_attention(q, k, v, documents, window)
                  : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
                                                     /*scale=*/std::nullopt,
                                                     /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]

@@ -1,6 +1,6 @@
-// The Llama family of decoder-only transformers: Llama, Qwen2 and Qwen3 differ only in
-// class names, q/k/v bias and Qwen3's per-head q/k RMSNorm, so one implementation with a
-// DecoderFamily description builds all three.
+// The Llama family of decoder-only transformers: Llama, Mistral, Qwen2 and Qwen3 differ only
+// in class names, q/k/v bias, Qwen3's per-head q/k RMSNorm and Mistral's sliding window (from
+// its config), so one implementation with a DecoderFamily description builds all four.
 #pragma once
 
 #include "models/causal_lm.h"
@@ -9,7 +9,7 @@
 namespace fsdpp {
 
 struct DecoderFamily {
-  std::string prefix;      // class-name prefix: "Llama", "Qwen2", "Qwen3", "Qwen2VL"
+  std::string prefix;      // class-name prefix: "Llama", "Mistral", "Qwen2", "Qwen3", "Qwen2VL"
   bool qkv_bias = false;   // q/k/v always carry a bias (qwen2), else config.attention_bias
   bool qk_norm = false;    // RMSNorm over each head of q and k before RoPE (qwen3)
 };
@@ -24,7 +24,7 @@ class Attention : public Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& documents);
 
  private:
-  int64_t heads_, kv_heads_, head_dim_;
+  int64_t heads_, kv_heads_, head_dim_, sliding_window_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;
 };

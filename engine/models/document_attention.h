@@ -1,4 +1,4 @@
-// Attention over rows that pack several documents. A packed row must compute what each of its
+// Attention over rows that pack several documents, and within a sliding window. A packed row must compute what each of its
 // documents would compute alone, as transformers does for packed training with position_ids:
 // a token attends only to the earlier tokens of its own document, and RoPE positions restart
 // at every document. Rows holding one document each need none of this (causal attention with
@@ -17,10 +17,12 @@ namespace fsdpp {
 // RoPE positions [B, T] int64: each token's distance from the start of its document.
 at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len);
 
-// Scaled dot-product attention, causal within each document: q [B, H, T, D], k and v
-// [B, KV, T, D] with H a multiple of KV (each key/value head serves H / KV query heads
-// inside the kernel) -> [B, H, T, D].
-at::Tensor document_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& documents);
+// Scaled dot-product attention, causal within each document (undefined `documents`: each
+// row is one) and, with `window` > 0, over the last `window` tokens only (a token at t sees
+// t - window + 1 .. t, as Mistral's sliding window does): q [B, H, T, D], k and v [B, KV, T, D]
+// with H a multiple of KV (each key/value head serves H / KV query heads inside the kernel)
+// -> [B, H, T, D].
+at::Tensor restricted_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& documents, int64_t window);
 
 }  // namespace fsdpp

@@ -205,6 +205,12 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   c.mlp_bias = read<bool>(j, "mlp_bias", origin, false);
   c.initializer_range = read<double>(j, "initializer_range", origin, 0.02);
   c.hidden_act = read<std::string>(j, "hidden_act", origin, "silu");
+  // Mistral's window applies whenever it is set; Qwen2's configs carry one that applies only
+  // with use_sliding_window, which is refused below.
+  if (c.model_type == "mistral") {
+    c.sliding_window = read<int64_t>(j, "sliding_window", origin, 0);
+    if (c.sliding_window != 0) check_range(origin, "sliding_window", c.sliding_window, 1, kMaxPositions);
+  }
   if (read<bool>(j, "use_sliding_window", origin, false)) {
     throw UserError(origin + ": use_sliding_window = true is not supported");
   }

@@ -41,7 +41,7 @@ struct VisionConfig {
 };
 
 struct ModelConfig {
-  std::string model_type;             // registry key: "llama", "qwen2", "qwen3"
+  std::string model_type;             // registry key: "llama", "mistral", "qwen2", "qwen3", ...
   int64_t vocab_size = 0;             // embedding rows and logits width
   int64_t hidden_size = 0;            // residual stream width C
   int64_t intermediate_size = 0;      // SwiGLU inner width
@@ -52,6 +52,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;  // longest sequence the RoPE tables cover
   double rms_norm_eps = 1e-6;         // RMSNorm epsilon
   double rope_theta = 10000.0;        // RoPE base
+  int64_t sliding_window = 0;         // mistral: a token attends to the last W tokens only; 0: all
   RopeScaling rope_scaling;           // RoPE frequency scaling
   bool tie_word_embeddings = false;   // lm_head.weight is model.embed_tokens.weight
   bool attention_bias = false;        // bias on q/k/v/o (always on q/k/v for qwen2)

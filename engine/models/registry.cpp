@@ -24,6 +24,7 @@ std::shared_ptr<CausalLM> vision_language_builder(const ModelConfig& config, con
 const std::map<std::string, ModelBuilder>& registry() {
   static const std::map<std::string, ModelBuilder> builders = {
       {"llama", decoder_builder({.prefix = "Llama"})},
+      {"mistral", decoder_builder({.prefix = "Mistral"})},
       {"qwen2", decoder_builder({.prefix = "Qwen2", .qkv_bias = true})},
       {"qwen3", decoder_builder({.prefix = "Qwen3", .qk_norm = true})},
       {"qwen2_vl", vision_language_builder},

@@ -60,7 +60,7 @@ std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixt
 }  // namespace
 
 TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
-  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3",
+  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral",
                                           "llama_sharded");
   INFO("model " << model_name);
   auto [model, reference] = load_fixture(model_name);
@@ -93,7 +93,7 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
 // document as transformers gives for it alone, and the loss and gradients over all targets and
 // over those a loss mask marks.
 TEST_CASE("packed documents give what each document gives alone through transformers", "[models][parity]") {
-  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3");
+  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral");
   const bool masked = GENERATE(false, true);
   INFO("model " << model_name << (masked ? ", loss mask" : ""));
   auto [model, reference] = load_fixture(model_name);

@@ -41,6 +41,7 @@ golden llama-tied-fused-bf16 llama examples/models/tiny-llama --set 'model.dtype
 golden qwen2 qwen2 tests/assets/models/tiny-qwen2
 golden llama-untied-reshard-2 llama tests/assets/models/fsdp-llama --set policy.options.reshard_after_forward=2
 golden qwen3 qwen3 tests/assets/models/tiny-qwen3
+golden mistral mistral tests/assets/models/tiny-mistral
 golden qwen2-unit-bf16 qwen2 tests/assets/models/tiny-qwen2 --set 'policy.options.param_dtype="bf16"'
 golden qwen3-hsdp-offload qwen3 tests/assets/models/tiny-qwen3 --set policy.options.replicate=2 \
   --set 'policy.options.offload="cpu"'

@@ -8,7 +8,7 @@ import time
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -59,6 +59,8 @@ MODELS = {
     "qwen3": (4, Qwen3ForCausalLM,
               Qwen3Config(**COMMON, head_dim=12, tie_word_embeddings=False, attention_bias=False),
               {}),
+    # A window shorter than the sequence and than the longest packed document.
+    "mistral": (6, MistralForCausalLM, MistralConfig(**COMMON, sliding_window=5, tie_word_embeddings=False), {}),
     "llama_sharded": (5, LlamaForCausalLM,
                       LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0),
                       {"max_shard_size": "20KB"}),
