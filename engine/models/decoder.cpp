@@ -1,5 +1,6 @@
 // Llama-family decoder layers and models; attention runs through ATen's fused
-// scaled_dot_product_attention with a causal mask, or causal within packed documents.
+// scaled_dot_product_attention, causal, or under a mask built once per forward for packed
+// documents and sliding windows.
 #include "models/decoder.h"
 
 #include "models/document_attention.h"
@@ -13,8 +14,7 @@ Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
     : Module(family.prefix + "Attention"),
       heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
-      head_dim_(c.head_dim),
-      sliding_window_(c.sliding_window) {
+      head_dim_(c.head_dim) {
   const bool qkv_bias = family.qkv_bias || c.attention_bias;
   q_proj_ = register_child("q_proj", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_, qkv_bias, opts));
   k_proj_ = register_child("k_proj", std::make_shared<Linear>(c.hidden_size, kv_heads_ * head_dim_, qkv_bias, opts));
@@ -27,7 +27,7 @@ Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
 }
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                                 const torch::Tensor& documents) {
+                                 const torch::Tensor& attention_mask) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = (*q_proj_)(x).view({B, T, heads_, head_dim_});     // [B, T, H, D]
   auto k = (*k_proj_)(x).view({B, T, kv_heads_, head_dim_});  // [B, T, KV, D]
@@ -41,13 +41,10 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   v = v.transpose(1, 2);
   // Each key/value head serves heads / kv_heads query heads inside the kernel: copies
   // expanded to every query head would be kept for backward too.
-  // A window no shorter than the rows restricts nothing: the plain causal kernel serves.
-  const int64_t window = sliding_window_ > 0 && T > sliding_window_ ? sliding_window_ : 0;
-  auto out = documents.defined() || window > 0
-                 ? restricted_causal_attention(q, k, v, documents, window)
-                 : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                                    /*scale=*/std::nullopt,
-                                                    /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]
+  const auto mask = attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt;
+  auto out = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
+                                              /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt,
+                                              /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
@@ -72,14 +69,14 @@ DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c,
 }
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                                    const torch::Tensor& documents) {
-  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, documents);
+                                    const torch::Tensor& attention_mask) {
+  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, attention_mask);
   return h + (*mlp_)((*post_attention_layernorm_)(h));
 }
 
 DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
                            const torch::TensorOptions& opts, const std::string& class_name)
-    : Module(class_name.empty() ? family.prefix + "Model" : class_name) {
+    : Module(class_name.empty() ? family.prefix + "Model" : class_name), sliding_window_(c.sliding_window) {
   embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
   auto layers = register_child("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -96,7 +93,8 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, const torch:
   rotary_emb_->follow(positions.device());
   auto cos_sin = (*rotary_emb_)(positions);  // [2, T, D] or [2, B, T, D]
   auto h = (*embed_tokens)(input_ids);       // [B, T, C]
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin, documents);
+  const auto mask = restricted_causal_mask(documents, sliding_window_, B, T, h.device());
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, mask);
   return (*norm_)(h);
 }
 
@@ -105,7 +103,9 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const to
   rotary_emb_->follow(inputs_embeds.device());
   auto cos_sin = (*rotary_emb_)(position_ids.to(inputs_embeds.device()));  // [2, B, T, D]
   auto h = inputs_embeds;
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin, documents);
+  const auto mask =
+      restricted_causal_mask(documents, sliding_window_, h.size(0), h.size(1), h.device());
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, mask);
   return (*norm_)(h);
 }
 

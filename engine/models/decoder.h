@@ -19,12 +19,12 @@ class Attention : public Module {
   Attention(const DecoderFamily& family, const ModelConfig& config,
             const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  // x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], documents as in
-  // models/document_attention.h (undefined: causal rows) -> [B, T, C]
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& documents);
+  // x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], attention_mask from
+  // restricted_causal_mask (models/document_attention.h; undefined: causal rows) -> [B, T, C]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& attention_mask);
 
  private:
-  int64_t heads_, kv_heads_, head_dim_, sliding_window_;
+  int64_t heads_, kv_heads_, head_dim_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;
 };
@@ -44,7 +44,7 @@ class DecoderLayer : public Module {
   DecoderLayer(const DecoderFamily& family, const ModelConfig& config,
                const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& documents);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& attention_mask);
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
@@ -72,6 +72,7 @@ class DecoderModel : public Module {
   std::vector<std::shared_ptr<DecoderLayer>> layers_;
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<RotaryEmbedding> rotary_emb_;
+  int64_t sliding_window_;  // 0: none
 };
 
 class DecoderCausalLM : public CausalLM {

@@ -1,5 +1,5 @@
-// Causal attention inside packed documents and sliding windows: a block-diagonal, banded
-// causal mask on ATen's fused attention, on every device.
+// Positions and masks for packed documents and sliding windows: a block-diagonal, banded
+// causal mask for ATen's fused attention, on every device.
 #include "models/document_attention.h"
 
 #include <ATen/ATen.h>
@@ -24,21 +24,21 @@ at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_
   return (at::arange(tokens, documents.options()) - documents.index_select(0, owner)).view({batch, seq_len});
 }
 
-at::Tensor restricted_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                       const at::Tensor& documents, int64_t window) {
-  const int64_t B = q.size(0), T = q.size(2);
-  const auto bools = at::TensorOptions(at::kBool).device(q.device());
+at::Tensor restricted_causal_mask(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
+                                  const at::Device& device) {
+  const int64_t T = seq_len;
+  if (window >= T) window = 0;  // a window no shorter than the rows restricts nothing
+  if (!documents.defined() && window == 0) return {};
   // Each token always sees itself, so no row of the mask is empty (an empty one would give
   // NaN through the softmax); padding attends to padding alone.
-  auto mask = at::ones({T, T}, bools).tril();  // [T, T]
+  auto mask = at::ones({T, T}, at::TensorOptions(at::kBool).device(device)).tril();  // [T, T]
   if (window > 0) mask = mask.triu(1 - window);  // key j of query i: i - window < j <= i
   mask = mask.unsqueeze(0);                       // [1, T, T]
   if (documents.defined()) {
-    auto owner = document_of_token(documents, B * T).view({B, T});  // [B, T]
-    mask = mask & (owner.unsqueeze(2) == owner.unsqueeze(1));      // [B, T, T]
+    auto owner = document_of_token(documents.to(device), batch * T).view({batch, T});  // [B, T]
+    mask = mask & (owner.unsqueeze(2) == owner.unsqueeze(1));                        // [B, T, T]
   }
-  return at::scaled_dot_product_attention(q, k, v, mask.unsqueeze(1), /*dropout_p=*/0.0, /*is_causal=*/false,
-                                          /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+  return mask.unsqueeze(1);  // [B, 1, T, T]
 }
 
 }  // namespace fsdpp

@@ -1,5 +1,5 @@
-// Attention over rows that pack several documents, and within a sliding window. A packed row must compute what each of its
-// documents would compute alone, as transformers does for packed training with position_ids:
+// Attention over rows that pack several documents, and within a sliding window. A packed row
+// must compute what each of its documents would compute alone, as transformers does for packed training with position_ids:
 // a token attends only to the earlier tokens of its own document, and RoPE positions restart
 // at every document. Rows holding one document each need none of this (causal attention with
 // positions 0..T-1 already is that), so an undefined `documents` means plain causal rows.
@@ -17,12 +17,13 @@ namespace fsdpp {
 // RoPE positions [B, T] int64: each token's distance from the start of its document.
 at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len);
 
-// Scaled dot-product attention, causal within each document (undefined `documents`: each
-// row is one) and, with `window` > 0, over the last `window` tokens only (a token at t sees
-// t - window + 1 .. t, as Mistral's sliding window does): q [B, H, T, D], k and v [B, KV, T, D]
-// with H a multiple of KV (each key/value head serves H / KV query heads inside the kernel)
-// -> [B, H, T, D].
-at::Tensor restricted_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                       const at::Tensor& documents, int64_t window);
+// The mask that restricts causal attention to each document (undefined `documents`: each
+// row is one) and, with `window` > 0, to the last `window` tokens (a token at t sees
+// t - window + 1 .. t, as Mistral's sliding window does): [B, 1, T, T] bool, true where a query
+// attends to a key (a row of one document: [1, 1, T, T]). Undefined where plain causal
+// attention already is that: no documents, and no window shorter than the rows. Built once
+// per forward and shared by every layer.
+at::Tensor restricted_causal_mask(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
+                                  const at::Device& device);
 
 }  // namespace fsdpp

@@ -122,6 +122,7 @@ std::vector<PackedRow> training_rows(const TokenFile& tokens, int64_t train_docu
 PackedDocuments::PackedDocuments(std::shared_ptr<const TokenFile> tokens, const DataConfig& config)
     : tokens_(std::move(tokens)), config_(config), train_documents_(train_document_count(*tokens_, config)),
       rows_(training_rows(*tokens_, train_documents_, config)),
+      held_out_(pack_documents(*tokens_, train_documents_, tokens_->documents(), config)),
       order_(static_cast<int64_t>(rows_.size()), config.seed, config.shuffle) {
   log_info("data: ", train_documents_, " documents in ", rows_.size(), " rows of ", config.seq_len, " tokens (",
            config.packing ? "packed" : "one per row", "), ", 100.0 * padding_share(), "% padding");
@@ -187,9 +188,8 @@ nlohmann::json PackedDocuments::identity() const {
 }
 
 EvalResult PackedDocuments::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {
-  // With nothing held out, every document is evaluated.
-  const int64_t first = config_.eval_fraction > 0 ? train_documents_ : 0;
-  const auto held_out = pack_documents(*tokens_, first, tokens_->documents(), config_);
+  // With nothing held out, every document is evaluated: the training rows.
+  const auto& held_out = config_.eval_fraction > 0 ? held_out_ : rows_;
   if (held_out.empty()) throw UserError(tokens_->path().string() + ": the held-out documents hold no target");
   const int64_t rows = max_rows > 0 ? std::min<int64_t>(max_rows, static_cast<int64_t>(held_out.size()))
                                     : static_cast<int64_t>(held_out.size());

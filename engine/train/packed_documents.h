@@ -55,6 +55,7 @@ class PackedDocuments : public Batches {
   DataConfig config_;
   int64_t train_documents_ = 0;  // documents [0, train_documents_) train, the rest are held out
   std::vector<PackedRow> rows_;
+  std::vector<PackedRow> held_out_;  // the held-out documents' rows (none when nothing is held out)
   ShuffledOrder order_;
   std::vector<int64_t> drawn_;  // the step's rows, micro-batch after micro-batch
 };
