@@ -18,13 +18,20 @@ const std::vector<std::string> kWrapOptions = {"reshard_after_forward", "precisi
 
 const std::vector<std::string> kPrecisionKeys = {"param", "reduce", "output"};
 
-// A dtype a policy names, in the engine's canonical spelling.
-std::string canonical_dtype(const std::string& name) {
+// A dtype a policy names.
+at::ScalarType policy_dtype(const std::string& name) {
   try {
-    return dtype_name(parse_dtype(name));
+    return parse_dtype(name);
   } catch (const UserError& e) {
     throw ScriptError(std::string("precision: ") + e.what());
   }
+}
+
+// Where offload() and wrap{offload = ...} put master shards.
+Offload policy_offload(const std::string& where) {
+  if (where == "cpu") return Offload::cpu;
+  if (where == "none") return Offload::none;
+  throw ScriptError("offload: '" + where + "' is not one of \"cpu\", \"none\"");
 }
 
 int int_field(lua_State* L, int table, const char* key, int fallback) {
@@ -77,7 +84,7 @@ int api_precision(lua_State* L) {
   for (const auto& key : kPrecisionKeys) {
     raw_field(L, 1, key.c_str());
     if (!lua_isnil(L, -1)) {
-      lua_pushstring(L, canonical_dtype(to_string_arg(L, -1, "precision")).c_str());
+      lua_pushstring(L, dtype_name(policy_dtype(to_string_arg(L, -1, "precision"))).c_str());
       lua_setfield(L, -3, key.c_str());
     }
     lua_pop(L, 1);
@@ -87,7 +94,7 @@ int api_precision(lua_State* L) {
 
 int api_offload(lua_State* L) {
   const std::string where = to_string_arg(L, 1, "offload");
-  if (where != "cpu" && where != "none") throw ScriptError("offload: '" + where + "' is not one of \"cpu\", \"none\"");
+  policy_offload(where);
   lua_pushstring(L, where.c_str());
   return 1;
 }
@@ -96,11 +103,12 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   check_keys(L, table, kWrapOptions, "wrap");
   raw_field(L, table, "reshard_after_forward");
   if (lua_isinteger(L, -1)) {
-    unit.reshard_to = static_cast<int>(lua_tointeger(L, -1));
-    if (unit.reshard_to < 1) throw ScriptError("wrap: reshard_after_forward = k needs k >= 1");
+    const lua_Integer k = lua_tointeger(L, -1);
+    if (k < 1 || k > 1'000'000) throw ScriptError("wrap: reshard_after_forward = k needs 1 <= k <= 1000000");
+    unit.reshard_after_forward = static_cast<int>(k);
   } else if (!lua_isnil(L, -1)) {
     if (!lua_isboolean(L, -1)) throw ScriptError("wrap: reshard_after_forward must be a boolean or a rank count");
-    unit.reshard_after_forward = lua_toboolean(L, -1);
+    unit.reshard_after_forward = lua_toboolean(L, -1) ? kWholeShardGroup : 1;
   }
   lua_pop(L, 1);
   raw_field(L, table, "activation_checkpoint");
@@ -110,7 +118,7 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   }
   lua_pop(L, 1);
   raw_field(L, table, "offload");
-  if (!lua_isnil(L, -1)) unit.offload = to_string_arg(L, -1, "wrap: offload");
+  if (!lua_isnil(L, -1)) unit.offload = policy_offload(to_string_arg(L, -1, "wrap: offload"));
   lua_pop(L, 1);
   raw_field(L, table, "precision");
   if (!lua_isnil(L, -1)) {
@@ -120,7 +128,7 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
     for (auto [key, field] : {std::pair{"param", &unit.param_dtype}, {"reduce", &unit.reduce_dtype},
                               {"output", &unit.output_dtype}}) {
       raw_field(L, p, key);
-      if (!lua_isnil(L, -1)) *field = canonical_dtype(to_string_arg(L, -1, "wrap: precision"));
+      if (!lua_isnil(L, -1)) *field = policy_dtype(to_string_arg(L, -1, "wrap: precision"));
       lua_pop(L, 1);
     }
   }

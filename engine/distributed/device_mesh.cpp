@@ -8,20 +8,8 @@
 
 namespace fsdpp {
 
-DeviceMesh DeviceMesh::create(std::shared_ptr<Comm> world, int replicate, int shard) {
-  const int size = world->size();
-  if (replicate < 1) throw UserError("mesh: replicate " + std::to_string(replicate) + " must be at least 1");
-  if (shard == -1) {
-    if (size % replicate != 0) {
-      throw UserError("mesh: world " + std::to_string(size) + " is not divisible by replicate " +
-                      std::to_string(replicate) + " (shard = -1 takes world / replicate)");
-    }
-    shard = size / replicate;
-  }
-  if (shard < 1 || replicate * shard != size) {
-    throw UserError("mesh: replicate " + std::to_string(replicate) + " × shard " + std::to_string(shard) +
-                    " ≠ world " + std::to_string(size));
-  }
+DeviceMesh DeviceMesh::create(std::shared_ptr<Comm> world, MeshShape declared) {
+  const auto [replicate, shard] = resolve_mesh(declared, world->size());
   DeviceMesh mesh;
   mesh.replicate = replicate;
   mesh.shard = shard;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "distributed/comm.h"
+#include "distributed/mesh_shape.h"
 
 #include <memory>
 
@@ -20,9 +21,9 @@ struct DeviceMesh {
   // it keeps 1/k of its parameters after forward (reshard_after_forward = k).
   std::shared_ptr<Comm> post_forward_group(int k) const;
 
-  // shard = -1 takes world / replicate. A shape that does not fit the world is a UserError
-  // printing every factor ("replicate 2 × shard 3 ≠ world 4").
-  static DeviceMesh create(std::shared_ptr<Comm> world, int replicate, int shard);
+  // The groups of `declared` as resolve_mesh resolves it for the world (a UserError when it
+  // does not fit).
+  static DeviceMesh create(std::shared_ptr<Comm> world, MeshShape declared);
 };
 
 }  // namespace fsdpp

@@ -36,15 +36,15 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     : world_(std::move(world)), device_(device) {
   const auto all = named_modules(root);
   for (const auto& unit : plan.units) {
-    auto same = [&unit](const DeviceMesh& m) { return m.replicate == unit.replicate && m.shard == unit.shard; };
+    auto same = [&unit](const DeviceMesh& m) { return m.replicate == unit.mesh.replicate && m.shard == unit.mesh.shard; };
     auto found = std::find_if(meshes_.begin(), meshes_.end(), same);
     if (found == meshes_.end()) {
-      meshes_.push_back(DeviceMesh::create(world_, unit.replicate, unit.shard));
+      meshes_.push_back(DeviceMesh::create(world_, unit.mesh));
       found = meshes_.end() - 1;
     }
     unit_mesh_.push_back(static_cast<size_t>(found - meshes_.begin()));
     const DeviceMesh& mesh = *found;
-    const bool offload = unit.plan->offload == "cpu";
+    const bool offload = unit.declared.offload == Offload::cpu;
     offloaded_ = offloaded_ || (offload && !device.is_cpu());
     // Offloaded masters sit in page-locked memory when a device is in use, so copies to and
     // from it run without staging.
@@ -66,21 +66,19 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                           masters.narrow(0, offsets[i], offsets[i + 1] - offsets[i]));
     }
     std::vector<Module*> modules;
-    for (const auto& path : unit.plan->modules) {
+    for (const auto& path : unit.declared.modules) {
       for (const auto& e : all) {
         if (e.path == path) modules.push_back(e.module);
       }
     }
-    const UnitPlan& p = *unit.plan;
-    auto optional_dtype = [](const std::string& name) {
-      return name.empty() ? std::nullopt : std::optional(parse_dtype(name));
-    };
-    UnitOptions options{.reshard_after_forward = p.reshard_after_forward,
-                        .post_forward_group = p.reshard_to ? post_forward_group(unit_mesh_.back(), p.reshard_to) : nullptr,
+    const UnitPlan& p = unit.declared;
+    const int k = unit.reshard_after_forward;
+    UnitOptions options{.reshard_after_forward = k != 1,
+                        .post_forward_group = k > 1 ? post_forward_group(unit_mesh_.back(), k) : nullptr,
                         .activation_checkpoint = p.activation_checkpoint,
-                        .param_dtype = optional_dtype(p.param_dtype),
-                        .reduce_dtype = parse_dtype(p.reduce_dtype),
-                        .output_dtype = optional_dtype(p.output_dtype),
+                        .param_dtype = p.param_dtype,
+                        .reduce_dtype = unit.reduce_dtype,
+                        .output_dtype = p.output_dtype,
                         .device = device};
     units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), masters, mesh.shard_group,
                                                 mesh.replicate_group, options, this));

@@ -32,41 +32,28 @@ int depth(const UnitPlan& unit) {
 
 std::string where(const UnitPlan& unit) { return unit.origin.empty() ? "plan" : unit.origin; }
 
-void check_dtype(const UnitPlan& unit, const std::string& key, const std::string& value, bool allow_empty) {
-  if (allow_empty && value.empty()) return;
-  try {
-    parse_dtype(value);
-  } catch (const UserError& e) {
-    throw UserError(where(unit) + ": " + key + ": " + e.what());
-  }
-}
-
 std::string mib(int64_t bytes) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(bytes < (1 << 20) ? 3 : 1) << static_cast<double>(bytes) / (1 << 20) << " MiB";
   return out.str();
 }
 
-}  // namespace
-
-ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType model_dtype) {
-  const auto all = named_modules(root);
-  std::map<std::string, Module*> by_path;
-  for (const auto& e : all) by_path[e.path] = e.module;
-
-  const bool has_root = std::any_of(plan.units.begin(), plan.units.end(), [](const UnitPlan& u) {
+// The plan's units with the root added when the plan lacks one, each checked for paths that
+// exist and modules wrapped once.
+std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::string, Module*>& by_path) {
+  if (plan.units.empty()) throw UserError("policy wrapped nothing: no module matched any of its rules");
+  std::vector<UnitPlan> units = plan.units;
+  const bool has_root = std::any_of(units.begin(), units.end(), [](const UnitPlan& u) {
     return std::find(u.modules.begin(), u.modules.end(), "") != u.modules.end();
   });
-  if (plan.units.empty()) throw UserError("policy wrapped nothing: no module matched any of its rules");
   if (!has_root) {
     // The root's leftovers (final norm, lm_head) are used last in forward and first in
     // backward: keeping them gathered saves an all-gather per step.
-    plan.units.push_back({.modules = {""}, .reshard_after_forward = false, .mesh = plan.units.front().mesh,
-                          .origin = "root (implicit)"});
+    units.push_back({.modules = {""}, .reshard_after_forward = 1, .mesh = units.front().mesh,
+                     .origin = "root (implicit)"});
   }
-
   std::map<std::string, std::string> wrapped;  // module path -> unit origin
-  for (auto& unit : plan.units) {
+  for (const auto& unit : units) {
     if (unit.modules.empty()) throw UserError(where(unit) + ": wrap of an empty module list");
     for (const auto& path : unit.modules) {
       if (!by_path.count(path)) throw UserError(where(unit) + ": no module at path '" + path + "'");
@@ -76,16 +63,37 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
                         "' is already wrapped by " + it->second);
       }
     }
-    check_dtype(unit, "precision.param", unit.param_dtype, true);
-    if (unit.reduce_dtype.empty()) unit.reduce_dtype = dtype_name(master_dtype(model_dtype));
-    check_dtype(unit, "precision.reduce", unit.reduce_dtype, false);
-    check_dtype(unit, "precision.output", unit.output_dtype, true);
-    if (unit.offload != "none" && unit.offload != "cpu") {
-      throw UserError(where(unit) + ": offload '" + unit.offload + "' is not one of none, cpu");
-    }
   }
+  return units;
+}
 
-  ResolvedPlan resolved;
+// The unit's options in force for `world` ranks: its mesh, how it reshards, its reduction dtype.
+void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
+  const UnitPlan& unit = r.declared;
+  try {
+    r.mesh = resolve_mesh(unit.mesh, world);
+  } catch (const UserError& e) {
+    throw UserError(where(unit) + ": " + e.what());
+  }
+  // As FSDP2 reads it: k = 1 keeps everything gathered, k = shard frees everything.
+  const int k = unit.reshard_after_forward == kWholeShardGroup ? r.mesh.shard : unit.reshard_after_forward;
+  if (k < 1 || r.mesh.shard % k != 0) {
+    throw UserError(where(unit) + ": reshard_after_forward = " + std::to_string(k) +
+                    " does not divide the unit's shard size " + std::to_string(r.mesh.shard));
+  }
+  // k = shard frees everything, as true does (false on a one-rank shard still keeps it all).
+  r.reshard_after_forward = k == r.mesh.shard && unit.reshard_after_forward != 1 ? kWholeShardGroup : k;
+  r.reduce_dtype = unit.reduce_dtype.value_or(master_dtype(model_dtype));
+  for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
+}
+
+}  // namespace
+
+ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype) {
+  const auto all = named_modules(root);
+  std::map<std::string, Module*> by_path;
+  for (const auto& e : all) by_path[e.path] = e.module;
+  std::vector<UnitPlan> units = units_with_root(plan, by_path);
 
   std::map<const void*, std::vector<std::string>> aliases;
   for (const auto& e : all) {
@@ -93,34 +101,16 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
       aliases[item.value().unsafeGetTensorImpl()].push_back(e.path.empty() ? item.key() : e.path + "." + item.key());
     }
   }
-  std::vector<UnitPlan*> order;
-  for (auto& unit : plan.units) order.push_back(&unit);
-  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) { return depth(*a) > depth(*b); });
+  std::stable_sort(units.begin(), units.end(), [](const UnitPlan& a, const UnitPlan& b) { return depth(a) > depth(b); });
 
+  ResolvedPlan resolved;
   std::set<const void*> claimed;
-  for (UnitPlan* unit : order) {
-    ResolvedUnit r;
-    r.plan = unit;
-    const MeshShape& mesh = unit->mesh;
-    r.replicate = mesh.replicate;
-    r.shard = mesh.shard == -1 ? (mesh.replicate > 0 ? world / mesh.replicate : 0) : mesh.shard;
-    if (mesh.replicate < 1 || r.shard < 1 || mesh.replicate * r.shard != world) {
-      throw UserError(where(*unit) + ": mesh replicate " + std::to_string(mesh.replicate) + " × shard " +
-                      std::to_string(r.shard) + " ≠ world " + std::to_string(world));
-    }
-    if (unit->reshard_to != 0) {
-      // As FSDP2 reads it: k = 1 keeps everything gathered, k = shard frees everything.
-      const int k = unit->reshard_to;
-      if (k < 1 || r.shard % k != 0) {
-        throw UserError(where(*unit) + ": reshard_after_forward = " + std::to_string(k) +
-                        " does not divide the unit's shard size " + std::to_string(r.shard));
-      }
-      unit->reshard_after_forward = k != 1;
-      if (k == 1 || k == r.shard) unit->reshard_to = 0;
-    }
-    for (const auto& p : unit->modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
-    auto covered = [unit](const std::string& path) {
-      return std::any_of(unit->modules.begin(), unit->modules.end(), [&](const auto& m) { return under(path, m); });
+  for (auto& unit : units) {
+    ResolvedUnit r{.declared = std::move(unit)};
+    resolve_options(r, world, model_dtype);
+    const auto& modules = r.declared.modules;
+    auto covered = [&modules](const std::string& path) {
+      return std::any_of(modules.begin(), modules.end(), [&](const auto& m) { return under(path, m); });
     };
     for (const auto& e : all) {
       if (!covered(e.path)) continue;
@@ -130,18 +120,17 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
         const auto& paths = aliases[impl];
         for (const auto& alias : paths) {
           if (!covered(alias)) {
-            throw UserError(where(*unit) + ": tied parameters " + paths.front() + " and " + alias +
+            throw UserError(where(r.declared) + ": tied parameters " + paths.front() + " and " + alias +
                             " must be in one unit, but unit " + r.name + " holds only the first");
           }
         }
         const at::Tensor& t = item.value();
         r.params.push_back({paths.front(), e.module, item.key()});
         r.numel += t.numel();
-        r.padded_numel_per_rank += ShardShape(t.sizes(), r.shard).shard_numel();
+        r.padded_numel_per_rank += ShardShape(t.sizes(), r.mesh.shard).shard_numel();
       }
     }
-    r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(
-        unit->param_dtype.empty() ? model_dtype : parse_dtype(unit->param_dtype)));
+    r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.declared.param_dtype.value_or(model_dtype)));
     resolved.total_numel += r.numel;
     resolved.param_bytes += r.padded_numel_per_rank * 4;
     resolved.largest_gathered_bytes = std::max(resolved.largest_gathered_bytes, r.bytes_gathered);
@@ -152,20 +141,36 @@ ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType mo
   return resolved;
 }
 
+namespace {
+
+// How the plan shows a resolved reshard_after_forward: as FSDP2 spells it.
+nlohmann::json reshard_value(const ResolvedUnit& u) {
+  if (u.reshard_after_forward == kWholeShardGroup) return true;
+  if (u.reshard_after_forward == 1) return false;
+  return u.reshard_after_forward;
+}
+
+std::string dtype_or(const std::optional<at::ScalarType>& dtype, const std::string& otherwise) {
+  return dtype ? dtype_name(*dtype) : otherwise;
+}
+
+const char* offload_name(Offload offload) { return offload == Offload::cpu ? "cpu" : "none"; }
+
+}  // namespace
+
 std::string format_plan(const ResolvedPlan& plan, int world) {
   std::ostringstream out;
   out << "plan for " << world << " rank(s): " << plan.units.size() << " units, " << plan.total_numel
       << " parameters\n";
   for (const auto& u : plan.units) {
-    const UnitPlan& p = *u.plan;
+    const UnitPlan& p = u.declared;
     out << "  unit " << u.name << "  (" << p.origin << ")\n"
         << "    params " << u.numel << " in " << u.params.size() << " tensors, per rank " << u.padded_numel_per_rank
-        << ", gathered " << mib(u.bytes_gathered) << ", mesh replicate " << u.replicate << " × shard " << u.shard
-        << "\n"
-        << "    reshard_after_forward "
-        << (p.reshard_to ? std::to_string(p.reshard_to) : p.reshard_after_forward ? "true" : "false") << ", precision param "
-        << (p.param_dtype.empty() ? "model" : p.param_dtype) << " reduce " << p.reduce_dtype << " output "
-        << (p.output_dtype.empty() ? "as computed" : p.output_dtype) << ", offload " << p.offload
+        << ", gathered " << mib(u.bytes_gathered) << ", mesh replicate " << u.mesh.replicate << " × shard "
+        << u.mesh.shard << "\n"
+        << "    reshard_after_forward " << reshard_value(u).dump() << ", precision param "
+        << dtype_or(p.param_dtype, "model") << " reduce " << dtype_name(u.reduce_dtype) << " output "
+        << dtype_or(p.output_dtype, "as computed") << ", offload " << offload_name(p.offload)
         << ", activation_checkpoint " << (p.activation_checkpoint ? "true" : "false") << "\n";
   }
   out << "per rank: parameters " << mib(plan.param_bytes) << ", gradients " << mib(plan.grad_bytes)
@@ -174,9 +179,29 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
   return out.str();
 }
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(MeshShape, replicate, shard)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(UnitPlan, modules, reshard_after_forward, reshard_to, param_dtype, reduce_dtype,
-                                   output_dtype, offload, activation_checkpoint, mesh, origin)
+// Declared plans cross processes as JSON; dtypes by their names.
+void to_json(nlohmann::json& j, const UnitPlan& u) {
+  auto dtype = [](const std::optional<at::ScalarType>& d) { return d ? nlohmann::json(dtype_name(*d)) : nlohmann::json(); };
+  j = {{"modules", u.modules}, {"reshard_after_forward", u.reshard_after_forward},
+       {"param_dtype", dtype(u.param_dtype)}, {"reduce_dtype", dtype(u.reduce_dtype)},
+       {"output_dtype", dtype(u.output_dtype)}, {"offload", u.offload == Offload::cpu},
+       {"activation_checkpoint", u.activation_checkpoint},
+       {"mesh", {u.mesh.replicate, u.mesh.shard}}, {"origin", u.origin}};
+}
+
+void from_json(const nlohmann::json& j, UnitPlan& u) {
+  auto dtype = [&j](const char* key) {
+    return j.at(key).is_null() ? std::nullopt : std::optional(parse_dtype(j.at(key).get<std::string>()));
+  };
+  u = {.modules = j.at("modules").get<std::vector<std::string>>(),
+       .reshard_after_forward = j.at("reshard_after_forward").get<int>(),
+       .param_dtype = dtype("param_dtype"), .reduce_dtype = dtype("reduce_dtype"), .output_dtype = dtype("output_dtype"),
+       .offload = j.at("offload").get<bool>() ? Offload::cpu : Offload::none,
+       .activation_checkpoint = j.at("activation_checkpoint").get<bool>(),
+       .mesh = {j.at("mesh").at(0).get<int>(), j.at("mesh").at(1).get<int>()},
+       .origin = j.at("origin").get<std::string>()};
+}
+
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Plan, units, warnings)
 
 std::string serialize_plan(const Plan& plan) { return nlohmann::json(plan).dump(); }
@@ -186,15 +211,16 @@ Plan deserialize_plan(const std::string& text) { return nlohmann::json::parse(te
 std::string plan_json(const ResolvedPlan& plan, int world) {
   nlohmann::json units = nlohmann::json::array();
   for (const auto& u : plan.units) {
-    const UnitPlan& p = *u.plan;
+    const UnitPlan& p = u.declared;
     nlohmann::json params = nlohmann::json::array();
     for (const auto& param : u.params) params.push_back(param.name);
     units.push_back({{"name", u.name}, {"modules", p.modules}, {"origin", p.origin}, {"params", params},
-                     {"mesh", {{"replicate", u.replicate}, {"shard", u.shard}}},
+                     {"mesh", {{"replicate", u.mesh.replicate}, {"shard", u.mesh.shard}}},
                      {"numel", u.numel}, {"numel_per_rank", u.padded_numel_per_rank},
-                     {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", p.reshard_to ? nlohmann::json(p.reshard_to) : nlohmann::json(p.reshard_after_forward)},
-                     {"precision", {{"param", p.param_dtype}, {"reduce", p.reduce_dtype}, {"output", p.output_dtype}}},
-                     {"offload", p.offload}, {"activation_checkpoint", p.activation_checkpoint}});
+                     {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", reshard_value(u)},
+                     {"precision", {{"param", dtype_or(p.param_dtype, "")}, {"reduce", dtype_name(u.reduce_dtype)},
+                                    {"output", dtype_or(p.output_dtype, "")}}},
+                     {"offload", offload_name(p.offload)}, {"activation_checkpoint", p.activation_checkpoint}});
   }
   return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"units", units},
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},

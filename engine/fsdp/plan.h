@@ -5,29 +5,35 @@
 #pragma once
 
 #include "core/module.h"
+#include "distributed/mesh_shape.h"
 
+#include <c10/core/ScalarType.h>
+
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace fsdpp {
 
-struct MeshShape {
-  int replicate = 1;
-  int shard = -1;  // -1: world / replicate
-};
+// Where a unit's master shards live while it computes on a device.
+enum class Offload { none, cpu };
+
+// FSDP2's reshard_after_forward, held as the number of ranks a unit's backward gather spans:
+// 1 keeps the gathered parameters after forward (false), k keeps 1/k of them on each rank (an
+// integer k), and kWholeShardGroup frees them all, so backward gathers over the unit's whole
+// shard group again (true).
+inline constexpr int kWholeShardGroup = 0;
 
 struct UnitPlan {
-  std::vector<std::string> modules;       // dotted paths; "" is the root
-  bool reshard_after_forward = true;
-  int reshard_to = 0;                     // reshard_after_forward = k: keep 1/k after forward, so
-                                          // backward gathers over k ranks; 0: as the bool says
-  std::string param_dtype;                // "" keeps the model's dtype
-  std::string reduce_dtype;               // gradient reduction; "" is the masters' (float32, or float64)
-  std::string output_dtype;               // "" leaves outputs as computed
-  std::string offload = "none";           // "none" or "cpu"
+  std::vector<std::string> modules;                 // dotted paths; "" is the root
+  int reshard_after_forward = kWholeShardGroup;     // ranks a backward gather spans (see above)
+  std::optional<at::ScalarType> param_dtype;        // gather and compute in; none: the model's
+  std::optional<at::ScalarType> reduce_dtype;       // gradient reduction; none: the masters'
+  std::optional<at::ScalarType> output_dtype;       // cast outputs to; none: as computed
+  Offload offload = Offload::none;
   bool activation_checkpoint = false;
   MeshShape mesh;
-  std::string origin;                     // where the policy declared it (file:line)
+  std::string origin;                               // where the policy declared it (file:line)
 };
 
 struct Plan {
@@ -35,10 +41,13 @@ struct Plan {
   std::vector<std::string> warnings;
 };
 
-// What one unit owns once the plan is resolved against a model.
+// One unit of a plan resolved against a model and a world: every option in force and what
+// the unit owns.
 struct ResolvedUnit {
-  const UnitPlan* plan = nullptr;
-  int replicate = 1, shard = 1;           // its mesh, resolved for the world
+  UnitPlan declared;                      // as the policy declared it (the implicit root: as added)
+  MeshShape mesh;                         // resolved for the world
+  int reshard_after_forward = kWholeShardGroup;  // as declared, with k = shard read as kWholeShardGroup
+  at::ScalarType reduce_dtype = at::kFloat;  // declared, or the masters' dtype
   std::string name;                       // modules joined by "+", "<root>" for the root
   struct Param {
     std::string name;                     // full dotted name (the first path reaching it)
@@ -64,7 +73,7 @@ struct ResolvedPlan {
 // option out of range are UserErrors naming paths and sizes. Units may use different meshes
 // (a vision tower replicated beside a sharded language model, say). The root unit is added
 // when the plan lacks one, on the first unit's mesh.
-ResolvedPlan resolve_plan(Plan& plan, Module& root, int world, at::ScalarType model_dtype);
+ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype);
 
 // The unit tree and per-rank memory as text, or as JSON.
 std::string format_plan(const ResolvedPlan& plan, int world);

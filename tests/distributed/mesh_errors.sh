@@ -18,6 +18,6 @@ check() {
   fi
 }
 check 4 "policies/llama.lua:4: mesh replicate 2 × shard 3 ≠ world 4" --set policy.options.replicate=2 --set policy.options.shard_size=3
-check 4 "mesh replicate 3 × shard 1 ≠ world 4" --set policy.options.replicate=3
+check 4 "mesh: world 4 is not divisible by replicate 3" --set policy.options.replicate=3
 check 5 "[data] batch_size 12 is not a multiple of the world size 5"
 exit $status

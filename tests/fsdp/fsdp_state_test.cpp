@@ -26,8 +26,8 @@ std::shared_ptr<CausalLM> tiny(bool tied) {
 }
 
 // Each decoder layer a unit, the embedding too when untied, the root the rest; units gather
-// and compute in `param_dtype` ("": the model's).
-std::unique_ptr<FsdpState> shard(CausalLM& model, const std::string& param_dtype = "") {
+// and compute in `param_dtype` (none: the model's).
+std::unique_ptr<FsdpState> shard(CausalLM& model, std::optional<at::ScalarType> param_dtype = std::nullopt) {
   Plan plan;
   for (const auto& e : named_modules(model)) {
     const bool tied = model.config().tie_word_embeddings;
@@ -35,7 +35,7 @@ std::unique_ptr<FsdpState> shard(CausalLM& model, const std::string& param_dtype
       plan.units.push_back({.modules = {e.path}, .param_dtype = param_dtype});
     }
   }
-  plan.units.push_back({.modules = {""}, .reshard_after_forward = false, .param_dtype = param_dtype});
+  plan.units.push_back({.modules = {""}, .reshard_after_forward = 1, .param_dtype = param_dtype});
   const ResolvedPlan resolved = resolve_plan(plan, model, 1, at::kFloat);
   return std::make_unique<FsdpState>(model, Comm::single(), resolved);
 }
@@ -104,7 +104,7 @@ TEST_CASE("the unit expected next is gathered while the current one runs", "[fsd
 
 TEST_CASE("a training forward keeps its cast shards for backward's gather, and no longer", "[fsdp]") {
   auto model = tiny(false);
-  auto state = shard(*model, "bfloat16");
+  auto state = shard(*model, at::kBFloat16);
   auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
   auto kept = [&] {
     int count = 0;

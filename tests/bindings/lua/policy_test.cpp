@@ -175,10 +175,12 @@ wrap({m:get("model.embed_tokens"), m:get("lm_head")}, {mesh = mesh{replicate = 2
 )");
   auto plan = run_policy(script, *model, {.world_size = 8, .rank = 3, .options = {{"label", std::string("x")}, {"k", int64_t{2}}}});
   REQUIRE(plan.units.size() == 4);
-  CHECK(plan.units[2].reshard_after_forward == false);
-  CHECK(plan.units[0].reduce_dtype == "bfloat16");
-  CHECK(plan.units[0].output_dtype == "float32");
-  CHECK(plan.units[0].offload == "cpu");
+  CHECK(plan.units[2].reshard_after_forward == 1);
+  CHECK(plan.units[0].reshard_after_forward == kWholeShardGroup);
+  CHECK(plan.units[0].reduce_dtype == at::kBFloat16);
+  CHECK(plan.units[0].output_dtype == at::kFloat);
+  CHECK(!plan.units[0].param_dtype);
+  CHECK(plan.units[0].offload == Offload::cpu);
   CHECK(plan.units[0].mesh.shard == 4);
   CHECK(plan.units[3].modules == std::vector<std::string>{"model.embed_tokens", "lm_head"});
   CHECK_THAT(plan.units[0].origin, Catch::EndsWith("api.lua:14"));
