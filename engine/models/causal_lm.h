@@ -11,6 +11,8 @@
 
 namespace fsdpp {
 
+struct RoutingLog;
+
 // The images and videos of a batch, cut into patches as the HF processor cuts them.
 struct VisionInputs {
   torch::Tensor pixel_values;         // [Ni, C * Tt * P * P] image patches; undefined: none
@@ -50,6 +52,9 @@ class CausalLM : public Module {
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
     throw UserError(class_name() + " does not attend within packed documents: set [data] packing = false");
   }
+
+  // Mixture-of-experts models: what their MoE layers routed in the last forward.
+  virtual const RoutingLog* routing() const { return nullptr; }
 
   const ModelConfig& config() const { return config_; }
   // Classes that must stay whole inside one unit (Hugging Face's _no_split_modules).

@@ -48,22 +48,27 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
-MLP::MLP(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts)
+MLP::MLP(const DecoderFamily& family, const ModelConfig& c, int64_t inner, const torch::TensorOptions& opts)
     : Module(family.prefix + "MLP") {
-  gate_proj_ = register_child("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, opts));
-  up_proj_ = register_child("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, opts));
-  down_proj_ = register_child("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, opts));
+  gate_proj_ = register_child("gate_proj", std::make_shared<Linear>(c.hidden_size, inner, c.mlp_bias, opts));
+  up_proj_ = register_child("up_proj", std::make_shared<Linear>(c.hidden_size, inner, c.mlp_bias, opts));
+  down_proj_ = register_child("down_proj", std::make_shared<Linear>(inner, c.hidden_size, c.mlp_bias, opts));
 }
 
 torch::Tensor MLP::forward(const torch::Tensor& x) {
   return (*down_proj_)(at::silu((*gate_proj_)(x)) * (*up_proj_)(x));
 }
 
-DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c,
-                           const torch::TensorOptions& opts)
+DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c, int64_t index,
+                           const torch::TensorOptions& opts, const std::shared_ptr<RoutingLog>& log)
     : Module(family.prefix + "DecoderLayer") {
   self_attn_ = register_child("self_attn", std::make_shared<Attention>(family, c, opts));
-  mlp_ = register_child("mlp", std::make_shared<MLP>(family, c, opts));
+  if (c.moe && c.moe->is_moe_layer(index)) {
+    log->layers.emplace_back();
+    moe_ = register_child("mlp", std::make_shared<SparseMoeBlock>(family, c, opts, log, log->layers.size() - 1));
+  } else {
+    mlp_ = register_child("mlp", std::make_shared<MLP>(family, c, c.intermediate_size, opts));
+  }
   input_layernorm_ = register_child("input_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
   post_attention_layernorm_ = register_child("post_attention_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
 }
@@ -71,16 +76,19 @@ DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c,
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
                                     const torch::Tensor& attention_mask) {
   auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, attention_mask);
-  return h + (*mlp_)((*post_attention_layernorm_)(h));
+  const auto normed = (*post_attention_layernorm_)(h);
+  return h + (moe_ ? (*moe_)(normed) : (*mlp_)(normed));
 }
 
 DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
                            const torch::TensorOptions& opts, const std::string& class_name)
-    : Module(class_name.empty() ? family.prefix + "Model" : class_name), sliding_window_(c.sliding_window) {
+    : Module(class_name.empty() ? family.prefix + "Model" : class_name),
+      sliding_window_(c.sliding_window),
+      routing_(c.moe ? std::make_shared<RoutingLog>() : nullptr) {
   embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
   auto layers = register_child("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers_.push_back(layers->append(std::make_shared<DecoderLayer>(family, c, opts)));
+    layers_.push_back(layers->append(std::make_shared<DecoderLayer>(family, c, i, opts, routing_)));
   }
   norm_ = register_child("norm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
   rotary_emb_ = register_child("rotary_emb", std::make_shared<RotaryEmbedding>(family.prefix + "RotaryEmbedding", c, opts.device()));

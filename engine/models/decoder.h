@@ -1,15 +1,17 @@
-// The Llama family of decoder-only transformers: Llama, Mistral, Qwen2 and Qwen3 differ only
-// in class names, q/k/v bias, Qwen3's per-head q/k RMSNorm and Mistral's sliding window (from
-// its config), so one implementation with a DecoderFamily description builds all four.
+// The Llama family of decoder-only transformers: Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE
+// differ only in class names, q/k/v bias, Qwen3's per-head q/k RMSNorm, Mistral's sliding
+// window and Qwen3-MoE's sparse MLPs (from their configs), so one implementation with a
+// DecoderFamily description builds all five.
 #pragma once
 
 #include "models/causal_lm.h"
 #include "models/layers.h"
+#include "models/moe.h"
 
 namespace fsdpp {
 
 struct DecoderFamily {
-  std::string prefix;      // class-name prefix: "Llama", "Mistral", "Qwen2", "Qwen3", "Qwen2VL"
+  std::string prefix;      // class-name prefix: "Llama", "Mistral", "Qwen2", "Qwen3", "Qwen3Moe", "Qwen2VL"
   bool qkv_bias = false;   // q/k/v always carry a bias (qwen2), else config.attention_bias
   bool qk_norm = false;    // RMSNorm over each head of q and k before RoPE (qwen3)
 };
@@ -31,7 +33,8 @@ class Attention : public Module {
 
 class MLP : public Module {
  public:
-  MLP(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts);
+  MLP(const DecoderFamily& family, const ModelConfig& config, int64_t intermediate_size,
+      const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
   torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] -> [B, T, C]
 
@@ -41,15 +44,17 @@ class MLP : public Module {
 
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const DecoderFamily& family, const ModelConfig& config,
-               const torch::TensorOptions& opts);
+  // A MoE layer (config.moe says which) records its routing in `log`.
+  DecoderLayer(const DecoderFamily& family, const ModelConfig& config, int64_t index,
+               const torch::TensorOptions& opts, const std::shared_ptr<RoutingLog>& log);
   FSDPP_MODULE_CALL
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& attention_mask);
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<Attention> self_attn_;
-  std::shared_ptr<MLP> mlp_;
+  std::shared_ptr<MLP> mlp_;             // a dense layer's
+  std::shared_ptr<SparseMoeBlock> moe_;  // or a MoE layer's, also named "mlp"
 };
 
 // The transformer body ("LlamaModel"): embeddings, layers, final norm.
@@ -67,12 +72,15 @@ class DecoderModel : public Module {
                         const torch::Tensor& documents);
 
   std::shared_ptr<Embedding> embed_tokens;
+  // The MoE layers' routing in the last forward; null for dense models.
+  const RoutingLog* routing() const { return routing_.get(); }
 
  private:
   std::vector<std::shared_ptr<DecoderLayer>> layers_;
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<RotaryEmbedding> rotary_emb_;
   int64_t sliding_window_;  // 0: none
+  std::shared_ptr<RoutingLog> routing_;
 };
 
 class DecoderCausalLM : public CausalLM {
@@ -81,6 +89,7 @@ class DecoderCausalLM : public CausalLM {
                   const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& input_ids) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) override;
+  const RoutingLog* routing() const override { return model_->routing(); }
 
  private:
   std::shared_ptr<DecoderModel> model_;

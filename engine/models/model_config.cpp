@@ -52,6 +52,7 @@ constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden, intermediate, head_d
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr int64_t kMaxExperts = 4096;
 constexpr double kMaxParameters = 1e12;
 
 void check_range(const std::string& origin, const char* key, int64_t value, int64_t min, int64_t max) {
@@ -156,7 +157,30 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
   return v;
 }
 
+MoeConfig read_moe(const json& j, int64_t layers, const std::string& origin) {
+  MoeConfig m;
+  m.num_experts = read<int64_t>(j, "num_experts", origin, 0, true);
+  m.num_experts_per_tok = read<int64_t>(j, "num_experts_per_tok", origin, 0, true);
+  m.moe_intermediate_size = read<int64_t>(j, "moe_intermediate_size", origin, 0, true);
+  m.norm_topk_prob = read<bool>(j, "norm_topk_prob", origin, false);
+  m.decoder_sparse_step = read<int64_t>(j, "decoder_sparse_step", origin, 1);
+  m.mlp_only_layers = read<std::vector<int64_t>>(j, "mlp_only_layers", origin, {});
+  m.router_aux_loss_coef = read<double>(j, "router_aux_loss_coef", origin, 0.001);
+  check_range(origin, "num_experts", m.num_experts, 1, kMaxExperts);
+  check_range(origin, "num_experts_per_tok", m.num_experts_per_tok, 1, m.num_experts);
+  check_range(origin, "moe_intermediate_size", m.moe_intermediate_size, 1, kMaxWidth);
+  check_range(origin, "decoder_sparse_step", m.decoder_sparse_step, 1, layers);
+  for (int64_t layer : m.mlp_only_layers) check_range(origin, "mlp_only_layers", layer, 0, layers - 1);
+  if (m.router_aux_loss_coef < 0) throw UserError(origin + ": router_aux_loss_coef must not be negative");
+  return m;
+}
+
 }  // namespace
+
+bool MoeConfig::is_moe_layer(int64_t layer) const {
+  return (layer + 1) % decoder_sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+}
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
   return from_text(read_text_file(path), path.string());
@@ -214,6 +238,7 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   if (read<bool>(j, "use_sliding_window", origin, false)) {
     throw UserError(origin + ": use_sliding_window = true is not supported");
   }
+  if (c.model_type == "qwen3_moe") c.moe = read_moe(j, c.num_hidden_layers, origin);
   if (c.hidden_act != "silu") {
     throw UserError(origin + ": hidden_act '" + c.hidden_act + "' is not supported (silu)");
   }
@@ -232,8 +257,9 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   // Each layer's projections and MLP, and the embeddings: refused before anything is built.
   const double h = static_cast<double>(c.hidden_size), q = static_cast<double>(c.num_attention_heads * c.head_dim),
                kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double parameters = static_cast<double>(c.num_hidden_layers) *
-                                (h * (2 * q + 2 * kv) + 3 * h * static_cast<double>(c.intermediate_size)) +
+  const double mlp = c.moe ? static_cast<double>(c.moe->num_experts * c.moe->moe_intermediate_size)
+                           : static_cast<double>(c.intermediate_size);
+  const double parameters = static_cast<double>(c.num_hidden_layers) * (h * (2 * q + 2 * kv) + 3 * h * mlp) +
                             2 * h * static_cast<double>(c.vocab_size);
   if (parameters > kMaxParameters) {
     throw UserError(origin + ": describes a model of about " + std::to_string(static_cast<int64_t>(parameters / 1e9)) +

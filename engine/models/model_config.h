@@ -40,8 +40,21 @@ struct VisionConfig {
   double tokens_per_second = 0.0;   // Qwen2.5-VL: temporal RoPE positions per second of video
 };
 
+// The routed experts of a mixture-of-experts model (Qwen3-MoE).
+struct MoeConfig {
+  int64_t num_experts = 0;             // routed experts per MoE layer E
+  int64_t num_experts_per_tok = 0;     // experts each token is routed to K
+  int64_t moe_intermediate_size = 0;   // each expert's SwiGLU inner width
+  bool norm_topk_prob = false;         // rescale a token's K routing weights to sum to 1
+  int64_t decoder_sparse_step = 1;     // layer i is MoE when (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;  // ... and i is not listed here (those stay dense)
+  double router_aux_loss_coef = 0.001; // weight of the load-balancing loss added in training
+
+  bool is_moe_layer(int64_t layer) const;
+};
+
 struct ModelConfig {
-  std::string model_type;             // registry key: "llama", "mistral", "qwen2", "qwen3", ...
+  std::string model_type;             // registry key: "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", ...
   int64_t vocab_size = 0;             // embedding rows and logits width
   int64_t hidden_size = 0;            // residual stream width C
   int64_t intermediate_size = 0;      // SwiGLU inner width
@@ -59,6 +72,7 @@ struct ModelConfig {
   bool mlp_bias = false;              // bias on the MLP projections (llama)
   double initializer_range = 0.02;    // std of the normal initialiser
   std::string hidden_act = "silu";    // only SwiGLU with SiLU is supported
+  std::optional<MoeConfig> moe;       // mixture-of-experts models: the routed experts
   std::optional<VisionConfig> vision; // multimodal models: the vision tower
   int64_t image_token_id = -1;        // placeholders the vision features replace
   int64_t video_token_id = -1;

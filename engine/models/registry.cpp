@@ -27,6 +27,7 @@ const std::map<std::string, ModelBuilder>& registry() {
       {"mistral", decoder_builder({.prefix = "Mistral"})},
       {"qwen2", decoder_builder({.prefix = "Qwen2", .qkv_bias = true})},
       {"qwen3", decoder_builder({.prefix = "Qwen3", .qk_norm = true})},
+      {"qwen3_moe", decoder_builder({.prefix = "Qwen3Moe", .qk_norm = true})},
       {"qwen2_vl", vision_language_builder},
       {"qwen2_5_vl", vision_language_builder},
   };

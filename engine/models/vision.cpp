@@ -19,7 +19,6 @@ std::string name_of(const VisionConfig& c, const std::string& qwen2, const std::
 ModelConfig swiglu_widths(const VisionConfig& c) {
   ModelConfig widths;
   widths.hidden_size = c.embed_dim;
-  widths.intermediate_size = c.intermediate_size;
   widths.mlp_bias = true;
   return widths;
 }
@@ -97,7 +96,7 @@ VisionBlock::VisionBlock(const VisionConfig& c, const torch::TensorOptions& opts
   }
   attn_ = register_child("attn", std::make_shared<VisionAttention>(c, opts));
   if (c.windowed) {
-    swiglu_ = register_child("mlp", std::make_shared<MLP>(DecoderFamily{.prefix = "Qwen2_5_VL"}, swiglu_widths(c), opts));
+    swiglu_ = register_child("mlp", std::make_shared<MLP>(DecoderFamily{.prefix = "Qwen2_5_VL"}, swiglu_widths(c), c.intermediate_size, opts));
   } else {
     mlp_ = register_child("mlp", std::make_shared<VisionMlp>(c, opts));
   }

@@ -29,7 +29,8 @@ std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
       {"elapsed_s", elapsed_s}, {"tokens", static_cast<double>(tokens)}, {"eta_s", eta_s},
       {"host_peak_gb", host_peak_gb}};
   for (const auto& [key, value] : {std::pair{"mfu", mfu}, {"device_allocated_gb", device_allocated_gb},
-                                   {"device_reserved_gb", device_reserved_gb}}) {
+                                   {"device_reserved_gb", device_reserved_gb}, {"aux_loss", aux_loss},
+                                   {"expert_load", expert_load}}) {
     if (value) f.emplace_back(key, *value);
   }
   return f;
@@ -82,6 +83,7 @@ std::string MetricsSink::step_line(const StepMetrics& m) const {
        << "  lr " << std::scientific << std::setprecision(3) << m.lr << std::fixed << "  grad_norm "
        << std::setprecision(3) << m.grad_norm << "  tok/s " << std::setprecision(0) << m.tokens_per_s;
   if (m.mfu) line << "  mfu " << std::setprecision(1) << 100 * *m.mfu << "%";
+  if (m.aux_loss) line << "  aux " << std::setprecision(4) << *m.aux_loss << "  load " << std::setprecision(2) << *m.expert_load;
   line << "  mem " << std::setprecision(2) << m.host_peak_gb << " GB";
   if (m.device_allocated_gb) {
     line << " (device " << *m.device_allocated_gb << " allocated, " << *m.device_reserved_gb << " reserved)";

@@ -17,7 +17,7 @@ namespace fsdpp {
 
 struct StepMetrics {
   int64_t step = 0;
-  double loss = 0.0;         // mean next-token loss of the step's tokens
+  double loss = 0.0;         // mean next-token loss of the step's tokens (+ weighted load-balancing loss)
   double lr = 0.0;
   double grad_norm = 0.0;    // before clipping
   double tokens_per_s = 0.0; // since the previous record
@@ -28,6 +28,8 @@ struct StepMetrics {
   std::optional<double> mfu;                  // model FLOPs utilisation (a GPU with peak_tflops)
   std::optional<double> device_allocated_gb;  // a GPU's peak allocated and reserved memory
   std::optional<double> device_reserved_gb;
+  std::optional<double> aux_loss;             // a MoE model's load-balancing loss, unweighted
+  std::optional<double> expert_load;          // busiest expert's tokens / its layer's mean, worst layer
   bool skipped = false;      // the update was skipped (non-finite gradient norm)
 
   // Every figure by its JSONL key, in order; the optional ones only when measured.

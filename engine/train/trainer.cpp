@@ -14,6 +14,7 @@
 #include "io/sharded_checkpoint.h"
 #include "train/run_checkpoint.h"
 #include "train/evaluate.h"
+#include "train/expert_balance.h"
 #include "train/model_source.h"
 #include "train/batches.h"
 #include "train/metrics.h"
@@ -68,6 +69,7 @@ struct Session {
   std::unique_ptr<Batches> batches;
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<RunCheckpointer> checkpointer;
+  std::optional<ExpertBalance> experts;  // mixture-of-experts models
 };
 
 // Rank r trains rows [r * rows, (r + 1) * rows) of every global micro-batch.
@@ -152,6 +154,7 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   s.checkpointer = std::make_unique<RunCheckpointer>(config, model.config(), s.comm, s.view->shard_rows(),
                                                      s.view->mesh_shapes(), *s.optimizer, s.batches->order(),
                                                      s.batches->identity());
+  if (const auto& moe = model.config().moe) s.experts.emplace(*moe, config.train.grad_accum);
   return s;
 }
 
@@ -172,10 +175,12 @@ struct StepResult {
   double loss = 0.0;       // the step's mean loss over every rank
   double grad_norm = 0.0;  // before clipping
   bool stopping = false;   // some rank caught SIGTERM or SIGINT
+  std::optional<ExpertLoad> experts;  // a MoE model's routing figures
 };
 
 // One optimizer step: forward and backward over this rank's rows of each micro-batch, the
-// loss divided by the step's global target count, then clipping and AdamW.
+// loss divided by the step's global target count (a MoE model's load-balancing share added),
+// then clipping and AdamW.
 StepResult train_step(const RunConfig& config, Session& s, double lr) {
   const TrainConfig& tc = config.train;
   s.optimizer->zero_grad();
@@ -189,7 +194,9 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
     batch.vision = batch.vision.to(s.device);
     // Dividing by the step's global target count makes the gradient summed over ranks and
     // micro-batches that of the mean loss over the whole step.
-    auto loss = next_token_loss_sum(batch.logits(*s.loaded.model), batch.target) / static_cast<double>(step_targets);
+    CausalLM& model = *s.loaded.model;
+    auto loss = next_token_loss_sum(batch.logits(model), batch.target) / static_cast<double>(step_targets);
+    if (s.experts) loss = loss + s.experts->micro_batch_loss(*model.routing(), *s.comm);
     loss.backward();
     loss_sum += loss.detach().to(at::kDouble);
   }
@@ -198,6 +205,7 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
   s.comm->all_reduce_sum(reduced);
   StepResult r{reduced[0].item<double>(), clip_grad_norm(s.view->grad_groups(), tc.clip_grad_norm),
                reduced[1].item<double>() > 0};
+  if (s.experts) r.experts = s.experts->finish_step();
   if (std::isfinite(r.grad_norm)) {
     s.view->reshard_all();  // the next forward must gather the updated shards
     s.optimizer->step(lr);
@@ -207,10 +215,19 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
 
 // Training FLOPs per token: 6 per weight of every matrix product (forward and backward) plus
 // attention's score and value products, 12 x layers x hidden x seq_len. The input embedding
-// is a lookup, unless tied to the output head, which is a product.
+// is a lookup, unless tied to the output head, which is a product; a token passes through K
+// of each MoE layer's E experts only.
 double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq_len) {
   const int64_t lookup = model.tie_word_embeddings ? 0 : model.vocab_size * model.hidden_size;
-  return 6.0 * static_cast<double>(parameters - lookup) +
+  int64_t idle_experts = 0;
+  if (const auto& moe = model.moe) {
+    for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
+      if (moe->is_moe_layer(layer)) {
+        idle_experts += (moe->num_experts - moe->num_experts_per_tok) * 3 * model.hidden_size * moe->moe_intermediate_size;
+      }
+    }
+  }
+  return 6.0 * static_cast<double>(parameters - lookup - idle_experts) +
          12.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size * seq_len);
 }
 
@@ -282,6 +299,10 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     const double lr = schedule.at(step);
     const StepResult r = train_step(config, s, lr);
     StepMetrics m{.step = step, .loss = r.loss, .lr = lr, .grad_norm = r.grad_norm};
+    if (r.experts) {
+      m.aux_loss = r.experts->aux_loss;
+      m.expert_load = r.experts->max_over_mean;
+    }
     if (!std::isfinite(r.grad_norm)) {
       m.skipped = true;
       ++summary.skipped_steps;

@@ -4,6 +4,7 @@
 // step as torch.optim.AdamW, within 1e-5 of the reference's largest magnitude.
 #include "core/module_tree.h"
 #include "io/safetensors.h"
+#include "models/moe.h"
 #include "models/qwen_vl.h"
 #include "train/adamw.h"
 #include "train/evaluate.h"
@@ -28,13 +29,15 @@ at::Tensor next_tokens(const at::Tensor& ids) {
   return targets;
 }
 
-// The mean next-token loss of `logits` [B, T, V] over `targets` [B, T] (-100: none), checked
-// against the reference's `loss_key`, then backward and every gradient against the
-// reference's "<grad_prefix><name>" entries: each one the reference has, and no more.
+// The mean next-token loss of `logits` [B, T, V] over `targets` [B, T] (-100: none), plus
+// `extra_loss` where defined, checked against the reference's `loss_key`, then backward and
+// every gradient against the reference's "<grad_prefix><name>" entries: each one the
+// reference has, and no more.
 void check_loss_and_gradients(Module& model, const at::Tensor& logits, const at::Tensor& targets,
                               const SafetensorsFile& reference, const std::string& loss_key,
-                              const std::string& grad_prefix = "grad.") {
+                              const std::string& grad_prefix = "grad.", const at::Tensor& extra_loss = {}) {
   auto loss = next_token_loss_sum(logits, targets) / (targets != -100).sum().item<double>();
+  if (extra_loss.defined()) loss = loss + extra_loss;
   CHECK(relative_error(loss, reference.tensor(loss_key)) < 1e-5);
   loss.backward();
   int checked = 0;
@@ -57,18 +60,40 @@ std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixt
   return {load_model({.path = dir, .dtype = "float32"}).model, SafetensorsFile::open(dir + "/reference.safetensors")};
 }
 
+// A MoE model's routing in its last forward against transformers' (the experts each layer
+// chose for each token, in order), and its weighted load-balancing loss, which transformers'
+// training loss includes; undefined for dense models.
+at::Tensor check_routing(const CausalLM& model, const SafetensorsFile& reference) {
+  const RoutingLog* routing = model.routing();
+  if (routing == nullptr) return {};
+  REQUIRE(!routing->layers.empty());
+  at::Tensor counts = at::zeros_like(routing->layers.front().counts);  // [E] over the layers
+  double rows = 0;
+  for (size_t i = 0; i < routing->layers.size(); ++i) {
+    INFO("MoE layer " << i);
+    const auto& layer = routing->layers[i];
+    CHECK(at::equal(layer.selected, reference.tensor("selected." + std::to_string(i))));
+    counts += layer.counts;
+    rows += static_cast<double>(layer.selected.size(0));
+  }
+  const auto aux = load_balancing_loss(*routing, counts, rows);
+  CHECK(relative_error(aux, reference.tensor("aux_loss")) < 1e-5);
+  return model.config().moe->router_aux_loss_coef * aux;
+}
+
 }  // namespace
 
 TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral",
-                                          "llama_sharded");
+                                          "qwen3_moe", "qwen3_moe_unnormed", "llama_sharded");
   INFO("model " << model_name);
   auto [model, reference] = load_fixture(model_name);
 
   auto ids = reference->tensor("input_ids");  // [B, T]
   auto logits = (*model)(ids);                // [B, T, V]
   CHECK(relative_error(logits, reference->tensor("logits")) < 1e-5);
-  check_loss_and_gradients(*model, logits, next_tokens(ids), *reference, "loss");
+  const auto aux_loss = check_routing(*model, *reference);
+  check_loss_and_gradients(*model, logits, next_tokens(ids), *reference, "loss", "grad.", aux_loss);
 
   // The optimizer starts from transformers' own gradients: Adam's first step is about
   // lr * g / (|g| + eps), so where g is near zero it would magnify rounding in the gradients
@@ -93,7 +118,8 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
 // document as transformers gives for it alone, and the loss and gradients over all targets and
 // over those a loss mask marks.
 TEST_CASE("packed documents give what each document gives alone through transformers", "[models][parity]") {
-  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral");
+  const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral",
+                                          "qwen3_moe");
   const bool masked = GENERATE(false, true);
   INFO("model " << model_name << (masked ? ", loss mask" : ""));
   auto [model, reference] = load_fixture(model_name);

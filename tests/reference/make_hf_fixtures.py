@@ -9,7 +9,7 @@ import time
 import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
@@ -61,6 +61,18 @@ MODELS = {
               {}),
     # A window shorter than the sequence and than the longest packed document.
     "mistral": (6, MistralForCausalLM, MistralConfig(**COMMON, sliding_window=5, tie_word_embeddings=False), {}),
+    # Routing to 3 of 7 experts, a dense layer between two MoE layers; the load-balancing loss
+    # weighted to matter in the loss and its gradients.
+    "qwen3_moe": (7, Qwen3MoeForCausalLM,
+                  Qwen3MoeConfig(**{**COMMON, "num_hidden_layers": 3}, head_dim=12, num_experts=7,
+                                 num_experts_per_tok=3, moe_intermediate_size=20, norm_topk_prob=True,
+                                 mlp_only_layers=[1], router_aux_loss_coef=0.05, output_router_logits=True,
+                                 tie_word_embeddings=False), {}),
+    "qwen3_moe_unnormed": (8, Qwen3MoeForCausalLM,
+                           Qwen3MoeConfig(**COMMON, head_dim=12, num_experts=5, num_experts_per_tok=2,
+                                          moe_intermediate_size=18, norm_topk_prob=False,
+                                          router_aux_loss_coef=0.05, output_router_logits=True,
+                                          tie_word_embeddings=True), {}),
     "llama_sharded": (5, LlamaForCausalLM,
                       LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0),
                       {"max_shard_size": "20KB"}),
@@ -118,9 +130,11 @@ def packed_reference(model, gen, vocab_size):
             total = total + torch.nn.functional.cross_entropy(out, labels[r, at:at + len(ids)], ignore_index=-100,
                                                               reduction="sum")
         loss = total / (labels != -100).sum()
-        grads = torch.autograd.grad(loss, [p for _, p in params])
+        # An expert no token reached has no gradient here; the engine's is zero.
+        grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
         ref[f"{variant}.loss"] = loss.detach().reshape(())
-        ref.update({f"{variant}.grad.{n}": g.detach().clone() for (n, _), g in zip(params, grads)})
+        ref.update({f"{variant}.grad.{n}": torch.zeros_like(p) if g is None else g.detach().clone()
+                    for (n, p), g in zip(params, grads)})
     ref["packed.logits"] = logits
     return ref
 
@@ -141,7 +155,15 @@ def make_one(outdir, name, seed, cls, config, save_args):
         "logits": out.logits.detach().contiguous(),
         "loss": out.loss.detach().reshape(()),
     }
+    if getattr(config, "output_router_logits", False):
+        # The experts each MoE layer chose per token, best first, and the load-balancing loss
+        # already inside out.loss.
+        ref["aux_loss"] = out.aux_loss.detach().reshape(())
+        for i, router_logits in enumerate(out.router_logits):
+            ref[f"selected.{i}"] = torch.topk(router_logits.softmax(-1), config.num_experts_per_tok, -1).indices
     for n, p in model.named_parameters():
+        if p.grad is None:  # an expert no token reached: the engine's gradient is zero
+            p.grad = torch.zeros_like(p)
         ref[f"grad.{n}"] = p.grad.detach().clone()  # clipping below scales p.grad in place
 
     ref.update(packed_reference(model, gen, config.vocab_size))
@@ -170,7 +192,7 @@ def make_one(outdir, name, seed, cls, config, save_args):
 
 def main():
     ap = argparse.ArgumentParser(
-        description="Write tiny random Llama/Qwen2/Qwen3 HF checkpoints with reference logits, "
+        description="Write tiny random Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE HF checkpoints with reference logits, "
         "loss and gradients into OUTDIR/<model>/ for the C++ parity tests.")
     ap.add_argument("outdir", metavar="OUTDIR", help="directory to write the fixtures into")
     ap.error = fail

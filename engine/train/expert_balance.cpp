@@ -1,0 +1,51 @@
+// Routing summed over ranks, and the figures made of it.
+#include "train/expert_balance.h"
+
+#include "models/moe.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdpp {
+
+ExpertBalance::ExpertBalance(const MoeConfig& moe, int64_t micro_batches)
+    : coefficient_(moe.router_aux_loss_coef), micro_batches_(micro_batches) {}
+
+at::Tensor ExpertBalance::micro_batch_loss(const RoutingLog& log, Comm& comm) {
+  // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
+  // and the router rows, all as float64 (counts are exact in it far past any batch).
+  std::vector<at::Tensor> parts;
+  at::Tensor probability_sum;  // [E], detached
+  double rows = 0;
+  for (const auto& layer : log.layers) {
+    parts.push_back(layer.counts.to(at::kDouble));
+    const auto p = layer.probability_sum.detach().to(at::kCPU, at::kDouble);
+    probability_sum = probability_sum.defined() ? probability_sum + p : p;
+    rows += static_cast<double>(layer.selected.size(0));
+  }
+  const auto L = static_cast<int64_t>(log.layers.size()), E = probability_sum.size(0);
+  parts.push_back(probability_sum);
+  parts.push_back(at::full({1}, rows, at::kDouble));
+  at::Tensor global = at::cat(parts).to(log.layers.front().probability_sum.device());
+  comm.all_reduce_sum(global);
+  global = global.cpu();
+  const auto counts = global.narrow(0, 0, L * E).view({L, E});  // [L, E]
+  const double global_rows = global[L * E + E].item<double>();
+  const auto global_counts = counts.sum(0);                      // [E]
+  step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
+  aux_sum_ += (global_counts * global.narrow(0, L * E, E)).sum().item<double>() * static_cast<double>(E) /
+              (global_rows * global_rows);
+  return load_balancing_loss(log, global_counts, global_rows) * (coefficient_ / static_cast<double>(micro_batches_));
+}
+
+ExpertLoad ExpertBalance::finish_step() {
+  ExpertLoad load{.aux_loss = aux_sum_ / static_cast<double>(micro_batches_)};
+  if (step_counts_.defined()) {
+    const auto ratio = std::get<0>(step_counts_.max(1)) / step_counts_.mean(1).clamp_min(1e-30);  // [L]
+    load.max_over_mean = ratio.max().item<double>();
+  }
+  step_counts_ = at::Tensor();
+  aux_sum_ = 0.0;
+  return load;
+}
+
+}  // namespace fsdpp
