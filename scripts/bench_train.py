@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # Benchmarks fsdpp training against the same model, data and optimiser written in plain
-# PyTorch, reporting throughput, peak memory and final loss of each. Both start from one set of
+# PyTorch, reporting throughput, peak memory and final loss of each (for a MoE model, the loss
+# with transformers' load-balancing loss). Both start from one set of
 # initial weights made by transformers and train on the same batches (windows in file order),
 # so their losses must agree; the benchmark fails when they part.
 # Run with the project venv from the repository root: .venv/bin/python scripts/bench_train.py
@@ -108,7 +109,10 @@ def bench(args):
     with tempfile.TemporaryDirectory(prefix="fsdpp-bench-") as tmp:
         fsdpp_dir = os.path.join(tmp, "fsdpp")
         torch_dir = os.path.join(tmp, "pytorch")
-        args.init_dir, _, _ = write_initial_model(read_toml(args.config), os.path.join(tmp, "initial-model"))
+        cfg = read_toml(args.config)
+        if args.model_path:
+            cfg.setdefault("model", {})["path"] = args.model_path
+        args.init_dir, _, _ = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
         # Checked here so a missing corpus is reported plainly rather than by a child.
         data = get(load_config(args.config, overrides(args, fsdpp_dir)), "data.train")
         if not os.path.isfile(data):
@@ -161,6 +165,7 @@ def torch_worker(args):
     if file_vocab > vocab:
         raise BenchError(f"token file vocab {file_vocab} exceeds model vocab {vocab}")
     model.train()
+    moe = getattr(model.config, "router_aux_loss_coef", None) is not None
 
     seq_len = int(get(cfg, "data.seq_len"))
     batch = int(get(cfg, "data.batch_size"))
@@ -194,9 +199,11 @@ def torch_worker(args):
         step_loss = 0.0
         for _ in range(accum):
             window = torch.from_numpy(sampler.take(batch))  # [B, T + 1]
-            logits = model(input_ids=window[:, :-1], use_cache=False).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+            out = model(input_ids=window[:, :-1], use_cache=False, output_router_logits=moe)
+            loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(),
                                    window[:, 1:].reshape(-1))
+            if moe:  # the load-balancing loss transformers adds in training, as fsdpp does
+                loss = loss + model.config.router_aux_loss_coef * out.aux_loss
             (loss / accum).backward()
             step_loss += loss.item() / accum
         if clip > 0:
@@ -223,4 +230,6 @@ if __name__ == "__main__":
              "Train the same model with fsdpp and with plain PyTorch (transformers + AdamW) on the "
              "CPU, from the same initial weights and batches, and compare tokens/s, peak RSS and losses. Relative paths, including those "
              "inside the config, resolve against the current directory.",
-             steps=60, threads=2, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker)
+             steps=60, threads=2, warmup_steps=WARMUP_STEPS, bench=bench, torch_worker=torch_worker,
+             extra_args=(("--model-path", {"help": "HF config directory of the model to train instead of the "
+                                                   "config's [model] path"}),))

@@ -7,6 +7,7 @@
 #include "core/mapped_file.h"
 #include "policy_dir.h"
 
+#include <algorithm>
 
 namespace fsdpp {
 
@@ -29,8 +30,8 @@ void push_value(lua_State* L, const PolicyValue& value) {
   }, value);
 }
 
-// The `ctx` global: world, rank, training, options, the model handle, its config and
-// no_split_modules.
+// The `ctx` global: world, rank, training, options, the model handle, its config,
+// no_split_modules and expert_modules (the classes holding a MoE layer's routed experts).
 void push_context(lua_State* L, const PolicyRun& run) {
   const ModelConfig& c = run.model->config();
   lua_newtable(L);
@@ -58,6 +59,12 @@ void push_context(lua_State* L, const PolicyRun& run) {
     lua_pushinteger(L, value);
     lua_setfield(L, -2, key);
   }
+  if (c.moe) {
+    lua_pushinteger(L, c.moe->num_experts);
+    lua_setfield(L, -2, "num_experts");
+    lua_pushinteger(L, c.moe->num_experts_per_tok);
+    lua_setfield(L, -2, "num_experts_per_tok");
+  }
   lua_pushboolean(L, c.tie_word_embeddings);
   lua_setfield(L, -2, "tie_word_embeddings");
   lua_pushinteger(L, run.model->recursive_param_count());
@@ -70,6 +77,17 @@ void push_context(lua_State* L, const PolicyRun& run) {
     lua_rawseti(L, -2, ++i);
   }
   lua_setfield(L, -2, "no_split_modules");
+  lua_newtable(L);
+  std::vector<std::string> experts;
+  for (const auto& e : run.modules) {
+    const std::string& cls = e.module->class_name();
+    if (e.module->routed_experts() && std::find(experts.begin(), experts.end(), cls) == experts.end()) {
+      experts.push_back(cls);
+      lua_pushstring(L, cls.c_str());
+      lua_rawseti(L, -2, static_cast<lua_Integer>(experts.size()));
+    }
+  }
+  lua_setfield(L, -2, "expert_modules");
 }
 
 }  // namespace

@@ -45,6 +45,10 @@ class Module : public torch::nn::Module {
   int64_t own_param_count() const;
   int64_t recursive_param_count() const;
 
+  // True for the container of a MoE layer's routed experts: plans count what it holds as
+  // expert parameters, and policies find its class in ctx.expert_modules.
+  virtual bool routed_experts() const { return false; }
+
   // Fills one of this module's own parameters (by its local name) for a fresh model,
   // drawing from `gen`; modules that own parameters override it.
   virtual void init_parameter(const std::string& local_name, torch::Tensor& tensor,

@@ -102,6 +102,13 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     }
   }
   std::stable_sort(units.begin(), units.end(), [](const UnitPlan& a, const UnitPlan& b) { return depth(a) > depth(b); });
+  std::vector<std::string> expert_paths;  // containers of routed experts
+  for (const auto& e : all) {
+    if (e.module->routed_experts()) expert_paths.push_back(e.path);
+  }
+  auto in_experts = [&expert_paths](const std::string& path) {
+    return std::any_of(expert_paths.begin(), expert_paths.end(), [&](const auto& p) { return under(path, p); });
+  };
 
   ResolvedPlan resolved;
   std::set<const void*> claimed;
@@ -127,12 +134,18 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
         const at::Tensor& t = item.value();
         r.params.push_back({paths.front(), e.module, item.key()});
         r.numel += t.numel();
-        r.padded_numel_per_rank += ShardShape(t.sizes(), r.mesh.shard).shard_numel();
+        const int64_t per_rank = ShardShape(t.sizes(), r.mesh.shard).shard_numel();
+        r.padded_numel_per_rank += per_rank;
+        if (in_experts(e.path)) {
+          r.expert_numel += t.numel();
+          r.expert_numel_per_rank += per_rank;
+        }
       }
     }
     r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.declared.param_dtype.value_or(model_dtype)));
     resolved.total_numel += r.numel;
     resolved.param_bytes += r.padded_numel_per_rank * 4;
+    resolved.expert_param_bytes += r.expert_numel_per_rank * 4;
     resolved.largest_gathered_bytes = std::max(resolved.largest_gathered_bytes, r.bytes_gathered);
     resolved.units.push_back(std::move(r));
   }
@@ -167,7 +180,11 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
     out << "  unit " << u.name << "  (" << p.origin << ")\n"
         << "    params " << u.numel << " in " << u.params.size() << " tensors, per rank " << u.padded_numel_per_rank
         << ", gathered " << mib(u.bytes_gathered) << ", mesh replicate " << u.mesh.replicate << " × shard "
-        << u.mesh.shard << "\n"
+        << u.mesh.shard << "\n";
+    if (u.expert_numel > 0) {
+      out << "    routed experts: params " << u.expert_numel << ", per rank " << u.expert_numel_per_rank << "\n";
+    }
+    out
         << "    reshard_after_forward " << reshard_value(u).dump() << ", precision param "
         << dtype_or(p.param_dtype, "model") << " reduce " << dtype_name(u.reduce_dtype) << " output "
         << dtype_or(p.output_dtype, "as computed") << ", offload " << offload_name(p.offload)
@@ -176,6 +193,10 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
   out << "per rank: parameters " << mib(plan.param_bytes) << ", gradients " << mib(plan.grad_bytes)
       << ", optimizer state " << mib(plan.optimizer_bytes) << ", largest gathered unit "
       << mib(plan.largest_gathered_bytes) << "\n";
+  if (plan.expert_param_bytes > 0) {
+    out << "per rank, routed experts: parameters " << mib(plan.expert_param_bytes) << " of "
+        << mib(plan.param_bytes) << " (gradients and optimizer state in proportion)\n";
+  }
   return out.str();
 }
 
@@ -218,6 +239,7 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                      {"mesh", {{"replicate", u.mesh.replicate}, {"shard", u.mesh.shard}}},
                      {"numel", u.numel}, {"numel_per_rank", u.padded_numel_per_rank},
                      {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", reshard_value(u)},
+                     {"expert_numel", u.expert_numel}, {"expert_numel_per_rank", u.expert_numel_per_rank},
                      {"precision", {{"param", dtype_or(p.param_dtype, "")}, {"reduce", dtype_name(u.reduce_dtype)},
                                     {"output", dtype_or(p.output_dtype, "")}}},
                      {"offload", offload_name(p.offload)}, {"activation_checkpoint", p.activation_checkpoint}});
@@ -225,7 +247,8 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
   return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"units", units},
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},
                                             {"optimizer", plan.optimizer_bytes},
-                                            {"largest_gathered_unit", plan.largest_gathered_bytes}}}}
+                                            {"largest_gathered_unit", plan.largest_gathered_bytes},
+                                            {"expert_params", plan.expert_param_bytes}}}}
       .dump(2);
 }
 

@@ -58,6 +58,8 @@ struct ResolvedUnit {
   int64_t numel = 0;                      // elements it owns
   int64_t padded_numel_per_rank = 0;      // Σ ceil(rows / shard) × row elements
   int64_t bytes_gathered = 0;             // its full parameters in its parameter dtype
+  int64_t expert_numel = 0;               // of numel, in routed experts (Module::routed_experts)
+  int64_t expert_numel_per_rank = 0;      // of padded_numel_per_rank, in routed experts
 };
 
 struct ResolvedPlan {
@@ -66,6 +68,7 @@ struct ResolvedPlan {
   // Per rank, from the padded shards: fp32 master params, fp32 grads, AdamW's two moments.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   int64_t largest_gathered_bytes = 0;
+  int64_t expert_param_bytes = 0;         // of param_bytes, the routed experts' master shards
 };
 
 // Checks `plan` against the model for `world` ranks and resolves ownership: unknown paths,

@@ -54,7 +54,7 @@ class CausalLM : public Module {
   }
 
   // Mixture-of-experts models: what their MoE layers routed in the last forward.
-  virtual const RoutingLog* routing() const { return nullptr; }
+  virtual RoutingLog* routing() const { return nullptr; }
 
   const ModelConfig& config() const { return config_; }
   // Classes that must stay whole inside one unit (Hugging Face's _no_split_modules).

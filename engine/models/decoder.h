@@ -73,7 +73,7 @@ class DecoderModel : public Module {
 
   std::shared_ptr<Embedding> embed_tokens;
   // The MoE layers' routing in the last forward; null for dense models.
-  const RoutingLog* routing() const { return routing_.get(); }
+  RoutingLog* routing() const { return routing_.get(); }
 
  private:
   std::vector<std::shared_ptr<DecoderLayer>> layers_;
@@ -89,7 +89,7 @@ class DecoderCausalLM : public CausalLM {
                   const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& input_ids) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) override;
-  const RoutingLog* routing() const override { return model_->routing(); }
+  RoutingLog* routing() const override { return model_->routing(); }
 
  private:
   std::shared_ptr<DecoderModel> model_;

@@ -6,8 +6,29 @@
 #include "models/decoder.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace fsdpp {
+
+namespace {
+
+// Identity on a MoE layer's output; its backward also hands the layer's router probability
+// sum the load-balancing loss's gradient, read from the log's buffer only then, once the
+// trainer has filled it. The buffer sits in saved_data, not among the saved tensors, because
+// it is written in place after this forward, which a saved tensor's version check refuses.
+struct LoadBalancingGradient : public torch::autograd::Function<LoadBalancingGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& output,
+                            const at::Tensor& probability_sum, const at::Tensor& gradient) {
+    ctx->saved_data["gradient"] = gradient;
+    return output;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], ctx->saved_data["gradient"].toTensor().clone(), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 Experts::Experts(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts)
     : Module(family.prefix + "Experts") {
@@ -42,7 +63,9 @@ torch::Tensor SparseMoeBlock::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
   const auto flat = x.reshape({-1, C});                                    // [N, C]
   const auto logits = (*gate_)(flat);                                      // [N, E]
-  const auto probabilities = at::softmax(logits, 1, at::kFloat);           // [N, E]
+  // In float32 as transformers routes, or float64 for a float64 model, whose runs are then
+  // exact to float64 rounding like every other part.
+  const auto probabilities = at::softmax(logits, 1, at::promote_types(x.scalar_type(), at::kFloat));  // [N, E]
   auto [weights, selected] = at::topk(probabilities, top_k_, /*dim=*/1);   // [N, K] each, best first
   if (norm_topk_prob_) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(x.scalar_type());
@@ -62,16 +85,23 @@ torch::Tensor SparseMoeBlock::forward(const torch::Tensor& x) {
 
   auto& record = log_->layers[log_index_];
   record = {.selected = selected, .counts = host_counts, .probability_sum = probabilities.sum(0)};
+  auto& gradient = log_->probability_gradient;
+  if (!gradient.defined() || gradient.device() != x.device() || gradient.scalar_type() != probabilities.scalar_type()) {
+    gradient = at::zeros({E}, probabilities.options());
+  }
+  if (at::GradMode::is_enabled()) out = LoadBalancingGradient::apply(out, record.probability_sum, gradient);
   return out.view(x.sizes());
 }
 
-at::Tensor load_balancing_loss(const RoutingLog& log, const at::Tensor& global_counts, double global_rows) {
-  at::Tensor probability_sum;  // [E] over this rank's rows of every layer
-  for (const auto& layer : log.layers) {
-    probability_sum = probability_sum.defined() ? probability_sum + layer.probability_sum : layer.probability_sum;
-  }
-  const auto E = static_cast<double>(probability_sum.size(0));
-  return (global_counts.to(probability_sum.device(), at::kFloat) * probability_sum).sum() * (E / (global_rows * global_rows));
+at::Tensor add_load_balancing_loss(RoutingLog& log, const at::Tensor& global_counts, double global_rows,
+                                   double weight) {
+  const at::Tensor& gradient = log.probability_gradient;  // [E]
+  const auto E = static_cast<double>(gradient.size(0));
+  at::NoGradGuard no_grad;
+  gradient.copy_(global_counts.to(gradient.device(), gradient.scalar_type()) * (weight * E / (global_rows * global_rows)));
+  at::Tensor share = at::zeros({}, gradient.options());
+  for (const auto& layer : log.layers) share += (gradient * layer.probability_sum).sum();
+  return share;
 }
 
 }  // namespace fsdpp

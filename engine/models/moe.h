@@ -16,13 +16,19 @@ struct DecoderFamily;
 struct LayerRouting {
   at::Tensor selected;          // [N, K] int64: the experts each token went to, best first
   at::Tensor counts;            // [E] int64 on the host: tokens each expert received
-  at::Tensor probability_sum;   // [E] float32: the router's probabilities summed over tokens (with grad)
+  at::Tensor probability_sum;   // [E] the router's probabilities (float32, float64 for a float64
+                                // model) summed over tokens, with grad
 };
 
 // One record per MoE layer, in layer order. A layer overwrites its own record at each forward,
 // so a recomputation in backward (activation checkpointing) leaves it as the forward left it.
 struct RoutingLog {
   std::vector<LayerRouting> layers;
+  // [E] d(loss) / d(probability_sum), the same for every layer: what backward adds to the
+  // router probabilities of each MoE layer, filled in place between forward and backward by
+  // add_load_balancing_loss (zero until then). Backward reaches it through each layer's
+  // output, so the gradient also flows where activation checkpointing recomputes a layer.
+  at::Tensor probability_gradient;
 };
 
 // The routed experts of one layer, children "0" .. "E-1" as transformers names them. A module
@@ -35,6 +41,7 @@ class Experts : public Module {
   // expert runs, on no rows where it got none: its gradient is then zero rather than absent,
   // so every rank reduces the same tensors.
   torch::Tensor forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
+  bool routed_experts() const override { return true; }
 
  private:
   std::vector<std::shared_ptr<MLP>> experts_;
@@ -58,12 +65,14 @@ class SparseMoeBlock : public Module {
   size_t log_index_;
 };
 
-// Qwen3-MoE's load-balancing loss as transformers computes it over every MoE layer's router
-// outputs taken together: E × Σ_e f_e P_e, f_e the share of routed slots expert e received and
-// P_e its mean router probability. The counts behind f are global (`global_counts` [E], summed
-// over layers and ranks, of `global_rows` router rows); the probabilities are this rank's. The
-// loss is linear in them, so the ranks' shares sum to the loss of the whole batch, and so do
-// their gradients. A 0-dim float32 tensor.
-at::Tensor load_balancing_loss(const RoutingLog& log, const at::Tensor& global_counts, double global_rows);
+// Adds Qwen3-MoE's load-balancing loss, weighted by `weight`, to the coming backward, as
+// transformers computes it over every MoE layer's router outputs taken together:
+// E × Σ_e f_e P_e, f_e the share of routed slots expert e received and P_e its mean router
+// probability. The counts behind f are global (`global_counts` [E], summed over layers and
+// ranks, of `global_rows` router rows); the probabilities are this rank's. The loss is linear
+// in them, so the ranks' shares sum to the loss of the whole batch, and so do their
+// gradients. Returns this rank's share of the weighted loss (0-dim, no grad).
+at::Tensor add_load_balancing_loss(RoutingLog& log, const at::Tensor& global_counts, double global_rows,
+                                   double weight);
 
 }  // namespace fsdpp

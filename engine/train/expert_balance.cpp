@@ -10,7 +10,7 @@ namespace fsdpp {
 ExpertBalance::ExpertBalance(const MoeConfig& moe, int64_t micro_batches)
     : coefficient_(moe.router_aux_loss_coef), micro_batches_(micro_batches) {}
 
-at::Tensor ExpertBalance::micro_batch_loss(const RoutingLog& log, Comm& comm) {
+at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm) {
   // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
   // and the router rows, all as float64 (counts are exact in it far past any batch).
   std::vector<at::Tensor> parts;
@@ -34,7 +34,7 @@ at::Tensor ExpertBalance::micro_batch_loss(const RoutingLog& log, Comm& comm) {
   step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
   aux_sum_ += (global_counts * global.narrow(0, L * E, E)).sum().item<double>() * static_cast<double>(E) /
               (global_rows * global_rows);
-  return load_balancing_loss(log, global_counts, global_rows) * (coefficient_ / static_cast<double>(micro_batches_));
+  return add_load_balancing_loss(log, global_counts, global_rows, coefficient_ / static_cast<double>(micro_batches_));
 }
 
 ExpertLoad ExpertBalance::finish_step() {

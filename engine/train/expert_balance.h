@@ -22,9 +22,10 @@ class ExpertBalance {
   // For a model with `moe` experts, training steps of `micro_batches` micro-batches.
   ExpertBalance(const MoeConfig& moe, int64_t micro_batches);
 
-  // This rank's share of the micro-batch's weighted load-balancing loss, divided over the
-  // step's micro-batches (0-dim, with grad). A collective over `comm`.
-  at::Tensor micro_batch_loss(const RoutingLog& log, Comm& comm);
+  // Adds the micro-batch's weighted load-balancing loss, divided over the step's
+  // micro-batches, to its coming backward; returns this rank's share of its value (0-dim, no
+  // grad). A collective over `comm`.
+  at::Tensor micro_batch_loss(RoutingLog& log, Comm& comm);
   // The figures of the step the micro-batches so far made up; starts the next step.
   ExpertLoad finish_step();
 

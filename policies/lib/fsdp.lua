@@ -16,6 +16,11 @@
 --                         one unit, unsharded on every rank, its gradients all-reduced
 --   mixed_mm_data         true is vision_tower = "root" (the name the option had before)
 --   fused_linear_logprob  lm_head stays in the root unit (used outside its forward)
+--   experts               "layer": a MoE layer's routed experts stay in its layer's unit
+--                         (default); "unit": each layer's routed experts (ctx.expert_modules)
+--                         a unit of their own, with experts_reshard_after_forward,
+--                         experts_offload, experts_param_dtype and experts_reduce_dtype
+--                         (each defaults to the layers' option)
 local M = {}
 
 local function option(name, default)
@@ -39,6 +44,17 @@ function M.layer_options()
   return M.unit_options{
     reshard_after_forward = option("reshard_after_forward", true),
     activation_checkpoint = option("activation_checkpoint", false),
+  }
+end
+
+-- A unit of one layer's routed experts: the layers' options unless experts_* says otherwise.
+function M.expert_options()
+  return {
+    mesh = mesh{shard = option("shard_size", -1), replicate = option("replicate", nil)},
+    offload = offload(option("experts_offload", option("offload", "none"))),
+    precision = precision{param = option("experts_param_dtype", option("param_dtype", nil)),
+                          reduce = option("experts_reduce_dtype", option("reduce_dtype", nil))},
+    reshard_after_forward = option("experts_reshard_after_forward", option("reshard_after_forward", true)),
   }
 end
 
@@ -82,6 +98,15 @@ function M.wrap_embedding_and_head(opts)
   end
 end
 
+-- Where routed experts go: [policy.options] experts.
+local function expert_placement()
+  local placement = option("experts", "layer")
+  if placement ~= "layer" and placement ~= "unit" then
+    error("experts must be \"layer\" or \"unit\", not " .. tostring(placement), 3)  -- the policy's line
+  end
+  return placement
+end
+
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data.
 local function vision_tower_mode()
   local mode = option("vision_tower", option("mixed_mm_data", false) and "root" or "shard")
@@ -91,13 +116,14 @@ local function vision_tower_mode()
   return mode
 end
 
--- The standard rule: no_split_modules plus `classes` as units, the vision tower as
--- vision_tower says (`vision` names its block classes), then embeddings and lm_head, then
--- the root.
+-- The standard rule: no_split_modules plus `classes` as units, routed experts as experts
+-- says, the vision tower as vision_tower says (`vision` names its block classes), then
+-- embeddings and lm_head, then the root.
 function M.standard(spec)
   local classes = {}
   local vision = spec.vision or {}
   local mode = vision_tower_mode()
+  local placement = expert_placement()
   local function add(class)
     if contains(classes, class) then return end
     if contains(vision, class) and mode ~= "shard" then return end
@@ -108,6 +134,11 @@ function M.standard(spec)
   for _, class in ipairs(vision) do add(class) end
   if M.wrap_classes(classes, M.layer_options()) == 0 then
     error("no module of the classes " .. table.concat(classes, ", ") .. " exists in this model", 2)
+  end
+  if placement == "unit" then
+    if M.wrap_classes(ctx.expert_modules, M.expert_options()) == 0 then
+      warn("experts = \"unit\": this model has no routed experts")
+    end
   end
   if mode == "replicate" and #vision > 0 then
     for _, tower in ipairs(ctx.model:find{path = "^visual$"}) do

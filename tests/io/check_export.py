@@ -1,5 +1,5 @@
 """HF export must give a directory `transformers` loads with the engine's own logits. For an
-untied and a tied Llama trained 3 steps at world 2: `fsdpp export` of the sharded checkpoint
+untied and a tied Llama and a Qwen3-MoE model trained 3 steps at world 2: `fsdpp export` of the sharded checkpoint
 (float32) loaded by transformers gives logits within 1e-5 relative of `fsdpp eval --logits`
 on the checkpoint itself; the export the run streamed at its end is bitwise the offline one;
 and a bfloat16 export sharded at 1 MiB has an index when larger than that, loads, and
@@ -80,6 +80,7 @@ def main():
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     ok = check("untied", "tests/assets/models/fsdp-llama", sharded_bf16=False)  # 73 KB in bf16: one file
     ok &= check("tied", "examples/models/tiny-llama", sharded_bf16=True)  # 3.2 MB in bf16: 4 shards
+    ok &= check("qwen3_moe", "tests/assets/models/fsdp-qwen3-moe", sharded_bf16=False)  # 0.3 MB in bf16
     sys.exit(0 if ok else 1)
 
 

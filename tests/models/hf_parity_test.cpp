@@ -29,10 +29,11 @@ at::Tensor next_tokens(const at::Tensor& ids) {
   return targets;
 }
 
-// The mean next-token loss of `logits` [B, T, V] over `targets` [B, T] (-100: none), plus
-// `extra_loss` where defined, checked against the reference's `loss_key`, then backward and
-// every gradient against the reference's "<grad_prefix><name>" entries: each one the
-// reference has, and no more.
+// The mean next-token loss of `logits` [B, T, V] over `targets` [B, T] (-100: none), plus the
+// value of `extra_loss` where defined (a loss whose gradient the model's backward adds by
+// itself), checked against the reference's `loss_key`, then backward and every gradient
+// against the reference's "<grad_prefix><name>" entries: each one the reference has, and no
+// more.
 void check_loss_and_gradients(Module& model, const at::Tensor& logits, const at::Tensor& targets,
                               const SafetensorsFile& reference, const std::string& loss_key,
                               const std::string& grad_prefix = "grad.", const at::Tensor& extra_loss = {}) {
@@ -62,9 +63,10 @@ std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixt
 
 // A MoE model's routing in its last forward against transformers' (the experts each layer
 // chose for each token, in order), and its weighted load-balancing loss, which transformers'
-// training loss includes; undefined for dense models.
+// training loss includes: added to the coming backward, its value returned (undefined for
+// dense models).
 at::Tensor check_routing(const CausalLM& model, const SafetensorsFile& reference) {
-  const RoutingLog* routing = model.routing();
+  RoutingLog* routing = model.routing();
   if (routing == nullptr) return {};
   REQUIRE(!routing->layers.empty());
   at::Tensor counts = at::zeros_like(routing->layers.front().counts);  // [E] over the layers
@@ -76,9 +78,10 @@ at::Tensor check_routing(const CausalLM& model, const SafetensorsFile& reference
     counts += layer.counts;
     rows += static_cast<double>(layer.selected.size(0));
   }
-  const auto aux = load_balancing_loss(*routing, counts, rows);
-  CHECK(relative_error(aux, reference.tensor("aux_loss")) < 1e-5);
-  return model.config().moe->router_aux_loss_coef * aux;
+  const double weight = model.config().moe->router_aux_loss_coef;
+  const auto weighted = add_load_balancing_loss(*routing, counts, rows, weight);
+  CHECK(relative_error(weighted / weight, reference.tensor("aux_loss")) < 1e-5);
+  return weighted;
 }
 
 }  // namespace

@@ -48,6 +48,11 @@ golden qwen3-hsdp-offload qwen3 tests/assets/models/tiny-qwen3 --set policy.opti
 golden transformer_auto-qwen3-mlp transformer_auto tests/assets/models/tiny-qwen3 \
   --set 'policy.options.classes="Qwen3MLP"'
 golden size_based-llama size_based tests/assets/models/fsdp-llama --set policy.options.min_num_params=5000
+golden qwen3_moe qwen3_moe tests/assets/models/fsdp-qwen3-moe
+golden qwen3_moe-expert-units qwen3_moe tests/assets/models/fsdp-qwen3-moe --set 'policy.options.experts="unit"' \
+  --set policy.options.experts_reshard_after_forward=2 --set 'policy.options.experts_param_dtype="bf16"'
+golden transformer_auto-qwen3_moe-expert-units transformer_auto tests/assets/models/fsdp-qwen3-moe \
+  --set 'policy.options.experts="unit"'
 golden qwen2_vl-shard qwen2_vl tests/assets/models/tiny-qwen2-vl
 golden qwen2_vl-root qwen2_vl tests/assets/models/tiny-qwen2-vl --set policy.options.mixed_mm_data=true
 golden qwen2_5_vl-shard qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl

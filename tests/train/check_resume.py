@@ -2,7 +2,7 @@
 of tests/assets/fsdp-llama.toml trains 10 steps, saving at step 5; resuming that checkpoint
 at world 2 must give bitwise the same losses and final weights, and at world 1, 3 and 2x2
 HSDP (the shards re-cut for each) the same within compare.FLOAT64_BOUND (the runs are
-float64; only reduction orders differ). Also: "latest" picks the newest checkpoint, rotation keeps `keep` of them, the
+float64; only reduction orders differ); a Qwen3-MoE model saved at world 2 resumes at 3 alike. Also: "latest" picks the newest checkpoint, rotation keeps `keep` of them, the
 metrics file of a resumed run holds each step once, and a data stream the saved position
 cannot carry over to (another seq_len) is refused with the reason."""
 import json
@@ -68,6 +68,16 @@ def main():
         out = os.path.join(WORK, name.replace(" ", "").replace(">", ""))
         train(out, world, sets + [f'checkpoint.resume="{saved}"'])
         ok &= compare(name, out, ref, tolerance)
+
+    # A MoE model (a few hundred tensors, experts that get no token on some rank) saved at
+    # world 2 resumes at world 3 with its shards re-cut.
+    moe = ['model.path="tests/assets/models/fsdp-qwen3-moe"', "data.seq_len=8"]
+    moe_ref = os.path.join(WORK, "moe-uninterrupted")
+    train(moe_ref, 2, moe + ["checkpoint.save_every=5", "checkpoint.keep=0"])
+    moe_saved = os.path.join(moe_ref, "checkpoints", "step-00000005")
+    out = os.path.join(WORK, "moe-2-3")
+    train(out, 3, moe + [f'checkpoint.resume="{moe_saved}"'])
+    ok &= compare("MoE world 2 -> 3", out, moe_ref, FLOAT64_BOUND)
 
     # Resuming into the same directory with "latest": a run that ended after step 7 (with
     # checkpoints at 3 and 6, keep = 2) continues from step 6 and records each step once. A
