@@ -4,6 +4,8 @@
 #include "models/decoder.h"
 
 #include "models/document_attention.h"
+#include "models/latent_attention.h"
+#include "models/moe.h"
 
 #include <ATen/ATen.h>
 
@@ -11,7 +13,7 @@ namespace fsdpp {
 
 Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
                      const torch::TensorOptions& opts)
-    : Module(family.prefix + "Attention"),
+    : SelfAttention(family.prefix + "Attention"),
       heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim) {
@@ -49,7 +51,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
 }
 
 MLP::MLP(const DecoderFamily& family, const ModelConfig& c, int64_t inner, const torch::TensorOptions& opts)
-    : Module(family.prefix + "MLP") {
+    : FeedForward(family.prefix + "MLP") {
   gate_proj_ = register_child("gate_proj", std::make_shared<Linear>(c.hidden_size, inner, c.mlp_bias, opts));
   up_proj_ = register_child("up_proj", std::make_shared<Linear>(c.hidden_size, inner, c.mlp_bias, opts));
   down_proj_ = register_child("down_proj", std::make_shared<Linear>(inner, c.hidden_size, c.mlp_bias, opts));
@@ -62,12 +64,16 @@ torch::Tensor MLP::forward(const torch::Tensor& x) {
 DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c, int64_t index,
                            const torch::TensorOptions& opts, const std::shared_ptr<RoutingLog>& log)
     : Module(family.prefix + "DecoderLayer") {
-  self_attn_ = register_child("self_attn", std::make_shared<Attention>(family, c, opts));
+  if (c.latent_attention) {
+    self_attn_ = register_child<SelfAttention>("self_attn", std::make_shared<LatentAttention>(family, c, opts));
+  } else {
+    self_attn_ = register_child<SelfAttention>("self_attn", std::make_shared<Attention>(family, c, opts));
+  }
   if (c.moe && c.moe->is_moe_layer(index)) {
     log->layers.emplace_back();
-    moe_ = register_child("mlp", std::make_shared<SparseMoeBlock>(family, c, opts, log, log->layers.size() - 1));
+    mlp_ = register_child<FeedForward>("mlp", std::make_shared<MoeBlock>(family, c, opts, log, log->layers.size() - 1));
   } else {
-    mlp_ = register_child("mlp", std::make_shared<MLP>(family, c, c.intermediate_size, opts));
+    mlp_ = register_child<FeedForward>("mlp", std::make_shared<MLP>(family, c, c.intermediate_size, opts));
   }
   input_layernorm_ = register_child("input_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
   post_attention_layernorm_ = register_child("post_attention_layernorm", std::make_shared<RMSNorm>(family.prefix + "RMSNorm", c.hidden_size, c.rms_norm_eps, opts));
@@ -76,8 +82,7 @@ DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c, in
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
                                     const torch::Tensor& attention_mask) {
   auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, attention_mask);
-  const auto normed = (*post_attention_layernorm_)(h);
-  return h + (moe_ ? (*moe_)(normed) : (*mlp_)(normed));
+  return h + (*mlp_)((*post_attention_layernorm_)(h));
 }
 
 DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,

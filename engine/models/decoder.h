@@ -1,29 +1,46 @@
-// The Llama family of decoder-only transformers: Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE
-// differ only in class names, q/k/v bias, Qwen3's per-head q/k RMSNorm, Mistral's sliding
-// window and Qwen3-MoE's sparse MLPs (from their configs), so one implementation with a
-// DecoderFamily description builds all five.
+// The Llama family of decoder-only transformers: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and
+// DeepSeek-V3 differ in class names, q/k/v bias, Qwen3's per-head q/k RMSNorm, Mistral's
+// sliding window, the MoE models' sparse MLPs and DeepSeek-V3's latent attention (the last
+// three from their configs), so one implementation with a DecoderFamily description builds
+// all six. A layer's attention and feed-forward are each one of several kinds behind one call.
 #pragma once
 
 #include "models/causal_lm.h"
 #include "models/layers.h"
-#include "models/moe.h"
 
 namespace fsdpp {
 
 struct DecoderFamily {
-  std::string prefix;      // class-name prefix: "Llama", "Mistral", "Qwen2", "Qwen3", "Qwen3Moe", "Qwen2VL"
+  std::string prefix;      // class-name prefix: "Llama", "Mistral", "Qwen2", "Qwen3", "Qwen3Moe", "DeepseekV3", "Qwen2VL"
   bool qkv_bias = false;   // q/k/v always carry a bias (qwen2), else config.attention_bias
   bool qk_norm = false;    // RMSNorm over each head of q and k before RoPE (qwen3)
 };
 
-class Attention : public Module {
+// A decoder layer's attention: x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], attention_mask
+// from restricted_causal_mask (models/document_attention.h; undefined: causal rows) -> [B, T, C].
+class SelfAttention : public Module {
+ public:
+  using Module::Module;
+  FSDPP_MODULE_CALL
+  virtual torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
+                                const torch::Tensor& attention_mask) = 0;
+};
+
+// A decoder layer's feed-forward part: [B, T, C] -> [B, T, C].
+class FeedForward : public Module {
+ public:
+  using Module::Module;
+  FSDPP_MODULE_CALL
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+};
+
+// Grouped-query attention, as Llama, Mistral and the Qwen models have it.
+class Attention : public SelfAttention {
  public:
   Attention(const DecoderFamily& family, const ModelConfig& config,
             const torch::TensorOptions& opts);
-  FSDPP_MODULE_CALL
-  // x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], attention_mask from
-  // restricted_causal_mask (models/document_attention.h; undefined: causal rows) -> [B, T, C]
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& attention_mask);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
+                        const torch::Tensor& attention_mask) override;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -31,12 +48,12 @@ class Attention : public Module {
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;
 };
 
-class MLP : public Module {
+// SwiGLU: down(silu(gate(x)) * up(x)).
+class MLP : public FeedForward {
  public:
   MLP(const DecoderFamily& family, const ModelConfig& config, int64_t intermediate_size,
       const torch::TensorOptions& opts);
-  FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] -> [B, T, C]
+  torch::Tensor forward(const torch::Tensor& x) override;
 
  private:
   std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
@@ -52,9 +69,8 @@ class DecoderLayer : public Module {
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
-  std::shared_ptr<Attention> self_attn_;
-  std::shared_ptr<MLP> mlp_;             // a dense layer's
-  std::shared_ptr<SparseMoeBlock> moe_;  // or a MoE layer's, also named "mlp"
+  std::shared_ptr<SelfAttention> self_attn_;
+  std::shared_ptr<FeedForward> mlp_;  // an MLP, or a MoE layer's experts
 };
 
 // The transformer body ("LlamaModel"): embeddings, layers, final norm.

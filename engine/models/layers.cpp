@@ -10,13 +10,9 @@
 
 namespace fsdpp {
 
-namespace {
-
 void fill_normal(torch::Tensor& t, at::Generator& gen, double std) {
   t.copy_(at::normal(0.0, std, t.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)));
 }
-
-}  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias,
                const torch::TensorOptions& opts)
@@ -85,6 +81,46 @@ void LayerNorm::init_parameter(const std::string& name, torch::Tensor& t, at::Ge
   t.fill_(name == "weight" ? 1.0 : 0.0);
 }
 
+namespace {
+
+// YaRN's frequencies: those that turn fewer than beta_slow times over the old context are
+// interpolated (divided by the factor), those that turn more than beta_fast times kept, and
+// a linear ramp over the dimensions between.
+torch::Tensor yarn_frequencies(const torch::Tensor& freq, const RopeScaling& s, double base, int64_t dim) {
+  const double context = static_cast<double>(s.original_max_position_embeddings);
+  auto dimension_of = [&](double rotations) {  // the dimension that turns `rotations` times
+    return static_cast<double>(dim) * std::log(context / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
+  };
+  double low = dimension_of(s.beta_fast), high = dimension_of(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // no empty ramp
+  auto ramp = ((torch::arange(dim / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);  // [D / 2]
+  auto kept = 1 - ramp;
+  return freq / s.factor * (1 - kept) + freq * kept;
+}
+
+double yarn_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
+
+// How much YaRN scales cos and sin (and so every attention logit, twice over).
+double yarn_attention_factor(const RopeScaling& s) {
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.mscale != 0 && s.mscale_all_dim != 0) return yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
+  return yarn_mscale(s.factor, 1.0);
+}
+
+}  // namespace
+
+double yarn_softmax_scale(const RopeScaling& s) {
+  if (s.mscale_all_dim == 0) return 1.0;
+  const double m = yarn_mscale(s.factor, s.mscale_all_dim);
+  return m * m;
+}
+
 RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& config,
                                  const torch::Device& device)
     : Module(std::move(class_name)) {
@@ -107,6 +143,9 @@ RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& conf
     auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
     auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
     freq = torch::where(medium, smoothed, scaled);
+  } else if (s.rope_type == "yarn") {
+    freq = yarn_frequencies(freq, s, config.rope_theta, dim);
+    attention_scaling = yarn_attention_factor(s);
   }
   inv_freq = freq.to(f32).to(device.is_meta() ? torch::Device(torch::kCPU) : device);
   mrope_section = s.mrope_section;
@@ -116,7 +155,8 @@ torch::Tensor RotaryEmbedding::forward(const torch::Tensor& positions) {
   if (positions.dim() < 3) {
     auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [T, D/2] or [B, T, D/2]
     auto emb = torch::cat({freqs, freqs}, -1);                             // [T, D] or [B, T, D]
-    return torch::stack({emb.cos(), emb.sin()});                           // [2, T, D] or [2, B, T, D]
+    auto tables = torch::stack({emb.cos(), emb.sin()});                    // [2, T, D] or [2, B, T, D]
+    return attention_scaling == 1.0 ? tables : tables * attention_scaling;
   }
   auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [3, B, T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);                             // [3, B, T, D]

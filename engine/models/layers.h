@@ -7,6 +7,9 @@
 
 namespace fsdpp {
 
+// Fills `t` with N(0, std^2) drawn in float32 from `gen`, as the initialisers here all draw.
+void fill_normal(torch::Tensor& t, at::Generator& gen, double std);
+
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& opts);
@@ -74,7 +77,12 @@ class RotaryEmbedding : public Module {
 
   torch::Tensor inv_freq;  // [D / 2]
   std::vector<int64_t> mrope_section;
+  double attention_scaling = 1.0;  // YaRN scales the tables by this
 };
+
+// The extra factor DeepSeek-V3 applies to its softmax scale under YaRN with mscale_all_dim
+// (1 otherwise).
+double yarn_softmax_scale(const RopeScaling& scaling);
 
 // Rotates q or k [B, H, T, D] by the tables [2, T, D] or [2, B, T, D] from RotaryEmbedding.
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin);

@@ -66,6 +66,27 @@ void check_positive(const std::string& origin, const char* key, double value) {
   if (!(value > 0)) throw UserError(origin + ": " + key + " must be positive, got " + std::to_string(value));
 }
 
+// YaRN's keys; the pre-extension context defaults to max_position_embeddings (0 here until
+// the caller knows it).
+void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
+  if (!block.contains("factor")) throw UserError(where + ": missing key 'factor'");
+  r.original_max_position_embeddings = read<int64_t>(block, "original_max_position_embeddings", where, 0);
+  if (r.original_max_position_embeddings != 0) {
+    check_range(where, "original_max_position_embeddings", r.original_max_position_embeddings, 1, kMaxPositions);
+  }
+  r.beta_fast = read<double>(block, "beta_fast", where, 32.0);
+  r.beta_slow = read<double>(block, "beta_slow", where, 1.0);
+  r.mscale = read<double>(block, "mscale", where, 0.0);
+  r.mscale_all_dim = read<double>(block, "mscale_all_dim", where, 0.0);
+  if (block.contains("attention_factor") && !block["attention_factor"].is_null()) {
+    r.attention_factor = read<double>(block, "attention_factor", where, 1.0);
+    check_positive(where, "attention_factor", *r.attention_factor);
+  }
+  r.truncate = read<bool>(block, "truncate", where, true);
+  check_positive(where, "beta_fast", r.beta_fast);
+  check_positive(where, "beta_slow", r.beta_slow);
+}
+
 RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
   RopeScaling r;
   // Newer files call the block rope_parameters and may keep "default" there too.
@@ -93,9 +114,11 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
       throw UserError(where + ": high_freq_factor " + std::to_string(r.high_freq_factor) +
                       " must exceed low_freq_factor " + std::to_string(r.low_freq_factor));
     }
+  } else if (r.rope_type == "yarn") {
+    read_yarn(*block, where, r);
   } else if (r.rope_type != "default" && r.rope_type != "linear") {
     throw UserError(where + ": rope_type '" + r.rope_type +
-                    "' is not supported (default, linear, llama3)");
+                    "' is not supported (default, linear, llama3, yarn)");
   }
   return r;
 }
@@ -157,7 +180,8 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
   return v;
 }
 
-MoeConfig read_moe(const json& j, int64_t layers, const std::string& origin) {
+// Qwen3-MoE's experts; defaults as transformers' Qwen3MoeConfig.
+MoeConfig read_qwen3_moe(const json& j, int64_t layers, const std::string& origin) {
   MoeConfig m;
   m.num_experts = read<int64_t>(j, "num_experts", origin, 0, true);
   m.num_experts_per_tok = read<int64_t>(j, "num_experts_per_tok", origin, 0, true);
@@ -175,9 +199,54 @@ MoeConfig read_moe(const json& j, int64_t layers, const std::string& origin) {
   return m;
 }
 
+// DeepSeek-V3's experts; defaults as transformers' DeepseekV3Config.
+MoeConfig read_deepseek_moe(const json& j, int64_t layers, const std::string& origin) {
+  MoeConfig m{.routing = MoeConfig::Routing::grouped_sigmoid};
+  m.num_experts = read<int64_t>(j, "n_routed_experts", origin, 256);
+  m.num_experts_per_tok = read<int64_t>(j, "num_experts_per_tok", origin, 8);
+  m.moe_intermediate_size = read<int64_t>(j, "moe_intermediate_size", origin, 2048);
+  m.norm_topk_prob = read<bool>(j, "norm_topk_prob", origin, true);
+  m.first_k_dense_replace = read<int64_t>(j, "first_k_dense_replace", origin, 3);
+  m.n_shared_experts = read<int64_t>(j, "n_shared_experts", origin, 1);
+  m.routed_scaling_factor = read<double>(j, "routed_scaling_factor", origin, 2.5);
+  m.n_group = read<int64_t>(j, "n_group", origin, 8);
+  m.topk_group = read<int64_t>(j, "topk_group", origin, 4);
+  check_range(origin, "n_routed_experts", m.num_experts, 1, kMaxExperts);
+  check_range(origin, "moe_intermediate_size", m.moe_intermediate_size, 1, kMaxWidth);
+  check_range(origin, "first_k_dense_replace", m.first_k_dense_replace, 0, layers);
+  check_range(origin, "n_shared_experts", m.n_shared_experts, 0, kMaxExperts);
+  check_positive(origin, "routed_scaling_factor", m.routed_scaling_factor);
+  check_range(origin, "n_group", m.n_group, 1, m.num_experts);
+  if (m.num_experts % m.n_group != 0 || m.num_experts / m.n_group < 2) {
+    throw UserError(origin + ": n_routed_experts " + std::to_string(m.num_experts) + " must split into n_group " +
+                    std::to_string(m.n_group) + " groups of at least 2 experts (a group scores by its best two)");
+  }
+  check_range(origin, "topk_group", m.topk_group, 1, m.n_group);
+  check_range(origin, "num_experts_per_tok", m.num_experts_per_tok, 1, m.topk_group * (m.num_experts / m.n_group));
+  return m;
+}
+
+// DeepSeek-V3's attention widths; defaults as transformers' DeepseekV3Config.
+LatentAttentionConfig read_latent_attention(const json& j, const std::string& origin) {
+  LatentAttentionConfig a;
+  a.q_lora_rank = read<int64_t>(j, "q_lora_rank", origin, 0);  // null: no query compression
+  a.kv_lora_rank = read<int64_t>(j, "kv_lora_rank", origin, 512);
+  a.qk_nope_head_dim = read<int64_t>(j, "qk_nope_head_dim", origin, 128);
+  a.qk_rope_head_dim = read<int64_t>(j, "qk_rope_head_dim", origin, 64);
+  a.v_head_dim = read<int64_t>(j, "v_head_dim", origin, 128);
+  a.rope_interleave = read<bool>(j, "rope_interleave", origin, true);
+  if (a.q_lora_rank != 0) check_range(origin, "q_lora_rank", a.q_lora_rank, 1, kMaxWidth);
+  for (auto [key, value] : {std::pair{"kv_lora_rank", a.kv_lora_rank}, {"qk_nope_head_dim", a.qk_nope_head_dim},
+                            {"qk_rope_head_dim", a.qk_rope_head_dim}, {"v_head_dim", a.v_head_dim}}) {
+    check_range(origin, key, value, 1, kMaxWidth);
+  }
+  return a;
+}
+
 }  // namespace
 
 bool MoeConfig::is_moe_layer(int64_t layer) const {
+  if (routing == Routing::grouped_sigmoid) return layer >= first_k_dense_replace;
   return (layer + 1) % decoder_sparse_step == 0 &&
          std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
 }
@@ -238,7 +307,15 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   if (read<bool>(j, "use_sliding_window", origin, false)) {
     throw UserError(origin + ": use_sliding_window = true is not supported");
   }
-  if (c.model_type == "qwen3_moe") c.moe = read_moe(j, c.num_hidden_layers, origin);
+  if (c.model_type == "qwen3_moe") c.moe = read_qwen3_moe(j, c.num_hidden_layers, origin);
+  if (c.model_type == "deepseek_v3") {
+    c.moe = read_deepseek_moe(j, c.num_hidden_layers, origin);
+    c.latent_attention = read_latent_attention(j, origin);
+    c.head_dim = c.latent_attention->qk_rope_head_dim;  // what RoPE rotates, as transformers sets it
+  }
+  if (c.rope_scaling.original_max_position_embeddings == 0) {
+    c.rope_scaling.original_max_position_embeddings = c.max_position_embeddings;
+  }
   if (c.hidden_act != "silu") {
     throw UserError(origin + ": hidden_act '" + c.hidden_act + "' is not supported (silu)");
   }

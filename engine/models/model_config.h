@@ -14,11 +14,17 @@
 namespace fsdpp {
 
 struct RopeScaling {
-  std::string rope_type = "default";  // "default", "linear" or "llama3"
+  std::string rope_type = "default";  // "default", "linear", "llama3" or "yarn"
   double factor = 1.0;                // context extension factor
   double low_freq_factor = 1.0;       // llama3: wavelengths above old_context/low are scaled
   double high_freq_factor = 4.0;      // llama3: wavelengths below old_context/high are kept
-  int64_t original_max_position_embeddings = 8192;  // llama3: the pre-extension context
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn: the pre-extension context
+  double beta_fast = 32.0;            // yarn: rotations above which frequencies are kept ...
+  double beta_slow = 1.0;             // ... and below which they are interpolated
+  double mscale = 0.0;                // yarn: attention_factor = m(factor, mscale) / m(factor, mscale_all_dim)
+  double mscale_all_dim = 0.0;        // yarn: also scales DeepSeek-V3's softmax by m(factor, mscale_all_dim)^2
+  std::optional<double> attention_factor;  // yarn: cos and sin scale, when given outright
+  bool truncate = true;               // yarn: the correction range rounded outwards to whole dimensions
   std::vector<int64_t> mrope_section;  // multimodal RoPE: frequency pairs for the t, h, w axes
 };
 
@@ -40,17 +46,40 @@ struct VisionConfig {
   double tokens_per_second = 0.0;   // Qwen2.5-VL: temporal RoPE positions per second of video
 };
 
-// The routed experts of a mixture-of-experts model (Qwen3-MoE).
+// The routed experts of a mixture-of-experts model.
 struct MoeConfig {
-  int64_t num_experts = 0;             // routed experts per MoE layer E
+  // Qwen3-MoE: softmax over the experts, the top K. DeepSeek-V3: sigmoid scores plus a
+  // correction bias choose the top K inside the best topk_group of n_group expert groups.
+  enum class Routing { softmax_top_k, grouped_sigmoid };
+  Routing routing = Routing::softmax_top_k;
+  int64_t num_experts = 0;             // routed experts per MoE layer E (n_routed_experts)
   int64_t num_experts_per_tok = 0;     // experts each token is routed to K
   int64_t moe_intermediate_size = 0;   // each expert's SwiGLU inner width
   bool norm_topk_prob = false;         // rescale a token's K routing weights to sum to 1
+  // qwen3_moe
   int64_t decoder_sparse_step = 1;     // layer i is MoE when (i + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  // ... and i is not listed here (those stay dense)
-  double router_aux_loss_coef = 0.001; // weight of the load-balancing loss added in training
+  double router_aux_loss_coef = 0.0;   // weight of the load-balancing loss added in training
+  // deepseek_v3
+  int64_t first_k_dense_replace = 0;   // layers before this one stay dense
+  int64_t n_shared_experts = 0;        // experts every token passes through, as one wider MLP
+  double routed_scaling_factor = 1.0;  // scales the routed experts' weights
+  int64_t n_group = 1;                 // expert groups ...
+  int64_t topk_group = 1;              // ... of which a token's K experts come from the best these many
 
   bool is_moe_layer(int64_t layer) const;
+};
+
+// DeepSeek-V3's multi-head latent attention: queries (optionally) and keys/values pass through
+// low-rank projections; each head's query and key are a part without position and a part
+// rotated by RoPE, whose key part is shared by all heads.
+struct LatentAttentionConfig {
+  int64_t q_lora_rank = 0;       // 0: queries projected directly (q_proj)
+  int64_t kv_lora_rank = 0;      // the compressed key/value width
+  int64_t qk_nope_head_dim = 0;  // per head: query/key part without position
+  int64_t qk_rope_head_dim = 0;  // per head: query/key part with RoPE (config.head_dim)
+  int64_t v_head_dim = 0;        // per head: value width
+  bool rope_interleave = true;   // the rotary part's pairs are interleaved in the weights
 };
 
 struct ModelConfig {
@@ -73,6 +102,7 @@ struct ModelConfig {
   double initializer_range = 0.02;    // std of the normal initialiser
   std::string hidden_act = "silu";    // only SwiGLU with SiLU is supported
   std::optional<MoeConfig> moe;       // mixture-of-experts models: the routed experts
+  std::optional<LatentAttentionConfig> latent_attention;  // deepseek_v3
   std::optional<VisionConfig> vision; // multimodal models: the vision tower
   int64_t image_token_id = -1;        // placeholders the vision features replace
   int64_t video_token_id = -1;

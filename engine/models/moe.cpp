@@ -3,7 +3,6 @@
 // tokens; the outputs return to their tokens by one scatter-add.
 #include "models/moe.h"
 
-#include "models/decoder.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -48,46 +47,100 @@ torch::Tensor Experts::forward(const torch::Tensor& tokens, const std::vector<in
   return at::cat(outputs);  // [M, C]
 }
 
-SparseMoeBlock::SparseMoeBlock(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts,
-                               std::shared_ptr<RoutingLog> log, size_t log_index)
-    : Module(family.prefix + "SparseMoeBlock"),
-      top_k_(c.moe->num_experts_per_tok),
-      norm_topk_prob_(c.moe->norm_topk_prob),
-      log_(std::move(log)),
-      log_index_(log_index) {
-  gate_ = register_child("gate", std::make_shared<Linear>(c.hidden_size, c.moe->num_experts, false, opts));
-  experts_ = register_child("experts", std::make_shared<Experts>(family, c, opts));
+GroupedTopkRouter::GroupedTopkRouter(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts)
+    : Module(family.prefix + "TopkRouter") {
+  weight = register_parameter("weight", new_parameter({c.moe->num_experts, c.hidden_size}, opts));
+  // Steers the choice only: no gradient reaches it, and the optimizer leaves it alone.
+  e_score_correction_bias = register_parameter("e_score_correction_bias",
+                                               new_parameter({c.moe->num_experts}, opts), /*requires_grad=*/false);
 }
 
-torch::Tensor SparseMoeBlock::forward(const torch::Tensor& x) {
+torch::Tensor GroupedTopkRouter::forward(const torch::Tensor& x) {
+  // In float32 as transformers scores, or float64 for a float64 model.
+  const auto dtype = at::promote_types(x.scalar_type(), at::kFloat);
+  return at::linear(x.to(dtype), weight.to(dtype)).sigmoid();
+}
+
+void GroupedTopkRouter::init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) {
+  if (name == "weight") {
+    fill_normal(t, gen, std);
+  } else {
+    t.zero_();
+  }
+}
+
+MoeBlock::MoeBlock(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts,
+                   std::shared_ptr<RoutingLog> log, size_t log_index)
+    : FeedForward(family.prefix + (c.moe->routing == MoeConfig::Routing::grouped_sigmoid ? "MoE" : "SparseMoeBlock")),
+      config_(*c.moe),
+      log_(std::move(log)),
+      log_index_(log_index) {
+  if (config_.routing == MoeConfig::Routing::grouped_sigmoid) {
+    router_ = register_child("gate", std::make_shared<GroupedTopkRouter>(family, c, opts));
+  } else {
+    gate_ = register_child("gate", std::make_shared<Linear>(c.hidden_size, config_.num_experts, false, opts));
+  }
+  experts_ = register_child("experts", std::make_shared<Experts>(family, c, opts));
+  if (config_.n_shared_experts > 0) {
+    shared_experts_ = register_child(
+        "shared_experts", std::make_shared<MLP>(family, c, config_.moe_intermediate_size * config_.n_shared_experts, opts));
+  }
+}
+
+MoeBlock::Choice MoeBlock::route(const torch::Tensor& flat) {
+  const int64_t K = config_.num_experts_per_tok;
+  if (config_.routing == MoeConfig::Routing::softmax_top_k) {
+    // In float32 as transformers routes, or float64 for a float64 model, whose runs are then
+    // exact to float64 rounding like every other part.
+    auto probabilities = at::softmax((*gate_)(flat), 1, at::promote_types(flat.scalar_type(), at::kFloat));  // [N, E]
+    auto [weights, selected] = at::topk(probabilities, K, /*dim=*/1);  // [N, K] each, best first
+    if (config_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+    return {probabilities, selected, weights.to(flat.scalar_type())};
+  }
+  auto scores = (*router_)(flat);  // [N, E]
+  at::Tensor selected;
+  {
+    // The choice: scores plus the bias, the best two of each group scoring the group; experts
+    // outside the best groups score 0, as transformers masks them.
+    at::NoGradGuard no_grad;
+    const int64_t N = scores.size(0), G = config_.n_group, E = config_.num_experts;
+    const auto biased = scores + router_->e_score_correction_bias.to(scores.scalar_type());  // [N, E]
+    const auto group_scores = std::get<0>(biased.view({N, G, E / G}).topk(2, -1)).sum(-1);  // [N, G]
+    const auto best_groups = std::get<1>(group_scores.topk(config_.topk_group, -1));           // [N, topk_group]
+    const auto in_best = at::zeros({N, G}, scores.options().dtype(at::kBool)).scatter(1, best_groups, true);
+    const auto allowed = in_best.unsqueeze(-1).expand({N, G, E / G}).reshape({N, E});
+    selected = std::get<1>(biased.masked_fill(allowed.logical_not(), 0.0).topk(K, -1));    // [N, K]
+  }
+  auto weights = scores.gather(1, selected);  // [N, K]
+  if (config_.norm_topk_prob) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  return {scores, selected, weights * config_.routed_scaling_factor};
+}
+
+torch::Tensor MoeBlock::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
-  const auto flat = x.reshape({-1, C});                                    // [N, C]
-  const auto logits = (*gate_)(flat);                                      // [N, E]
-  // In float32 as transformers routes, or float64 for a float64 model, whose runs are then
-  // exact to float64 rounding like every other part.
-  const auto probabilities = at::softmax(logits, 1, at::promote_types(x.scalar_type(), at::kFloat));  // [N, E]
-  auto [weights, selected] = at::topk(probabilities, top_k_, /*dim=*/1);   // [N, K] each, best first
-  if (norm_topk_prob_) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  weights = weights.to(x.scalar_type());
+  const auto flat = x.reshape({-1, C});  // [N, C]
+  const Choice choice = route(flat);
+  const int64_t K = config_.num_experts_per_tok, E = config_.num_experts;
 
   // Slot s = token × K + k; sorted by expert, stably, so each expert's tokens keep their order.
-  const auto expert_of_slot = selected.reshape({-1});                            // [N K]
-  const auto order = at::argsort(expert_of_slot, /*stable=*/true);              // [N K]
-  const auto token_of = at::div(order, top_k_, "floor");                        // [N K]
-  const int64_t E = gate_->weight.size(0);
-  const auto counts = at::bincount(expert_of_slot, /*weights=*/{}, E);          // [E]
+  const auto expert_of_slot = choice.selected.reshape({-1});                 // [N K]
+  const auto order = at::argsort(expert_of_slot, /*stable=*/true);          // [N K]
+  const auto token_of = at::div(order, K, "floor");                         // [N K]
   // The split sizes are needed on the host; this is the one sync a forward makes here.
-  const auto host_counts = counts.cpu();
-  const std::vector<int64_t> split(host_counts.data_ptr<int64_t>(), host_counts.data_ptr<int64_t>() + E);
-  auto routed = (*experts_)(flat.index_select(0, token_of), split);             // [N K, C]
-  routed = routed * weights.reshape({-1}).index_select(0, order).unsqueeze(1);
-  auto out = at::zeros_like(flat).index_add(0, token_of, routed);               // [N, C]
+  const auto counts = at::bincount(expert_of_slot, /*weights=*/{}, E).cpu();  // [E]
+  const std::vector<int64_t> split(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
+  auto routed = (*experts_)(flat.index_select(0, token_of), split);         // [N K, C]
+  // Summed in the weights' dtype (DeepSeek-V3's are float32 whatever the model's), as
+  // transformers sums them.
+  routed = routed * choice.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+  auto out = at::zeros({flat.size(0), C}, routed.options()).index_add(0, token_of, routed).to(x.scalar_type());  // [N, C]
+  if (shared_experts_) out = out + (*shared_experts_)(flat);
 
   auto& record = log_->layers[log_index_];
-  record = {.selected = selected, .counts = host_counts, .probability_sum = probabilities.sum(0)};
+  record = {.selected = choice.selected, .counts = counts, .probability_sum = choice.probabilities.sum(0)};
   auto& gradient = log_->probability_gradient;
-  if (!gradient.defined() || gradient.device() != x.device() || gradient.scalar_type() != probabilities.scalar_type()) {
-    gradient = at::zeros({E}, probabilities.options());
+  if (!gradient.defined() || gradient.device() != x.device() || gradient.scalar_type() != choice.probabilities.scalar_type()) {
+    gradient = at::zeros({E}, choice.probabilities.options());
   }
   if (at::GradMode::is_enabled()) out = LoadBalancingGradient::apply(out, record.probability_sum, gradient);
   return out.view(x.sizes());

@@ -1,16 +1,13 @@
 // Mixture-of-experts layers: a router that sends each token to K of E experts, the experts
 // computed over tokens grouped by expert, and the record of what was routed, which the
-// trainer reads for the load-balancing loss and the expert-load metrics.
+// trainer reads for the load-balancing loss, the expert-load metrics and the routing bias.
 #pragma once
 
-#include "models/layers.h"
+#include "models/decoder.h"
 
 #include <vector>
 
 namespace fsdpp {
-
-class MLP;
-struct DecoderFamily;
 
 // What one MoE layer routed in the model's last forward.
 struct LayerRouting {
@@ -47,20 +44,44 @@ class Experts : public Module {
   std::vector<std::shared_ptr<MLP>> experts_;
 };
 
-// Qwen3-MoE's sparse block: softmax routing to the top K experts, weights optionally
-// renormalised over the K, outputs summed by weight.
-class SparseMoeBlock : public Module {
+// DeepSeek-V3's router: sigmoid scores of the tokens for every expert, and the per-expert
+// bias that only steers the choice (e_score_correction_bias: a parameter no optimizer
+// touches, which training may move by the auxiliary-loss-free update).
+class GroupedTopkRouter : public Module {
  public:
-  SparseMoeBlock(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts,
-                 std::shared_ptr<RoutingLog> log, size_t log_index);
+  GroupedTopkRouter(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] -> [B, T, C]
+  torch::Tensor forward(const torch::Tensor& x);  // [N, C] -> [N, E] scores in (0, 1)
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) override;
+
+  torch::Tensor weight;                   // [E, C]
+  torch::Tensor e_score_correction_bias;  // [E]
+};
+
+// A MoE layer's feed-forward part: each token's K routed experts, weighted, plus the shared
+// experts where the model has them. Qwen3-MoE ("SparseMoeBlock"): softmax over a linear gate,
+// the top K, optionally renormalised. DeepSeek-V3 ("MoE"): sigmoid scores plus the correction
+// bias pick the best topk_group groups of experts and the top K inside them; the K scores,
+// optionally renormalised, are scaled by routed_scaling_factor.
+class MoeBlock : public FeedForward {
+ public:
+  MoeBlock(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts,
+           std::shared_ptr<RoutingLog> log, size_t log_index);
+  torch::Tensor forward(const torch::Tensor& x) override;  // [B, T, C] -> [B, T, C]
 
  private:
-  int64_t top_k_;
-  bool norm_topk_prob_;
-  std::shared_ptr<Linear> gate_;
+  struct Choice {
+    at::Tensor probabilities;  // [N, E] what the router gives each expert (float32 at least)
+    at::Tensor selected;       // [N, K] int64
+    at::Tensor weights;        // [N, K] each chosen expert's weight
+  };
+  Choice route(const torch::Tensor& flat);  // flat [N, C]
+
+  MoeConfig config_;
+  std::shared_ptr<Linear> gate_;               // softmax routing
+  std::shared_ptr<GroupedTopkRouter> router_;  // grouped sigmoid routing, also named "gate"
   std::shared_ptr<Experts> experts_;
+  std::shared_ptr<MLP> shared_experts_;        // DeepSeek-V3; null without
   std::shared_ptr<RoutingLog> log_;
   size_t log_index_;
 };

@@ -28,6 +28,7 @@ const std::map<std::string, ModelBuilder>& registry() {
       {"qwen2", decoder_builder({.prefix = "Qwen2", .qkv_bias = true})},
       {"qwen3", decoder_builder({.prefix = "Qwen3", .qk_norm = true})},
       {"qwen3_moe", decoder_builder({.prefix = "Qwen3Moe", .qk_norm = true})},
+      {"deepseek_v3", decoder_builder({.prefix = "DeepseekV3"})},
       {"qwen2_vl", vision_language_builder},
       {"qwen2_5_vl", vision_language_builder},
   };

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
@@ -73,6 +74,26 @@ MODELS = {
                                           moe_intermediate_size=18, norm_topk_prob=False,
                                           router_aux_loss_coef=0.05, output_router_logits=True,
                                           tie_word_embeddings=True), {}),
+    # Latent attention with a query bottleneck, YaRN with both mscales, interleaved rotary
+    # weights; 3 of 12 experts from the best 2 of 3 groups, 2 shared experts, a dense first
+    # layer. Without the bottleneck: one group, no renormalisation, plain RoPE.
+    "deepseek_v3": (9, DeepseekV3ForCausalLM,
+                    DeepseekV3Config(**{**COMMON, "num_hidden_layers": 3, "num_key_value_heads": 6},
+                                     q_lora_rank=20, kv_lora_rank=14, qk_nope_head_dim=10, qk_rope_head_dim=6,
+                                     v_head_dim=8, n_routed_experts=12, n_group=3, topk_group=2,
+                                     num_experts_per_tok=3, n_shared_experts=2, moe_intermediate_size=10,
+                                     first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                                     rope_interleave=True, tie_word_embeddings=False,
+                                     rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                                   "beta_slow": 1.0, "mscale": 0.9, "mscale_all_dim": 0.8,
+                                                   "original_max_position_embeddings": 16}), {}),
+    "deepseek_v3_plain": (10, DeepseekV3ForCausalLM,
+                          DeepseekV3Config(**{**COMMON, "num_key_value_heads": 6}, q_lora_rank=None,
+                                           kv_lora_rank=14, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12,
+                                           n_routed_experts=6, n_group=1, topk_group=1, num_experts_per_tok=2,
+                                           n_shared_experts=1, moe_intermediate_size=10, first_k_dense_replace=0,
+                                           routed_scaling_factor=1.5, norm_topk_prob=False, rope_interleave=False,
+                                           tie_word_embeddings=True), {}),
     "llama_sharded": (5, LlamaForCausalLM,
                       LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0),
                       {"max_shard_size": "20KB"}),
@@ -93,6 +114,10 @@ def perturb(model):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                 p.copy_(0.2 * torch.randn_like(p))
+        # DeepSeek-V3's routing bias starts at 0, where a port that ignores it would pass.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn_like(b))
 
 
 def packed_reference(model, gen, vocab_size):
@@ -147,7 +172,13 @@ def make_one(outdir, name, seed, cls, config, save_args):
 
     gen = torch.Generator().manual_seed(INPUT_SEED)
     input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    # DeepSeek-V3's routers return the experts they chose: kept by a hook, layer by layer.
+    chosen = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: chosen.append(out[0].detach()))
+             for n, m in model.named_modules() if type(m).__name__ == "DeepseekV3TopkRouter"]
     out = model(input_ids, labels=input_ids)
+    for h in hooks:
+        h.remove()
     out.loss.backward()
 
     ref = {
@@ -155,12 +186,13 @@ def make_one(outdir, name, seed, cls, config, save_args):
         "logits": out.logits.detach().contiguous(),
         "loss": out.loss.detach().reshape(()),
     }
+    # The experts each MoE layer chose per token (in ascending order), and Qwen3-MoE's
+    # load-balancing loss, already inside out.loss.
     if getattr(config, "output_router_logits", False):
-        # The experts each MoE layer chose per token, best first, and the load-balancing loss
-        # already inside out.loss.
         ref["aux_loss"] = out.aux_loss.detach().reshape(())
-        for i, router_logits in enumerate(out.router_logits):
-            ref[f"selected.{i}"] = torch.topk(router_logits.softmax(-1), config.num_experts_per_tok, -1).indices
+        chosen = [torch.topk(logits.softmax(-1), config.num_experts_per_tok, -1).indices for logits in out.router_logits]
+    for i, selected in enumerate(chosen):
+        ref[f"selected.{i}"] = selected.sort(-1).values.contiguous()
     for n, p in model.named_parameters():
         if p.grad is None:  # an expert no token reached: the engine's gradient is zero
             p.grad = torch.zeros_like(p)
@@ -192,7 +224,7 @@ def make_one(outdir, name, seed, cls, config, save_args):
 
 def main():
     ap = argparse.ArgumentParser(
-        description="Write tiny random Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE HF checkpoints with reference logits, "
+        description="Write tiny random Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE/DeepSeek-V3 HF checkpoints with reference logits, "
         "loss and gradients into OUTDIR/<model>/ for the C++ parity tests.")
     ap.add_argument("outdir", metavar="OUTDIR", help="directory to write the fixtures into")
     ap.error = fail
