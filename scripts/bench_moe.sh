@@ -6,7 +6,7 @@
 # (examples/tiny-qwen3-moe.toml). Each prints tokens/s, peak RSS and the ratios.
 # Run from the repository root after ./scripts/build.sh: bash scripts/bench_moe.sh [--smoke]
 set -euo pipefail
-python=.venv/bin/python
+python=${PYTHON:-.venv/bin/python}
 bash scripts/make_corpus.sh >/dev/null
 echo "== one MoE layer (examples/models/qwen3-moe-layer)"
 "$python" scripts/bench_train.py --config examples/tiny-qwen3-moe.toml \

@@ -3,7 +3,6 @@
 // tokens; the outputs return to their tokens by one scatter-add.
 #include "models/moe.h"
 
-
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 

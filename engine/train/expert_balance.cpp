@@ -1,14 +1,30 @@
 // Routing summed over ranks, and the figures made of it.
 #include "train/expert_balance.h"
 
+#include "core/module_tree.h"
+#include "fsdp/sharded_view.h"
 #include "models/moe.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace fsdpp {
 
-ExpertBalance::ExpertBalance(const MoeConfig& moe, int64_t micro_batches)
-    : coefficient_(moe.router_aux_loss_coef), micro_batches_(micro_batches) {}
+std::vector<std::string> routing_bias_names(Module& model) {
+  std::vector<std::string> names;
+  for (const auto& p : unique_named_parameters(model)) {
+    if (p.name.ends_with(".e_score_correction_bias")) names.push_back(p.name);
+  }
+  return names;
+}
+
+ExpertBalance::ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, std::vector<std::string> bias_names,
+                             int64_t micro_batches)
+    : coefficient_(moe.router_aux_loss_coef),
+      bias_update_rate_(config.bias_update_rate),
+      bias_names_(std::move(bias_names)),
+      micro_batches_(micro_batches) {}
 
 at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm) {
   // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
@@ -37,8 +53,22 @@ at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm) {
   return add_load_balancing_loss(log, global_counts, global_rows, coefficient_ / static_cast<double>(micro_batches_));
 }
 
+void ExpertBalance::update_routing_bias(ShardedView& view) const {
+  if (bias_update_rate_ == 0 || !step_counts_.defined()) return;
+  // Up where an expert got fewer tokens than its layer's mean, down where it got more.
+  const auto delta = (step_counts_.mean(1, /*keepdim=*/true) - step_counts_).sign() * bias_update_rate_;  // [L, E]
+  at::NoGradGuard no_grad;
+  for (const auto& shard : view.shard_rows()) {
+    const auto it = std::find(bias_names_.begin(), bias_names_.end(), shard.name);
+    if (it == bias_names_.end() || shard.rows.size(0) == 0) continue;
+    const auto layer = static_cast<int64_t>(it - bias_names_.begin());
+    shard.rows.add_(delta[layer].narrow(0, shard.first_row, shard.rows.size(0)).to(shard.rows.options()));
+  }
+}
+
 ExpertLoad ExpertBalance::finish_step() {
-  ExpertLoad load{.aux_loss = aux_sum_ / static_cast<double>(micro_batches_)};
+  ExpertLoad load;
+  if (coefficient_ > 0) load.aux_loss = aux_sum_ / static_cast<double>(micro_batches_);
   if (step_counts_.defined()) {
     const auto ratio = std::get<0>(step_counts_.max(1)) / step_counts_.mean(1).clamp_min(1e-30);  // [L]
     load.max_over_mean = ratio.max().item<double>();

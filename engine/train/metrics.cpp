@@ -83,7 +83,8 @@ std::string MetricsSink::step_line(const StepMetrics& m) const {
        << "  lr " << std::scientific << std::setprecision(3) << m.lr << std::fixed << "  grad_norm "
        << std::setprecision(3) << m.grad_norm << "  tok/s " << std::setprecision(0) << m.tokens_per_s;
   if (m.mfu) line << "  mfu " << std::setprecision(1) << 100 * *m.mfu << "%";
-  if (m.aux_loss) line << "  aux " << std::setprecision(4) << *m.aux_loss << "  load " << std::setprecision(2) << *m.expert_load;
+  if (m.aux_loss) line << "  aux " << std::setprecision(4) << *m.aux_loss;
+  if (m.expert_load) line << "  load " << std::setprecision(2) << *m.expert_load;
   line << "  mem " << std::setprecision(2) << m.host_peak_gb << " GB";
   if (m.device_allocated_gb) {
     line << " (device " << *m.device_allocated_gb << " allocated, " << *m.device_reserved_gb << " reserved)";

@@ -56,7 +56,8 @@ RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<s
 }
 
 RunConfig RunConfig::parse(const ConfigFile& file) {
-  file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics", "parallel", "policy"});
+  file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics", "experts", "parallel",
+                      "policy"});
   RunConfig run{.file = file.path(), .source = file};
   auto section = [&file](const char* name) { return file.section(name); };
   auto model = section("model");
@@ -73,6 +74,8 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   run.checkpoint = CheckpointConfig::from_section(checkpoint);
   auto metrics = section("metrics");
   run.metrics = MetricsConfig::from_section(metrics);
+  auto experts = section("experts");
+  run.experts = ExpertsConfig::from_section(experts);
   auto parallel = section("parallel");
   run.parallel = ParallelConfig::from_section(parallel);
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";

@@ -5,6 +5,7 @@
 #include "core/config_file.h"
 #include "distributed/parallel_config.h"
 #include "train/data_config.h"
+#include "train/experts_config.h"
 #include "train/lr_schedule.h"
 #include "train/metrics_config.h"
 #include "train/model_source_config.h"
@@ -56,6 +57,7 @@ struct RunConfig {
   TrainConfig train;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
+  ExpertsConfig experts;
   ParallelConfig parallel;
 
   // Parses and validates every section of `path` after applying `overrides`.

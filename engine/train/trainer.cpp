@@ -137,7 +137,9 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
   s.checkpoint = open_resume_checkpoint(config.checkpoint, rank);
   // The data first: a bad token file is reported before the model takes its time to load.
-  s.batches = open_batches(config.data, model_config_of(config.model));
+  const ModelConfig model_config = model_config_of(config.model);
+  s.batches = open_batches(config.data, model_config);
+  config.experts.check_model(model_config, config.file.string());
   s.loaded = load_model(config.model, /*unallocated=*/env.launched);
   CausalLM& model = *s.loaded.model;
   s.parameters = model.recursive_param_count();  // numel holds for unallocated parameters too
@@ -154,7 +156,9 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   s.checkpointer = std::make_unique<RunCheckpointer>(config, model.config(), s.comm, s.view->shard_rows(),
                                                      s.view->mesh_shapes(), *s.optimizer, s.batches->order(),
                                                      s.batches->identity());
-  if (const auto& moe = model.config().moe) s.experts.emplace(*moe, config.train.grad_accum);
+  if (const auto& moe = model.config().moe) {
+    s.experts.emplace(*moe, config.experts, routing_bias_names(model), config.train.grad_accum);
+  }
   return s;
 }
 
@@ -205,11 +209,12 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
   s.comm->all_reduce_sum(reduced);
   StepResult r{reduced[0].item<double>(), clip_grad_norm(s.view->grad_groups(), tc.clip_grad_norm),
                reduced[1].item<double>() > 0};
-  if (s.experts) r.experts = s.experts->finish_step();
   if (std::isfinite(r.grad_norm)) {
     s.view->reshard_all();  // the next forward must gather the updated shards
     s.optimizer->step(lr);
+    if (s.experts) s.experts->update_routing_bias(*s.view);
   }
+  if (s.experts) r.experts = s.experts->finish_step();
   return r;
 }
 

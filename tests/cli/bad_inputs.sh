@@ -129,6 +129,21 @@ expect "no command" "no command given" --
 expect "a user error in launched ranks" "fsdpp: error: rank " ": --set optimizer.lr=inf: [optimizer] lr" \
   -- launch --nproc-per-node 2 -- train "$work/ok.toml" --set optimizer.lr=inf
 
+# Mixture-of-experts settings and configs.
+expect "routing-bias update for a model without routing biases" "ok.toml: [experts] bias_update_rate" "model_type 'llama'" \
+  -- train "$work/ok.toml" --set experts.bias_update_rate=0.001
+expect "negative routing-bias rate" "[experts] bias_update_rate: must be a finite number in [0, 1]" \
+  -- train "$work/ok.toml" --set experts.bias_update_rate=-1
+mkdir -p "$work/bad_groups"
+sed 's/"n_group": 4/"n_group": 5/' tests/assets/models/fsdp-deepseek-v3/config.json >"$work/bad_groups/config.json"
+expect "experts that do not split into groups" "bad_groups/config.json" "n_routed_experts 96 must split into n_group 5" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/bad_groups\""
+mkdir -p "$work/bad_top_k"
+sed 's/"num_experts_per_tok": 2/"num_experts_per_tok": 97/' tests/assets/models/fsdp-qwen3-moe/config.json \
+  >"$work/bad_top_k/config.json"
+expect "more experts per token than experts" "bad_top_k/config.json" "num_experts_per_tok must be in [1, 96], got 97" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/bad_top_k\""
+
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
 

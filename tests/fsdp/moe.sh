@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A Qwen3-MoE model (96 experts, 2 per token) trained on 8-token rows equals one process. At
-# world 3 a rank routes 4 x 8 x 2 = 64 slots per micro-batch, so at least 32 experts get no
-# token on each rank, and must still join every collective with a zero gradient. The loss
-# carries the load-balancing loss, whose counts are summed over the ranks. Then with
+# MoE models trained sharded equal one process. Qwen3-MoE (96 experts, 2 per token) on 8-token
+# rows: at world 3 a rank routes 4 x 8 x 2 = 64 slots per micro-batch, so at least 32 experts
+# get no token on each rank, and must still join every collective with a zero gradient. The
+# loss carries the load-balancing loss, whose counts are summed over the ranks. Then with
 # accumulation, each layer's experts a unit of their own (gathered over 2 ranks in backward)
-# and the layers around them recomputed in backward.
+# and the layers around them recomputed in backward. DeepSeek-V3 (latent attention, 96
+# experts in 4 groups, a shared expert) alike, with its routing biases moved after every step
+# from the counts over all ranks; the biases must have moved, by whole steps of the rate.
 set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
 moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=8)
@@ -12,3 +14,16 @@ moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=
 "$PYTHON" tests/fsdp/check_fsdp.py 2 4 --name moe-expert-units "${moe[@]}" --set train.grad_accum=2 \
   --set 'policy.options.experts="unit"' --set policy.options.experts_reshard_after_forward=2 \
   --set policy.options.activation_checkpoint=true
+deepseek=(--set 'model.path="tests/assets/models/fsdp-deepseek-v3"' --set data.seq_len=8 --set experts.bias_update_rate=0.01)
+"$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name deepseek "${deepseek[@]}"
+"$PYTHON" - "$WORK/fsdp/deepseek/world3/model" <<'PY'
+import sys
+from safetensors.torch import load_file
+biases = {k: v for k, v in load_file(sys.argv[1] + "/model.safetensors").items() if k.endswith("e_score_correction_bias")}
+steps = [(v / 0.01).round() for v in biases.values()]
+whole = all(((v / 0.01 - s).abs().max() < 1e-9) for v, s in zip(biases.values(), steps))
+moved = all(s.abs().max() > 0 for s in steps) and all((s.abs() <= 10).all() for s in steps)
+print(f"{'ok  ' if whole and moved else 'FAIL'} routing biases of {len(biases)} layers moved by whole steps of the "
+      f"rate, at most one per step: {[int(s.abs().max()) for s in steps]} steps at most")
+sys.exit(0 if whole and moved and len(biases) == 2 else 1)
+PY

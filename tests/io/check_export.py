@@ -1,9 +1,10 @@
 """HF export must give a directory `transformers` loads with the engine's own logits. For an
-untied and a tied Llama and a Qwen3-MoE model trained 3 steps at world 2: `fsdpp export` of the sharded checkpoint
-(float32) loaded by transformers gives logits within 1e-5 relative of `fsdpp eval --logits`
-on the checkpoint itself; the export the run streamed at its end is bitwise the offline one;
-and a bfloat16 export sharded at 1 MiB has an index when larger than that, loads, and
-matches within bf16 rounding (2e-2 relative allowed; measured about 3e-3)."""
+untied and a tied Llama, a Qwen3-MoE and a DeepSeek-V3 model trained 3 steps at world 2:
+`fsdpp export` of the sharded checkpoint (float32) loaded by transformers gives logits within
+1e-5 relative of `fsdpp eval --logits` on the checkpoint itself; the export the run streamed
+at its end is bitwise the offline one; and a bfloat16 export sharded at 1 MiB has an index
+when larger than that, loads, and matches within bf16 rounding (2e-2 relative allowed;
+measured about 3e-3; DeepSeek-V3 5e-2, see below)."""
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ def relative_error(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
-def check(name, model_path, sharded_bf16):
+def check(name, model_path, sharded_bf16, bf16_tolerance=2e-2):
     base = os.path.join(WORK, name)
     shutil.rmtree(base, ignore_errors=True)
     fsdpp("launch", "--nproc-per-node", "2", "--", "train", CONFIG, "--set", f'model.path="{model_path}"',
@@ -56,7 +57,7 @@ def check(name, model_path, sharded_bf16):
     engine = load_file(f"{base}/logits.safetensors")
 
     ok = True
-    for variant, tolerance in (("fp32", 1e-5), ("bf16", 2e-2)):
+    for variant, tolerance in (("fp32", 1e-5), ("bf16", bf16_tolerance)):
         model = transformers.AutoModelForCausalLM.from_pretrained(f"{base}/{variant}", dtype=torch.float32)
         with torch.no_grad():
             logits = model(engine["input_ids"]).logits
@@ -81,6 +82,9 @@ def main():
     ok = check("untied", "tests/assets/models/fsdp-llama", sharded_bf16=False)  # 73 KB in bf16: one file
     ok &= check("tied", "examples/models/tiny-llama", sharded_bf16=True)  # 3.2 MB in bf16: 4 shards
     ok &= check("qwen3_moe", "tests/assets/models/fsdp-qwen3-moe", sharded_bf16=False)  # 0.3 MB in bf16
+    # Rounding its weights to bf16 moves some tokens to other experts, whose outputs the
+    # routed_scaling_factor of 2.5 enlarges: measured about 1.6e-2.
+    ok &= check("deepseek_v3", "tests/assets/models/fsdp-deepseek-v3", sharded_bf16=False, bf16_tolerance=5e-2)
     sys.exit(0 if ok else 1)
 
 

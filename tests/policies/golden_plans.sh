@@ -53,6 +53,10 @@ golden qwen3_moe-expert-units qwen3_moe tests/assets/models/fsdp-qwen3-moe --set
   --set policy.options.experts_reshard_after_forward=2 --set 'policy.options.experts_param_dtype="bf16"'
 golden transformer_auto-qwen3_moe-expert-units transformer_auto tests/assets/models/fsdp-qwen3-moe \
   --set 'policy.options.experts="unit"'
+golden deepseek_v3 deepseek_v3 tests/assets/models/fsdp-deepseek-v3
+golden deepseek_v3-expert-units deepseek_v3 tests/assets/models/fsdp-deepseek-v3 \
+  --set 'policy.options.experts="unit"' --set 'policy.options.experts_offload="cpu"'
+golden transformer_auto-deepseek_v3 transformer_auto tests/assets/models/fsdp-deepseek-v3
 golden qwen2_vl-shard qwen2_vl tests/assets/models/tiny-qwen2-vl
 golden qwen2_vl-root qwen2_vl tests/assets/models/tiny-qwen2-vl --set policy.options.mixed_mm_data=true
 golden qwen2_5_vl-shard qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl
