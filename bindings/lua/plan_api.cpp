@@ -1,5 +1,6 @@
-// The declaring half of the policy API: wrap, mesh, precision, offload, log and warn. Each
-// wrap appends a UnitPlan recording where in the script it was declared.
+// The declaring half of the policy API: wrap, mesh, precision, offload, lora, log and warn.
+// Each wrap appends a UnitPlan, and lora sets the plan's LoraPlan, recording where in the
+// script it was declared.
 #include "bindings/lua/lua_internal.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -169,6 +170,62 @@ int api_wrap(lua_State* L) {
   return 0;
 }
 
+// The paths of the module handles in the list at `table`[key] (absent: none).
+std::vector<std::string> module_list(lua_State* L, int table, const char* key, const std::string& what) {
+  std::vector<std::string> paths;
+  raw_field(L, table, key);
+  if (!lua_isnil(L, -1)) {
+    if (!lua_istable(L, -1)) throw ScriptError(what + " must be a list of modules (from find{...})");
+    const int list = lua_gettop(L);
+    const auto n = static_cast<int>(lua_rawlen(L, list));
+    for (int i = 1; i <= n; ++i) {
+      lua_rawgeti(L, list, i);
+      paths.push_back(run_of(L).modules[static_cast<size_t>(module_index(L, -1))].path);
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+  return paths;
+}
+
+double number_field(lua_State* L, int table, const char* key, double fallback, double min, double max) {
+  raw_field(L, table, key);
+  double value = fallback;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER) throw ScriptError(std::string("lora: ") + key + " must be a number");
+    value = lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+  if (!(value >= min && value <= max)) {
+    throw ScriptError(std::string("lora: ") + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) +
+                      "], got " + std::to_string(value));
+  }
+  return value;
+}
+
+// lora{targets = {module, ...}, rank = r, alpha = a, dropout = p, trainable = {module, ...}}:
+// PEFT's LoRA on the target Linear modules; the base is frozen but for `trainable`.
+int api_lora(lua_State* L) {
+  PolicyRun& run = run_of(L);
+  if (!lua_istable(L, 1)) throw ScriptError("lora expects a table: lora{targets = ..., rank = ..., alpha = ...}");
+  check_keys(L, 1, {"targets", "rank", "alpha", "dropout", "trainable"}, "lora");
+  if (run.plan.lora) throw ScriptError("lora: declared twice (first at " + run.plan.lora->origin + ")");
+  LoraPlan lora{.origin = caller_location(L)};
+  lora.targets = module_list(L, 1, "targets", "lora: targets");
+  if (lora.targets.empty()) throw ScriptError("lora: no target modules: the adapters would have nothing to adapt");
+  raw_field(L, 1, "rank");
+  if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1 || lua_tointeger(L, -1) > 65536) {
+    throw ScriptError("lora: rank must be an integer in [1, 65536]");
+  }
+  lora.rank = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  lora.alpha = number_field(L, 1, "alpha", 8.0, 1e-6, 1e6);  // PEFT's default
+  lora.dropout = number_field(L, 1, "dropout", 0.0, 0.0, 0.99);
+  lora.trainable = module_list(L, 1, "trainable", "lora: trainable");
+  run.plan.lora = std::move(lora);
+  return 0;
+}
+
 // The arguments as Lua's tostring gives them, space-separated (a __tostring that fails is
 // a ScriptError, not a jump over this function's strings).
 std::string joined_args(lua_State* L) {
@@ -201,6 +258,7 @@ void open_plan_api(lua_State* L) {
   const luaL_Reg functions[] = {{"wrap", guarded<api_wrap>},     {"mesh", guarded<api_mesh>},
                                 {"precision", guarded<api_precision>}, {"offload", guarded<api_offload>},
                                 {"log", guarded<api_log>},       {"warn", guarded<api_warn>},
+                                {"lora", guarded<api_lora>},
                                 {nullptr, nullptr}};
   lua_pushglobaltable(L);
   luaL_setfuncs(L, functions, 0);

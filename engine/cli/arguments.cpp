@@ -52,13 +52,15 @@ predicting its tokens 2..seq_len, as transformers does with labels = input_ids.
 [N, T] int64, logits [N, T, V] float32), for comparison with another implementation.
 )";
 
-constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N]
+constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N] [--merge-lora]
 
 Writes the model of the sharded checkpoint CHECKPOINT (a step-N directory that training
 saved) to OUT as a Hugging Face directory: config.json plus model.safetensors, or shards
 of at most N MiB (default 2048, fractions allowed) with model.safetensors.index.json. D is float32, bfloat16
 or float16 (default: the dtype the run trained in). Runs on one machine without a process
 group and holds one full tensor at a time; every file's checksum is verified first.
+A LoRA run's checkpoint exports with --merge-lora: each adapted weight W becomes
+W + (alpha / r) B A and the adapters are left out.
 )";
 
 constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
@@ -172,6 +174,7 @@ void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
   parser.add("OUT", cl.out);
   parser.add("--dtype", cl.dtype);
   parser.add("--max-shard-mb", max_shard_mb);
+  parser.app().add_flag("--merge-lora", cl.merge_lora);
   if (parser.parse(args)) {
     cl.help = kExportHelp;
     return;

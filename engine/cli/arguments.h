@@ -32,6 +32,7 @@ struct CommandLine {
   std::string checkpoint, out;  // CHECKPOINT and OUT
   std::string dtype;            // --dtype: "" keeps the dtype the run trained in
   double max_shard_mb = 2048;   // --max-shard-mb: the largest safetensors shard
+  bool merge_lora = false;      // --merge-lora: a LoRA run's adapters merged into its weights
   // launch
   LaunchOptions launch;
 };

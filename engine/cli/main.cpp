@@ -8,6 +8,7 @@
 #include "core/module_tree.h"
 #include "distributed/dist_env.h"
 #include "distributed/launcher.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "io/checkpoint_export.h"
 #include "io/hf_dir.h"
@@ -66,7 +67,9 @@ int run_plan(const CommandLine& args) {
   auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const auto script = find_policy(policy, model_config.model_type);
   const auto start = std::chrono::steady_clock::now();
-  Plan plan = run_policy(script, *model, {.world_size = args.world, .rank = 0, .training = true, .options = policy.options});
+  const Plan plan =
+      run_policy(script, *model, {.world_size = args.world, .rank = 0, .training = true, .options = policy.options});
+  if (plan.lora) apply_lora(*model, *plan.lora, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const ResolvedPlan resolved = resolve_plan(plan, *model, args.world, dtype);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   log_info("plan: policy ", script.string(), " over ", named_modules(*model).size(), " modules evaluated and validated in ",
@@ -84,7 +87,8 @@ int run_export(const CommandLine& args) {
       args.dtype.empty() ? std::nullopt : std::optional<at::ScalarType>(parse_dtype(args.dtype));
   const auto start = std::chrono::steady_clock::now();
   const ExportSummary s =
-      export_checkpoint(args.checkpoint, args.out, dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)));
+      export_checkpoint(args.checkpoint, args.out, dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)),
+                        args.merge_lora);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info("export: step ", s.step, ", ", s.tensors, " tensors, ", s.bytes, " bytes written to ", args.out, " in ",
            seconds, " s");

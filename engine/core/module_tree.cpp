@@ -61,6 +61,10 @@ std::vector<std::vector<std::string>> tied_parameter_groups(Module& root) {
   return groups;
 }
 
+bool path_under(const std::string& path, const std::string& prefix) {
+  return prefix.empty() || path == prefix || path.starts_with(prefix + ".");
+}
+
 Module* find_module(Module& root, const std::string& path) {
   for (const auto& entry : named_modules(root)) {
     if (entry.path == path) return entry.module;

@@ -29,6 +29,9 @@ std::vector<NamedParameter> unique_named_parameters(Module& root);
 // Groups of names that reach the same tensor; only groups of two or more.
 std::vector<std::vector<std::string>> tied_parameter_groups(Module& root);
 
+// Whether dotted `path` is `prefix` or lies below it ("" is above every path).
+bool path_under(const std::string& path, const std::string& prefix);
+
 // The module at a dotted path, or nullptr.
 Module* find_module(Module& root, const std::string& path);
 

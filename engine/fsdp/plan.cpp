@@ -18,10 +18,6 @@ namespace fsdpp {
 
 namespace {
 
-bool under(const std::string& path, const std::string& prefix) {
-  return prefix.empty() || path == prefix || path.starts_with(prefix + ".");
-}
-
 int depth(const UnitPlan& unit) {
   int d = 1 << 20;
   for (const auto& path : unit.modules) {
@@ -107,17 +103,22 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     if (e.module->routed_experts()) expert_paths.push_back(e.path);
   }
   auto in_experts = [&expert_paths](const std::string& path) {
-    return std::any_of(expert_paths.begin(), expert_paths.end(), [&](const auto& p) { return under(path, p); });
+    return std::any_of(expert_paths.begin(), expert_paths.end(), [&](const auto& p) { return path_under(path, p); });
   };
 
   ResolvedPlan resolved;
   std::set<const void*> claimed;
   for (auto& unit : units) {
+    if (plan.lora && plan.lora->dropout > 0 && unit.activation_checkpoint) {
+      throw UserError(plan.lora->origin + ": lora dropout " + std::to_string(plan.lora->dropout) +
+                      " with activation_checkpoint on the unit declared at " + where(unit) +
+                      ": its recomputation would draw other dropout masks than its forward did");
+    }
     ResolvedUnit r{.declared = std::move(unit)};
     resolve_options(r, world, model_dtype);
     const auto& modules = r.declared.modules;
     auto covered = [&modules](const std::string& path) {
-      return std::any_of(modules.begin(), modules.end(), [&](const auto& m) { return under(path, m); });
+      return std::any_of(modules.begin(), modules.end(), [&](const auto& m) { return path_under(path, m); });
     };
     for (const auto& e : all) {
       if (!covered(e.path)) continue;
@@ -136,6 +137,10 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
         r.numel += t.numel();
         const int64_t per_rank = ShardShape(t.sizes(), r.mesh.shard).shard_numel();
         r.padded_numel_per_rank += per_rank;
+        if (t.requires_grad()) {
+          r.trainable_numel_per_rank += per_rank;
+          resolved.trainable_numel += t.numel();
+        }
         if (in_experts(e.path)) {
           r.expert_numel += t.numel();
           r.expert_numel_per_rank += per_rank;
@@ -149,8 +154,11 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     resolved.largest_gathered_bytes = std::max(resolved.largest_gathered_bytes, r.bytes_gathered);
     resolved.units.push_back(std::move(r));
   }
-  resolved.grad_bytes = resolved.param_bytes;
-  resolved.optimizer_bytes = 2 * resolved.param_bytes;
+  int64_t trainable_per_rank = 0;
+  for (const auto& u : resolved.units) trainable_per_rank += u.trainable_numel_per_rank;
+  resolved.grad_bytes = trainable_per_rank * 4;
+  resolved.optimizer_bytes = 2 * resolved.grad_bytes;
+  resolved.lora = plan.lora;
   return resolved;
 }
 
@@ -190,6 +198,12 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
         << dtype_or(p.output_dtype, "as computed") << ", offload " << offload_name(p.offload)
         << ", activation_checkpoint " << (p.activation_checkpoint ? "true" : "false") << "\n";
   }
+  if (const auto& lora = plan.lora) {
+    out << "lora: rank " << lora->rank << ", alpha " << lora->alpha << ", dropout " << lora->dropout << " on "
+        << lora->targets.size() << " modules  (" << lora->origin << "); " << lora->trainable.size()
+        << " base modules trainable; " << plan.trainable_numel << " of " << plan.total_numel
+        << " parameters train, the rest frozen\n";
+  }
   out << "per rank: parameters " << mib(plan.param_bytes) << ", gradients " << mib(plan.grad_bytes)
       << ", optimizer state " << mib(plan.optimizer_bytes) << ", largest gathered unit "
       << mib(plan.largest_gathered_bytes) << "\n";
@@ -223,11 +237,26 @@ void from_json(const nlohmann::json& j, UnitPlan& u) {
        .origin = j.at("origin").get<std::string>()};
 }
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Plan, units, warnings)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LoraPlan, targets, rank, alpha, dropout, trainable, origin)
+
+void to_json(nlohmann::json& j, const Plan& plan) {
+  j = {{"units", plan.units}, {"warnings", plan.warnings},
+       {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}};
+}
+
+void from_json(const nlohmann::json& j, Plan& plan) {
+  plan.units = j.at("units").get<std::vector<UnitPlan>>();
+  plan.warnings = j.at("warnings").get<std::vector<std::string>>();
+  if (!j.at("lora").is_null()) plan.lora = j.at("lora").get<LoraPlan>();
+}
 
 std::string serialize_plan(const Plan& plan) { return nlohmann::json(plan).dump(); }
 
 Plan deserialize_plan(const std::string& text) { return nlohmann::json::parse(text).get<Plan>(); }
+
+std::string serialize_lora(const LoraPlan& lora) { return nlohmann::json(lora).dump(); }
+
+LoraPlan deserialize_lora(const std::string& text) { return nlohmann::json::parse(text).get<LoraPlan>(); }
 
 std::string plan_json(const ResolvedPlan& plan, int world) {
   nlohmann::json units = nlohmann::json::array();
@@ -244,7 +273,8 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                                     {"output", dtype_or(p.output_dtype, "")}}},
                      {"offload", offload_name(p.offload)}, {"activation_checkpoint", p.activation_checkpoint}});
   }
-  return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"units", units},
+  return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"trainable_numel", plan.trainable_numel},
+                        {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}, {"units", units},
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},
                                             {"optimizer", plan.optimizer_bytes},
                                             {"largest_gathered_unit", plan.largest_gathered_bytes},

@@ -36,8 +36,21 @@ struct UnitPlan {
   std::string origin;                               // where the policy declared it (file:line)
 };
 
+// Low-rank adapters a policy declares (lora{...}), as PEFT's LoRA: the listed Linear modules
+// get adapters, the listed base modules keep training their own parameters, and the rest of
+// the base is frozen.
+struct LoraPlan {
+  std::vector<std::string> targets;    // dotted paths of Linear modules
+  int64_t rank = 0;                    // r
+  double alpha = 0.0;                  // the adapter's output is scaled by alpha / r
+  double dropout = 0.0;                // on the adapter's input, in training
+  std::vector<std::string> trainable;  // base modules whose parameters stay trainable
+  std::string origin;                  // where the policy declared it (file:line)
+};
+
 struct Plan {
   std::vector<UnitPlan> units;            // as declared; the root unit, if declared, among them
+  std::optional<LoraPlan> lora;
   std::vector<std::string> warnings;
 };
 
@@ -60,12 +73,16 @@ struct ResolvedUnit {
   int64_t bytes_gathered = 0;             // its full parameters in its parameter dtype
   int64_t expert_numel = 0;               // of numel, in routed experts (Module::routed_experts)
   int64_t expert_numel_per_rank = 0;      // of padded_numel_per_rank, in routed experts
+  int64_t trainable_numel_per_rank = 0;   // of padded_numel_per_rank, in parameters that train
 };
 
 struct ResolvedPlan {
   std::vector<ResolvedUnit> units;        // in application order: inner first, root last
+  std::optional<LoraPlan> lora;           // as declared
   int64_t total_numel = 0;
-  // Per rank, from the padded shards: fp32 master params, fp32 grads, AdamW's two moments.
+  int64_t trainable_numel = 0;            // of total_numel, the parameters that train
+  // Per rank, from the padded shards: fp32 master params, fp32 grads and AdamW's two moments
+  // of the parameters that train.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   int64_t largest_gathered_bytes = 0;
   int64_t expert_param_bytes = 0;         // of param_bytes, the routed experts' master shards
@@ -85,5 +102,8 @@ std::string plan_json(const ResolvedPlan& plan, int world);
 // process hands its plan over.
 std::string serialize_plan(const Plan& plan);
 Plan deserialize_plan(const std::string& text);
+// A LoRA declaration as JSON text and back: what checkpoints record of their adapters.
+std::string serialize_lora(const LoraPlan& lora);
+LoraPlan deserialize_lora(const std::string& text);
 
 }  // namespace fsdpp

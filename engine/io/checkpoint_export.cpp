@@ -1,5 +1,6 @@
 // The export streams tensor by tensor: the HF writer plans its files from the recorded
-// shapes, and each tensor is assembled from its shards, written and dropped.
+// shapes, and each tensor is assembled from its shards (a LoRA target's merged with its
+// adapter), written and dropped.
 #include "io/checkpoint_export.h"
 
 #include "core/dtype.h"
@@ -7,6 +8,7 @@
 #include "core/module_tree.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
+#include "models/lora.h"
 #include "models/model_config.h"
 #include "models/registry.h"
 
@@ -30,33 +32,50 @@ bool within(const fs::path& inner, const fs::path& outer) {
 }  // namespace
 
 ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
-                                std::optional<at::ScalarType> dtype, size_t max_shard_bytes) {
+                                std::optional<at::ScalarType> dtype, size_t max_shard_bytes, bool merge_lora) {
   if (within(out, dir) || within(dir, out)) {
     throw UserError("export: " + out.string() + " would overwrite or contain the checkpoint " + dir.string() +
                     " it reads; choose another OUT");
   }
   const ShardedCheckpoint checkpoint = ShardedCheckpoint::open(dir);
   const ModelConfig config = ModelConfig::from_file(checkpoint.verified("config.json"));
+  const nlohmann::json model_meta = checkpoint.metadata().value("model", nlohmann::json::object());
+  const auto lora = model_meta.contains("lora") ? std::optional(deserialize_lora(model_meta["lora"].dump())) : std::nullopt;
+  if (lora && !merge_lora) {
+    throw UserError("export: " + dir.string() + " holds LoRA adapters (a frozen base): pass --merge-lora for the " +
+                    "merged model; the run's adapter directory holds them in PEFT's layout");
+  }
+  if (!lora && merge_lora) throw UserError("export: --merge-lora, but " + dir.string() + " holds no LoRA adapters");
   // Every parameter the config's model has must be there: an HF directory without one
   // would load with that weight initialised at random.
   const auto expected = build_model(config, at::TensorOptions().device(at::kMeta));
+  if (lora) apply_lora(*expected, *lora, at::TensorOptions().device(at::kMeta));
   for (const auto& p : unique_named_parameters(*expected)) {
     if (!checkpoint.contains("model/" + p.name)) {
       throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
                       " with its config.json has");
     }
   }
-  const at::ScalarType out_dtype =
-      dtype.value_or(parse_dtype(checkpoint.metadata().value("model", nlohmann::json::object()).value("dtype", "float32")));
+  const at::ScalarType out_dtype = dtype.value_or(parse_dtype(model_meta.value("dtype", "float32")));
   constexpr std::string_view kPrefix = "model/";
   std::vector<TensorSpec> specs;
   for (const auto& key : checkpoint.keys(std::string(kPrefix))) {
-    specs.push_back({key.substr(kPrefix.size()), out_dtype, checkpoint.record(key).shape});
+    const std::string name = key.substr(kPrefix.size());
+    if (!is_adapter_parameter(name)) specs.push_back({name, out_dtype, checkpoint.record(key).shape});
   }
   HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes);
   ExportSummary summary{checkpoint.step(), 0, 0};
   for (const auto& spec : specs) {
-    writer.write(spec.name, checkpoint.read_full(std::string(kPrefix) + spec.name));
+    at::Tensor tensor = checkpoint.read_full(std::string(kPrefix) + spec.name);
+    const std::string module = spec.name.substr(0, spec.name.rfind('.'));
+    if (lora && spec.name.ends_with(".weight") &&
+        std::find(lora->targets.begin(), lora->targets.end(), module) != lora->targets.end()) {
+      // In float64, so the merge adds no rounding of its own.
+      const auto a = checkpoint.read_full(std::string(kPrefix) + module + ".lora_A.weight").to(at::kDouble);  // [r, in]
+      const auto b = checkpoint.read_full(std::string(kPrefix) + module + ".lora_B.weight").to(at::kDouble);  // [out, r]
+      tensor = tensor.to(at::kDouble) + at::matmul(b, a) * (lora->alpha / static_cast<double>(lora->rank));
+    }
+    writer.write(spec.name, tensor);
     ++summary.tensors;
     summary.bytes += spec.bytes();
   }

@@ -109,11 +109,6 @@ void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& name
   out.view({rows, -1}).copy_(flat.narrow(0, first_row, rows));
 }
 
-void load_hf_weights(CausalLM& model, const HfWeights& weights) {
-  for (auto& [name, param] : unique_named_parameters(model)) read_hf_rows(weights, {name}, param.sizes(), param, 0);
-  warn_unused_hf_tensors(model, weights);
-}
-
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {
   std::set<std::string> used;
   for (const auto& p : unique_named_parameters(model)) used.insert(p.name);

@@ -44,9 +44,6 @@ std::filesystem::path hf_config_path(const std::filesystem::path& path);
 void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& names,
                   c10::IntArrayRef full_shape, at::Tensor& out, int64_t first_row);
 
-// Copies every parameter of `model` from `weights`. Tensors the model lacks are reported as
-// a warning.
-void load_hf_weights(CausalLM& model, const HfWeights& weights);
 // Warns of each tensor in `weights` that no parameter of `model` (nor a tied alias) uses.
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 

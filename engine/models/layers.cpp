@@ -25,7 +25,28 @@ Linear::Linear(torch::Tensor tied_weight) : Module("Linear") {
   weight = register_parameter("weight", std::move(tied_weight));
 }
 
-torch::Tensor Linear::forward(const torch::Tensor& x) { return at::linear(x, weight, bias); }
+torch::Tensor Linear::forward(const torch::Tensor& x) {
+  auto out = at::linear(x, weight, bias);
+  if (!lora_A_) return out;
+  const auto dropped = lora_dropout_ > 0 ? at::dropout(x, lora_dropout_, is_training()) : x;
+  return out + (*lora_B_)((*lora_A_)(dropped)) * lora_scaling_;
+}
+
+void Linear::add_adapter(int64_t rank, double alpha, double dropout, const torch::TensorOptions& opts) {
+  lora_A_ = register_child("lora_A", std::make_shared<LoraFactor>(LoraFactor::Kind::A, weight.size(1), rank, opts));
+  lora_B_ = register_child("lora_B", std::make_shared<LoraFactor>(LoraFactor::Kind::B, rank, weight.size(0), opts));
+  lora_scaling_ = alpha / static_cast<double>(rank);
+  lora_dropout_ = dropout;
+}
+
+void LoraFactor::init_parameter(const std::string&, torch::Tensor& t, at::Generator& gen, double) {
+  if (kind_ == Kind::B) {
+    t.zero_();
+    return;
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(t.size(1)));
+  t.copy_(at::rand(t.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)) * (2 * bound) - bound);
+}
 
 void Linear::init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
                             double std) {

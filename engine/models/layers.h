@@ -10,18 +10,43 @@ namespace fsdpp {
 // Fills `t` with N(0, std^2) drawn in float32 from `gen`, as the initialisers here all draw.
 void fill_normal(torch::Tensor& t, at::Generator& gen, double std);
 
+class LoraFactor;
+
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& opts);
   // Shares `weight` instead of owning one (tied embeddings).
   explicit Linear(torch::Tensor tied_weight);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x);  // [..., in] -> [..., out]
+  // [..., in] -> [..., out]; with an adapter, plus lora_B(lora_A(dropout(x))) * alpha / rank.
+  torch::Tensor forward(const torch::Tensor& x);
   void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
                       double std) override;
+  // Adds PEFT's low-rank adapter: children lora_A [rank, in] and lora_B [out, rank].
+  void add_adapter(int64_t rank, double alpha, double dropout, const torch::TensorOptions& opts);
+  bool has_adapter() const { return lora_A_ != nullptr; }
 
   torch::Tensor weight;  // [out, in]
   torch::Tensor bias;    // [out] or undefined
+
+ private:
+  std::shared_ptr<LoraFactor> lora_A_, lora_B_;
+  double lora_scaling_ = 0.0;
+  double lora_dropout_ = 0.0;
+};
+
+// One factor of a LoRA adapter, a Linear without bias initialised as PEFT initialises it:
+// A uniform in ±1/sqrt(in) (kaiming_uniform with a = sqrt(5)), B zero, so a new adapter
+// leaves the model's outputs unchanged.
+class LoraFactor : public Linear {
+ public:
+  enum class Kind { A, B };
+  LoraFactor(Kind kind, int64_t in_features, int64_t out_features, const torch::TensorOptions& opts)
+      : Linear(in_features, out_features, /*bias=*/false, opts), kind_(kind) {}
+  void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) override;
+
+ private:
+  Kind kind_;
 };
 
 class Embedding : public Module {

@@ -6,7 +6,9 @@
 #include "core/module_tree.h"
 #include "fsdp/fsdp_state.h"
 #include "io/hf_dir.h"
+#include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
+#include "models/lora.h"
 #include "models/registry.h"
 
 #include <ATen/ATen.h>
@@ -34,6 +36,32 @@ ShardFill hf_fill(std::shared_ptr<const HfWeights> weights, CausalLM& model) {
   };
 }
 
+// `base` for the base model's parameters; adapter parameters (and the trainable base
+// modules it saved) from `adapter` when given, else initialised as PEFT initialises them
+// (from the seed and each one's name).
+ShardFill with_adapters(ShardFill base, CausalLM& model, const std::optional<PeftAdapter>& adapter, uint64_t seed) {
+  ShardFill adapters = adapter ? adapter->fill() : fresh_init_fill(model, seed, model.config().initializer_range);
+  return [base = std::move(base), adapters, adapter](const std::string& name, const at::Tensor& param,
+                                                     at::Tensor& rows, int64_t first_row) {
+    const bool from_adapter = is_adapter_parameter(name) || (adapter && adapter->holds(name));
+    (from_adapter ? adapters : base)(name, param, rows, first_row);
+  };
+}
+
+// The adapters to put on: the policy's, which config.adapter must then agree with, or
+// config.adapter's own.
+std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::optional<PeftAdapter>& adapter) {
+  if (!adapter) return declared ? std::optional(*declared) : std::nullopt;
+  if (!declared) return adapter->plan();
+  const LoraPlan& file = adapter->plan();
+  if (declared->rank != file.rank || declared->alpha != file.alpha) {
+    throw UserError(file.origin + ": r " + std::to_string(file.rank) + ", lora_alpha " + std::to_string(file.alpha) +
+                    " differ from the policy's lora{rank = " + std::to_string(declared->rank) + ", alpha = " +
+                    std::to_string(declared->alpha) + "} at " + declared->origin);
+  }
+  return *declared;
+}
+
 void fill_whole(CausalLM& model, const ShardFill& fill) {
   at::NoGradGuard no_grad;
   for (auto& [name, param] : unique_named_parameters(model)) fill(name, param, param, 0);
@@ -54,45 +82,52 @@ ModelConfig model_config_of(const ModelSourceConfig& config) {
   return ModelConfig::from_file(hf_config_path(config.path));
 }
 
-LoadedModel load_model(const ModelSourceConfig& config, bool unallocated) {
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const LoraPlan* lora) {
   auto opts = torch::TensorOptions().dtype(parse_dtype(config.dtype));
   if (unallocated) opts = opts.device(torch::kMeta);
+  const auto adapter = config.adapter.empty() ? std::nullopt : std::optional(PeftAdapter::open(config.adapter));
   LoadedModel loaded;
+  loaded.lora = adapters_to_apply(lora, adapter);
+  auto build = [&](const ModelConfig& model_config) {
+    loaded.model = build_model(model_config, opts);
+    if (loaded.lora) apply_lora(*loaded.model, *loaded.lora, opts);
+  };
+  std::string source;  // for the log, once the values are in
   if (ShardedCheckpoint::is_checkpoint(config.path)) {
     auto checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(config.path));
-    loaded.model = build_model(ModelConfig::from_file(checkpoint->verified("config.json")), opts);
+    build(ModelConfig::from_file(checkpoint->verified("config.json")));
+    // A checkpoint of a LoRA run holds its adapters; config.adapter replaces them.
     loaded.fill = checkpoint_fill(checkpoint);
-    log_info("model: ", loaded.model->class_name(), " from checkpoint ", config.path, " (step ", checkpoint->step(),
-             ", ", loaded.model->recursive_param_count(), " parameters)");
+    if (adapter) loaded.fill = with_adapters(loaded.fill, *loaded.model, adapter, config.init_seed);
+    source = "from checkpoint " + config.path + " (step " + std::to_string(checkpoint->step()) + ", ";
   } else {
     const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.path));
     auto weights = std::make_shared<const HfWeights>(
         std::filesystem::is_directory(config.path) ? HfWeights::open(config.path) : HfWeights{});
-    loaded.model = build_model(model_config, opts);
+    build(model_config);
     if (weights->empty()) {
-      if (unallocated) {
-        loaded.fill = fresh_init_fill(*loaded.model, config.init_seed, model_config.initializer_range);
-      } else {
-        init_parameters(*loaded.model, config.init_seed, model_config.initializer_range);
-      }
-      log_info("model: fresh ", loaded.model->class_name(), " (", loaded.model->recursive_param_count(),
-               " parameters, seed ", config.init_seed, ")");
-    } else if (unallocated) {
-      weights->advise_random();
-      loaded.fill = hf_fill(weights, *loaded.model);
-      loaded.weights = weights;
-      log_info("model: ", loaded.model->class_name(), " from ", config.path, " (",
-               loaded.model->recursive_param_count(), " parameters, each rank reading its rows)");
+      loaded.fill = fresh_init_fill(*loaded.model, config.init_seed, model_config.initializer_range);
+      source = "fresh (seed " + std::to_string(config.init_seed) + ", ";
     } else {
-      load_hf_weights(*loaded.model, *weights);  // also warns of tensors the model lacks
-      log_info("model: ", loaded.model->class_name(), " loaded from ", config.path, " (",
-               loaded.model->recursive_param_count(), " parameters)");
+      if (unallocated) {
+        weights->advise_random();
+        loaded.weights = weights;
+      } else {
+        warn_unused_hf_tensors(*loaded.model, *weights);
+      }
+      loaded.fill = hf_fill(weights, *loaded.model);
+      source = std::string("from ") + config.path + (unallocated ? " (each rank reading its rows, " : " (");
     }
+    if (loaded.lora) loaded.fill = with_adapters(loaded.fill, *loaded.model, adapter, config.init_seed);
   }
-  if (!unallocated && loaded.fill) {
+  if (!unallocated) {
     fill_whole(*loaded.model, loaded.fill);
     loaded.fill = {};
   }
+  log_info("model: ", loaded.model->class_name(), " ", source, loaded.model->recursive_param_count(), " parameters",
+           loaded.lora ? ", LoRA rank " + std::to_string(loaded.lora->rank) + " on " +
+                             std::to_string(loaded.lora->targets.size()) + " modules" : std::string(),
+           config.adapter.empty() ? std::string() : " from " + config.adapter, ")");
   return loaded;
 }
 

@@ -4,10 +4,12 @@
 
 #include "core/dtype.h"
 #include "train/model_source_config.h"
+#include "fsdp/plan.h"
 #include "fsdp/sharded_param.h"
 #include "models/causal_lm.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace fsdpp {
@@ -17,6 +19,7 @@ class ShardedCheckpoint;
 
 struct LoadedModel {
   std::shared_ptr<CausalLM> model;
+  std::optional<LoraPlan> lora;  // the adapters the model carries, if any
   // Set when the model was built unallocated: gives each rank's rows of every parameter
   // (read straight from the weight files, or initialised) as the sharding asks for them.
   ShardFill fill;
@@ -25,7 +28,10 @@ struct LoadedModel {
 
 // Builds the model with its values. With `unallocated` it is built without memory and
 // `fill` supplies the values shard by shard (FSDP); otherwise every parameter is filled.
-LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false);
+// LoRA adapters go on as `lora` (a policy's lora{...}) says, or as config.adapter's own
+// config does when `lora` is null; their values come from config.adapter, or are
+// initialised as PEFT initialises them.
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr);
 // The architecture alone, read without building the model.
 ModelConfig model_config_of(const ModelSourceConfig& config);
 

@@ -12,6 +12,7 @@ ModelSourceConfig ModelSourceConfig::from_section(ConfigSection& s) {
   c.path = s.get_string("path", "");
   c.dtype = s.get_string("dtype", c.dtype);
   c.init_seed = static_cast<uint64_t>(s.get_int("init_seed", 0, 0, kMaxSeed));
+  c.adapter = s.get_string("adapter", "");
   s.finish();
   if (c.path.empty()) s.fail("path", "required: an HF model directory, a checkpoint or a config.json");
   try {

@@ -12,7 +12,8 @@ class ConfigSection;
 struct ModelSourceConfig {
   std::string path;               // HF model directory, sharded checkpoint, or a config.json for a fresh model
   std::string dtype = "float32";  // parameter dtype: float32, float64, bfloat16, float16
-  uint64_t init_seed = 0;         // seed of a fresh model's initialisation
+  uint64_t init_seed = 0;         // seed of a fresh model's initialisation (and of new LoRA adapters)
+  std::string adapter;            // a PEFT LoRA adapter directory to start from; "" for none
 
   static ModelSourceConfig from_section(ConfigSection& section);
 };

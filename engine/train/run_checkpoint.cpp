@@ -11,6 +11,8 @@
 #include "core/log.h"
 #include "core/module_tree.h"
 #include "io/hf_dir.h"
+#include "io/peft_adapter.h"
+#include "models/lora.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -48,9 +50,9 @@ std::string config_hash(const RunConfig& config) {
 
 RunCheckpointer::RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
                                  std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
-                                 ShuffledOrder& order, json data)
+                                 ShuffledOrder& order, json data, std::optional<LoraPlan> lora)
     : config_(config), model_(model), world_(std::move(world)), shards_(std::move(shards)),
-      meshes_(std::move(meshes)), optimizer_(optimizer), order_(order), data_(std::move(data)) {}
+      meshes_(std::move(meshes)), optimizer_(optimizer), order_(order), data_(std::move(data)), lora_(std::move(lora)) {}
 
 void RunCheckpointer::save(int64_t step, const json& client_state) {
   const fs::path root = config_.checkpoint.dir;
@@ -167,6 +169,7 @@ json RunCheckpointer::metadata(int64_t step, const json& client_state, const at:
   meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
   meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
   meta["model"] = {{"dtype", config_.model.dtype}};
+  if (lora_) meta["model"]["lora"] = json::parse(serialize_lora(*lora_));
   const auto position = order_.position();
   meta["data"] = data_;
   meta["data"]["epoch"] = position.epoch;
@@ -249,6 +252,19 @@ void export_model(const ModelConfig& model, ShardedView& view, int rank, const C
     if (writer) writer->write(name, t);
   });
   if (writer) writer->finish();
+}
+
+void export_adapter(const LoraPlan& lora, const std::string& base_model, ShardedView& view, int rank,
+                    const CheckpointConfig& config) {
+  NamedTensors tensors;  // small next to the base: held whole until written
+  view.for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
+    const bool trainable = std::any_of(lora.trainable.begin(), lora.trainable.end(),
+                                       [&](const std::string& m) { return path_under(name, m); });
+    if (rank == 0 && (is_adapter_parameter(name) || trainable)) {
+      tensors.emplace_back(name, t.to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+    }
+  });
+  if (rank == 0) write_peft_adapter(config.adapter_dir, lora, base_model, tensors);
 }
 
 }  // namespace fsdpp

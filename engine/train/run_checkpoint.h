@@ -6,6 +6,7 @@
 #pragma once
 
 #include "distributed/comm.h"
+#include "fsdp/plan.h"
 #include "fsdp/sharded_view.h"
 #include "io/sharded_checkpoint.h"
 #include "models/model_config.h"
@@ -31,9 +32,10 @@ class RunCheckpointer {
  public:
   // `shards` are this rank's rows of every parameter (the optimizer's tensors); `data`
   // identifies the stream `order` indexes (file, range, seq_len, seed).
+  // `lora`: the adapters the model carries, recorded so that an export can merge them.
   RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
                   std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
-                  ShuffledOrder& order, nlohmann::json data);
+                  ShuffledOrder& order, nlohmann::json data, std::optional<LoraPlan> lora = std::nullopt);
 
   // Saves step `step` under config.dir and rotates older checkpoints (collective; every
   // rank calls it). A step already saved is left as it is.
@@ -56,6 +58,7 @@ class RunCheckpointer {
   AdamW& optimizer_;
   ShuffledOrder& order_;
   nlohmann::json data_;
+  std::optional<LoraPlan> lora_;
 };
 
 // The checkpoint [checkpoint] resume names, or nullopt to start fresh ("" or "latest" with
@@ -66,6 +69,10 @@ std::optional<std::filesystem::path> resume_path(const CheckpointConfig& config)
 // export_shard_mb), one unit gathered at a time: rank 0 streams each tensor to disk as it
 // arrives, so no rank ever holds the whole model. Collective when `view` is sharded.
 void export_model(const ModelConfig& model, ShardedView& view, int rank, const CheckpointConfig& config);
+// Writes a LoRA run's adapters and trainable base modules as a PEFT adapter of `lora` into
+// config.adapter_dir (a collective: each unit gathered in turn; rank 0 writes).
+void export_adapter(const LoraPlan& lora, const std::string& base_model, ShardedView& view, int rank,
+                    const CheckpointConfig& config);
 
 // A hash of the settings that shape the run (every section but [checkpoint] and [train]).
 std::string config_hash(const RunConfig& config);

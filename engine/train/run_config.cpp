@@ -37,6 +37,7 @@ CheckpointConfig CheckpointConfig::from_section(ConfigSection& s) {
   c.resume = s.get_string("resume", c.resume);
   c.save_on_signal = s.get_bool("save_on_signal", c.save_on_signal);
   c.export_dir = s.get_string("export_dir", c.export_dir);
+  c.adapter_dir = s.get_string("adapter_dir", c.adapter_dir);
   c.export_dtype = s.get_string("export_dtype", c.export_dtype);
   c.export_shard_mb = s.get_double("export_shard_mb", c.export_shard_mb, 0, 1e9);
   s.finish();
@@ -80,6 +81,7 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   run.parallel = ParallelConfig::from_section(parallel);
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model";
+  if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter";
   if (run.checkpoint.export_dtype.empty()) run.checkpoint.export_dtype = run.model.dtype;
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
   if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";

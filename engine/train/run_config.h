@@ -41,6 +41,7 @@ struct CheckpointConfig {
                                 // none), or a checkpoint directory; "" starts fresh
   bool save_on_signal = true;   // on SIGTERM or SIGINT: finish the step, save, exit with 128 + the signal
   std::string export_dir;       // the HF export of the final model; "" means <train.out_dir>/model
+  std::string adapter_dir;      // a LoRA run's final adapter, in PEFT's layout; "" means <train.out_dir>/adapter
   std::string export_dtype;     // its dtype; "" means [model] dtype
   double export_shard_mb = 2048;  // largest safetensors file of the export in MiB; above it the export is sharded
 

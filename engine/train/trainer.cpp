@@ -12,6 +12,7 @@
 #include "fsdp/whole_model.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
+#include "models/registry.h"
 #include "train/run_checkpoint.h"
 #include "train/evaluate.h"
 #include "train/expert_balance.h"
@@ -90,10 +91,9 @@ std::shared_ptr<const ShardedCheckpoint> open_resume_checkpoint(const Checkpoint
 
 // Shards the model by the policy's plan, each rank filling its rows from the checkpoint or
 // the loaded weights, which are then unmapped.
-std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const PlanBuilder& build_plan, Session& s) {
+std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const Plan& plan, Session& s) {
   CausalLM& model = *s.loaded.model;
   const int rank = s.comm->rank(), world = s.comm->size();
-  Plan plan = build_plan(model, world, rank);
   const ResolvedPlan resolved = resolve_plan(plan, model, world, parse_dtype(config.model.dtype));
   if (rank == 0) {
     log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes,
@@ -140,14 +140,19 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   const ModelConfig model_config = model_config_of(config.model);
   s.batches = open_batches(config.data, model_config);
   config.experts.check_model(model_config, config.file.string());
-  s.loaded = load_model(config.model, /*unallocated=*/env.launched);
+  // The policy reads a skeleton of the model (no memory): its units shard a launched run, and
+  // its LoRA declaration puts adapters on the model of any run before its values load.
+  const Plan plan = build_plan(*build_model(model_config, torch::TensorOptions().dtype(parse_dtype(config.model.dtype))
+                                                              .device(torch::kMeta)),
+                               s.comm->size(), rank);
+  s.loaded = load_model(config.model, /*unallocated=*/env.launched, plan.lora ? &*plan.lora : nullptr);
   CausalLM& model = *s.loaded.model;
   s.parameters = model.recursive_param_count();  // numel holds for unallocated parameters too
   s.sharded = env.launched;
   if (!s.sharded) model.to(s.device);  // a sharded model is placed unit by unit instead
   model.train();
   if (s.sharded) {
-    s.view = shard_model(config, build_plan, s);
+    s.view = shard_model(config, plan, s);
   } else {
     s.view = std::make_unique<WholeModel>(model);
   }
@@ -155,7 +160,7 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
                                         config.optimizer);
   s.checkpointer = std::make_unique<RunCheckpointer>(config, model.config(), s.comm, s.view->shard_rows(),
                                                      s.view->mesh_shapes(), *s.optimizer, s.batches->order(),
-                                                     s.batches->identity());
+                                                     s.batches->identity(), s.loaded.lora);
   if (const auto& moe = model.config().moe) {
     s.experts.emplace(*moe, config.experts, routing_bias_names(model), config.train.grad_accum);
   }
@@ -333,7 +338,11 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       return summary;
     }
   }
-  if (config.checkpoint.save_final) {
+  if (config.checkpoint.save_final && s.loaded.lora) {
+    // The base is frozen: what the run made is its adapter (fsdpp export --merge-lora merges it).
+    export_adapter(*s.loaded.lora, config.model.path, *s.view, rank, config.checkpoint);
+    if (rank == 0) log_info("saved the LoRA adapter at step ", summary.steps, " to ", config.checkpoint.adapter_dir);
+  } else if (config.checkpoint.save_final) {
     export_model(s.loaded.model->config(), *s.view, rank, config.checkpoint);
     if (rank == 0) log_info("exported the model at step ", summary.steps, " to ", config.checkpoint.export_dir);
   }

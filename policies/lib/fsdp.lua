@@ -21,6 +21,12 @@
 --                         a unit of their own, with experts_reshard_after_forward,
 --                         experts_offload, experts_param_dtype and experts_reduce_dtype
 --                         (each defaults to the layers' option)
+--   lora_rank             LoRA adapters of this rank (none when unset), on lora_targets:
+--                         comma-separated module names ("q_proj,v_proj": every module whose
+--                         path ends so) or classes (default "q_proj,k_proj,v_proj,o_proj");
+--                         lora_alpha (default 8), lora_dropout (default 0), lora_trainable:
+--                         comma-separated names of base modules that keep training
+--                         ("lm_head,norm"); the rest of the base is frozen
 local M = {}
 
 local function option(name, default)
@@ -107,6 +113,40 @@ local function expert_placement()
   return placement
 end
 
+-- The modules `names` (comma-separated module names or classes) select; each name that
+-- selects nothing is reported with the Linear module names the model has.
+local function modules_named(names, what)
+  local found, available = {}, {}
+  for name in string.gmatch(names, "[^,%s]+") do
+    local hits = ctx.model:find{where = function(m)
+      return m:class_name() == name or m:path() == name or string.sub(m:path(), -#name - 1) == "." .. name
+    end}
+    if #hits == 0 then
+      if next(available) == nil then
+        for _, m in ipairs(ctx.model:find{class = "Linear"}) do available[string.match(m:path(), "[^.]+$")] = true end
+      end
+      local listed = {}
+      for n in pairs(available) do listed[#listed + 1] = n end
+      table.sort(listed)
+      warn(what .. ": '" .. name .. "' matches no module (Linear modules: " .. table.concat(listed, ", ") .. ")")
+    end
+    for _, m in ipairs(hits) do found[#found + 1] = m end
+  end
+  return found
+end
+
+-- LoRA as [policy.options] lora_* ask.
+function M.lora_from_options()
+  local rank = option("lora_rank", nil)
+  if rank == nil then return end
+  if math.type(rank) ~= "integer" or rank < 1 then
+    error("lora_rank must be a whole number of at least 1, not " .. tostring(rank), 3)  -- the policy's line
+  end
+  lora{targets = modules_named(option("lora_targets", "q_proj,k_proj,v_proj,o_proj"), "lora_targets"),
+       rank = rank, alpha = option("lora_alpha", 8), dropout = option("lora_dropout", 0),
+       trainable = modules_named(option("lora_trainable", ""), "lora_trainable")}
+end
+
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data.
 local function vision_tower_mode()
   local mode = option("vision_tower", option("mixed_mm_data", false) and "root" or "shard")
@@ -147,6 +187,7 @@ function M.standard(spec)
   end
   M.wrap_embedding_and_head(M.unit_options())
   wrap(ctx.model, M.root_options())
+  M.lora_from_options()
 end
 
 return M

@@ -144,6 +144,30 @@ sed 's/"num_experts_per_tok": 2/"num_experts_per_tok": 97/' tests/assets/models/
 expect "more experts per token than experts" "bad_top_k/config.json" "num_experts_per_tok must be in [1, 96], got 97" \
   -- train "$work/ok.toml" --set "model.path=\"$work/bad_top_k\""
 
+# LoRA.
+expect "LoRA rank 0" "policies/llama.lua:4" "lora_rank must be a whole number of at least 1, not 0" \
+  -- train "$work/ok.toml" --set policy.options.lora_rank=0
+expect "missing adapter" "$work/no-such-adapter: no such adapter directory" \
+  -- train "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
+mkdir -p "$work/wide_adapter"
+python3 - "$work/wide_adapter" <<'PY' || exit 1
+import json, struct, sys
+# A rank-2 adapter for a q_proj 7 wide, where the fixture's is 48: made for another base.
+shapes = {"lora_A": [2, 7], "lora_B": [48, 2]}
+header, data = {}, b""
+for factor, shape in shapes.items():
+    size = 4 * shape[0] * shape[1]
+    header[f"base_model.model.model.layers.0.self_attn.q_proj.{factor}.weight"] = {
+        "dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + size]}
+    data += b"\0" * size
+blob = json.dumps(header).encode()
+open(sys.argv[1] + "/adapter_model.safetensors", "wb").write(struct.pack("<Q", len(blob)) + blob + data)
+json.dump({"peft_type": "LORA", "r": 2, "lora_alpha": 4}, open(sys.argv[1] + "/adapter_config.json", "w"))
+PY
+expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
+  "q_proj.lora_A.weight' has shape [2, 7], the model's [2, 48]" \
+  -- train "$work/ok.toml" --set "model.adapter=\"$work/wide_adapter\""
+
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
 

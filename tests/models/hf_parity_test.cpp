@@ -54,11 +54,16 @@ void check_loss_and_gradients(Module& model, const at::Tensor& logits, const at:
   CHECK(checked == expected);
 }
 
-// A fixture's model in float32 and its reference outputs.
-std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixture(const std::string& model_name) {
+// Where the fixture `name` lies (tests/CMakeLists.txt's hf_fixtures makes them).
+std::string fixture_dir(const std::string& name) {
   const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
   REQUIRE(fixtures != nullptr);
-  const std::string dir = std::string(fixtures) + "/" + model_name;
+  return std::string(fixtures) + "/" + name;
+}
+
+// A fixture's model in float32 and its reference outputs.
+std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixture(const std::string& model_name) {
+  const std::string dir = fixture_dir(model_name);
   return {load_model({.path = dir, .dtype = "float32"}).model, SafetensorsFile::open(dir + "/reference.safetensors")};
 }
 
@@ -143,6 +148,29 @@ TEST_CASE("packed documents give what each document gives alone through transfor
   const std::string variant = masked ? "packed_masked" : "packed";
   if (masked) targets = targets.masked_fill(reference->tensor("packed.marked").logical_not(), -100);
   check_loss_and_gradients(*model, logits, targets, *reference, variant + ".loss", variant + ".grad.");
+}
+
+// LoRA (tests/reference/make_lora_fixtures.py): a base model with a PEFT adapter (rank 3 or 5,
+// targets in attention and the MLP, and for Qwen2 its final norm trained too) gives peft's
+// logits, loss and gradients of everything that trains; the frozen base gets none.
+TEST_CASE("LoRA adapters give peft's logits, loss and gradients", "[models][parity]") {
+  const std::string name = GENERATE("lora_llama", "lora_qwen2");
+  INFO("fixture " << name);
+  const std::string dir = fixture_dir(name);
+  auto loaded = load_model({.path = dir + "/base", .dtype = "float32", .adapter = dir + "/adapter"});
+  const auto reference = SafetensorsFile::open(dir + "/reference.safetensors");
+  auto ids = reference->tensor("input_ids");
+  auto logits = (*loaded.model)(ids);
+  CHECK(relative_error(logits, reference->tensor("logits")) < 1e-5);
+  check_loss_and_gradients(*loaded.model, logits, next_tokens(ids), *reference, "loss");
+  int frozen = 0;
+  for (const auto& p : unique_named_parameters(*loaded.model)) {
+    if (p.tensor.requires_grad()) continue;
+    INFO("frozen " << p.name);
+    CHECK(!p.tensor.grad().defined());
+    ++frozen;
+  }
+  CHECK(frozen > 0);
 }
 
 // Qwen2-VL and Qwen2.5-VL (tests/reference/make_vl_fixtures.py): text, image, video and

@@ -4,6 +4,7 @@
 #include "bindings/lua/policy.h"
 #include "core/error.h"
 #include "core/module_tree.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "scratch_dir.h"
 
@@ -225,4 +226,45 @@ TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fus
   CHECK(std::count(mixed.begin(), mixed.end(), "lm_head") == 0);
   CHECK(std::count(mixed.begin(), mixed.end(), "model.layers.2") == 1);
   CHECK(mixed.size() + 4 == sharded.size());  // three vision units and lm_head fewer
+}
+
+TEST_CASE("lora{...} declares adapters; apply_lora puts them on and freezes the base", "[lua]") {
+  CHECK_THAT(error_of("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 0}\n"),
+             Catch::Contains("escape.lua:1: lora: rank must be an integer in [1, 65536]"));
+  CHECK_THAT(error_of("lora{targets = {}, rank = 2}\n"), Catch::Contains("escape.lua:1: lora: no target modules"));
+  CHECK_THAT(error_of("local t = ctx.model:find{path = 'q_proj$'}\nlora{targets = t, rank = 2}\nlora{targets = t, rank = 2}\n"),
+             Catch::Contains("escape.lua:3: lora: declared twice (first at ") && Catch::Contains("escape.lua:2)"));
+  CHECK_THAT(error_of("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 2, dropout = 1}\n"),
+             Catch::Contains("lora: dropout must be in"));
+
+  auto model = meta_model();
+  const auto plan = run_policy(write_policy("lora.lua", R"(
+lora{targets = ctx.model:find{path = "proj$"}, rank = 3, alpha = 6, trainable = {ctx.model:get("model.norm")}}
+wrap(ctx.model)
+)"), *model, {});
+  REQUIRE(plan.lora);
+  CHECK(plan.lora->rank == 3);
+  CHECK(plan.lora->alpha == 6);
+  CHECK(plan.lora->trainable == std::vector<std::string>{"model.norm"});
+  const auto meta = torch::TensorOptions().device(torch::kMeta);
+  apply_lora(*model, *plan.lora, meta);
+  int64_t adapters = 0, trainable = 0;
+  for (const auto& p : unique_named_parameters(*model)) {
+    if (!p.tensor.requires_grad()) continue;
+    ++trainable;
+    adapters += is_adapter_parameter(p.name);
+    CHECK((is_adapter_parameter(p.name) || p.name == "model.norm.weight"));
+  }
+  CHECK(adapters == 2 * static_cast<int64_t>(plan.lora->targets.size()));
+  CHECK(trainable == adapters + 1);
+  // Dropout masks cannot be redrawn alike by a recomputation.
+  Plan checkpointed{.units = {{.modules = {"model.layers.0"}, .activation_checkpoint = true, .origin = "u.lua:2"}},
+                    .lora = LoraPlan{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2,
+                                     .dropout = 0.1, .origin = "u.lua:1"}};
+  CHECK_THROWS_WITH(resolve_plan(checkpointed, *model, 1, at::kFloat),
+                    Catch::Contains("u.lua:1: lora dropout") && Catch::Contains("declared at u.lua:2"));
+  // A target that is no Linear is refused, naming it.
+  LoraPlan wrong{.targets = {"model.layers.0.mlp"}, .rank = 2, .alpha = 2, .origin = "x.lua:1"};
+  CHECK_THROWS_WITH(apply_lora(*meta_model(), wrong, meta),
+                    Catch::Contains("x.lua:1: lora: target 'model.layers.0.mlp' is a LlamaMLP, not a Linear module"));
 }

@@ -1,0 +1,125 @@
+// Reading and writing PEFT LoRA adapters.
+#include "io/peft_adapter.h"
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "core/module_tree.h"
+#include "models/lora.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <set>
+
+namespace fsdpp {
+
+namespace {
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+
+nlohmann::json read_adapter_config(const std::filesystem::path& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(path.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw UserError(path.string() + ": an adapter config must be a JSON object");
+  if (j.value("peft_type", std::string("LORA")) != "LORA") {
+    throw UserError(path.string() + ": peft_type '" + j.value("peft_type", std::string()) + "' is not LORA");
+  }
+  for (const char* unsupported : {"use_dora", "use_rslora"}) {
+    if (j.value(unsupported, false)) throw UserError(path.string() + ": " + unsupported + " = true is not supported");
+  }
+  if (j.value("bias", std::string("none")) != "none") throw UserError(path.string() + ": bias must be \"none\"");
+  for (const char* pattern : {"rank_pattern", "alpha_pattern"}) {
+    if (j.contains(pattern) && !j[pattern].is_null() && !j[pattern].empty()) {
+      throw UserError(path.string() + ": " + pattern + " is not supported (one rank and alpha for every target)");
+    }
+  }
+  if (j.value("lora_bias", false)) throw UserError(path.string() + ": lora_bias = true is not supported");
+  return j;
+}
+
+}  // namespace
+
+PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir)) throw UserError(dir.string() + ": no such adapter directory");
+  const auto config_path = dir / kConfigFile;
+  const nlohmann::json j = read_adapter_config(config_path);
+  PeftAdapter adapter;
+  adapter.dir_ = dir;
+  adapter.weights_ = SafetensorsFile::open(dir / kWeightsFile);
+  LoraPlan& plan = adapter.plan_;
+  plan.origin = config_path.string();
+  try {
+    plan.rank = j.at("r").get<int64_t>();
+    plan.alpha = j.value("lora_alpha", 8.0);
+    plan.dropout = j.value("lora_dropout", 0.0);
+  } catch (const nlohmann::json::exception&) {
+    throw UserError(config_path.string() + ": r, lora_alpha and lora_dropout must be numbers (r required)");
+  }
+  if (plan.rank < 1 || plan.rank > 65536) throw UserError(config_path.string() + ": r must be in [1, 65536]");
+  if (!(plan.alpha > 0) || !(plan.dropout >= 0 && plan.dropout < 1)) {
+    throw UserError(config_path.string() + ": lora_alpha must be positive and lora_dropout in [0, 1)");
+  }
+  if (j.contains("modules_to_save") && j["modules_to_save"].is_array()) {
+    for (const auto& m : j["modules_to_save"]) {
+      if (!m.is_string()) throw UserError(config_path.string() + ": modules_to_save must list module paths");
+      plan.trainable.push_back(m.get<std::string>());
+    }
+  }
+  std::set<std::string> targets;
+  for (const auto& [name, entry] : adapter.weights_->entries()) {
+    const std::string engine = engine_tensor_name(name);
+    const auto at = engine.find(".lora_A.");
+    if (at != std::string::npos) targets.insert(engine.substr(0, at));
+    const bool saved_module = std::any_of(plan.trainable.begin(), plan.trainable.end(),
+                                          [&](const std::string& m) { return path_under(engine, m); });
+    if (!is_adapter_parameter(engine) && !saved_module) {
+      throw UserError((dir / kWeightsFile).string() + ": tensor '" + name +
+                      "' is neither a LoRA factor nor in modules_to_save");
+    }
+  }
+  if (targets.empty()) throw UserError((dir / kWeightsFile).string() + ": holds no lora_A tensor");
+  plan.targets.assign(targets.begin(), targets.end());
+  return adapter;
+}
+
+bool PeftAdapter::holds(const std::string& name) const { return weights_->contains(peft_tensor_name(name)); }
+
+ShardFill PeftAdapter::fill() const {
+  return [weights = weights_, file = (dir_ / kWeightsFile).string()](const std::string& name, const at::Tensor& param,
+                                                                      at::Tensor& rows, int64_t first_row) {
+    const std::string stored = peft_tensor_name(name);
+    if (!weights->contains(stored)) throw UserError(file + ": no tensor '" + stored + "'");
+    const at::Tensor full = weights->tensor(stored);
+    if (full.sizes() != param.sizes()) {
+      throw UserError(file + ": tensor '" + stored + "' has shape " + c10::str(full.sizes()) + ", the model's " +
+                      c10::str(param.sizes()));
+    }
+    rows.view({rows.size(0), -1}).copy_(full.reshape({param.size(0), -1}).narrow(0, first_row, rows.size(0)));
+  };
+}
+
+void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
+                        const NamedTensors& tensors) {
+  std::filesystem::create_directories(dir);
+  NamedTensors stored;
+  for (const auto& [name, tensor] : tensors) stored.emplace_back(peft_tensor_name(name), tensor);
+  write_safetensors(dir / kWeightsFile, stored, {{"format", "pt"}});
+  const nlohmann::json config = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"},
+                                 {"base_model_name_or_path", base_model},
+                                 {"r", lora.rank}, {"lora_alpha", lora.alpha}, {"lora_dropout", lora.dropout},
+                                 {"target_modules", lora.targets}, {"bias", "none"}, {"fan_in_fan_out", false},
+                                 {"inference_mode", true}, {"use_rslora", false}, {"use_dora", false},
+                                 {"init_lora_weights", true},
+                                 {"modules_to_save", lora.trainable.empty() ? nlohmann::json() : nlohmann::json(lora.trainable)}};
+  AtomicFileWriter writer(dir / kConfigFile);
+  const std::string text = config.dump(2) + "\n";
+  writer.append(text.data(), text.size());
+  writer.commit();
+}
+
+}  // namespace fsdpp

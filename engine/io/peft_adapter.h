@@ -1,0 +1,44 @@
+// LoRA adapters in PEFT's layout: a directory with adapter_config.json and
+// adapter_model.safetensors whose tensors are named "base_model.model.<module>.lora_A.weight",
+// as peft.PeftModel.from_pretrained reads them. Reading gives the adapter's LoRA plan and
+// each adapter parameter's rows; writing takes the adapter parameters' full values.
+#pragma once
+
+#include "fsdp/plan.h"
+#include "fsdp/sharded_param.h"
+#include "io/safetensors.h"
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace fsdpp {
+
+class PeftAdapter {
+ public:
+  // Reads and checks `dir` (a LoRA adapter, without DoRA or rsLoRA); faults are UserErrors
+  // naming the file.
+  static PeftAdapter open(const std::filesystem::path& dir);
+
+  // The adapter as a plan: every module with LoRA factors in the file a target, its rank,
+  // alpha and dropout, and its modules_to_save the trainable base modules.
+  const LoraPlan& plan() const { return plan_; }
+  // Whether the file holds the parameter (engine name): an adapter's, or one of a trainable
+  // base module (PEFT's modules_to_save).
+  bool holds(const std::string& name) const;
+  // Rows of the parameters it holds, as FSDP asks for them.
+  ShardFill fill() const;
+
+ private:
+  LoraPlan plan_;
+  std::filesystem::path dir_;
+  std::shared_ptr<SafetensorsFile> weights_;
+};
+
+// Writes `tensors` (engine names with their full values: the adapters', and those of the
+// trainable base modules) as a PEFT adapter of `lora` for the base model at `base_model`
+// into `dir`, atomically file by file.
+void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
+                        const NamedTensors& tensors);
+
+}  // namespace fsdpp

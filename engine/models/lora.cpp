@@ -1,0 +1,57 @@
+// Attaching adapters and freezing the base.
+#include "models/lora.h"
+
+#include "core/error.h"
+#include "core/module_tree.h"
+#include "models/layers.h"
+
+#include <algorithm>
+
+namespace fsdpp {
+
+namespace {
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+}  // namespace
+
+void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOptions& opts) {
+  const std::string where = lora.origin.empty() ? "lora" : lora.origin;
+  std::map<std::string, Module*> by_path;
+  for (const auto& e : named_modules(model)) by_path[e.path] = e.module;
+  for (const auto& path : lora.targets) {
+    auto it = by_path.find(path);
+    if (it == by_path.end()) throw UserError(where + ": lora: no module at path '" + path + "'");
+    auto* linear = dynamic_cast<Linear*>(it->second);
+    if (linear == nullptr || dynamic_cast<LoraFactor*>(it->second) != nullptr) {
+      throw UserError(where + ": lora: target '" + path + "' is a " + it->second->class_name() +
+                      ", not a Linear module");
+    }
+    if (linear->has_adapter()) throw UserError(where + ": lora: target '" + path + "' is listed twice");
+    linear->add_adapter(lora.rank, lora.alpha, lora.dropout, opts);
+  }
+  for (const auto& path : lora.trainable) {
+    if (!by_path.count(path)) throw UserError(where + ": lora: no trainable module at path '" + path + "'");
+  }
+  for (const auto& e : named_modules(model)) {
+    const bool trainable = std::any_of(lora.trainable.begin(), lora.trainable.end(),
+                                       [&](const std::string& t) { return path_under(e.path, t); });
+    for (auto& item : e.module->named_parameters(/*recurse=*/false)) {
+      const std::string name = e.path.empty() ? item.key() : e.path + "." + item.key();
+      // A parameter frozen by its model (a routing bias) stays frozen.
+      if (!is_adapter_parameter(name) && !trainable) item.value().set_requires_grad(false);
+    }
+  }
+}
+
+bool is_adapter_parameter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+std::string peft_tensor_name(const std::string& name) { return kPeftPrefix + name; }
+
+std::string engine_tensor_name(const std::string& peft_name) {
+  return peft_name.starts_with(kPeftPrefix) ? peft_name.substr(std::string(kPeftPrefix).size()) : peft_name;
+}
+
+}  // namespace fsdpp

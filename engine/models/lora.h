@@ -1,0 +1,21 @@
+// LoRA on a built model: adapters on the Linear modules a plan names, the rest of the base
+// frozen, and the names PEFT gives adapter tensors in its files.
+#pragma once
+
+#include "fsdp/plan.h"
+#include "models/causal_lm.h"
+
+namespace fsdpp {
+
+// Adds an adapter to every target of `lora` (each must be a Linear) and freezes every base
+// parameter outside the trainable modules; adapters train. UserErrors name lora.origin and
+// the path at fault.
+void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOptions& opts);
+
+// Whether a parameter name is an adapter's ("...q_proj.lora_A.weight").
+bool is_adapter_parameter(const std::string& name);
+// An adapter parameter's name in PEFT's adapter_model.safetensors, and back.
+std::string peft_tensor_name(const std::string& name);
+std::string engine_tensor_name(const std::string& peft_name);
+
+}  // namespace fsdpp

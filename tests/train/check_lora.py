@@ -1,0 +1,161 @@
+"""LoRA training against peft, across world sizes, and through a resume at another world size.
+A small Llama made by transformers gets a fresh PEFT adapter (rank 3 on q_proj, v_proj and
+down_proj; B zero, A as peft draws it). Then:
+  - fsdpp trains it from that adapter ([model] adapter) in one process, and peft with AdamW on
+    the same windows: every step's loss within 1e-5 relative (fp32);
+  - in float64, world 2 and world 3 give the one-process adapter after 8 steps within
+    compare.FLOAT64_BOUND, and the frozen base is exported nowhere;
+  - a world-2 run saved at step 4 and resumed at world 3 ends with the uninterrupted run's
+    adapter, every row (the failure where only one rank's slice of each adapter was saved
+    would leave (N-1)/N of it at its step-4 values);
+  - peft.PeftModel.from_pretrained loads the saved adapter and gives `fsdpp eval`'s logits,
+    and `fsdpp export --merge-lora` gives a model transformers loads with the same logits."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+import cpu_cap  # noqa: E402
+from bench_common import WindowSampler, lr_at, read_tokens  # noqa: E402
+from compare import FLOAT64_BOUND, max_relative  # noqa: E402
+
+cpu_cap.apply()  # before any torch kernel runs
+
+FSDPP = os.environ["FSDPP"]
+WORK = os.path.join(os.environ["WORK"], "lora")
+CONFIG = "tests/assets/fsdp-llama.toml"
+STEPS = 8
+torch.set_num_threads(1)
+
+
+def make_base_and_adapter():
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=48, intermediate_size=88, num_hidden_layers=2,
+                                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    base = transformers.LlamaForCausalLM(config)
+    base.save_pretrained(os.path.join(WORK, "base"))
+    model = get_peft_model(base, LoraConfig(r=3, lora_alpha=6, lora_dropout=0.0,
+                                            target_modules=["q_proj", "v_proj", "down_proj"]))
+    model.save_pretrained(os.path.join(WORK, "initial"))
+    return model
+
+
+def fsdpp(*args, world=1):
+    cmd = [FSDPP, *args] if world == 1 else [FSDPP, "launch", "--nproc-per-node", str(world), "--", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def train(name, world, sets):
+    out = os.path.join(WORK, name)
+    shutil.rmtree(out, ignore_errors=True)
+    sets = [f'model.path="{WORK}/base"', f'model.adapter="{WORK}/initial"', f'train.out_dir="{out}"',
+            f"train.steps={STEPS}", "data.shuffle=false", "train.clip_grad_norm=0"] + sets
+    fsdpp("train", CONFIG, *[a for s in sets for a in ("--set", s)], world=world)
+    losses = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
+    return losses, out
+
+
+def peft_losses(model):
+    cfg = {"optimizer": {"lr": 1e-2, "weight_decay": 0.1, "beta2": 0.95, "eps": 1e-6},
+           "scheduler": {"kind": "cosine", "warmup_steps": 3}, "train": {"steps": STEPS}}
+    tokens, _ = read_tokens("data/licenses.tok")
+    sampler = WindowSampler(tokens, 32)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.95), eps=1e-6)
+    model.train()
+    losses = []
+    for step in range(1, STEPS + 1):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        opt.zero_grad()
+        window = torch.from_numpy(sampler.take(12))
+        logits = model(input_ids=window[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def adapter_difference(a, b):
+    x, y = load_file(f"{a}/adapter/adapter_model.safetensors"), load_file(f"{b}/adapter/adapter_model.safetensors")
+    if x.keys() != y.keys():
+        return float("inf")
+    return max(((x[k].double() - y[k].double()).abs().max() / y[k].double().abs().max()).item() for k in x)
+
+
+def report(ok, text):
+    print(f"{'ok  ' if ok else 'FAIL'} {text}")
+    return ok
+
+
+def main():
+    subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    model = make_base_and_adapter()
+    expected = peft_losses(model)
+    one, _ = train("fp32-one", 1, [])
+    gap = max_relative(one, expected)
+    ok = report(gap <= 1e-5 and len(one) == STEPS,
+                f"{STEPS} steps from peft's initial adapter: losses vs peft + AdamW {gap:.2e} (allowed 1e-5)")
+
+    f64 = ['model.dtype="float64"']
+    _, ref = train("one", 1, f64)
+    for world in (2, 3):
+        _, out = train(f"world{world}", world, f64)
+        err = adapter_difference(out, ref)
+        base_exported = os.path.exists(os.path.join(out, "model"))
+        ok &= report(err <= FLOAT64_BOUND and not base_exported,
+                     f"world {world}: adapter after {STEPS} steps vs one process {err:.2e} (allowed {FLOAT64_BOUND:g}); "
+                     f"no full-model export: {not base_exported}")
+
+    _, uninterrupted = train("saved", 2, f64 + ["checkpoint.save_every=4", "checkpoint.keep=0"])
+    _, resumed = train("resumed", 3, f64 + [f'checkpoint.resume="{uninterrupted}/checkpoints/step-00000004"'])
+    err = adapter_difference(resumed, uninterrupted)
+    ok &= report(err <= FLOAT64_BOUND, f"saved at world 2 step 4, resumed at world 3: final adapter vs the "
+                 f"uninterrupted run's {err:.2e}, every row (allowed {FLOAT64_BOUND:g})")
+
+    logits_file = os.path.join(WORK, "logits.safetensors")
+    fsdpp("eval", CONFIG, "--set", f'model.path="{WORK}/base"', "--set", f'model.adapter="{ref}/adapter"',
+          "--set", 'model.dtype="float64"', "--max-windows", "2", "--logits", logits_file)
+    engine = load_file(logits_file)
+    base = transformers.AutoModelForCausalLM.from_pretrained(f"{WORK}/base", dtype=torch.float64)
+    loaded = PeftModel.from_pretrained(base, f"{ref}/adapter")
+    with torch.no_grad():
+        logits = loaded(engine["input_ids"]).logits
+    err = ((logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    # The logits file holds float32, as for check_export.py: 1e-5.
+    ok &= report(err <= 1e-5, f"peft loads the saved adapter: its logits vs fsdpp eval's {err:.2e} (allowed 1e-5)")
+
+    proc = subprocess.run([FSDPP, "export", f"{ref}/checkpoints/step-{STEPS:08d}", os.path.join(WORK, "unmerged")],
+                          capture_output=True, text=True, timeout=600)
+    ok &= report(proc.returncode == 2 and "--merge-lora" in proc.stderr and len(proc.stderr.splitlines()) == 1,
+                 f"a LoRA checkpoint exported without --merge-lora is refused: {proc.stderr.strip()}")
+    merged = os.path.join(WORK, "merged")
+    shutil.rmtree(merged, ignore_errors=True)
+    fsdpp("export", f"{ref}/checkpoints/step-{STEPS:08d}", merged, "--merge-lora")
+    with torch.no_grad():
+        merged_logits = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float64)(
+            engine["input_ids"]).logits
+    err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    ok &= report(err <= 1e-5, f"fsdpp export --merge-lora loads in transformers: its logits vs fsdpp eval's with "
+                 f"the adapter {err:.2e} (allowed 1e-5)")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
