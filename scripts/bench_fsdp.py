@@ -4,7 +4,9 @@
 # and thread count, and prints median step time, throughput, peak memory and the ratios.
 # On the CPU (default: world 2 over gloo) memory is each rank's peak RSS; on a GPU
 # (--device cuda: world 1 over NCCL, --param-dtype bfloat16 for mixed precision) it is the
-# device's peak memory in use, and the model FLOPs utilisation is printed too.
+# device's peak memory in use, and the model FLOPs utilisation is printed too. With
+# --lora-rank R both engines train LoRA adapters from one PEFT adapter (fsdpp through
+# [model] adapter, the peer through peft) with the base frozen.
 # Run with the project venv from the repository root: .venv/bin/python scripts/bench_fsdp.py
 #
 # Peak RSS is read as VmHWM from /proc/<pid>/status of every rank process, sampled from
@@ -13,6 +15,7 @@
 # (NVML) above what was in use before the run, sampled the same way: the engines run one
 # after the other on an otherwise idle GPU. Both engines write a metrics.jsonl read by one
 # function.
+import argparse
 import json
 import os
 import shutil
@@ -211,6 +214,8 @@ def run_fsdpp(args, tmp, gpu):
         sets.append('policy.options.offload="cpu"')
     if args.profile_step:
         sets.append(f"metrics.profile_step={args.profile_step}")
+    if args.lora_rank:
+        sets.append(f"model.adapter={json.dumps(args.adapter_dir)}")  # the adapter's config declares the LoRA
     cmd = [args.fsdpp, "launch", "--nproc-per-node", str(args.world), "--", "train", args.config]
     for s in sets:
         cmd += ["--set", s]
@@ -243,6 +248,8 @@ def run_torch(args, tmp, gpu):
             cmd += ["--param-dtype", args.param_dtype]
         cmd += ["--activation-checkpoint"] * args.activation_checkpoint + ["--offload"] * args.offload
         cmd += ["--profile-step", str(args.profile_step)]
+        if args.lora_rank:
+            cmd += ["--lora-rank", str(args.lora_rank), "--adapter-dir", args.adapter_dir]
         procs.append(start(cmd, logs[-1], env))
     peaks = supervise("pytorch fully_shard", procs,
                       lambda: {r: p.pid for r, p in enumerate(procs)}, logs, args.world, gpu)
@@ -282,11 +289,13 @@ def bench(args):
 
     tmp = tempfile.mkdtemp(prefix="fsdpp-bench-fsdp-")  # kept on failure for its logs
     args.init_dir, n_params, hf_config = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
+    if args.lora_rank:
+        args.adapter_dir = write_initial_adapter(args.init_dir, args.lora_rank, os.path.join(tmp, "initial-adapter"))
     results = {}
     for name, run in (("fsdpp", run_fsdpp), ("pytorch", run_torch)):
         print(f"running {name} at world {args.world} on {gpu.name if gpu else 'the CPU'} ({args.steps} steps, "
-              f"{args.threads} thread(s) per rank, compute in {args.param_dtype or get(cfg, 'model.dtype', 'float32')})...",
-              flush=True)
+              f"{args.threads} thread(s) per rank, compute in {args.param_dtype or get(cfg, 'model.dtype', 'float32')}"
+              f"{f', LoRA rank {args.lora_rank}' if args.lora_rank else ', every parameter trained'})...", flush=True)
         out_dir, peaks = run(args, tmp, gpu)
         results[name] = summarise(os.path.join(out_dir, "metrics.jsonl"), tokens_per_step, args.warmup_steps)
         results[name]["memory"] = peaks
@@ -331,7 +340,26 @@ def bench(args):
 # ---------------------------------------------------------------- PyTorch FSDP2 worker
 
 
-def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_checkpoint=False, offload=False):
+# LoRA targets of the benchmark's adapters: the attention projections (the shipped policies'
+# default lora_targets).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def write_initial_adapter(init_dir, rank, out_dir):
+    """A fresh PEFT adapter on the initial model (B zero, A as peft draws it), which both
+    engines start from: the same initial A makes their losses comparable step by step."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)).save_pretrained(out_dir)
+    return out_dir
+
+
+def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_checkpoint=False, offload=False,
+                        adapter_dir=None):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -343,9 +371,13 @@ def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_ch
         raise BenchError(f"torch {torch.__version__} lacks FSDPModule.set_gradient_divide_factor")
     # Offloaded, the weights stay on the host and fully_shard moves its shards there.
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
+    if adapter_dir:  # peft's LoRA on the frozen base, sharded as the rest
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
     if not offload:
         model = model.to(device)
     hf_config = model.config
+    base = model.get_base_model() if adapter_dir else model
     if activation_checkpoint:  # each decoder layer recomputed in backward, as fsdpp's policy option
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device, (world,))
@@ -355,13 +387,13 @@ def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_ch
     options = dict(mesh=mesh, mp_policy=mp, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
     # The plan of fsdpp's shipped policies (policies/lib/fsdp.lua): a unit per layer, the
     # embedding and lm_head (one unit when tied), the root keeping the rest gathered.
-    for layer in model.model.layers:
+    for layer in base.model.layers:
         fully_shard(layer, reshard_after_forward=True, **options)
     if hf_config.tie_word_embeddings:
-        fully_shard([model.model.embed_tokens, model.lm_head], reshard_after_forward=True, **options)
+        fully_shard([base.model.embed_tokens, base.lm_head], reshard_after_forward=True, **options)
     else:
-        fully_shard(model.model.embed_tokens, reshard_after_forward=True, **options)
-        fully_shard(model.lm_head, reshard_after_forward=True, **options)
+        fully_shard(base.model.embed_tokens, reshard_after_forward=True, **options)
+        fully_shard(base.lm_head, reshard_after_forward=True, **options)
     fully_shard(model, reshard_after_forward=False, **options)
     # fsdpp sums gradients over ranks and divides the loss by the global token count; FSDP2
     # averages by default. A factor of 1 makes it sum, and forcing plain SUM reductions keeps
@@ -396,12 +428,12 @@ def torch_worker(args):
         sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len)
 
         model = build_sharded_model(cfg, world, args.init_dir, args.device, args.param_dtype,
-                                    args.activation_checkpoint, args.offload)
+                                    args.activation_checkpoint, args.offload, args.adapter_dir)
         if file_vocab > model.config.vocab_size:
             raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
                              f"{model.config.vocab_size}")
         model.train()
-        params = list(model.parameters())
+        params = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's frozen base has no state
         opt = torch.optim.AdamW(
             [{"params": [p for p in params if p.ndim >= 2],
               "weight_decay": float(get(cfg, "optimizer.weight_decay", 0.0))},
@@ -493,4 +525,9 @@ if __name__ == "__main__":
                  ("--trace-dir", {"help": "keep the --profile-step traces here as ENGINE-step-N.json"}),
                  ("--peak-tflops", {"type": float, "default": 989.0,
                                     "help": "the GPU's dense bf16 peak for MFU (default: %(default)s, H100/H200 SXM)"}),
+                 ("--lora-rank", {"type": int, "default": 0,
+                                  "help": "train LoRA adapters of this rank on the attention projections, the base "
+                                          "frozen: fsdpp from a PEFT adapter, the peer with peft (default: full "
+                                          "fine-tuning)"}),
+                 ("--adapter-dir", {"help": argparse.SUPPRESS}),
              ])

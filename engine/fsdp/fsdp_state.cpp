@@ -53,16 +53,22 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     // The unit's master shards are slices of one flat buffer, in the order its gathers lay
     // them out, so a gather starts with one copy (and cast) of the whole buffer.
     const int world = mesh.shard_group->size();
+    // Parameters that train first: a unit reduces gradients for that prefix of its buffer
+    // only, so a frozen base (LoRA) costs no gradient traffic or memory.
+    auto unit_params = unit.params;
+    auto tensor_of = [](const ResolvedUnit::Param& p) { return p.module->named_parameters(/*recurse=*/false)[p.local]; };
+    std::stable_partition(unit_params.begin(), unit_params.end(),
+                          [&](const ResolvedUnit::Param& p) { return tensor_of(p).requires_grad(); });
     std::vector<at::Tensor> tensors;
     std::vector<int64_t> offsets{0};  // where each parameter's shard starts in the buffer
-    for (const auto& p : unit.params) {
-      tensors.push_back(p.module->named_parameters(/*recurse=*/false)[p.local]);
+    for (const auto& p : unit_params) {
+      tensors.push_back(tensor_of(p));
       offsets.push_back(offsets.back() + ShardShape(tensors.back().sizes(), world).shard_numel());
     }
     at::Tensor masters = at::zeros({offsets.back()}, master.dtype(master_dtype(tensors.front().scalar_type())));
     std::vector<ShardedParam> params;
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      params.emplace_back(unit.params[i].name, tensors[i], mesh.shard_group->rank(), world, fill,
+    for (size_t i = 0; i < unit_params.size(); ++i) {
+      params.emplace_back(unit_params[i].name, tensors[i], mesh.shard_group->rank(), world, fill,
                           masters.narrow(0, offsets[i], offsets[i + 1] - offsets[i]));
     }
     std::vector<Module*> modules;

@@ -80,7 +80,10 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<S
     p.param.set_data(unallocated_tensor(p.param.sizes(), compute_options(dtype)));
     TORCH_CHECK(p.param.scalar_type() == params_.front().param.scalar_type(), "unit ", name_,
                 " mixes parameter dtypes (", params_.front().name, ", ", p.name, ")");
+    TORCH_CHECK(!p.param.requires_grad() || reduced_numel_ == flat_numel_, "unit ", name_,
+                ": parameter ", p.name, " trains but follows a frozen one");
     flat_numel_ += p.shard_numel();
+    if (p.param.requires_grad()) reduced_numel_ += p.shard_numel();
   }
   for (Module* m : modules_) m->set_activation_checkpointing(options_.activation_checkpoint);
   install_hooks();
@@ -234,9 +237,14 @@ void FsdpUnit::post_backward() {
   }
   at::NoGradGuard no_grad;
   const int world = comm_->size();
-  at::Tensor scattered_in = at::empty({world, flat_numel_}, compute_options(options_.reduce_dtype));  // [W, T]
+  if (reduced_numel_ == 0) {  // nothing here trains
+    reshard();
+    return;
+  }
+  at::Tensor scattered_in = at::empty({world, reduced_numel_}, compute_options(options_.reduce_dtype));  // [W, R]
   int64_t offset = 0;
   for (auto& p : params_) {
+    if (!p.param.requires_grad()) break;  // the frozen rest, which no reduction carries
     at::Tensor grad = p.param.grad();
     if (grad.defined()) {
       copy_rank_shards(scattered_in, grad, p, 0, world, offset);  // shard r goes to row r
@@ -248,7 +256,7 @@ void FsdpUnit::post_backward() {
   if (world == 1) {
     reduced_grads_ = scattered_in.view({-1});  // one rank's sum is its own gradient
   } else {
-    reduced_grads_ = at::empty({flat_numel_}, scattered_in.options());
+    reduced_grads_ = at::empty({reduced_numel_}, scattered_in.options());
     reduce_ = comm_->reduce_scatter_sum_async(reduced_grads_, scattered_in.view({-1}));
   }
   reshard();
@@ -281,6 +289,7 @@ void FsdpUnit::accumulate_reduced() {
   at::NoGradGuard no_grad;
   int64_t offset = 0;
   for (auto& p : params_) {
+    if (!p.param.requires_grad()) break;
     // A view of this backward's fresh buffer (a new tensor when the reduction ran in
     // another dtype or the masters live elsewhere), so a first gradient needs no copy.
     at::Tensor shard = reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(p.owned.scalar_type());

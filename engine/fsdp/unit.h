@@ -82,6 +82,7 @@ class FsdpUnit {
   UnitOptions options_;
   FsdpState* state_;
   int64_t flat_numel_ = 0;  // Σ padded shard sizes
+  int64_t reduced_numel_ = 0;  // of flat_numel_, the leading parameters that train: what backward reduces
   bool unsharded_ = false;
   at::Tensor gathered_;            // [S * T] filled by gather_
   at::Tensor cast_shard_;          // [T] masters_ in the compute dtype, kept from forward for backward

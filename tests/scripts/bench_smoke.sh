@@ -7,7 +7,7 @@ set -euo pipefail
 bash scripts/make_corpus.sh >/dev/null
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for bench in bench_fsdp.py bench_train.py bench_moe.sh bench_packing.py bench_checkpoint.py bench_plan.sh; do
+for bench in bench_fsdp.py bench_train.py bench_moe.sh bench_lora.sh bench_packing.py bench_checkpoint.py bench_plan.sh; do
   case $bench in
     *.py) run=("$PYTHON" "scripts/$bench") ;;
     *.sh) run=(bash "scripts/$bench") ;;
