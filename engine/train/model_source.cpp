@@ -88,13 +88,20 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
   const auto adapter = config.adapter.empty() ? std::nullopt : std::optional(PeftAdapter::open(config.adapter));
   LoadedModel loaded;
   loaded.lora = adapters_to_apply(lora, adapter);
+  const bool from_checkpoint = ShardedCheckpoint::is_checkpoint(config.path);
+  std::shared_ptr<const ShardedCheckpoint> checkpoint;
+  if (from_checkpoint) {
+    checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(config.path));
+    // A LoRA run's checkpoint carries its adapters whatever the policy of this run says.
+    const auto meta = checkpoint->metadata().value("model", nlohmann::json::object());
+    if (!loaded.lora && meta.contains("lora")) loaded.lora = deserialize_lora(meta["lora"].dump());
+  }
   auto build = [&](const ModelConfig& model_config) {
     loaded.model = build_model(model_config, opts);
     if (loaded.lora) apply_lora(*loaded.model, *loaded.lora, opts);
   };
   std::string source;  // for the log, once the values are in
-  if (ShardedCheckpoint::is_checkpoint(config.path)) {
-    auto checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(config.path));
+  if (from_checkpoint) {
     build(ModelConfig::from_file(checkpoint->verified("config.json")));
     // A checkpoint of a LoRA run holds its adapters; config.adapter replaces them.
     loaded.fill = checkpoint_fill(checkpoint);

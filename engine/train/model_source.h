@@ -28,9 +28,9 @@ struct LoadedModel {
 
 // Builds the model with its values. With `unallocated` it is built without memory and
 // `fill` supplies the values shard by shard (FSDP); otherwise every parameter is filled.
-// LoRA adapters go on as `lora` (a policy's lora{...}) says, or as config.adapter's own
-// config does when `lora` is null; their values come from config.adapter, or are
-// initialised as PEFT initialises them.
+// LoRA adapters go on as `lora` (a policy's lora{...}) says, or when it is null as
+// config.adapter's own config or a LoRA run's checkpoint records them; their values come
+// from config.adapter or the checkpoint, or are initialised as PEFT initialises them.
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr);
 // The architecture alone, read without building the model.
 ModelConfig model_config_of(const ModelSourceConfig& config);

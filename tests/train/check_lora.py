@@ -141,6 +141,12 @@ def main():
     # The logits file holds float32, as for check_export.py: 1e-5.
     ok &= report(err <= 1e-5, f"peft loads the saved adapter: its logits vs fsdpp eval's {err:.2e} (allowed 1e-5)")
 
+    checkpoint_logits = os.path.join(WORK, "checkpoint-logits.safetensors")
+    fsdpp("eval", CONFIG, "--set", f'model.path="{ref}/checkpoints/step-{STEPS:08d}"', "--set", 'model.dtype="float64"',
+          "--max-windows", "2", "--logits", checkpoint_logits)
+    err = ((load_file(checkpoint_logits)["logits"] - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    ok &= report(err <= 1e-6, f"fsdpp eval of the run's checkpoint puts its adapters on: logits vs the base with the "
+                 f"saved adapter {err:.2e} (allowed 1e-6)")
     proc = subprocess.run([FSDPP, "export", f"{ref}/checkpoints/step-{STEPS:08d}", os.path.join(WORK, "unmerged")],
                           capture_output=True, text=True, timeout=600)
     ok &= report(proc.returncode == 2 and "--merge-lora" in proc.stderr and len(proc.stderr.splitlines()) == 1,
