@@ -29,6 +29,21 @@ bool within(const fs::path& inner, const fs::path& outer) {
   return end_b == b.end();
 }
 
+// The weights of the base an adapter-only checkpoint records (checked unchanged); none for
+// a checkpoint holding the whole model.
+HfWeights adapter_only_base(const ShardedCheckpoint& checkpoint, const nlohmann::json& model_meta) {
+  if (!model_meta.contains("base")) return {};
+  const auto& identity = model_meta["base"];
+  const fs::path path = identity.at("path").get<std::string>();
+  check_base_identity(identity.dump(), path, identity.value("init_seed", uint64_t{0}), checkpoint.dir().string());
+  HfWeights weights = fs::is_directory(path) ? HfWeights::open(path) : HfWeights{};
+  if (weights.empty()) {
+    throw UserError("export: " + checkpoint.dir().string() + " holds adapters on a freshly initialised base (" +
+                    path.string() + " has no weight files), which an export cannot rebuild");
+  }
+  return weights;
+}
+
 }  // namespace
 
 ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
@@ -46,27 +61,32 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
                     "merged model; the run's adapter directory holds them in PEFT's layout");
   }
   if (!lora && merge_lora) throw UserError("export: --merge-lora, but " + dir.string() + " holds no LoRA adapters");
+  // An adapter-only checkpoint leaves the frozen base to the base it records, unchanged.
+  const HfWeights base = adapter_only_base(checkpoint, model_meta);
   // Every parameter the config's model has must be there: an HF directory without one
   // would load with that weight initialised at random.
   const auto expected = build_model(config, at::TensorOptions().device(at::kMeta));
   if (lora) apply_lora(*expected, *lora, at::TensorOptions().device(at::kMeta));
-  for (const auto& p : unique_named_parameters(*expected)) {
-    if (!checkpoint.contains("model/" + p.name)) {
-      throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
-                      " with its config.json has");
-    }
-  }
   const at::ScalarType out_dtype = dtype.value_or(parse_dtype(model_meta.value("dtype", "float32")));
   constexpr std::string_view kPrefix = "model/";
   std::vector<TensorSpec> specs;
-  for (const auto& key : checkpoint.keys(std::string(kPrefix))) {
-    const std::string name = key.substr(kPrefix.size());
-    if (!is_adapter_parameter(name)) specs.push_back({name, out_dtype, checkpoint.record(key).shape});
+  for (const auto& p : unique_named_parameters(*expected)) {
+    if (!checkpoint.contains(std::string(kPrefix) + p.name) && !base.contains(p.name)) {
+      throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
+                      " with its config.json has");
+    }
+    if (!is_adapter_parameter(p.name)) specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
   }
   HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes);
   ExportSummary summary{checkpoint.step(), 0, 0};
   for (const auto& spec : specs) {
-    at::Tensor tensor = checkpoint.read_full(std::string(kPrefix) + spec.name);
+    at::Tensor tensor;
+    if (checkpoint.contains(std::string(kPrefix) + spec.name)) {
+      tensor = checkpoint.read_full(std::string(kPrefix) + spec.name);
+    } else {
+      tensor = at::empty(spec.shape, at::kFloat);
+      read_hf_rows(base, {spec.name}, spec.shape, tensor, 0);
+    }
     const std::string module = spec.name.substr(0, spec.name.rfind('.'));
     if (lora && spec.name.ends_with(".weight") &&
         std::find(lora->targets.begin(), lora->targets.end(), module) != lora->targets.end()) {

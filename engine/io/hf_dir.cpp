@@ -1,6 +1,7 @@
 // Loading and saving Hugging Face model directories.
 #include "io/hf_dir.h"
 
+#include "core/checksum.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -107,6 +108,44 @@ void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& name
   at::NoGradGuard no_grad;
   const at::Tensor flat = source.reshape({source.dim() == 0 ? 1 : source.size(0), -1});  // a view of the mapping
   out.view({rows, -1}).copy_(flat.narrow(0, first_row, rows));
+}
+
+std::string base_identity(const std::filesystem::path& path, uint64_t init_seed) {
+  const auto absolute = std::filesystem::absolute(path);
+  nlohmann::json identity = {{"path", absolute.string()}};
+  auto checksum = [](const std::filesystem::path& file) {
+    const auto mapped = MappedFile::open(file);
+    return format_crc32c(crc32c(mapped->data(), mapped->size()));
+  };
+  const HfWeights weights = std::filesystem::is_directory(absolute) ? HfWeights::open(absolute) : HfWeights{};
+  if (weights.empty()) {
+    identity["config.json"] = checksum(hf_config_path(absolute));
+    identity["init_seed"] = init_seed;
+  } else {
+    for (const auto& name : weights.names()) {
+      const auto& file = weights.file_of(name).path();
+      identity["files"][file.filename().string()] = checksum(file);
+    }
+  }
+  return identity.dump();
+}
+
+void check_base_identity(const std::string& recorded, const std::filesystem::path& path, uint64_t init_seed,
+                         const std::string& where) {
+  auto saved = nlohmann::json::parse(recorded), now = nlohmann::json::parse(base_identity(path, init_seed));
+  // The same files elsewhere are the same base.
+  saved.erase("path");
+  now.erase("path");
+  if (saved == now) return;
+  std::string differences;
+  for (const auto& [key, value] : saved.items()) {
+    if (now.value(key, nlohmann::json()) != value) {
+      differences += (differences.empty() ? "" : "; ") + key + " " + value.dump() + " there, " +
+                     now.value(key, nlohmann::json()).dump() + " now";
+    }
+  }
+  throw UserError(where + ": holds the adapters of another base model than " + path.string() + " (" +
+                  (differences.empty() ? "its files differ" : differences) + ")");
 }
 
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {

@@ -44,6 +44,14 @@ std::filesystem::path hf_config_path(const std::filesystem::path& path);
 void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& names,
                   c10::IntArrayRef full_shape, at::Tensor& out, int64_t first_row);
 
+// What identifies the base model at `path` as JSON text: its absolute path and the CRC-32C of
+// each weight file, or of its config.json and `init_seed` for a fresh one (no weights). A
+// LoRA run's adapter-only checkpoints record it.
+std::string base_identity(const std::filesystem::path& path, uint64_t init_seed);
+// A UserError naming `where` unless `recorded` (base_identity's text) is the identity of the
+// base at `path` now, wherever it lies: another model, or the same files changed, is refused.
+void check_base_identity(const std::string& recorded, const std::filesystem::path& path, uint64_t init_seed,
+                         const std::string& where);
 // Warns of each tensor in `weights` that no parameter of `model` (nor a tied alias) uses.
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 

@@ -35,7 +35,8 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false
 // The architecture alone, read without building the model.
 ModelConfig model_config_of(const ModelSourceConfig& config);
 
-// Parameter rows from a checkpoint's saved masters ("model/<name>").
-ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint);
+// Parameter rows from a checkpoint's saved masters ("model/<name>"); those it does not hold
+// (the frozen base an adapter-only checkpoint leaves out) from `base`.
+ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, ShardFill base = {});
 
 }  // namespace fsdpp

@@ -50,9 +50,11 @@ std::string config_hash(const RunConfig& config) {
 
 RunCheckpointer::RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
                                  std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
-                                 ShuffledOrder& order, json data, std::optional<LoraPlan> lora)
+                                 ShuffledOrder& order, json data, std::optional<LoraPlan> lora,
+                                 std::string base_identity)
     : config_(config), model_(model), world_(std::move(world)), shards_(std::move(shards)),
-      meshes_(std::move(meshes)), optimizer_(optimizer), order_(order), data_(std::move(data)), lora_(std::move(lora)) {}
+      meshes_(std::move(meshes)), optimizer_(optimizer), order_(order), data_(std::move(data)), lora_(std::move(lora)),
+      base_identity_(std::move(base_identity)) {}
 
 void RunCheckpointer::save(int64_t step, const json& client_state) {
   const fs::path root = config_.checkpoint.dir;
@@ -69,7 +71,7 @@ void RunCheckpointer::save(int64_t step, const json& client_state) {
 
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& s : shards_) {
-    if (!s.primary || s.rows.size(0) == 0) continue;
+    if (!s.primary || s.rows.size(0) == 0 || !saves(s)) continue;
     tensors.emplace_back("model/" + s.name, s.rows);
     if (auto state = optimizer_.state_of(s.rows)) {
       for (int i = 0; i < 2; ++i) tensors.emplace_back(std::string(kMoments[i]) + "/" + s.name, moment(*state, i));
@@ -98,7 +100,7 @@ void RunCheckpointer::save(int64_t step, const json& client_state) {
   std::vector<int64_t> my_rows;
   for (const auto& shard : shards_) {
     my_rows.push_back(shard.first_row);
-    my_rows.push_back(shard.primary ? shard.rows.size(0) : 0);
+    my_rows.push_back(shard.primary && saves(shard) ? shard.rows.size(0) : 0);
   }
   at::Tensor rows = at::empty({world_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
   world_->all_gather(rows, at::tensor(my_rows, at::kLong));
@@ -150,6 +152,7 @@ json RunCheckpointer::metadata(int64_t step, const json& client_state, const at:
   std::optional<int64_t> adam_steps;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const ShardRows& s = shards_[i];
+    if (!saves(s)) continue;
     json shards = json::array();
     for (int r = 0; r < world_->size(); ++r) {
       const auto count = rows[r][static_cast<int64_t>(i)][1].item<int64_t>();
@@ -169,7 +172,10 @@ json RunCheckpointer::metadata(int64_t step, const json& client_state, const at:
   meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
   meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
   meta["model"] = {{"dtype", config_.model.dtype}};
-  if (lora_) meta["model"]["lora"] = json::parse(serialize_lora(*lora_));
+  if (lora_) {
+    meta["model"]["lora"] = json::parse(serialize_lora(*lora_));
+    meta["model"]["base"] = json::parse(base_identity_);
+  }
   const auto position = order_.position();
   meta["data"] = data_;
   meta["data"]["epoch"] = position.epoch;
@@ -197,8 +203,10 @@ ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool p
   ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object())};
   auto read = [&](const std::string& key, at::Tensor t, int64_t first_row) { checkpoint.read_rows(key, t, first_row); };
   const auto adam_steps = static_cast<double>(meta.at("optimizer").at("steps").get<int64_t>());
+  // An adapter-only checkpoint leaves the frozen base to the base model already loaded.
+  const bool adapters_only = meta.value("model", json::object()).contains("base");
   for (auto& s : shards_) {
-    if (!parameters_loaded) read("model/" + s.name, s.rows, s.first_row);
+    if (!parameters_loaded && !(adapters_only && !s.rows.requires_grad())) read("model/" + s.name, s.rows, s.first_row);
     if (auto state = optimizer_.state_of(s.rows)) {
       for (int m = 0; m < 2; ++m) read(std::string(kMoments[m]) + "/" + s.name, moment(*state, m), s.first_row);
       state->step.fill_(adam_steps);

@@ -32,10 +32,13 @@ class RunCheckpointer {
  public:
   // `shards` are this rank's rows of every parameter (the optimizer's tensors); `data`
   // identifies the stream `order` indexes (file, range, seq_len, seed).
-  // `lora`: the adapters the model carries, recorded so that an export can merge them.
+  // `lora`: the adapters the model carries, recorded so that an export can merge them. With
+  // them, checkpoints hold only what trains (the adapters and trainable modules) and record
+  // `base_identity` (model_source.h's, on rank 0) for the frozen rest.
   RunCheckpointer(const RunConfig& config, const ModelConfig& model, std::shared_ptr<Comm> world,
                   std::vector<ShardRows> shards, std::vector<std::string> meshes, AdamW& optimizer,
-                  ShuffledOrder& order, nlohmann::json data, std::optional<LoraPlan> lora = std::nullopt);
+                  ShuffledOrder& order, nlohmann::json data, std::optional<LoraPlan> lora = std::nullopt,
+                  std::string base_identity = {});
 
   // Saves step `step` under config.dir and rotates older checkpoints (collective; every
   // rank calls it). A step already saved is left as it is.
@@ -59,6 +62,9 @@ class RunCheckpointer {
   ShuffledOrder& order_;
   nlohmann::json data_;
   std::optional<LoraPlan> lora_;
+  std::string base_identity_;
+  // Whether checkpoints hold these rows: all of them, except a LoRA run's frozen base.
+  bool saves(const ShardRows& shard) const { return !lora_ || shard.rows.requires_grad(); }
 };
 
 // The checkpoint [checkpoint] resume names, or nullopt to start fresh ("" or "latest" with

@@ -100,7 +100,8 @@ std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const Plan& plan
              " B, gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
   }
   auto fsdp = std::make_unique<FsdpState>(model, s.comm, resolved,
-                                          s.checkpoint ? checkpoint_fill(s.checkpoint) : s.loaded.fill, s.device);
+                                          s.checkpoint ? checkpoint_fill(s.checkpoint, s.loaded.fill) : s.loaded.fill,
+                                          s.device);
   if (s.loaded.weights && !s.checkpoint) {
     if (rank == 0) warn_unused_hf_tensors(model, *s.loaded.weights);
     // Touched pages of the mapped files, read from the kernel: what this rank really read.
@@ -136,6 +137,12 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
   s.checkpoint = open_resume_checkpoint(config.checkpoint, rank);
+  if (s.checkpoint) {  // adapters resume only onto the base they were trained on
+    const auto saved = s.checkpoint->metadata().value("model", json::object());
+    if (saved.contains("base")) {
+      check_base_identity(saved["base"].dump(), config.model.path, config.model.init_seed, s.checkpoint->dir().string());
+    }
+  }
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);
   s.batches = open_batches(config.data, model_config);
@@ -160,7 +167,10 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
                                         config.optimizer);
   s.checkpointer = std::make_unique<RunCheckpointer>(config, model.config(), s.comm, s.view->shard_rows(),
                                                      s.view->mesh_shapes(), *s.optimizer, s.batches->order(),
-                                                     s.batches->identity(), s.loaded.lora);
+                                                     s.batches->identity(), s.loaded.lora,
+                                                     rank == 0 && s.loaded.lora
+                                                         ? base_identity(config.model.path, config.model.init_seed)
+                                                         : "");
   if (const auto& moe = model.config().moe) {
     s.experts.emplace(*moe, config.experts, routing_bias_names(model), config.train.grad_accum);
   }

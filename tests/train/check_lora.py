@@ -5,9 +5,10 @@ down_proj; B zero, A as peft draws it). Then:
     the same windows: every step's loss within 1e-5 relative (fp32);
   - in float64, world 2 and world 3 give the one-process adapter after 8 steps within
     compare.FLOAT64_BOUND, and the frozen base is exported nowhere;
-  - a world-2 run saved at step 4 and resumed at world 3 ends with the uninterrupted run's
-    adapter, every row (the failure where only one rank's slice of each adapter was saved
-    would leave (N-1)/N of it at its step-4 values);
+  - a world-2 run saved at step 4 (a checkpoint of the adapters alone, with its base's
+    identity) and resumed at world 3 ends with the uninterrupted run's adapter, every row (the
+    failure where only one rank's slice of each adapter was saved would leave (N-1)/N of it
+    at its step-4 values); onto a changed base the resume is refused;
   - peft.PeftModel.from_pretrained loads the saved adapter and gives `fsdpp eval`'s logits,
     and `fsdpp export --merge-lora` gives a model transformers loads with the same logits."""
 import json
@@ -19,7 +20,7 @@ import sys
 import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -124,10 +125,29 @@ def main():
                      f"no full-model export: {not base_exported}")
 
     _, uninterrupted = train("saved", 2, f64 + ["checkpoint.save_every=4", "checkpoint.keep=0"])
-    _, resumed = train("resumed", 3, f64 + [f'checkpoint.resume="{uninterrupted}/checkpoints/step-00000004"'])
+    saved = f"{uninterrupted}/checkpoints/step-00000004"
+    meta = json.load(open(f"{saved}/metadata.json"))
+    held = sorted(k.removeprefix("model/") for k in meta["tensors"] if k.startswith("model/"))
+    adapter_only = bool(held) and all(".lora_A." in k or ".lora_B." in k for k in held) and "base" in meta["model"]
+    ok &= report(adapter_only, f"the checkpoint holds the adapters alone ({len(held)} tensors) and its base's identity "
+                 f"({sorted(meta['model'].get('base', {}))})")
+    _, resumed = train("resumed", 3, f64 + [f'checkpoint.resume="{saved}"'])
     err = adapter_difference(resumed, uninterrupted)
     ok &= report(err <= FLOAT64_BOUND, f"saved at world 2 step 4, resumed at world 3: final adapter vs the "
                  f"uninterrupted run's {err:.2e}, every row (allowed {FLOAT64_BOUND:g})")
+
+    # Onto another base (the same shapes, one weight changed) the adapters are refused.
+    other = os.path.join(WORK, "other-base")
+    shutil.copytree(f"{WORK}/base", other)
+    weights = load_file(f"{other}/model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, f"{other}/model.safetensors", metadata={"format": "pt"})
+    proc = subprocess.run([FSDPP, "train", CONFIG, "--set", f'model.path="{other}"', "--set",
+                           f'train.out_dir="{WORK}/refused"', "--set", f'checkpoint.resume="{saved}"'] +
+                          [a for s in f64 for a in ("--set", s)], capture_output=True, text=True, timeout=600)
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
+    ok &= report(proc.returncode == 2 and len(errors) == 1 and "another base model" in errors[0],
+                 f"resuming onto a changed base is refused: {errors}")
 
     logits_file = os.path.join(WORK, "logits.safetensors")
     fsdpp("eval", CONFIG, "--set", f'model.path="{WORK}/base"', "--set", f'model.adapter="{ref}/adapter"',
