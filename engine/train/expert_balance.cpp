@@ -28,20 +28,20 @@ ExpertBalance::ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, 
 
 at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm) {
   // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
-  // and the router rows, all as float64 (counts are exact in it far past any batch).
-  std::vector<at::Tensor> parts;
-  at::Tensor probability_sum;  // [E], detached
+  // and the router rows, all as float64 (counts are exact in it far past any batch). The
+  // sums stay on the routers' device until then: one transfer, not one per layer.
+  const at::Tensor& first = log.layers.front().probability_sum;
+  at::Tensor probability_sum = at::zeros(first.sizes(), first.options().dtype(at::kDouble));  // [E], detached
+  std::vector<at::Tensor> layer_counts;  // [E] each, on the host
   double rows = 0;
   for (const auto& layer : log.layers) {
-    parts.push_back(layer.counts.to(at::kDouble));
-    const auto p = layer.probability_sum.detach().to(at::kCPU, at::kDouble);
-    probability_sum = probability_sum.defined() ? probability_sum + p : p;
+    layer_counts.push_back(layer.counts);
+    probability_sum += layer.probability_sum.detach();
     rows += static_cast<double>(layer.selected.size(0));
   }
   const auto L = static_cast<int64_t>(log.layers.size()), E = probability_sum.size(0);
-  parts.push_back(probability_sum);
-  parts.push_back(at::full({1}, rows, at::kDouble));
-  at::Tensor global = at::cat(parts).to(log.layers.front().probability_sum.device());
+  at::Tensor global = at::cat({at::cat(layer_counts).to(probability_sum.options()), probability_sum,
+                               at::full({1}, rows, probability_sum.options())});
   comm.all_reduce_sum(global);
   global = global.cpu();
   const auto counts = global.narrow(0, 0, L * E).view({L, E});  // [L, E]
