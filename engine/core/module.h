@@ -49,6 +49,11 @@ class Module : public torch::nn::Module {
   // expert parameters, and policies find its class in ctx.expert_modules.
   virtual bool routed_experts() const { return false; }
 
+  // True for a frozen parameter (by its local name) that the run still moves outside the
+  // optimizer (a routing bias): it keeps a full-precision master where other frozen
+  // parameters are held only in the dtype they compute in.
+  virtual bool updated_without_gradient(const std::string& /*local_name*/) const { return false; }
+
   // Fills one of this module's own parameters (by its local name) for a fresh model,
   // drawing from `gen`; modules that own parameters override it.
   virtual void init_parameter(const std::string& local_name, torch::Tensor& tensor,

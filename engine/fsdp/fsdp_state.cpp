@@ -31,6 +31,48 @@ ShardFill fresh_init_fill(Module& root, uint64_t seed, double std) {
   };
 }
 
+namespace {
+
+// A unit's shards: each parameter's `local` a slice of one of two flat buffers.
+struct UnitShards {
+  std::vector<ShardedParam> params;  // in gather order
+  at::Tensor masters;                // [M] the leading params' shards, in the masters' dtype
+  at::Tensor constants;              // [T - M] the constant params' shards, in the compute dtype
+};
+
+// The buffers are laid out in the order the unit's gathers read them, so a gather starts with
+// one copy (and cast) of each. Parameters that train come first: a unit reduces gradients for
+// that prefix alone, so a frozen base (LoRA) costs no gradient traffic or memory. Constant
+// ones come last, with no master (a bf16 base holds 2 bytes per element, not 4).
+UnitShards lay_out_shards(const ResolvedUnit& unit, int rank, int world, const ShardFill& fill,
+                          const at::TensorOptions& buffer) {
+  auto unit_params = unit.params;
+  auto tensor_of = [](const ResolvedUnit::Param& p) { return p.module->named_parameters(/*recurse=*/false)[p.local]; };
+  auto place = [&](const ResolvedUnit::Param& p) { return tensor_of(p).requires_grad() ? 0 : p.constant ? 2 : 1; };
+  std::stable_sort(unit_params.begin(), unit_params.end(),
+                   [&](const auto& a, const auto& b) { return place(a) < place(b); });
+  std::vector<at::Tensor> tensors;
+  std::vector<int64_t> offsets{0};  // where each parameter's shard starts, masters then constants
+  size_t held = 0;                  // parameters with masters
+  for (const auto& p : unit_params) {
+    tensors.push_back(tensor_of(p));
+    offsets.push_back(offsets.back() + ShardShape(tensors.back().sizes(), world).shard_numel());
+    if (!p.constant) ++held;
+  }
+  UnitShards out;
+  out.masters = at::zeros({offsets[held]}, buffer.dtype(master_dtype(tensors.front().scalar_type())));
+  out.constants = at::zeros({offsets.back() - offsets[held]}, buffer.dtype(unit.compute_dtype));
+  for (size_t i = 0; i < unit_params.size(); ++i) {
+    const int64_t length = offsets[i + 1] - offsets[i];
+    at::Tensor slot = i < held ? out.masters.narrow(0, offsets[i], length)
+                               : out.constants.narrow(0, offsets[i] - offsets[held], length);
+    out.params.emplace_back(unit_params[i].name, tensors[i], rank, world, fill, slot);
+  }
+  return out;
+}
+
+}  // namespace
+
 FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill,
                      at::Device device)
     : world_(std::move(world)), device_(device) {
@@ -48,29 +90,9 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     offloaded_ = offloaded_ || (offload && !device.is_cpu());
     // Offloaded masters sit in page-locked memory when a device is in use, so copies to and
     // from it run without staging.
-    const auto master = offload ? at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu())
+    const auto buffer = offload ? at::TensorOptions().device(at::kCPU).pinned_memory(!device.is_cpu())
                                 : at::TensorOptions().device(device);
-    // The unit's master shards are slices of one flat buffer, in the order its gathers lay
-    // them out, so a gather starts with one copy (and cast) of the whole buffer.
-    const int world = mesh.shard_group->size();
-    // Parameters that train first: a unit reduces gradients for that prefix of its buffer
-    // only, so a frozen base (LoRA) costs no gradient traffic or memory.
-    auto unit_params = unit.params;
-    auto tensor_of = [](const ResolvedUnit::Param& p) { return p.module->named_parameters(/*recurse=*/false)[p.local]; };
-    std::stable_partition(unit_params.begin(), unit_params.end(),
-                          [&](const ResolvedUnit::Param& p) { return tensor_of(p).requires_grad(); });
-    std::vector<at::Tensor> tensors;
-    std::vector<int64_t> offsets{0};  // where each parameter's shard starts in the buffer
-    for (const auto& p : unit_params) {
-      tensors.push_back(tensor_of(p));
-      offsets.push_back(offsets.back() + ShardShape(tensors.back().sizes(), world).shard_numel());
-    }
-    at::Tensor masters = at::zeros({offsets.back()}, master.dtype(master_dtype(tensors.front().scalar_type())));
-    std::vector<ShardedParam> params;
-    for (size_t i = 0; i < unit_params.size(); ++i) {
-      params.emplace_back(unit_params[i].name, tensors[i], mesh.shard_group->rank(), world, fill,
-                          masters.narrow(0, offsets[i], offsets[i + 1] - offsets[i]));
-    }
+    UnitShards shards = lay_out_shards(unit, mesh.shard_group->rank(), mesh.shard_group->size(), fill, buffer);
     std::vector<Module*> modules;
     for (const auto& path : unit.declared.modules) {
       for (const auto& e : all) {
@@ -86,8 +108,9 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                         .reduce_dtype = unit.reduce_dtype,
                         .output_dtype = p.output_dtype,
                         .device = device};
-    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(params), masters, mesh.shard_group,
-                                                mesh.replicate_group, options, this));
+    units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(shards.params), shards.masters,
+                                                shards.constants, mesh.shard_group, mesh.replicate_group, options,
+                                                this));
   }
 }
 

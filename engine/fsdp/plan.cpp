@@ -79,6 +79,7 @@ void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
   }
   // k = shard frees everything, as true does (false on a one-rank shard still keeps it all).
   r.reshard_after_forward = k == r.mesh.shard && unit.reshard_after_forward != 1 ? kWholeShardGroup : k;
+  r.compute_dtype = unit.param_dtype.value_or(model_dtype);
   r.reduce_dtype = unit.reduce_dtype.value_or(master_dtype(model_dtype));
   for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
 }
@@ -106,6 +107,7 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     return std::any_of(expert_paths.begin(), expert_paths.end(), [&](const auto& p) { return path_under(path, p); });
   };
 
+  const auto master_bytes = static_cast<int64_t>(c10::elementSize(master_dtype(model_dtype)));
   ResolvedPlan resolved;
   std::set<const void*> claimed;
   for (auto& unit : units) {
@@ -133,10 +135,16 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
           }
         }
         const at::Tensor& t = item.value();
-        r.params.push_back({paths.front(), e.module, item.key()});
+        const bool constant = !t.requires_grad() && !e.module->updated_without_gradient(item.key()) &&
+                              c10::elementSize(r.compute_dtype) < c10::elementSize(master_dtype(model_dtype));
+        r.params.push_back({paths.front(), e.module, item.key(), constant});
         r.numel += t.numel();
         const int64_t per_rank = ShardShape(t.sizes(), r.mesh.shard).shard_numel();
         r.padded_numel_per_rank += per_rank;
+        const int64_t bytes = per_rank * (constant ? static_cast<int64_t>(c10::elementSize(r.compute_dtype)) : master_bytes);
+        resolved.param_bytes += bytes;
+        if (constant) resolved.constant_param_bytes += bytes;
+        if (in_experts(e.path)) resolved.expert_param_bytes += bytes;
         if (t.requires_grad()) {
           r.trainable_numel_per_rank += per_rank;
           resolved.trainable_numel += t.numel();
@@ -147,16 +155,14 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
         }
       }
     }
-    r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.declared.param_dtype.value_or(model_dtype)));
+    r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     resolved.total_numel += r.numel;
-    resolved.param_bytes += r.padded_numel_per_rank * 4;
-    resolved.expert_param_bytes += r.expert_numel_per_rank * 4;
     resolved.largest_gathered_bytes = std::max(resolved.largest_gathered_bytes, r.bytes_gathered);
     resolved.units.push_back(std::move(r));
   }
   int64_t trainable_per_rank = 0;
   for (const auto& u : resolved.units) trainable_per_rank += u.trainable_numel_per_rank;
-  resolved.grad_bytes = trainable_per_rank * 4;
+  resolved.grad_bytes = trainable_per_rank * master_bytes;
   resolved.optimizer_bytes = 2 * resolved.grad_bytes;
   resolved.lora = plan.lora;
   return resolved;
@@ -207,6 +213,10 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
   out << "per rank: parameters " << mib(plan.param_bytes) << ", gradients " << mib(plan.grad_bytes)
       << ", optimizer state " << mib(plan.optimizer_bytes) << ", largest gathered unit "
       << mib(plan.largest_gathered_bytes) << "\n";
+  if (plan.constant_param_bytes > 0) {
+    out << "per rank, frozen parameters held in their compute dtype with no master: " << mib(plan.constant_param_bytes)
+        << " of " << mib(plan.param_bytes) << "\n";
+  }
   if (plan.expert_param_bytes > 0) {
     out << "per rank, routed experts: parameters " << mib(plan.expert_param_bytes) << " of "
         << mib(plan.param_bytes) << " (gradients and optimizer state in proportion)\n";
@@ -278,7 +288,8 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},
                                             {"optimizer", plan.optimizer_bytes},
                                             {"largest_gathered_unit", plan.largest_gathered_bytes},
-                                            {"expert_params", plan.expert_param_bytes}}}}
+                                            {"expert_params", plan.expert_param_bytes},
+                                            {"constant_params", plan.constant_param_bytes}}}}
       .dump(2);
 }
 

@@ -60,12 +60,16 @@ struct ResolvedUnit {
   UnitPlan declared;                      // as the policy declared it (the implicit root: as added)
   MeshShape mesh;                         // resolved for the world
   int reshard_after_forward = kWholeShardGroup;  // as declared, with k = shard read as kWholeShardGroup
+  at::ScalarType compute_dtype = at::kFloat;  // gathered and computed in: declared, or the model's
   at::ScalarType reduce_dtype = at::kFloat;  // declared, or the masters' dtype
   std::string name;                       // modules joined by "+", "<root>" for the root
   struct Param {
     std::string name;                     // full dotted name (the first path reaching it)
     Module* module = nullptr;             // the module that registers it under `local`
     std::string local;
+    // Frozen, moved by nothing, and computed in a dtype narrower than the masters' (a LoRA
+    // base in bf16): its shard is held in compute_dtype alone, with no master.
+    bool constant = false;
   };
   std::vector<Param> params;              // the parameters it owns
   int64_t numel = 0;                      // elements it owns
@@ -81,9 +85,11 @@ struct ResolvedPlan {
   std::optional<LoraPlan> lora;           // as declared
   int64_t total_numel = 0;
   int64_t trainable_numel = 0;            // of total_numel, the parameters that train
-  // Per rank, from the padded shards: fp32 master params, fp32 grads and AdamW's two moments
-  // of the parameters that train.
+  // Per rank, from the padded shards: master params (fp32, fp64 for an fp64 model; constant
+  // ones in their compute dtype), grads and AdamW's two moments of the parameters that train,
+  // in the masters' dtype.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  int64_t constant_param_bytes = 0;       // of param_bytes, the constant parameters' shards
   int64_t largest_gathered_bytes = 0;
   int64_t expert_param_bytes = 0;         // of param_bytes, the routed experts' master shards
 };

@@ -44,11 +44,13 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
   first_row = std::min<int64_t>(rows, padded_rows * rank);
   owned_rows = std::min<int64_t>(rows, first_row + padded_rows) - first_row;
   at::NoGradGuard no_grad;
-  // The master shard is fp32 whatever the parameter's dtype (fp64 for an fp64 one).
+  // The master shard is fp32 whatever the parameter's dtype (fp64 for an fp64 one); a
+  // frozen parameter's slot may hold it in another dtype, without a master.
   const auto dtype = master_dtype(param.scalar_type());
   if (slot.defined()) {
-    TORCH_CHECK(slot.scalar_type() == dtype && slot.numel() == shard_numel(), "parameter ", name, ": a master slot of ",
-                slot.numel(), " ", slot.scalar_type(), " elements for a shard of ", shard_numel(), " ", dtype);
+    TORCH_CHECK((slot.scalar_type() == dtype || !param.requires_grad()) && slot.numel() == shard_numel(), "parameter ",
+                name, ": a slot of ", slot.numel(), " ", slot.scalar_type(), " elements for a shard of ",
+                shard_numel(), " ", dtype);
     local = slot;
   } else {
     local = at::zeros({shard_numel()}, dtype);

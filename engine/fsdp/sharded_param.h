@@ -16,8 +16,9 @@ namespace fsdpp {
 
 // Gives a parameter of a meta-built model its values: writes rows [first_row, first_row +
 // rows.size(0)) of the full parameter `name` (shape and dtype those of `param`) into `rows`,
-// this rank's fp32 master rows. A source standing in for a materialised model (a fresh
-// initialisation, HF weights) rounds through param's dtype; a checkpoint gives the masters.
+// this rank's rows (fp32 masters, or a constant parameter's compute dtype). A source standing
+// in for a materialised model (a fresh initialisation, HF weights) rounds through param's
+// dtype; a checkpoint gives the masters.
 using ShardFill =
     std::function<void(const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row)>;
 
@@ -35,7 +36,8 @@ struct ShardShape {
 struct ShardedParam {
   // An unallocated `param` (a meta build) gets its rows from `fill`; an allocated one gives
   // its own. The fp32 master shard lives in `slot` when given (shard_numel() zeroed fp32
-  // elements, e.g. the unit's slice of one flat buffer), else in fresh host memory.
+  // elements, e.g. the unit's slice of one flat buffer; a frozen param's slot may be of its
+  // compute dtype instead, holding it with no master), else in fresh host memory.
   ShardedParam(std::string name, at::Tensor param, int rank, int world, const ShardFill& fill = {},
                at::Tensor slot = {});
 

@@ -20,7 +20,8 @@ class Comm;
 // This rank's rows of one parameter, as checkpoints save and load them.
 struct ShardRows {
   std::string name;
-  at::Tensor rows;                  // [owned_rows, ...] the fp32 master rows, the optimizer's parameter
+  at::Tensor rows;                  // [owned_rows, ...] the master rows, the optimizer's parameter (a
+                                    // frozen one's may be in its compute dtype, with no master)
   std::vector<int64_t> full_shape;  // the unsharded parameter's shape
   int64_t first_row = 0;            // where `rows` start in the full parameter
   bool primary = true;              // false on HSDP replicas after the first: they hold copies

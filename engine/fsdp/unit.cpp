@@ -63,19 +63,20 @@ void zero_padding(at::Tensor& out, const ShardedParam& p, bool written, int64_t 
 }  // namespace
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
-                   at::Tensor masters, std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group,
-                   UnitOptions options, FsdpState* state)
+                   at::Tensor masters, at::Tensor constants, std::shared_ptr<Comm> shard_group,
+                   std::shared_ptr<Comm> replicate_group, UnitOptions options, FsdpState* state)
     : name_(std::move(name)),
       modules_(std::move(modules)),
       params_(std::move(params)),
       masters_(std::move(masters)),
+      constants_(std::move(constants)),
       comm_(std::move(shard_group)),
       replicate_group_(std::move(replicate_group)),
       options_(options),
       state_(state) {
   for (auto& p : params_) {
     // The module's own tensor takes the compute device and dtype, unallocated like any
-    // sharded one; its values already sit in the fp32 master shard.
+    // sharded one; its values already sit in its shard.
     const auto dtype = options_.param_dtype.value_or(p.param.scalar_type());
     p.param.set_data(unallocated_tensor(p.param.sizes(), compute_options(dtype)));
     TORCH_CHECK(p.param.scalar_type() == params_.front().param.scalar_type(), "unit ", name_,
@@ -157,19 +158,27 @@ void FsdpUnit::begin_unshard() {
     return;
   }
   at::Tensor flat = std::move(cast_shard_);
-  if (!flat.defined()) {
-    // One copy (and cast) of every shard; from pinned host memory when offloaded, so the
-    // copy does not hold up the host.
-    flat = at::empty({flat_numel_}, options);
-    flat.copy_(masters_, /*non_blocking=*/true);
-    if (backward_follows && flat.scalar_type() != masters_.scalar_type()) cast_shard_ = flat;
-  }
+  if (!flat.defined()) flat = compute_shard(backward_follows);
   if (world == 1) {
     gathered_ = flat;  // one rank's shard is the whole
     return;
   }
   gathered_ = at::empty({world * flat_numel_}, options);
   gather_ = comm_->all_gather_async(gathered_, flat);
+}
+
+at::Tensor FsdpUnit::compute_shard(bool backward_follows) {
+  const auto options = compute_options(params_.front().param.scalar_type());
+  // Constants alone, already where the unit computes: the gather reads their buffer itself.
+  if (masters_.numel() == 0 && constants_.device() == options_.device) return constants_;
+  // One copy (and cast) of the masters and one of the constants; from pinned host memory
+  // when offloaded, so the copies do not hold up the host.
+  at::Tensor flat = at::empty({flat_numel_}, options);  // [T]
+  const int64_t held = masters_.numel();
+  flat.narrow(0, 0, held).copy_(masters_, /*non_blocking=*/true);
+  flat.narrow(0, held, flat_numel_ - held).copy_(constants_, /*non_blocking=*/true);
+  if (backward_follows && held > 0 && flat.scalar_type() != masters_.scalar_type()) cast_shard_ = flat;
+  return flat;
 }
 
 void FsdpUnit::unshard() {

@@ -29,9 +29,11 @@ struct UnitOptions {
 
 class FsdpUnit {
  public:
-  // `masters` [T] is the flat fp32 buffer whose slices are the params' `local` shards.
+  // The params' `local` shards are slices of two flat buffers, in the params' order:
+  // `masters` [M] (fp32, or fp64) for the leading ones, `constants` [T - M] in the compute
+  // dtype for the frozen rest that has no master.
   FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params, at::Tensor masters,
-           std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group, UnitOptions options,
+           at::Tensor constants, std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group, UnitOptions options,
            FsdpState* state);
   ~FsdpUnit();
 
@@ -71,12 +73,14 @@ class FsdpUnit {
   void keep_post_forward_slice();
   void accumulate_reduced();  // reduced_grads_ -> the owned shards' .grad
   void copy_out(const at::Tensor& by_rank);  // [S, T] rank-major shards -> module tensors
+  at::Tensor compute_shard(bool backward_follows);  // [T] what this rank contributes to a gather
   at::TensorOptions compute_options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(options_.device); }
 
   std::string name_;
   std::vector<Module*> modules_;
   std::vector<ShardedParam> params_;
-  at::Tensor masters_;             // [T] every param's local shard, in order
+  at::Tensor masters_;             // [M] the leading params' local shards, in order
+  at::Tensor constants_;           // [T - M] the rest's, in the compute dtype
   std::shared_ptr<Comm> comm_;            // the shard group
   std::shared_ptr<Comm> replicate_group_; // HSDP replicas, summed after the reduce-scatter
   UnitOptions options_;
@@ -85,7 +89,7 @@ class FsdpUnit {
   int64_t reduced_numel_ = 0;  // of flat_numel_, the leading parameters that train: what backward reduces
   bool unsharded_ = false;
   at::Tensor gathered_;            // [S * T] filled by gather_
-  at::Tensor cast_shard_;          // [T] masters_ in the compute dtype, kept from forward for backward
+  at::Tensor cast_shard_;          // [T] compute_shard() kept from forward for backward
   CommWork gather_;
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
   bool reduced_ = false;

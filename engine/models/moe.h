@@ -53,6 +53,7 @@ class GroupedTopkRouter : public Module {
   FSDPP_MODULE_CALL
   torch::Tensor forward(const torch::Tensor& x);  // [N, C] -> [N, E] scores in (0, 1)
   void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) override;
+  bool updated_without_gradient(const std::string& name) const override { return name == "e_score_correction_bias"; }
 
   torch::Tensor weight;                   // [E, C]
   torch::Tensor e_score_correction_bias;  // [E]

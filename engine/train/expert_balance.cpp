@@ -13,8 +13,10 @@ namespace fsdpp {
 
 std::vector<std::string> routing_bias_names(Module& model) {
   std::vector<std::string> names;
-  for (const auto& p : unique_named_parameters(model)) {
-    if (p.name.ends_with(".e_score_correction_bias")) names.push_back(p.name);
+  for (const auto& e : named_modules(model)) {
+    for (const auto& item : e.module->named_parameters(/*recurse=*/false)) {
+      if (e.module->updated_without_gradient(item.key())) names.push_back(e.path + "." + item.key());
+    }
   }
   return names;
 }

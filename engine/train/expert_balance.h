@@ -25,8 +25,8 @@ struct ExpertLoad {
   double max_over_mean = 0.0;      // tokens of the busiest expert over its layer's mean, worst layer
 };
 
-// The names of `model`'s routing biases (e_score_correction_bias), one per MoE layer in layer
-// order.
+// The names of `model`'s routing biases (e_score_correction_bias, the parameters its modules
+// say are updated without a gradient), one per MoE layer in layer order.
 std::vector<std::string> routing_bias_names(Module& model);
 
 class ExpertBalance {

@@ -96,8 +96,10 @@ std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const Plan& plan
   const int rank = s.comm->rank(), world = s.comm->size();
   const ResolvedPlan resolved = resolve_plan(plan, model, world, parse_dtype(config.model.dtype));
   if (rank == 0) {
-    log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes,
-             " B, gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
+    const std::string constants = resolved.constant_param_bytes == 0 ? "" : " (" +
+        std::to_string(resolved.constant_param_bytes) + " B of them frozen, held in their compute dtype)";
+    log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes, " B", constants,
+             ", gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
   }
   auto fsdp = std::make_unique<FsdpState>(model, s.comm, resolved,
                                           s.checkpoint ? checkpoint_fill(s.checkpoint, s.loaded.fill) : s.loaded.fill,

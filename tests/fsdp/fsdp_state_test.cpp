@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/module_tree.h"
 #include "fsdp/fsdp_state.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "train/evaluate.h"
 
@@ -27,7 +28,7 @@ std::shared_ptr<CausalLM> tiny(bool tied) {
 
 // Each decoder layer a unit, the embedding too when untied, the root the rest; units gather
 // and compute in `param_dtype` (none: the model's).
-std::unique_ptr<FsdpState> shard(CausalLM& model, std::optional<at::ScalarType> param_dtype = std::nullopt) {
+ResolvedPlan plan_for(CausalLM& model, std::optional<at::ScalarType> param_dtype) {
   Plan plan;
   for (const auto& e : named_modules(model)) {
     const bool tied = model.config().tie_word_embeddings;
@@ -36,8 +37,29 @@ std::unique_ptr<FsdpState> shard(CausalLM& model, std::optional<at::ScalarType> 
     }
   }
   plan.units.push_back({.modules = {""}, .reshard_after_forward = 1, .param_dtype = param_dtype});
-  const ResolvedPlan resolved = resolve_plan(plan, model, 1, at::kFloat);
-  return std::make_unique<FsdpState>(model, Comm::single(), resolved);
+  return resolve_plan(plan, model, 1, at::kFloat);
+}
+
+std::unique_ptr<FsdpState> shard(CausalLM& model, std::optional<at::ScalarType> param_dtype = std::nullopt) {
+  return std::make_unique<FsdpState>(model, Comm::single(), plan_for(model, param_dtype));
+}
+
+// tiny(false) with rank-3 adapters on two projections and model.norm trainable, the rest
+// frozen; lora_B drawn rather than zero, so every adapter factor gets a gradient.
+std::shared_ptr<CausalLM> tiny_lora() {
+  auto model = tiny(false);
+  apply_lora(*model,
+             {.targets = {"model.layers.0.self_attn.q_proj", "model.layers.2.mlp.down_proj"}, .rank = 3, .alpha = 6,
+              .trainable = {"model.norm"}},
+             torch::TensorOptions());
+  init_parameters(*model, 5, 0.1);
+  at::NoGradGuard no_grad;
+  for (const auto& p : unique_named_parameters(*model)) {
+    if (p.name.find(".lora_B.") != std::string::npos) {
+      p.tensor.copy_(torch::randn(p.tensor.sizes(), named_generator(7, p.name)) * 0.1);
+    }
+  }
+  return model;
 }
 
 double loss_of(CausalLM& model, const at::Tensor& ids) {
@@ -152,4 +174,72 @@ TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[f
   CHECK(resolved.units[0].name == "model.layers.1");
   CHECK(resolved.units[1].name == "<root>");
   CHECK(resolved.units[0].numel + resolved.units[1].numel == model->recursive_param_count());
+}
+
+TEST_CASE("a frozen base computed in bf16 is held in bf16 alone and computes what fp32 masters would", "[fsdp]") {
+  auto lora = tiny_lora();
+  auto reference = tiny_lora();  // the same values with nothing frozen: every shard an fp32 master
+  for (const auto& p : unique_named_parameters(*reference)) p.tensor.set_requires_grad(true);
+  const ResolvedPlan plan = plan_for(*lora, at::kBFloat16);
+  FsdpState state(*lora, Comm::single(), plan);
+  auto reference_state = shard(*reference, at::kBFloat16);
+
+  int64_t bytes = 0, constant_bytes = 0;
+  for (const auto& unit : state.units()) {
+    for (const auto& p : unit->params()) {
+      INFO(p.name);
+      CHECK(p.local.scalar_type() == (p.param.requires_grad() ? at::kFloat : at::kBFloat16));
+      bytes += p.local.numel() * p.local.element_size();
+      if (!p.param.requires_grad()) constant_bytes += p.local.numel() * p.local.element_size();
+    }
+  }
+  CHECK(constant_bytes > 0);
+  CHECK(plan.param_bytes == bytes);  // what `fsdpp plan` predicts is what the shards hold
+  CHECK(plan.constant_param_bytes == constant_bytes);
+
+  auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
+  for (int step = 0; step < 2; ++step) {
+    const double expected = loss_of(*reference, ids);
+    CHECK(loss_of(*lora, ids) == Approx(expected).epsilon(1e-6));
+  }
+  std::map<std::string, at::Tensor> reference_grads;
+  for (const auto& p : reference_state->sharded_parameters()) reference_grads[p.name] = p.tensor.grad();
+  int trained = 0;
+  for (const auto& p : state.sharded_parameters()) {
+    INFO("gradient of " << p.name);
+    CHECK(p.tensor.grad().defined() == p.tensor.requires_grad());
+    if (!p.tensor.requires_grad()) continue;
+    ++trained;
+    CHECK(p.tensor.grad().abs().max().item<float>() > 0);
+    CHECK(torch::allclose(p.tensor.grad(), reference_grads.at(p.name), 1e-5, 1e-7));
+  }
+  CHECK(trained == 5);  // two adapters' A and B, and model.norm
+
+  // Computing in fp32, frozen parameters keep their fp32 shards: nothing narrower to hold.
+  CHECK(plan_for(*lora, std::nullopt).constant_param_bytes == 0);
+}
+
+TEST_CASE("a routing bias the run moves keeps its master when the rest of a frozen base goes bf16", "[fsdp]") {
+  auto config = ModelConfig::from_json(
+      {{"model_type", "deepseek_v3"}, {"vocab_size", 40}, {"hidden_size", 30}, {"intermediate_size", 50},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 3}, {"num_key_value_heads", 3}, {"kv_lora_rank", 10},
+       {"qk_nope_head_dim", 6}, {"qk_rope_head_dim", 4}, {"v_head_dim", 6}, {"n_routed_experts", 4},
+       {"n_group", 2}, {"topk_group", 1}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 6},
+       {"first_k_dense_replace", 1}},
+      "test");
+  auto model = build_model(config, torch::TensorOptions().device(torch::kMeta));
+  apply_lora(*model, {.targets = {"model.layers.1.self_attn.o_proj"}, .rank = 2, .alpha = 2}, torch::TensorOptions());
+  const ResolvedPlan plan = resolve_plan({.units = {{.modules = {""}, .param_dtype = at::kBFloat16}}}, *model, 2,
+                                         at::kFloat);
+  int biases = 0, constants = 0;
+  for (const auto& p : plan.units.front().params) {
+    INFO(p.name);
+    const bool bias = p.name.ends_with(".e_score_correction_bias");
+    const bool adapter = is_adapter_parameter(p.name);
+    biases += bias;
+    constants += p.constant;
+    CHECK(p.constant == (!bias && !adapter));
+  }
+  CHECK(biases == 1);
+  CHECK(constants > 0);
 }

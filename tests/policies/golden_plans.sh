@@ -59,6 +59,8 @@ golden deepseek_v3-expert-units deepseek_v3 tests/assets/models/fsdp-deepseek-v3
 golden transformer_auto-deepseek_v3 transformer_auto tests/assets/models/fsdp-deepseek-v3
 golden llama-lora llama tests/assets/models/fsdp-llama --set policy.options.lora_rank=4 \
   --set 'policy.options.lora_targets="q_proj,v_proj,down_proj"' --set 'policy.options.lora_trainable="model.norm"'
+golden llama-lora-bf16 llama tests/assets/models/fsdp-llama --set policy.options.lora_rank=4 \
+  --set 'policy.options.lora_targets="q_proj,v_proj,down_proj"' --set 'policy.options.param_dtype="bf16"'
 golden qwen2_vl-shard qwen2_vl tests/assets/models/tiny-qwen2-vl
 golden qwen2_vl-root qwen2_vl tests/assets/models/tiny-qwen2-vl --set policy.options.mixed_mm_data=true
 golden qwen2_5_vl-shard qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl

@@ -4,7 +4,8 @@ down_proj; B zero, A as peft draws it). Then:
   - fsdpp trains it from that adapter ([model] adapter) in one process, and peft with AdamW on
     the same windows: every step's loss within 1e-5 relative (fp32);
   - in float64, world 2 and world 3 give the one-process adapter after 8 steps within
-    compare.FLOAT64_BOUND, and the frozen base is exported nowhere;
+    compare.FLOAT64_BOUND, and the frozen base is exported nowhere; computing in float32
+    (param_dtype), where the frozen base is held in float32 alone, within 1e-4;
   - a world-2 run saved at step 4 (a checkpoint of the adapters alone, with its base's
     identity) and resumed at world 3 ends with the uninterrupted run's adapter, every row (the
     failure where only one rank's slice of each adapter was saved would leave (N-1)/N of it
@@ -123,6 +124,12 @@ def main():
         ok &= report(err <= FLOAT64_BOUND and not base_exported,
                      f"world {world}: adapter after {STEPS} steps vs one process {err:.2e} (allowed {FLOAT64_BOUND:g}); "
                      f"no full-model export: {not base_exported}")
+        # Computing in float32, the frozen base is held in float32 alone (no float64 master):
+        # the run follows the float64 one to float32's rounding.
+        _, narrow = train(f"world{world}-fp32", world, f64 + ['policy.options.param_dtype="float32"'])
+        err = adapter_difference(narrow, ref)
+        ok &= report(err <= 1e-4, f"world {world} computing in float32 over a base held in float32: adapter vs the "
+                     f"float64 one-process run's {err:.2e} (allowed 1e-4)")
 
     _, uninterrupted = train("saved", 2, f64 + ["checkpoint.save_every=4", "checkpoint.keep=0"])
     saved = f"{uninterrupted}/checkpoints/step-00000004"
