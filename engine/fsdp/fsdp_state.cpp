@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 
-#include "core/device.h"
 #include "core/dtype.h"
 
 #include <algorithm>
@@ -75,7 +74,7 @@ UnitShards lay_out_shards(const ResolvedUnit& unit, int rank, int world, const S
 
 FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill,
                      at::Device device)
-    : world_(std::move(world)), device_(device) {
+    : world_(std::move(world)), device_(device), copy_stream_(device) {
   const auto all = named_modules(root);
   for (const auto& unit : plan.units) {
     auto same = [&unit](const DeviceMesh& m) { return m.replicate == unit.mesh.replicate && m.shard == unit.mesh.shard; };
@@ -107,7 +106,8 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                         .param_dtype = p.param_dtype,
                         .reduce_dtype = unit.reduce_dtype,
                         .output_dtype = p.output_dtype,
-                        .device = device};
+                        .device = device,
+                        .copy_stream = offload && !device.is_cpu() ? &copy_stream_ : nullptr};
     units_.push_back(std::make_unique<FsdpUnit>(unit.name, modules, std::move(shards.params), shards.masters,
                                                 shards.constants, mesh.shard_group, mesh.replicate_group, options,
                                                 this));
@@ -220,10 +220,10 @@ void FsdpState::final_callback() {
     unit->end_backward();
   }
   reducing_.clear();
-  // Offloaded gradients arrive in host memory asynchronously; the optimizer reads them next.
-  // Without offload nothing here waits for the device.
+  // Offloaded gradients arrive in host memory on the copy stream, behind the reductions;
+  // the optimizer reads them next. Without offload nothing here waits for the device.
   if (offloaded_) {
-    synchronize_device(device_);
+    copy_stream_.synchronize();
     for (auto& unit : units_) unit->add_host_gradients();
   }
   in_backward_ = false;

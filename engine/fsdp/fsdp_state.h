@@ -69,6 +69,7 @@ class FsdpState : public ShardedView {
   bool recording_order_ = true;           // until that forward ends
   std::vector<FsdpUnit*> reducing_;       // units whose reductions are in flight, oldest first
   at::Device device_;
+  CopyStream copy_stream_;  // the offloaded units' host<->device copies
   bool offloaded_ = false;  // some unit keeps its masters on the host while computing on a GPU
 };
 

@@ -164,27 +164,43 @@ void FsdpUnit::begin_unshard() {
     return;
   }
   gathered_ = at::empty({world * flat_numel_}, options);
-  gather_ = comm_->all_gather_async(gathered_, flat);
+  // Issued from the copy stream when offloaded, the collective waits for the copy, not for
+  // the compute queued meanwhile.
+  beside_compute([&] { gather_ = comm_->all_gather_async(gathered_, flat); }, {gathered_, flat});
 }
 
 at::Tensor FsdpUnit::compute_shard(bool backward_follows) {
   const auto options = compute_options(params_.front().param.scalar_type());
   // Constants alone, already where the unit computes: the gather reads their buffer itself.
   if (masters_.numel() == 0 && constants_.device() == options_.device) return constants_;
-  // One copy (and cast) of the masters and one of the constants; from pinned host memory
-  // when offloaded, so the copies do not hold up the host.
+  // One copy (and cast) of the masters and one of the constants. Offloaded, they cross from
+  // pinned host memory on the copy stream, holding up neither the host nor the compute.
   at::Tensor flat = at::empty({flat_numel_}, options);  // [T]
   const int64_t held = masters_.numel();
-  flat.narrow(0, 0, held).copy_(masters_, /*non_blocking=*/true);
-  flat.narrow(0, held, flat_numel_ - held).copy_(constants_, /*non_blocking=*/true);
+  copied_ = beside_compute(
+      [&] {
+        flat.narrow(0, 0, held).copy_(masters_, /*non_blocking=*/true);
+        flat.narrow(0, held, flat_numel_ - held).copy_(constants_, /*non_blocking=*/true);
+      },
+      {flat});
   if (backward_follows && held > 0 && flat.scalar_type() != masters_.scalar_type()) cast_shard_ = flat;
   return flat;
+}
+
+std::optional<c10::Event> FsdpUnit::beside_compute(const std::function<void()>& enqueue,
+                                                   std::initializer_list<at::Tensor> uses) {
+  if (!options_.copy_stream) {
+    enqueue();
+    return std::nullopt;
+  }
+  return options_.copy_stream->run(enqueue, uses);
 }
 
 void FsdpUnit::unshard() {
   if (unsharded_ || params_.empty()) return;
   begin_unshard();
   gather_.wait();
+  CopyStream::wait(copied_);
   copy_out(gathered_.view({comm_->size(), flat_numel_}));
   gathered_ = at::Tensor();
   unsharded_ = true;
@@ -222,7 +238,9 @@ void FsdpUnit::release_cast_shard() { cast_shard_ = at::Tensor(); }
 
 void FsdpUnit::reshard() {
   post_forward_slice_ = at::Tensor();
-  gather_.wait();  // a prefetch nobody used: its buffers are the backend's until it lands
+  // A prefetch nobody used: its buffers are the backend's, or the copy stream's, until it lands.
+  gather_.wait();
+  CopyStream::wait(copied_);
   gathered_ = at::Tensor();
   if (!unsharded_) return;
   for (auto& p : params_) p.free_full();
@@ -309,9 +327,11 @@ void FsdpUnit::accumulate_reduced() {
         p.owned.mutable_grad() = shard;
       }
     } else {
-      // Offloaded: into pinned host memory without holding up the host. The state waits for
-      // the device before anything reads it, then adds it to a gradient already there.
-      at::Tensor host = at::empty(p.owned.sizes(), p.owned.options().pinned_memory(true)).copy_(shard, /*non_blocking=*/true);
+      // Offloaded: into pinned host memory on the copy stream, holding up neither the host nor
+      // the compute. The state waits for the copies before anything reads them, then adds
+      // each to a gradient already there.
+      at::Tensor host = at::empty(p.owned.sizes(), p.owned.options().pinned_memory(true));
+      beside_compute([&] { host.copy_(shard, /*non_blocking=*/true); }, {shard});
       if (p.owned.grad().defined()) {
         host_grad_sums_.emplace_back(p.owned.grad(), host);
       } else {

@@ -4,6 +4,7 @@
 // for when the unit runs; a reduction is finished when the next unit's starts.
 #pragma once
 
+#include "core/copy_stream.h"
 #include "core/module.h"
 #include "distributed/comm.h"
 #include "fsdp/sharded_param.h"
@@ -25,6 +26,7 @@ struct UnitOptions {
   at::ScalarType reduce_dtype = at::kFloat;          // dtype of the reduce-scatter
   std::optional<at::ScalarType> output_dtype;        // cast the unit's output to this
   at::Device device = at::kCPU;  // where the unit gathers, computes and reduces (offloaded masters stay on the host)
+  CopyStream* copy_stream = nullptr;  // set: the shards live on the host of a device run, copied beside the compute
 };
 
 class FsdpUnit {
@@ -74,6 +76,9 @@ class FsdpUnit {
   void accumulate_reduced();  // reduced_grads_ -> the owned shards' .grad
   void copy_out(const at::Tensor& by_rank);  // [S, T] rank-major shards -> module tensors
   at::Tensor compute_shard(bool backward_follows);  // [T] what this rank contributes to a gather
+  // Enqueues work that crosses between host and device: on the copy stream when the shards
+  // live on the host of a device run (returning the event it ends at), else in place.
+  std::optional<c10::Event> beside_compute(const std::function<void()>& enqueue, std::initializer_list<at::Tensor> uses);
   at::TensorOptions compute_options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(options_.device); }
 
   std::string name_;
@@ -91,6 +96,7 @@ class FsdpUnit {
   at::Tensor gathered_;            // [S * T] filled by gather_
   at::Tensor cast_shard_;          // [T] compute_shard() kept from forward for backward
   CommWork gather_;
+  std::optional<c10::Event> copied_;  // the copy stream's fill of gathered_'s source, not yet waited for
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
   bool reduced_ = false;
   at::Tensor reduced_grads_;       // [T] this rank's summed gradient rows, filled by reduce_
