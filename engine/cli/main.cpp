@@ -10,7 +10,7 @@
 #include "distributed/launcher.h"
 #include "models/lora.h"
 #include "models/registry.h"
-#include "io/checkpoint_export.h"
+#include "train/checkpoint_export.h"
 #include "io/hf_dir.h"
 #include "train/model_source.h"
 #include "train/batches.h"

@@ -62,27 +62,25 @@ std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::o
   return *declared;
 }
 
-// The rows of the base an adapter-only checkpoint records, once checked to be unchanged; none
-// for a checkpoint that holds the whole model.
-ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& model, const ModelSourceConfig& config) {
-  const auto meta = checkpoint.metadata().value("model", nlohmann::json::object());
-  if (!meta.contains("base")) return {};
-  const auto identity = meta["base"];
-  const std::string path = identity.at("path").get<std::string>();
-  const uint64_t seed = identity.value("init_seed", config.init_seed);
-  check_base_identity(identity.dump(), path, seed, checkpoint.dir().string());
-  auto weights = std::make_shared<const HfWeights>(std::filesystem::is_directory(path) ? HfWeights::open(path) : HfWeights{});
-  if (weights->empty()) return fresh_init_fill(model, seed, model.config().initializer_range);
-  weights->advise_random();
-  return hf_fill(weights, model);
-}
-
 void fill_whole(CausalLM& model, const ShardFill& fill) {
   at::NoGradGuard no_grad;
   for (auto& [name, param] : unique_named_parameters(model)) fill(name, param, param, 0);
 }
 
 }  // namespace
+
+ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& model) {
+  const auto meta = checkpoint.metadata().value("model", nlohmann::json::object());
+  if (!meta.contains("base")) return {};
+  const auto identity = meta["base"];
+  const std::string path = identity.at("path").get<std::string>();
+  const uint64_t seed = identity.value("init_seed", uint64_t{0});  // recorded for a fresh base
+  check_base_identity(identity.dump(), path, seed, checkpoint.dir().string());
+  auto weights = std::make_shared<const HfWeights>(std::filesystem::is_directory(path) ? HfWeights::open(path) : HfWeights{});
+  if (weights->empty()) return fresh_init_fill(model, seed, model.config().initializer_range);
+  weights->advise_random();
+  return hf_fill(weights, model);
+}
 
 ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, ShardFill base) {
   // Only an adapter-only checkpoint (one recording its base) may leave tensors out.
@@ -126,7 +124,7 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
     build(ModelConfig::from_file(checkpoint->verified("config.json")));
     // A checkpoint of a LoRA run holds its adapters (config.adapter replaces them), and the
     // base it leaves out comes from the base it records, checked to be unchanged.
-    loaded.fill = checkpoint_fill(checkpoint, recorded_base_fill(*checkpoint, *loaded.model, config));
+    loaded.fill = checkpoint_fill(checkpoint, recorded_base_fill(*checkpoint, *loaded.model));
     if (adapter) loaded.fill = with_adapters(loaded.fill, *loaded.model, adapter, config.init_seed);
     source = "from checkpoint " + config.path + " (step " + std::to_string(checkpoint->step()) + ", ";
   } else {

@@ -35,6 +35,10 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false
 // The architecture alone, read without building the model.
 ModelConfig model_config_of(const ModelSourceConfig& config);
 
+// The rows of the base an adapter-only checkpoint records (read from its HF files, or
+// initialised from the seed of a fresh base), once checked to be unchanged; none for a
+// checkpoint that holds the whole model. `model` has the checkpoint's architecture.
+ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& model);
 // Parameter rows from a checkpoint's saved masters ("model/<name>"); those it does not hold
 // (the frozen base an adapter-only checkpoint leaves out) from `base`.
 ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, ShardFill base = {});

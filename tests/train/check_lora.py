@@ -11,7 +11,8 @@ down_proj; B zero, A as peft draws it). Then:
     failure where only one rank's slice of each adapter was saved would leave (N-1)/N of it
     at its step-4 values); onto a changed base the resume is refused;
   - peft.PeftModel.from_pretrained loads the saved adapter and gives `fsdpp eval`'s logits,
-    and `fsdpp export --merge-lora` gives a model transformers loads with the same logits."""
+    and `fsdpp export --merge-lora` gives a model transformers loads with the same logits, on
+    an HF base and on a fresh one rebuilt from its recorded seed."""
 import json
 import os
 import shutil
@@ -187,6 +188,24 @@ def main():
     err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
     ok &= report(err <= 1e-5, f"fsdpp export --merge-lora loads in transformers: its logits vs fsdpp eval's with "
                  f"the adapter {err:.2e} (allowed 1e-5)")
+
+    # On a fresh base (config.json alone) the checkpoint records the seed, from which export
+    # rebuilds the frozen base it merges into.
+    fresh = os.path.join(WORK, "fresh")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fsdpp("train", CONFIG, "--set", 'model.dtype="float64"', "--set", "policy.options.lora_rank=3", "--set",
+          "train.steps=2", "--set", f'train.out_dir="{fresh}"')
+    fresh_checkpoint = f"{fresh}/checkpoints/step-00000002"
+    fsdpp("eval", CONFIG, "--set", f'model.path="{fresh_checkpoint}"', "--set", 'model.dtype="float64"',
+          "--max-windows", "2", "--logits", logits_file)
+    engine = load_file(logits_file)
+    fsdpp("export", fresh_checkpoint, f"{fresh}/merged", "--merge-lora")
+    with torch.no_grad():
+        merged_logits = transformers.AutoModelForCausalLM.from_pretrained(f"{fresh}/merged", dtype=torch.float64)(
+            engine["input_ids"]).logits
+    err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    ok &= report(err <= 1e-5, f"on a fresh base, fsdpp export --merge-lora loads in transformers: its logits vs "
+                 f"fsdpp eval's of the checkpoint {err:.2e} (allowed 1e-5)")
     sys.exit(0 if ok else 1)
 
 

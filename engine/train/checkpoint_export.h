@@ -18,7 +18,9 @@ struct ExportSummary {
 // Reads every "model/" tensor of `checkpoint` (each file's checksum verified before use) and
 // writes config.json plus safetensors to `out` in `dtype` (default: the dtype the run trained
 // in), sharded with an index above `max_shard_bytes`. The checkpoint of a LoRA run exports
-// only with `merge_lora`: each target's weight becomes W + (alpha / r) B A, the adapters go.
+// only with `merge_lora`: each target's weight becomes W + (alpha / r) B A, the adapters go;
+// an adapter-only one reads its frozen base from the base it records (its HF files, checked
+// unchanged, or a fresh initialisation from the recorded seed).
 ExportSummary export_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
                                 std::optional<at::ScalarType> dtype, size_t max_shard_bytes, bool merge_lora = false);
 

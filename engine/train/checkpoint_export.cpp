@@ -1,7 +1,7 @@
 // The export streams tensor by tensor: the HF writer plans its files from the recorded
 // shapes, and each tensor is assembled from its shards (a LoRA target's merged with its
 // adapter), written and dropped.
-#include "io/checkpoint_export.h"
+#include "train/checkpoint_export.h"
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -11,6 +11,7 @@
 #include "models/lora.h"
 #include "models/model_config.h"
 #include "models/registry.h"
+#include "train/model_source.h"
 
 #include <ATen/ATen.h>
 
@@ -29,21 +30,6 @@ bool within(const fs::path& inner, const fs::path& outer) {
   return end_b == b.end();
 }
 
-// The weights of the base an adapter-only checkpoint records (checked unchanged); none for
-// a checkpoint holding the whole model.
-HfWeights adapter_only_base(const ShardedCheckpoint& checkpoint, const nlohmann::json& model_meta) {
-  if (!model_meta.contains("base")) return {};
-  const auto& identity = model_meta["base"];
-  const fs::path path = identity.at("path").get<std::string>();
-  check_base_identity(identity.dump(), path, identity.value("init_seed", uint64_t{0}), checkpoint.dir().string());
-  HfWeights weights = fs::is_directory(path) ? HfWeights::open(path) : HfWeights{};
-  if (weights.empty()) {
-    throw UserError("export: " + checkpoint.dir().string() + " holds adapters on a freshly initialised base (" +
-                    path.string() + " has no weight files), which an export cannot rebuild");
-  }
-  return weights;
-}
-
 }  // namespace
 
 ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
@@ -52,7 +38,8 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
     throw UserError("export: " + out.string() + " would overwrite or contain the checkpoint " + dir.string() +
                     " it reads; choose another OUT");
   }
-  const ShardedCheckpoint checkpoint = ShardedCheckpoint::open(dir);
+  const auto opened = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(dir));
+  const ShardedCheckpoint& checkpoint = *opened;
   const ModelConfig config = ModelConfig::from_file(checkpoint.verified("config.json"));
   const nlohmann::json model_meta = checkpoint.metadata().value("model", nlohmann::json::object());
   const auto lora = model_meta.contains("lora") ? std::optional(deserialize_lora(model_meta["lora"].dump())) : std::nullopt;
@@ -61,32 +48,34 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
                     "merged model; the run's adapter directory holds them in PEFT's layout");
   }
   if (!lora && merge_lora) throw UserError("export: --merge-lora, but " + dir.string() + " holds no LoRA adapters");
+  const at::ScalarType run_dtype = parse_dtype(model_meta.value("dtype", "float32"));
+  // The model the checkpoint was trained as, without memory: its parameters name and shape
+  // the tensors, and a fresh base is initialised through it.
+  const auto skeleton = build_model(config, at::TensorOptions().dtype(run_dtype).device(at::kMeta));
+  if (lora) apply_lora(*skeleton, *lora, at::TensorOptions().dtype(run_dtype).device(at::kMeta));
   // An adapter-only checkpoint leaves the frozen base to the base it records, unchanged.
-  const HfWeights base = adapter_only_base(checkpoint, model_meta);
-  // Every parameter the config's model has must be there: an HF directory without one
-  // would load with that weight initialised at random.
-  const auto expected = build_model(config, at::TensorOptions().device(at::kMeta));
-  if (lora) apply_lora(*expected, *lora, at::TensorOptions().device(at::kMeta));
-  const at::ScalarType out_dtype = dtype.value_or(parse_dtype(model_meta.value("dtype", "float32")));
+  const ShardFill base = recorded_base_fill(checkpoint, *skeleton);
+  const ShardFill fill = checkpoint_fill(opened, base);
+  const at::ScalarType out_dtype = dtype.value_or(run_dtype);
   constexpr std::string_view kPrefix = "model/";
   std::vector<TensorSpec> specs;
-  for (const auto& p : unique_named_parameters(*expected)) {
-    if (!checkpoint.contains(std::string(kPrefix) + p.name) && !base.contains(p.name)) {
+  std::map<std::string, at::Tensor> params;  // by name, the skeleton's
+  for (const auto& p : unique_named_parameters(*skeleton)) {
+    // Every parameter the config's model has must be there: an HF directory without one
+    // would load with that weight initialised at random.
+    if (!checkpoint.contains(std::string(kPrefix) + p.name) && (!base || is_adapter_parameter(p.name))) {
       throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
                       " with its config.json has");
     }
+    params[p.name] = p.tensor;
     if (!is_adapter_parameter(p.name)) specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
   }
   HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes);
   ExportSummary summary{checkpoint.step(), 0, 0};
   for (const auto& spec : specs) {
-    at::Tensor tensor;
-    if (checkpoint.contains(std::string(kPrefix) + spec.name)) {
-      tensor = checkpoint.read_full(std::string(kPrefix) + spec.name);
-    } else {
-      tensor = at::empty(spec.shape, at::kFloat);
-      read_hf_rows(base, {spec.name}, spec.shape, tensor, 0);
-    }
+    // In the masters' dtype, the checkpoint's rows as they were saved.
+    at::Tensor tensor = at::empty(spec.shape, at::TensorOptions().dtype(master_dtype(run_dtype)));
+    fill(spec.name, params.at(spec.name), tensor, 0);
     const std::string module = spec.name.substr(0, spec.name.rfind('.'));
     if (lora && spec.name.ends_with(".weight") &&
         std::find(lora->targets.begin(), lora->targets.end(), module) != lora->targets.end()) {
