@@ -58,6 +58,10 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOp
           {"FSDPP_LAUNCHER_PREFIXES_RANK", "1"}};
 }
 
+// How long the launcher waits, after a rank fails other than on a user error, for another
+// rank to end on one before stopping them all.
+constexpr std::chrono::seconds kPeerReportTime{2};
+
 // Waits up to 100 ms for output from any rank or a signal to the launcher; returns the
 // signal that arrived, or 0.
 int wait_for_activity(const std::vector<std::unique_ptr<RankProcess>>& ranks) {
@@ -105,9 +109,10 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     ranks.back()->spawn(argv, rank_environment(o, local, port));
   }
 
+  using Clock = std::chrono::steady_clock;
   const RankProcess* failed = nullptr;
   int forwarded = 0;
-  auto kill_time = std::chrono::steady_clock::time_point::max();
+  auto stop_time = Clock::time_point::max(), kill_time = Clock::time_point::max();
   auto signal_all = [&](int sig) {
     for (auto& r : ranks) r->signal(sig);
   };
@@ -126,11 +131,17 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       r->pump(true);  // what it printed before it ended
       if (r->succeeded(forwarded) || failed != nullptr) continue;
       failed = r.get();
-      // The rest would wait in a collective for it forever: stopped, killed after a grace.
-      signal_all(SIGTERM);
-      kill_time = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+      // The rest would wait in a collective for it forever: they are stopped, then killed
+      // after a grace. A failure other than a user error may itself be the consequence of a
+      // peer whose user error closed the connection this rank lost while that peer was still
+      // unwinding: the peer gets a moment to end and report it before any rank is stopped.
+      stop_time = Clock::now() + (r->stopped_on_user_error() ? Clock::duration::zero() : kPeerReportTime);
     }
-    if (std::chrono::steady_clock::now() > kill_time) signal_all(SIGKILL);
+    if (Clock::now() > stop_time && kill_time == Clock::time_point::max()) {
+      signal_all(SIGTERM);
+      kill_time = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+    }
+    if (Clock::now() > kill_time) signal_all(SIGKILL);
   }
   if (failed != nullptr) return report_failure(ranks, *failed);
   if (forwarded != 0) {
