@@ -45,27 +45,31 @@ struct UnitShards {
 // ones come last, with no master (a bf16 base holds 2 bytes per element, not 4).
 UnitShards lay_out_shards(const ResolvedUnit& unit, int rank, int world, const ShardFill& fill,
                           const at::TensorOptions& buffer) {
-  auto unit_params = unit.params;
-  auto tensor_of = [](const ResolvedUnit::Param& p) { return p.module->named_parameters(/*recurse=*/false)[p.local]; };
-  auto place = [&](const ResolvedUnit::Param& p) { return tensor_of(p).requires_grad() ? 0 : p.constant ? 2 : 1; };
-  std::stable_sort(unit_params.begin(), unit_params.end(),
-                   [&](const auto& a, const auto& b) { return place(a) < place(b); });
-  std::vector<at::Tensor> tensors;
+  struct Placed {
+    const ResolvedUnit::Param* param;
+    at::Tensor tensor;
+    int place;  // 0 trains, 1 frozen with a master, 2 constant
+  };
+  std::vector<Placed> placed;
+  for (const auto& p : unit.params) {
+    at::Tensor t = p.module->named_parameters(/*recurse=*/false)[p.local];
+    placed.push_back({&p, t, t.requires_grad() ? 0 : p.constant ? 2 : 1});
+  }
+  std::stable_sort(placed.begin(), placed.end(), [](const Placed& a, const Placed& b) { return a.place < b.place; });
   std::vector<int64_t> offsets{0};  // where each parameter's shard starts, masters then constants
   size_t held = 0;                  // parameters with masters
-  for (const auto& p : unit_params) {
-    tensors.push_back(tensor_of(p));
-    offsets.push_back(offsets.back() + ShardShape(tensors.back().sizes(), world).shard_numel());
-    if (!p.constant) ++held;
+  for (const auto& p : placed) {
+    offsets.push_back(offsets.back() + ShardShape(p.tensor.sizes(), world).shard_numel());
+    if (p.place < 2) ++held;
   }
   UnitShards out;
-  out.masters = at::zeros({offsets[held]}, buffer.dtype(master_dtype(tensors.front().scalar_type())));
+  out.masters = at::zeros({offsets[held]}, buffer.dtype(master_dtype(placed.front().tensor.scalar_type())));
   out.constants = at::zeros({offsets.back() - offsets[held]}, buffer.dtype(unit.compute_dtype));
-  for (size_t i = 0; i < unit_params.size(); ++i) {
+  for (size_t i = 0; i < placed.size(); ++i) {
     const int64_t length = offsets[i + 1] - offsets[i];
     at::Tensor slot = i < held ? out.masters.narrow(0, offsets[i], length)
                                : out.constants.narrow(0, offsets[i] - offsets[held], length);
-    out.params.emplace_back(unit_params[i].name, tensors[i], rank, world, fill, slot);
+    out.params.emplace_back(placed[i].param->name, placed[i].tensor, rank, world, fill, slot);
   }
   return out;
 }

@@ -135,13 +135,14 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
           }
         }
         const at::Tensor& t = item.value();
+        const auto compute_bytes = static_cast<int64_t>(c10::elementSize(r.compute_dtype));
         const bool constant = !t.requires_grad() && !e.module->updated_without_gradient(item.key()) &&
-                              c10::elementSize(r.compute_dtype) < c10::elementSize(master_dtype(model_dtype));
+                              compute_bytes < master_bytes;
         r.params.push_back({paths.front(), e.module, item.key(), constant});
         r.numel += t.numel();
         const int64_t per_rank = ShardShape(t.sizes(), r.mesh.shard).shard_numel();
         r.padded_numel_per_rank += per_rank;
-        const int64_t bytes = per_rank * (constant ? static_cast<int64_t>(c10::elementSize(r.compute_dtype)) : master_bytes);
+        const int64_t bytes = per_rank * (constant ? compute_bytes : master_bytes);
         resolved.param_bytes += bytes;
         if (constant) resolved.constant_param_bytes += bytes;
         if (in_experts(e.path)) resolved.expert_param_bytes += bytes;

@@ -35,8 +35,8 @@ class FsdpUnit {
   // `masters` [M] (fp32, or fp64) for the leading ones, `constants` [T - M] in the compute
   // dtype for the frozen rest that has no master.
   FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params, at::Tensor masters,
-           at::Tensor constants, std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group, UnitOptions options,
-           FsdpState* state);
+           at::Tensor constants, std::shared_ptr<Comm> shard_group, std::shared_ptr<Comm> replicate_group,
+           UnitOptions options, FsdpState* state);
   ~FsdpUnit();
 
   const std::string& name() const { return name_; }

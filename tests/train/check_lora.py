@@ -206,6 +206,16 @@ def main():
     err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
     ok &= report(err <= 1e-5, f"on a fresh base, fsdpp export --merge-lora loads in transformers: its logits vs "
                  f"fsdpp eval's of the checkpoint {err:.2e} (allowed 1e-5)")
+    # The frozen weights it wrote are the fresh base a full-model run starts from (one step at
+    # lr 1e-12 moves them by ~1e-12): rebuilt from the recorded seed, in the run's dtype.
+    fsdpp("train", CONFIG, "--set", 'model.dtype="float64"', "--set", "train.steps=1", "--set", "optimizer.lr=1e-12",
+          "--set", f'train.out_dir="{fresh}/full"')
+    fsdpp("export", f"{fresh}/full/checkpoints/step-00000001", f"{fresh}/full-export")
+    merged, full = load_file(f"{fresh}/merged/model.safetensors"), load_file(f"{fresh}/full-export/model.safetensors")
+    frozen = [k for k in merged if not k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))]
+    err = max(((merged[k] - full[k]).abs().max() / full[k].abs().max()).item() for k in frozen)
+    ok &= report(len(frozen) > 0 and err <= 1e-9, f"its {len(frozen)} frozen tensors vs a full-model run's fresh "
+                 f"initial weights {err:.2e} (allowed 1e-9)")
     sys.exit(0 if ok else 1)
 
 
