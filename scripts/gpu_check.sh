@@ -3,7 +3,11 @@
 # no Debian packages or network. Carry .gpu-deps/ (scripts/gpu_deps.sh fills it) and, where
 # the machine has no /usr/share/common-licenses, data/ (scripts/make_corpus.sh).
 #   gpu_check.sh build    unpacks .gpu-deps/ into a private prefix and builds build-gpu/fsdpp
-#                         against python3's torch; the configure fails without CUDA or NCCL
+#                         and the unit tests against python3's torch; the configure fails
+#                         without CUDA or NCCL
+#   gpu_check.sh units    the unit tests tagged [gpu] on the GPU: the copy stream, experts in
+#                         one grouped GEMM, and packed documents through the variable-length
+#                         flash kernel, each against a computation that avoids it
 #   gpu_check.sh parity   trains tests/assets/fsdp-llama.toml on the GPU (fp32, fp32 with
 #                         offloaded masters, bf16 compute) and compares each with a CPU run
 #                         whose bound comes from the CPU's own measured rounding noise
@@ -11,8 +15,8 @@
 #                         scripts/bench_fsdp.py on the GPU, fsdpp against PyTorch's
 #                         fully_shard: plain, with activation checkpointing, offloaded (all
 #                         three unless named)
-#   gpu_check.sh all      the three in turn
-# parity and bench build first when build-gpu/fsdpp is missing, and make the corpus when
+#   gpu_check.sh all      the four in turn
+# units, parity and bench build first when build-gpu/fsdpp is missing, and make the corpus when
 # data/licenses.tok is. Logs go to $OUT when it is set, else to build-gpu/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +28,7 @@ lib="$prefix/usr/lib/x86_64-linux-gnu"
 export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
 python="$(command -v python3)"
 fsdpp="$root/build-gpu/fsdpp"
+unit_tests="$root/build-gpu/tests/fsdpp_tests"
 
 # dpkg -x where the image has dpkg, else the same by hand: a .deb is an ar archive whose
 # data.tar.* holds the files.
@@ -43,15 +48,16 @@ build() {
   compgen -G ".gpu-deps/*.deb" >/dev/null || { echo "gpu_check: no .gpu-deps/*.deb (run scripts/gpu_deps.sh first)" >&2; exit 2; }
   mkdir -p "$prefix"
   for f in .gpu-deps/*.deb; do unpack "$f"; done
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF -DFSDPP_REQUIRE_GPU=ON \
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON -DFSDPP_FUZZ=OFF -DFSDPP_REQUIRE_GPU=ON \
     -DFSDPP_PYTHON="$python" -DFSDPP_VENV="$("$python" -c 'import sys; print(sys.prefix)')" \
     -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include -isystem $prefix/usr/include/x86_64-linux-gnu" \
     -Dspdlog_DIR="$lib/cmake/spdlog" -Dfmt_DIR="$lib/cmake/fmt" -Dtomlplusplus_DIR="$lib/cmake/tomlplusplus" \
     -Dnlohmann_json_DIR="$prefix/usr/share/cmake/nlohmann_json" \
     -DLUA_INCLUDE_DIR="$prefix/usr/include/lua5.4" -DLUA_LIBRARY="$lib/liblua5.4.so" \
     -DProtobuf_INCLUDE_DIR="$prefix/usr/include" -DProtobuf_LIBRARY="$lib/libprotobuf.so" \
-    -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc" -DCLI11_DIR="$prefix/usr/share/cmake/CLI11"
-  ninja -C build-gpu -j "$(nproc)" fsdpp
+    -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc" -DCLI11_DIR="$prefix/usr/share/cmake/CLI11" \
+    -DCatch2_DIR="$prefix/usr/lib/cmake/Catch2"
+  ninja -C build-gpu -j "$(nproc)" fsdpp fsdpp_tests
   readelf -d "$fsdpp" | grep -q 'NEEDED.*libtorch_cuda' || { echo "gpu_check: $fsdpp does not link libtorch_cuda" >&2; exit 1; }
 }
 
@@ -59,6 +65,11 @@ inputs() {
   [ -x "$fsdpp" ] || build
   [ -f data/licenses.tok ] || bash scripts/make_corpus.sh
   touch data/licenses.tok  # newer than its tool, so make_corpus keeps a carried corpus
+}
+
+units() {
+  [ -x "$unit_tests" ] || build
+  OMP_NUM_THREADS=1 "$unit_tests" "[gpu]"
 }
 
 parity() {
@@ -99,8 +110,9 @@ bench() {
 
 case "${1:-}" in
   build) build 2>&1 | tee "$out/build.log" ;;
+  units) units 2>&1 | tee "$out/units.log" ;;
   parity) parity 2>&1 | tee "$out/parity.log" ;;
   bench) shift; bench "$@" 2>&1 | tee "$out/bench.log" ;;
-  all) { build && parity && bench; } 2>&1 | tee "$out/all.log" ;;
-  *) echo "usage: gpu_check.sh build|parity|bench|all" >&2; exit 2 ;;
+  all) { build && units && parity && bench; } 2>&1 | tee "$out/all.log" ;;
+  *) echo "usage: gpu_check.sh build|units|parity|bench|all" >&2; exit 2 ;;
 esac

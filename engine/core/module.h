@@ -40,6 +40,10 @@ class Module : public torch::nn::Module {
   // holds no dangling argument.
   void set_activation_checkpointing(bool on) { checkpoint_ = on; }
 
+  // Whether calling this module runs its forward alone (no hook, no recomputation), so that
+  // an owner may compute it by other means (Experts' grouped product of many MLPs).
+  bool calls_forward_alone() const { return pre_hooks_.empty() && post_hooks_.empty() && !checkpoint_; }
+
   // Parameters registered on this module itself, and on its whole subtree (a parameter
   // reachable under two names, such as tied embeddings, counts once).
   int64_t own_param_count() const;
@@ -125,7 +129,7 @@ class ModuleList : public Module {
 
 template <class Derived, class... Args>
 torch::Tensor Module::call_forward(Derived& self, Args&&... args) {
-  if (pre_hooks_.empty() && post_hooks_.empty() && !checkpoint_) {
+  if (calls_forward_alone()) {
     return self.forward(std::forward<Args>(args)...);
   }
   Tensors inputs;

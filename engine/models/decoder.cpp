@@ -1,6 +1,6 @@
-// Llama-family decoder layers and models; attention runs through ATen's fused
-// scaled_dot_product_attention, causal, or under a mask built once per forward for packed
-// documents and sliding windows.
+// Llama-family decoder layers and models; attention runs through ATen's fused kernels,
+// causal, or within the scope built once per forward for packed documents and sliding windows
+// (models/document_attention.h).
 #include "models/decoder.h"
 
 #include "models/document_attention.h"
@@ -29,7 +29,7 @@ Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
 }
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                                 const torch::Tensor& attention_mask) {
+                                 const torch::Tensor& scope) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = (*q_proj_)(x).view({B, T, heads_, head_dim_});     // [B, T, H, D]
   auto k = (*k_proj_)(x).view({B, T, kv_heads_, head_dim_});  // [B, T, KV, D]
@@ -41,12 +41,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   q = apply_rotary(q.transpose(1, 2), cos_sin);  // [B, H, T, D]
   k = apply_rotary(k.transpose(1, 2), cos_sin);  // [B, KV, T, D]
   v = v.transpose(1, 2);
-  // Each key/value head serves heads / kv_heads query heads inside the kernel: copies
-  // expanded to every query head would be kept for backward too.
-  const auto mask = attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt;
-  auto out = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
-                                              /*is_causal=*/!attention_mask.defined(), /*scale=*/std::nullopt,
-                                              /*enable_gqa=*/kv_heads_ != heads_);  // [B, H, T, D]
+  auto out = scoped_attention(q, k, v, scope);  // [B, H, T, D]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
@@ -80,8 +75,8 @@ DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c, in
 }
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                                    const torch::Tensor& attention_mask) {
-  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, attention_mask);
+                                    const torch::Tensor& scope) {
+  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, scope);
   return h + (*mlp_)((*post_attention_layernorm_)(h));
 }
 
@@ -89,6 +84,8 @@ DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
                            const torch::TensorOptions& opts, const std::string& class_name)
     : Module(class_name.empty() ? family.prefix + "Model" : class_name),
       sliding_window_(c.sliding_window),
+      attention_head_dim_(c.latent_attention ? c.latent_attention->qk_nope_head_dim + c.latent_attention->qk_rope_head_dim
+                                             : c.head_dim),
       routing_(c.moe ? std::make_shared<RoutingLog>() : nullptr) {
   embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
   auto layers = register_child("layers", std::make_shared<ModuleList>());
@@ -106,8 +103,8 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, const torch:
   rotary_emb_->follow(positions.device());
   auto cos_sin = (*rotary_emb_)(positions);  // [2, T, D] or [2, B, T, D]
   auto h = (*embed_tokens)(input_ids);       // [B, T, C]
-  const auto mask = restricted_causal_mask(documents, sliding_window_, B, T, h.device());
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin, mask);
+  const auto scope = attention_scope(documents, sliding_window_, B, T, h.options(), attention_head_dim_);
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, scope);
   return (*norm_)(h);
 }
 
@@ -116,9 +113,8 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const to
   rotary_emb_->follow(inputs_embeds.device());
   auto cos_sin = (*rotary_emb_)(position_ids.to(inputs_embeds.device()));  // [2, B, T, D]
   auto h = inputs_embeds;
-  const auto mask =
-      restricted_causal_mask(documents, sliding_window_, h.size(0), h.size(1), h.device());
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin, mask);
+  const auto scope = attention_scope(documents, sliding_window_, h.size(0), h.size(1), h.options(), attention_head_dim_);
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, scope);
   return (*norm_)(h);
 }
 

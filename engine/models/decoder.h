@@ -16,14 +16,14 @@ struct DecoderFamily {
   bool qk_norm = false;    // RMSNorm over each head of q and k before RoPE (qwen3)
 };
 
-// A decoder layer's attention: x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], attention_mask
-// from restricted_causal_mask (models/document_attention.h; undefined: causal rows) -> [B, T, C].
+// A decoder layer's attention: x [B, T, C], cos_sin [2, T, D] or [2, B, T, D], scope from
+// attention_scope (models/document_attention.h; undefined: causal rows) -> [B, T, C].
 class SelfAttention : public Module {
  public:
   using Module::Module;
   FSDPP_MODULE_CALL
   virtual torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                                const torch::Tensor& attention_mask) = 0;
+                                const torch::Tensor& scope) = 0;
 };
 
 // A decoder layer's feed-forward part: [B, T, C] -> [B, T, C].
@@ -40,7 +40,7 @@ class Attention : public SelfAttention {
   Attention(const DecoderFamily& family, const ModelConfig& config,
             const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                        const torch::Tensor& attention_mask) override;
+                        const torch::Tensor& scope) override;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -55,6 +55,11 @@ class MLP : public FeedForward {
       const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& x) override;
 
+  // For Experts, which computes many MLPs in one grouped product of their weights.
+  const Linear& gate_proj() const { return *gate_proj_; }
+  const Linear& up_proj() const { return *up_proj_; }
+  const Linear& down_proj() const { return *down_proj_; }
+
  private:
   std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
 };
@@ -65,7 +70,7 @@ class DecoderLayer : public Module {
   DecoderLayer(const DecoderFamily& family, const ModelConfig& config, int64_t index,
                const torch::TensorOptions& opts, const std::shared_ptr<RoutingLog>& log);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& attention_mask);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& scope);
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
@@ -96,6 +101,7 @@ class DecoderModel : public Module {
   std::shared_ptr<RMSNorm> norm_;
   std::shared_ptr<RotaryEmbedding> rotary_emb_;
   int64_t sliding_window_;  // 0: none
+  int64_t attention_head_dim_;  // the query/key head size, which decides the attention kernel
   std::shared_ptr<RoutingLog> routing_;
 };
 

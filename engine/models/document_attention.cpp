@@ -1,5 +1,6 @@
-// Positions and masks for packed documents and sliding windows: a block-diagonal, banded
-// causal mask for ATen's fused attention, on every device.
+// Positions, masks and attention for packed documents and sliding windows: ATen's
+// variable-length flash kernel where the device has it, else a block-diagonal, banded causal
+// mask for ATen's fused attention.
 #include "models/document_attention.h"
 
 #include <ATen/ATen.h>
@@ -16,14 +17,7 @@ at::Tensor document_of_token(const at::Tensor& documents, int64_t tokens) {
   return at::repeat_interleave(at::arange(S, documents.options()), lengths, 0, tokens);
 }
 
-}  // namespace
-
-at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len) {
-  const int64_t tokens = batch * seq_len;
-  auto owner = document_of_token(documents, tokens);  // [B * T]
-  return (at::arange(tokens, documents.options()) - documents.index_select(0, owner)).view({batch, seq_len});
-}
-
+// attention_scope's mask.
 at::Tensor restricted_causal_mask(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
                                   const at::Device& device) {
   const int64_t T = seq_len;
@@ -39,6 +33,60 @@ at::Tensor restricted_causal_mask(const at::Tensor& documents, int64_t window, i
     mask = mask & (owner.unsqueeze(2) == owner.unsqueeze(1));                        // [B, T, T]
   }
   return mask.unsqueeze(1);  // [B, 1, T, T]
+}
+
+// The variable-length flash kernel's limits on a head (flash attention 2's).
+constexpr int64_t kFlashMaxHeadDim = 256;
+constexpr int64_t kFlashHeadDimMultiple = 8;
+
+// scoped_attention over document offsets: every document of every row one sequence of the
+// kernel, tokens laid out [B * T, heads, D].
+at::Tensor variable_length_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                     const at::Tensor& offsets, std::optional<double> scale) {
+  const int64_t B = query.size(0), H = query.size(1), T = query.size(2), Dv = value.size(3);
+  const auto tokens = [B, T](const at::Tensor& x) {  // [B, heads, T, D] -> [B * T, heads, D]
+    return x.transpose(1, 2).reshape({B * T, x.size(1), x.size(3)});
+  };
+  // The kernel takes one head size for q, k and v: a narrower v is padded with zeros, which
+  // add zero columns to the output.
+  auto v = tokens(value);
+  if (Dv < query.size(3)) v = at::constant_pad_nd(v, {0, query.size(3) - Dv});
+  // No document is longer than a row, so T bounds every sequence the kernel sees.
+  auto out = std::get<0>(at::_flash_attention_forward(tokens(query), tokens(key), v, offsets, offsets, T, T,
+                                                      /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                      /*return_debug_mask=*/false, scale));  // [B * T, H, D]
+  return out.narrow(-1, 0, Dv).reshape({B, T, H, Dv}).transpose(1, 2);                  // [B, H, T, Dv]
+}
+
+}  // namespace
+
+at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len) {
+  const int64_t tokens = batch * seq_len;
+  auto owner = document_of_token(documents, tokens);  // [B * T]
+  return (at::arange(tokens, documents.options()) - documents.index_select(0, owner)).view({batch, seq_len});
+}
+
+at::Tensor attention_scope(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
+                           const at::TensorOptions& activations, int64_t head_dim) {
+  const bool half = activations.dtype() == at::kBFloat16 || activations.dtype() == at::kHalf;
+  const bool flash = activations.device().is_cuda() && half && head_dim <= kFlashMaxHeadDim &&
+                     head_dim % kFlashHeadDimMultiple == 0;
+  if (documents.defined() && flash && (window == 0 || window >= seq_len)) {
+    return documents.to(activations.device(), at::kInt);  // [S + 1]
+  }
+  return restricted_causal_mask(documents, window, batch, seq_len, activations.device());
+}
+
+at::Tensor scoped_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& scope, std::optional<double> scale) {
+  if (scope.defined() && scope.scalar_type() == at::kInt) {
+    return variable_length_attention(query, key, value, scope, scale);
+  }
+  // Each key/value head serves H / KV query heads inside the kernel: copies expanded to every
+  // query head would be kept for backward too.
+  const auto mask = scope.defined() ? std::optional<at::Tensor>(scope) : std::nullopt;
+  return at::scaled_dot_product_attention(query, key, value, mask, /*dropout_p=*/0.0, /*is_causal=*/!scope.defined(),
+                                          scale, /*enable_gqa=*/key.size(1) != query.size(1));  // [B, H, T, Dv]
 }
 
 }  // namespace fsdpp

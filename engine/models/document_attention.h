@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace fsdpp {
 
 // `documents` [S + 1] int64: the batch read row after row as one sequence of B * T tokens,
@@ -17,13 +19,25 @@ namespace fsdpp {
 // RoPE positions [B, T] int64: each token's distance from the start of its document.
 at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_t seq_len);
 
-// The mask that restricts causal attention to each document (undefined `documents`: each
-// row is one) and, with `window` > 0, to the last `window` tokens (a token at t sees
-// t - window + 1 .. t, as Mistral's sliding window does): [B, 1, T, T] bool, true where a query
-// attends to a key (a row of one document: [1, 1, T, T]). Undefined where plain causal
-// attention already is that: no documents, and no window shorter than the rows. Built once
-// per forward and shared by every layer.
-at::Tensor restricted_causal_mask(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
-                                  const at::Device& device);
+// What each query of a batch may see, built once per forward and handed to every layer as one
+// tensor (activation checkpointing recomputes a layer from tensors alone), one of:
+//   undefined               plain causal rows: no documents, and no window shorter than them;
+//   int32 [S + 1]           `documents` on the device, for the variable-length flash kernel,
+//                           which keeps each document to itself without a mask;
+//   bool [B or 1, 1, T, T]  a mask, true where a query attends to a key, that restricts
+//                           causal attention to each document (a row of one document:
+//                           [1, 1, T, T]) and, with `window` > 0, to the last `window` tokens
+//                           (a token at t sees t - window + 1 .. t, as Mistral's window does).
+// The offsets where that kernel serves the layers: `activations` (the hidden states' dtype and
+// device) bf16 or fp16 on CUDA, a query/key head size `head_dim` of at most 256 and a multiple
+// of 8, and no window shorter than the rows. The mask everywhere else.
+at::Tensor attention_scope(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
+                           const at::TensorOptions& activations, int64_t head_dim);
+
+// Causal attention within `scope` (attention_scope's): query [B, H, T, D], key [B, KV, T, D],
+// value [B, KV, T, Dv] with KV dividing H and Dv <= D -> [B, H, T, Dv]. `scale` multiplies the
+// logits (default 1 / sqrt(D)).
+at::Tensor scoped_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& scope, std::optional<double> scale = std::nullopt);
 
 }  // namespace fsdpp

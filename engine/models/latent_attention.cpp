@@ -2,6 +2,8 @@
 // take a value width other than the query/key width.
 #include "models/latent_attention.h"
 
+#include "models/document_attention.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -48,7 +50,7 @@ torch::Tensor LatentAttention::queries(const torch::Tensor& x) {
 }
 
 torch::Tensor LatentAttention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                                       const torch::Tensor& attention_mask) {
+                                       const torch::Tensor& scope) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nope = dims_.qk_nope_head_dim, rope = dims_.qk_rope_head_dim, v_dim = dims_.v_head_dim;
   auto q = queries(x);
@@ -69,9 +71,7 @@ torch::Tensor LatentAttention::forward(const torch::Tensor& x, const torch::Tens
   k_rot = apply_rotary(k_rot, cos_sin).expand({B, heads_, T, rope});
   const auto query = at::cat({q_pass, q_rot}, -1);  // [B, H, T, nope + rope]
   const auto key = at::cat({k_pass, k_rot}, -1);
-  const auto mask = attention_mask.defined() ? std::optional<at::Tensor>(attention_mask) : std::nullopt;
-  auto out = at::scaled_dot_product_attention(query, key, value, mask, /*dropout_p=*/0.0,
-                                              /*is_causal=*/!attention_mask.defined(), scale_);  // [B, H, T, v]
+  auto out = scoped_attention(query, key, value, scope, scale_);  // [B, H, T, v]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * v_dim}));
 }
 

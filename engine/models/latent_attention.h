@@ -14,7 +14,7 @@ class LatentAttention : public SelfAttention {
   LatentAttention(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts);
   // cos_sin as the RoPE tables give them for qk_rope_head_dim.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
-                        const torch::Tensor& attention_mask) override;
+                        const torch::Tensor& scope) override;
 
  private:
   torch::Tensor queries(const torch::Tensor& x);  // [B, T, C] -> [B, H, T, nope + rope]

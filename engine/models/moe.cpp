@@ -1,6 +1,7 @@
 // Routing and grouped expert compute. Tokens are sorted by the expert they go to, so each
 // expert runs one matrix product over a contiguous block of rows rather than a loop over
-// tokens; the outputs return to their tokens by one scatter-add.
+// tokens, and where the dtype and layout allow, all experts run in one grouped product; the
+// outputs return to their tokens by one scatter-add.
 #include "models/moe.h"
 
 #include <ATen/ATen.h>
@@ -9,6 +10,11 @@
 namespace fsdpp {
 
 namespace {
+
+// The grouped product's layout: every row stride a multiple of 16 bytes, and each expert's
+// group of rows starting at a multiple of 16 rows.
+constexpr int64_t kGroupedAlignmentBytes = 16;
+constexpr int64_t kGroupedAlignmentRows = 16;
 
 // Identity on a MoE layer's output; its backward also hands the layer's router probability
 // sum the load-balancing loss's gradient, read from the log's buffer only then, once the
@@ -36,6 +42,62 @@ Experts::Experts(const DecoderFamily& family, const ModelConfig& c, const torch:
 }
 
 torch::Tensor Experts::forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
+  return takes_grouped_product(tokens) ? grouped_forward(tokens, counts) : expert_by_expert(tokens, counts);
+}
+
+bool Experts::takes_grouped_product(const torch::Tensor& tokens) const {
+  const auto dtype = tokens.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  const auto aligned = [&](int64_t elements) { return elements * tokens.element_size() % kGroupedAlignmentBytes == 0; };
+  for (const auto& expert : experts_) {
+    if (!expert->calls_forward_alone()) return false;
+    for (const Linear* projection : {&expert->gate_proj(), &expert->up_proj(), &expert->down_proj()}) {
+      if (!projection->calls_forward_alone() || projection->has_adapter() || projection->bias.defined() ||
+          projection->weight.scalar_type() != dtype || !aligned(projection->weight.size(1))) {
+        return false;
+      }
+    }
+  }
+  return aligned(tokens.size(1));
+}
+
+torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
+  // Each expert's rows start at a multiple of kGroupedAlignmentRows (the grouped kernels read
+  // whole tiles along the rows in backward); the rows between groups are zeros, whose
+  // products are discarded and add nothing to the weights' gradients.
+  const auto E = static_cast<int64_t>(experts_.size());
+  std::vector<int64_t> shift(E);   // padded start - packed start, per expert
+  std::vector<int32_t> ends(E);    // where each expert's padded group ends
+  int64_t packed = 0, padded = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    shift[e] = padded - packed;
+    packed += counts[e];
+    padded += (counts[e] + kGroupedAlignmentRows - 1) / kGroupedAlignmentRows * kGroupedAlignmentRows;
+    ends[e] = static_cast<int32_t>(padded);
+  }
+  const auto device = tokens.device();
+  const auto long_on_device = at::TensorOptions(at::kLong).device(device);
+  const auto rows = at::arange(packed, long_on_device) +
+                    at::repeat_interleave(at::tensor(shift).to(device), at::tensor(counts).to(device), 0, packed);  // [M]
+  const auto offsets = at::tensor(ends).to(device);                                                                   // [E]
+  const auto grouped = at::zeros({padded, tokens.size(1)}, tokens.options()).index_copy(0, rows, tokens);            // [P, C]
+
+  // Stacked, each projection's weights are one [E, out, in] tensor; transposed views give
+  // the [E, in, out] operand the product takes.
+  std::vector<at::Tensor> gate, up, down;
+  for (const auto& expert : experts_) {
+    gate.push_back(expert->gate_proj().weight);
+    up.push_back(expert->up_proj().weight);
+    down.push_back(expert->down_proj().weight);
+  }
+  const auto project = [&](const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+    return at::_grouped_mm(x, at::stack(weights).transpose(1, 2), offsets);
+  };
+  const auto inner = at::silu(project(grouped, gate)) * project(grouped, up);  // [P, I]
+  return project(inner, down).index_select(0, rows);                           // [M, C]
+}
+
+torch::Tensor Experts::expert_by_expert(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts_.size());
   int64_t first = 0;

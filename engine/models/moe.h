@@ -41,6 +41,14 @@ class Experts : public Module {
   bool routed_experts() const override { return true; }
 
  private:
+  // Whether one grouped product (ATen's _grouped_mm: a grouped GEMM kernel for bf16 on
+  // recent GPUs, a loop of matrix products elsewhere) can compute every expert: float32,
+  // bf16 or fp16 rows whose strides are multiples of 16 bytes, and experts that are plain
+  // MLPs called without hooks (no adapter, no bias, no unit of their own).
+  bool takes_grouped_product(const torch::Tensor& tokens) const;
+  torch::Tensor grouped_forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
+  torch::Tensor expert_by_expert(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
+
   std::vector<std::shared_ptr<MLP>> experts_;
 };
 

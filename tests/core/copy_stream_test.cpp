@@ -7,7 +7,7 @@
 
 using namespace fsdpp;
 
-TEST_CASE("a copy on the copy stream is what the compute stream reads once it waits", "[core]") {
+TEST_CASE("a copy on the copy stream is what the compute stream reads once it waits", "[core][gpu]") {
   const bool gpu = at::hasCUDA();
   const c10::Device device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   CopyStream stream(device);

@@ -9,17 +9,13 @@
 #include "train/adamw.h"
 #include "train/evaluate.h"
 #include "train/model_source.h"
+#include "tensor_checks.h"
 
 #include <catch2/catch.hpp>
 
 using namespace fsdpp;
 
 namespace {
-
-double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
-  const double scale = expected.abs().max().item<double>();
-  return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
-}
 
 // Targets [B, T] for `ids` [B, T] as transformers takes labels = input_ids: each token
 // predicts the next, the last predicts nothing.

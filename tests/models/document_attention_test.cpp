@@ -1,0 +1,114 @@
+// Attention over packed documents: whichever scope attention_scope picks (a mask on the CPU,
+// the variable-length flash kernel for bf16 on a GPU, when the test runs on one), each
+// document's outputs and gradients are those of causal attention over that document alone,
+// and a packed model gives each document the logits it gives that document alone.
+#include "core/module_tree.h"
+#include "models/document_attention.h"
+#include "models/registry.h"
+#include "tensor_checks.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/autograd.h>
+
+using namespace fsdpp;
+
+namespace {
+
+constexpr int64_t B = 2, T = 12;
+// Five documents in two rows of 12, the second row ending in a single-token document.
+const std::vector<int64_t> kOffsets{0, 5, 12, 15, 23, 24};
+
+struct Setting {
+  c10::Device device;
+  at::ScalarType dtype;  // float32 on the CPU, bf16 (what the flash kernel takes) on a GPU
+  double bound;          // a few roundings of `dtype`, relative to the largest magnitude
+};
+
+// The CPU, and the GPU where the test has one; nullopt for a GPU it does not have.
+std::optional<Setting> setting(bool on_gpu) {
+  if (!on_gpu) return Setting{c10::Device(c10::kCPU), at::kFloat, 1e-5};
+  if (!at::hasCUDA()) return std::nullopt;
+  return Setting{c10::Device(c10::kCUDA, 0), at::kBFloat16, 3e-2};
+}
+
+// Causal attention over each document on its own, written back into its rows: [B, H, T, Dv].
+at::Tensor each_document_alone(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  std::vector<at::Tensor> pieces;
+  for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
+    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
+    const auto part = [&](const at::Tensor& x) { return x[row].narrow(1, begin, length).unsqueeze(0); };
+    pieces.push_back(at::scaled_dot_product_attention(part(q), part(k), part(v), {}, 0.0, /*is_causal=*/true,
+                                                      std::nullopt, /*enable_gqa=*/true));  // [1, H, L, Dv]
+  }
+  std::vector<at::Tensor> rows(B);
+  for (int64_t r = 0; r < B; ++r) {
+    std::vector<at::Tensor> in_row;
+    for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
+      if (kOffsets[s] / T == r) in_row.push_back(pieces[s]);
+    }
+    rows[r] = at::cat(in_row, 2);  // [1, H, T, Dv]
+  }
+  return at::cat(rows, 0);
+}
+
+}  // namespace
+
+TEST_CASE("attention within packed documents equals each document alone, forward and backward", "[models][gpu]") {
+  const auto where = setting(GENERATE(false, true));
+  if (!where) return;  // the GPU half runs where the test has a GPU
+  // Llama's query/key/value head size, and latent attention's narrower values.
+  const int64_t value_dim = GENERATE(16, 8);
+  INFO(where->device << ", value head size " << value_dim);
+  const auto opts = at::TensorOptions(where->dtype).device(where->device);
+  const auto documents = at::tensor(kOffsets, at::kLong);
+
+  const auto scope = attention_scope(documents, /*window=*/0, B, T, opts, /*head_dim=*/16);
+  const bool flash = where->device.is_cuda();
+  REQUIRE(scope.defined());
+  CHECK(scope.scalar_type() == (flash ? at::kInt : at::kBool));
+  // A window shorter than the rows needs the mask on every device.
+  CHECK(attention_scope(documents, /*window=*/4, B, T, opts, 16).scalar_type() == at::kBool);
+  CHECK_FALSE(attention_scope({}, /*window=*/T, B, T, opts, 16).defined());
+
+  at::manual_seed(5);
+  const auto leaf = [&](int64_t heads, int64_t width) {
+    return at::randn({B, heads, T, width}, opts).requires_grad_();
+  };
+  const auto q = leaf(4, 16), k = leaf(2, 16), v = leaf(2, value_dim);  // two query heads per key head
+  const auto out = scoped_attention(q, k, v, scope);  // [B, H, T, Dv]
+  CHECK(backward_runs(out, "FlashAttentionBackward0") == flash);
+  const auto grad_out = at::randn_like(out);
+  const auto grads = torch::autograd::grad({out}, {q, k, v}, {grad_out});
+
+  const auto expected = each_document_alone(q, k, v);
+  CHECK(relative_error(out.to(at::kFloat), expected.to(at::kFloat)) < where->bound);
+  const auto expected_grads = torch::autograd::grad({expected}, {q, k, v}, {grad_out});
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("gradient of " << "qkv"[i]);
+    CHECK(relative_error(grads[i].to(at::kFloat), expected_grads[i].to(at::kFloat)) < where->bound);
+  }
+}
+
+TEST_CASE("a packed Llama gives each document the logits it gives that document alone", "[models][gpu]") {
+  const auto where = setting(GENERATE(false, true));
+  if (!where) return;
+  INFO(where->device);
+  const auto config = ModelConfig::from_json(
+      {{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 64}, {"intermediate_size", 96},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}},
+      "document_attention_test");
+  auto model = build_model(config, at::TensorOptions(where->dtype).device(where->device));
+  init_parameters(*model, /*seed=*/3, config.initializer_range);
+
+  const auto ids = at::randint(0, 37, {B, T}, at::TensorOptions(at::kLong).device(where->device));  // [B, T]
+  at::NoGradGuard no_grad;
+  const auto packed = (*model)(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)}).to(at::kFloat);  // [B, T, V]
+  for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
+    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
+    INFO("document " << s);
+    const auto alone = (*model)(ids[row].narrow(0, begin, length).unsqueeze(0)).to(at::kFloat);  // [1, L, V]
+    CHECK(relative_error(packed[row].narrow(0, begin, length), alone[0]) < where->bound);
+  }
+}

@@ -1,0 +1,87 @@
+// Expert compute: all experts in one grouped product give what one product per expert gives
+// (the path the engine takes when experts cannot be grouped), on the CPU and, when the test
+// runs on one, the GPU, whose bf16 product is a grouped GEMM kernel. Experts that receive no
+// token get zero gradients from the grouped product, as every rank must reduce them.
+#include "core/module_tree.h"
+#include "models/moe.h"
+#include "models/registry.h"
+#include "tensor_checks.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using namespace fsdpp;
+
+namespace {
+
+struct Pass {
+  at::Tensor logits;                          // [B, T, V] in float32
+  std::map<std::string, at::Tensor> grads;    // by parameter name
+  bool grouped = false;                       // whether the grouped product ran
+};
+
+Pass forward_backward(CausalLM& model, const at::Tensor& ids) {
+  for (const auto& p : unique_named_parameters(model)) p.tensor.mutable_grad() = at::Tensor();
+  auto logits = model(ids);  // [B, T, V]
+  Pass pass{.logits = logits.detach().to(at::kFloat), .grouped = backward_runs(logits, "GroupedMmBackward0")};
+  logits.to(at::kFloat).square().mean().backward();
+  for (const auto& p : unique_named_parameters(model)) {
+    if (p.tensor.grad().defined()) pass.grads[p.name] = p.tensor.grad().to(at::kFloat);
+  }
+  return pass;
+}
+
+}  // namespace
+
+TEST_CASE("experts in one grouped product equal one product per expert, idle experts included", "[models][gpu]") {
+  const bool on_gpu = GENERATE(false, true);
+  if (on_gpu && !at::hasCUDA()) return;  // the GPU half runs where the test has a GPU
+  const c10::Device device = on_gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  const auto dtype = GENERATE(at::kFloat, at::kBFloat16);
+  INFO(device << " " << dtype);
+  // 8 experts and 3 tokens routed to 2 each: at least two experts receive none.
+  const auto config = ModelConfig::from_json(
+      {{"model_type", "qwen3_moe"}, {"vocab_size", 50}, {"hidden_size", 32}, {"intermediate_size", 40},
+       {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
+       {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 24}, {"norm_topk_prob", true}},
+      "moe_test");
+  auto model = build_model(config, torch::TensorOptions().dtype(dtype).device(device));
+  init_parameters(*model, /*seed=*/11, /*std=*/0.2);
+  const auto ids = at::tensor({3, 17, 42}, at::TensorOptions(at::kLong).device(device)).view({1, 3});  // [B, T]
+
+  const Pass grouped = forward_backward(*model, ids);
+  REQUIRE(grouped.grouped);
+  const auto counts = model->routing()->layers.at(0).counts;  // [E]
+  // A hook on every expert makes each one a module call of its own: one product per expert.
+  for (int64_t e = 0; e < 8; ++e) {
+    find_module(*model, "model.layers.0.mlp.experts." + std::to_string(e))
+        ->add_pre_forward_hook([](Module&, Module::Tensors&) {});
+  }
+  const Pass per_expert = forward_backward(*model, ids);
+  REQUIRE_FALSE(per_expert.grouped);
+  CHECK(at::equal(model->routing()->layers.at(0).counts, counts));
+
+  // Both paths round each product once in `dtype`; they differ only in the order of sums.
+  const double bound = dtype == at::kFloat ? 1e-5 : 2e-2;
+  CHECK(relative_error(grouped.logits, per_expert.logits) < bound);
+  REQUIRE(grouped.grads.size() == per_expert.grads.size());
+  int idle = 0;
+  for (const auto& [name, grad] : per_expert.grads) {
+    INFO("gradient of " << name);
+    REQUIRE(grouped.grads.count(name));
+    const auto& from_grouped = grouped.grads.at(name);
+    if (from_grouped.abs().max().item<double>() == 0) {
+      // Only an idle expert's weights have no gradient at all.
+      const auto expert = name.substr(std::string("model.layers.0.mlp.experts.").size());
+      REQUIRE(name.starts_with("model.layers.0.mlp.experts."));
+      CHECK(counts[std::stoi(expert)].item<int64_t>() == 0);
+      CHECK(grad.abs().max().item<double>() == 0);
+      ++idle;
+      continue;
+    }
+    CHECK(relative_error(from_grouped, grad) < bound);
+  }
+  CHECK(idle == 3 * (counts == 0).sum().item<int64_t>());
+  CHECK(idle >= 6);
+}
