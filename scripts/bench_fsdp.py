@@ -256,12 +256,32 @@ def run_torch(args, tmp, gpu):
     return out_dir, peaks
 
 
+def idle_expert_parameters(hf_config):
+    """The routed-expert weights a token does not pass through: in each MoE layer, those of
+    the experts beyond its num_experts_per_tok (Qwen3-MoE's and DeepSeek-V3's layouts)."""
+    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None)
+    if not experts:
+        return 0
+    layers = range(hf_config.num_hidden_layers)
+    if hasattr(hf_config, "first_k_dense_replace"):
+        moe_layers = [i for i in layers if i >= hf_config.first_k_dense_replace]
+    else:
+        moe_layers = [i for i in layers if i not in (hf_config.mlp_only_layers or [])
+                      and (i + 1) % hf_config.decoder_sparse_step == 0]
+    per_expert = 3 * hf_config.hidden_size * hf_config.moe_intermediate_size
+    return len(moe_layers) * per_expert * (experts - hf_config.num_experts_per_tok)
+
+
 def flops_per_token(n_params, hf_config, seq_len):
-    """Training FLOPs per token: 6 per weight of every matrix product (forward and backward)
-    plus attention's score and value products, 12 x layers x hidden x sequence length. The
+    """Training FLOPs per token: 6 per weight of every matrix product the token passes through
+    (forward and backward; a MoE layer's routed experts only as many as it is routed to) plus
+    attention's score and value products, 12 x layers x query width x sequence length. The
     input embedding is a lookup; tied to the output head it is a product too."""
     embedding = 0 if hf_config.tie_word_embeddings else hf_config.vocab_size * hf_config.hidden_size
-    return 6 * (n_params - embedding) + 12 * hf_config.num_hidden_layers * hf_config.hidden_size * seq_len
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    query_width = hf_config.num_attention_heads * head_dim
+    return (6 * (n_params - embedding - idle_expert_parameters(hf_config))
+            + 12 * hf_config.num_hidden_layers * query_width * seq_len)
 
 
 def bench(args):

@@ -5,18 +5,19 @@
 #   gpu_check.sh build    unpacks .gpu-deps/ into a private prefix and builds build-gpu/fsdpp
 #                         and the unit tests against python3's torch; the configure fails
 #                         without CUDA or NCCL
-#   gpu_check.sh units    the unit tests tagged [gpu] on the GPU: the copy stream, experts in
-#                         one grouped GEMM, and packed documents through the variable-length
+#   gpu_check.sh units    builds, then runs the unit tests tagged [gpu] on the GPU, which
+#                         then fail where none is visible: the copy stream, experts in one
+#                         grouped GEMM, and packed documents through the variable-length
 #                         flash kernel, each against a computation that avoids it
 #   gpu_check.sh parity   trains tests/assets/fsdp-llama.toml on the GPU (fp32, fp32 with
 #                         offloaded masters, bf16 compute) and compares each with a CPU run
 #                         whose bound comes from the CPU's own measured rounding noise
-#   gpu_check.sh bench [plain|checkpoint|offload ...]
+#   gpu_check.sh bench [plain|checkpoint|offload|moe ...]
 #                         scripts/bench_fsdp.py on the GPU, fsdpp against PyTorch's
-#                         fully_shard: plain, with activation checkpointing, offloaded (all
-#                         three unless named)
+#                         fully_shard: the 1B Llama plain, with activation checkpointing,
+#                         offloaded, and the 1.4B Qwen3-MoE (all four unless named)
 #   gpu_check.sh all      the four in turn
-# units, parity and bench build first when build-gpu/fsdpp is missing, and make the corpus when
+# parity and bench build first when build-gpu/fsdpp is missing, and make the corpus when
 # data/licenses.tok is. Logs go to $OUT when it is set, else to build-gpu/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,8 +69,8 @@ inputs() {
 }
 
 units() {
-  [ -x "$unit_tests" ] || build
-  OMP_NUM_THREADS=1 "$unit_tests" "[gpu]"
+  build
+  FSDPP_REQUIRE_GPU_TESTS=1 OMP_NUM_THREADS=1 "$unit_tests" "[gpu]"
 }
 
 parity() {
@@ -90,20 +91,22 @@ parity() {
     --set 'policy.options.param_dtype="bfloat16"'
 }
 
-# bench [plain] [checkpoint] [offload]: the variants to run (default: all three).
+# bench [plain] [checkpoint] [offload] [moe]: the variants to run (default: all four).
 bench() {
   inputs
-  local variant flag variants=("$@")
-  ((${#variants[@]})) || variants=(plain checkpoint offload)
+  local variant flag config variants=("$@")
+  ((${#variants[@]})) || variants=(plain checkpoint offload moe)
   for variant in "${variants[@]}"; do
+    config=examples/llama-1b-gpu.toml
     case "$variant" in
       plain) flag="" ;;
       checkpoint) flag=--activation-checkpoint ;;
       offload) flag=--offload ;;
-      *) echo "gpu_check: unknown bench variant '$variant' (plain, checkpoint, offload)" >&2; exit 2 ;;
+      moe) flag="" config=examples/qwen3-moe-gpu.toml ;;
+      *) echo "gpu_check: unknown bench variant '$variant' (plain, checkpoint, offload, moe)" >&2; exit 2 ;;
     esac
     echo "== bench $variant"
-    PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config examples/llama-1b-gpu.toml \
+    PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config "$config" \
       --device cuda --param-dtype bfloat16 --steps 25 --threads 8 $flag
   done
 }
@@ -113,6 +116,6 @@ case "${1:-}" in
   units) units 2>&1 | tee "$out/units.log" ;;
   parity) parity 2>&1 | tee "$out/parity.log" ;;
   bench) shift; bench "$@" 2>&1 | tee "$out/bench.log" ;;
-  all) { build && units && parity && bench; } 2>&1 | tee "$out/all.log" ;;
+  all) { units; parity; bench; } 2>&1 | tee "$out/all.log" ;;
   *) echo "usage: gpu_check.sh build|units|parity|bench|all" >&2; exit 2 ;;
 esac

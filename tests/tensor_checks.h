@@ -1,12 +1,14 @@
-// Checks the model tests share: how far a tensor is from a reference, and which autograd node
-// a backward runs (how a test knows which kernel the engine chose where both give the same
-// numbers).
+// Checks the tests share: how far a tensor is from a reference, which autograd node a
+// backward runs (how a test knows which kernel the engine chose where both give the same
+// numbers), and whether a [gpu] test's GPU half runs.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <catch2/catch.hpp>
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -17,7 +19,8 @@ inline double relative_error(const at::Tensor& actual, const at::Tensor& expecte
   return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
 }
 
-// Whether backward from `output` runs a node named `name` ("GroupedMmBackward0").
+// Whether backward from `output` runs a node whose name holds `name` ("FlashAttentionBackward0",
+// or a custom function's class name).
 inline bool backward_runs(const at::Tensor& output, const std::string& name) {
   std::vector<torch::autograd::Node*> pending{output.grad_fn().get()};
   std::unordered_set<torch::autograd::Node*> seen;
@@ -25,8 +28,17 @@ inline bool backward_runs(const at::Tensor& output, const std::string& name) {
     auto* node = pending.back();
     pending.pop_back();
     if (node == nullptr || !seen.insert(node).second) continue;
-    if (node->name() == name) return true;
+    if (node->name().find(name) != std::string::npos) return true;
     for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
   }
+  return false;
+}
+
+// Whether the GPU half of a [gpu] test runs: where the test sees a GPU. Under
+// FSDPP_REQUIRE_GPU_TESTS=1 (scripts/gpu_check.sh units) seeing none fails the test.
+inline bool gpu_half_runs() {
+  if (at::hasCUDA()) return true;
+  const char* required = std::getenv("FSDPP_REQUIRE_GPU_TESTS");
+  if (required != nullptr && std::string(required) == "1") FAIL("FSDPP_REQUIRE_GPU_TESTS=1, but no GPU is visible");
   return false;
 }

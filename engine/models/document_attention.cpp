@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
+
 namespace fsdpp {
 
 namespace {
@@ -39,6 +42,28 @@ at::Tensor restricted_causal_mask(const at::Tensor& documents, int64_t window, i
 constexpr int64_t kFlashMaxHeadDim = 256;
 constexpr int64_t kFlashHeadDimMultiple = 8;
 
+bool is_half(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
+
+// Whether a GPU runs the flash kernel (compute capability 8.0 or newer), asked once per device
+// by running it on a few zeros: c10 reports no compute capability without the CUDA headers.
+bool runs_flash_kernel(const c10::Device& device) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, bool> known;
+  std::lock_guard lock(mutex);
+  if (auto it = known.find(device.index()); it != known.end()) return it->second;
+  bool runs = true;
+  try {
+    at::NoGradGuard no_grad;
+    const int64_t tokens = 8, head_dim = 64;
+    const auto zeros = at::zeros({tokens, 1, head_dim}, at::TensorOptions(at::kBFloat16).device(device));  // [tokens, heads, D]
+    const auto offsets = at::tensor(std::vector<int32_t>{0, static_cast<int32_t>(tokens)}).to(device);
+    at::_flash_attention_forward(zeros, zeros, zeros, offsets, offsets, tokens, tokens, 0.0, /*is_causal=*/true, false);
+  } catch (const c10::Error&) {
+    runs = false;
+  }
+  return known[device.index()] = runs;
+}
+
 // scoped_attention over document offsets: every document of every row one sequence of the
 // kernel, tokens laid out [B * T, heads, D].
 at::Tensor variable_length_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -68,25 +93,29 @@ at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_
 
 at::Tensor attention_scope(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
                            const at::TensorOptions& activations, int64_t head_dim) {
-  const bool half = activations.dtype() == at::kBFloat16 || activations.dtype() == at::kHalf;
-  const bool flash = activations.device().is_cuda() && half && head_dim <= kFlashMaxHeadDim &&
+  const auto device = activations.device();
+  const bool flash = device.is_cuda() && is_half(activations.dtype().toScalarType()) && head_dim <= kFlashMaxHeadDim &&
                      head_dim % kFlashHeadDimMultiple == 0;
-  if (documents.defined() && flash && (window == 0 || window >= seq_len)) {
-    return documents.to(activations.device(), at::kInt);  // [S + 1]
+  if (documents.defined() && flash && (window == 0 || window >= seq_len) && runs_flash_kernel(device)) {
+    return documents.to(device, at::kInt);  // [S + 1]
   }
-  return restricted_causal_mask(documents, window, batch, seq_len, activations.device());
+  return restricted_causal_mask(documents, window, batch, seq_len, device);
 }
 
 at::Tensor scoped_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                             const at::Tensor& scope, std::optional<double> scale) {
+  at::Tensor mask = scope;
   if (scope.defined() && scope.scalar_type() == at::kInt) {
-    return variable_length_attention(query, key, value, scope, scale);
+    if (is_half(query.scalar_type())) return variable_length_attention(query, key, value, scope, scale);
+    // A layer that computes in another dtype than the hidden states it is handed (a unit of
+    // a precision of its own) takes the mask of the same documents.
+    mask = restricted_causal_mask(scope.to(at::kLong), /*window=*/0, query.size(0), query.size(2), query.device());
   }
   // Each key/value head serves H / KV query heads inside the kernel: copies expanded to every
   // query head would be kept for backward too.
-  const auto mask = scope.defined() ? std::optional<at::Tensor>(scope) : std::nullopt;
-  return at::scaled_dot_product_attention(query, key, value, mask, /*dropout_p=*/0.0, /*is_causal=*/!scope.defined(),
-                                          scale, /*enable_gqa=*/key.size(1) != query.size(1));  // [B, H, T, Dv]
+  return at::scaled_dot_product_attention(query, key, value, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                          /*dropout_p=*/0.0, /*is_causal=*/!mask.defined(), scale,
+                                          /*enable_gqa=*/key.size(1) != query.size(1));  // [B, H, T, Dv]
 }
 
 }  // namespace fsdpp

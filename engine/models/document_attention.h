@@ -29,14 +29,16 @@ at::Tensor document_positions(const at::Tensor& documents, int64_t batch, int64_
 //                           [1, 1, T, T]) and, with `window` > 0, to the last `window` tokens
 //                           (a token at t sees t - window + 1 .. t, as Mistral's window does).
 // The offsets where that kernel serves the layers: `activations` (the hidden states' dtype and
-// device) bf16 or fp16 on CUDA, a query/key head size `head_dim` of at most 256 and a multiple
-// of 8, and no window shorter than the rows. The mask everywhere else.
+// device) bf16 or fp16 on a CUDA GPU that runs it (compute capability 8.0 or newer), a
+// query/key head size `head_dim` of at most 256 and a multiple of 8, and no window shorter
+// than the rows. The mask everywhere else.
 at::Tensor attention_scope(const at::Tensor& documents, int64_t window, int64_t batch, int64_t seq_len,
                            const at::TensorOptions& activations, int64_t head_dim);
 
 // Causal attention within `scope` (attention_scope's): query [B, H, T, D], key [B, KV, T, D],
 // value [B, KV, T, Dv] with KV dividing H and Dv <= D -> [B, H, T, Dv]. `scale` multiplies the
-// logits (default 1 / sqrt(D)).
+// logits (default 1 / sqrt(D)). Offsets reaching a layer that computes in fp32 attend through
+// the mask of their documents.
 at::Tensor scoped_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                             const at::Tensor& scope, std::optional<double> scale = std::nullopt);
 

@@ -12,9 +12,37 @@ namespace fsdpp {
 namespace {
 
 // The grouped product's layout: every row stride a multiple of 16 bytes, and each expert's
-// group of rows starting at a multiple of 16 rows.
+// group of rows a whole number of 16-row blocks, at least one (the weight gradient's product
+// runs along the rows, whose group boundaries its kernels need 16-byte aligned, and no group
+// is left empty).
 constexpr int64_t kGroupedAlignmentBytes = 16;
 constexpr int64_t kGroupedAlignmentRows = 16;
+
+// One projection of every expert at once: x [P, in] in groups ending at `offsets` [E], group e
+// times weights[e] [out, in] transposed -> [P, out]. The stacked weights [E, out, in] exist
+// only while a product runs: backward stacks them again from the experts' own tensors, which
+// FSDP frees after forward and gathers again for backward as it does any layer's weights (a
+// stack kept for backward would hold every expert unsharded in between).
+struct GroupedProjection : public torch::autograd::Function<GroupedProjection> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offsets,
+                            at::TensorList weights) {
+    std::vector<at::Tensor> saved{x, offsets};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    return at::_grouped_mm(x, at::stack(weights).transpose(1, 2), offsets);  // [P, out]
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& offsets = saved[1];
+    const std::vector<at::Tensor> weights(saved.begin() + 2, saved.end());
+    const auto grad = grads[0].contiguous();                                // [P, out]
+    torch::autograd::variable_list result{at::_grouped_mm(grad, at::stack(weights), offsets), at::Tensor()};  // [P, in]
+    for (auto& w : at::_grouped_mm(grad.t(), x, offsets).unbind(0)) result.push_back(w);  // E x [out, in]
+    return result;
+  }
+};
 
 // Identity on a MoE layer's output; its backward also hands the layer's router probability
 // sum the load-balancing loss's gradient, read from the log's buffer only then, once the
@@ -62,9 +90,9 @@ bool Experts::takes_grouped_product(const torch::Tensor& tokens) const {
 }
 
 torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
-  // Each expert's rows start at a multiple of kGroupedAlignmentRows (the grouped kernels read
-  // whole tiles along the rows in backward); the rows between groups are zeros, whose
-  // products are discarded and add nothing to the weights' gradients.
+  // Each expert's group is a whole number of kGroupedAlignmentRows blocks, at least one; the
+  // rows after its tokens are zeros, whose products are discarded and add nothing to the
+  // weights' gradients (an idle expert's gradient is exactly zero).
   const auto E = static_cast<int64_t>(experts_.size());
   std::vector<int64_t> shift(E);   // padded start - packed start, per expert
   std::vector<int32_t> ends(E);    // where each expert's padded group ends
@@ -72,7 +100,7 @@ torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::v
   for (int64_t e = 0; e < E; ++e) {
     shift[e] = padded - packed;
     packed += counts[e];
-    padded += (counts[e] + kGroupedAlignmentRows - 1) / kGroupedAlignmentRows * kGroupedAlignmentRows;
+    padded += std::max<int64_t>(1, (counts[e] + kGroupedAlignmentRows - 1) / kGroupedAlignmentRows) * kGroupedAlignmentRows;
     ends[e] = static_cast<int32_t>(padded);
   }
   const auto device = tokens.device();
@@ -82,8 +110,6 @@ torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::v
   const auto offsets = at::tensor(ends).to(device);                                                                   // [E]
   const auto grouped = at::zeros({padded, tokens.size(1)}, tokens.options()).index_copy(0, rows, tokens);            // [P, C]
 
-  // Stacked, each projection's weights are one [E, out, in] tensor; transposed views give
-  // the [E, in, out] operand the product takes.
   std::vector<at::Tensor> gate, up, down;
   for (const auto& expert : experts_) {
     gate.push_back(expert->gate_proj().weight);
@@ -91,7 +117,7 @@ torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::v
     down.push_back(expert->down_proj().weight);
   }
   const auto project = [&](const at::Tensor& x, const std::vector<at::Tensor>& weights) {
-    return at::_grouped_mm(x, at::stack(weights).transpose(1, 2), offsets);
+    return GroupedProjection::apply(x, offsets, at::TensorList(weights));
   };
   const auto inner = at::silu(project(grouped, gate)) * project(grouped, up);  // [P, I]
   return project(inner, down).index_select(0, rows);                           // [M, C]

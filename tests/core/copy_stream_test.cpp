@@ -1,6 +1,7 @@
 // The copy stream: on the CPU its work runs in place; on a GPU (when the test runs on one)
 // a host-to-device copy put on it is what the compute stream reads once it waits.
 #include "core/copy_stream.h"
+#include "tensor_checks.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -8,7 +9,7 @@
 using namespace fsdpp;
 
 TEST_CASE("a copy on the copy stream is what the compute stream reads once it waits", "[core][gpu]") {
-  const bool gpu = at::hasCUDA();
+  const bool gpu = gpu_half_runs();
   const c10::Device device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   CopyStream stream(device);
   at::Tensor host = at::arange(1 << 20, at::kFloat);  // [N]

@@ -7,6 +7,8 @@
 # and the layers around them recomputed in backward. DeepSeek-V3 (latent attention, 96
 # experts in 4 groups, a shared expert) alike, with its routing biases moved after every step
 # from the counts over all ranks; the biases must have moved, by whole steps of the rate.
+# Those run in float64, where experts compute one product each; a float32 Qwen3-MoE runs them
+# as one grouped product.
 set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
 moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=8)
@@ -14,6 +16,13 @@ moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=
 "$PYTHON" tests/fsdp/check_fsdp.py 2 4 --name moe-expert-units "${moe[@]}" --set train.grad_accum=2 \
   --set 'policy.options.experts="unit"' --set policy.options.experts_reshard_after_forward=2 \
   --set policy.options.activation_checkpoint=true
+# The same Qwen3-MoE in float32 at widths whose rows are multiples of 16 bytes, so that each
+# layer's experts run as one grouped product (models/moe.h) while FSDP frees their weights
+# after forward and gathers them again for backward, in units of their own and recomputed:
+# held to 100 times the run's own rounding noise, measured as world 2's gap from one process.
+grouped=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe-grouped"' --set data.seq_len=8)
+"$PYTHON" tests/fsdp/check_fsdp.py 3 4 --name moe-grouped --dtype float32 --floor-world 2 --floor-factor 100 \
+  "${grouped[@]}" --tested-set 'policy.options.experts="unit"' --tested-set policy.options.activation_checkpoint=true
 deepseek=(--set 'model.path="tests/assets/models/fsdp-deepseek-v3"' --set data.seq_len=8 --set experts.bias_update_rate=0.01)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name deepseek "${deepseek[@]}"
 "$PYTHON" - "$WORK/fsdp/deepseek/world3/model" <<'PY'
