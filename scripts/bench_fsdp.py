@@ -273,15 +273,19 @@ def idle_expert_parameters(hf_config):
 
 
 def flops_per_token(n_params, hf_config, seq_len):
-    """Training FLOPs per token: 6 per weight of every matrix product the token passes through
-    (forward and backward; a MoE layer's routed experts only as many as it is routed to) plus
-    attention's score and value products, 12 x layers x query width x sequence length. The
-    input embedding is a lookup; tied to the output head it is a product too."""
+    """Training FLOPs per token, as the engine counts them for its MFU: 6 per weight of every
+    matrix product the token passes through (forward and backward; a MoE layer's routed
+    experts only as many as it is routed to) plus attention's score and value products,
+    6 x layers x heads x sequence length x (query/key head size + value head size). The input
+    embedding is a lookup; tied to the output head it is a product too."""
     embedding = 0 if hf_config.tie_word_embeddings else hf_config.vocab_size * hf_config.hidden_size
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    query_width = hf_config.num_attention_heads * head_dim
-    return (6 * (n_params - embedding - idle_expert_parameters(hf_config))
-            + 12 * hf_config.num_hidden_layers * query_width * seq_len)
+    if getattr(hf_config, "kv_lora_rank", None):  # latent attention (DeepSeek-V3)
+        qk_head = hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim
+        v_head = hf_config.v_head_dim
+    else:
+        qk_head = v_head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    attention = 6 * hf_config.num_hidden_layers * hf_config.num_attention_heads * seq_len * (qk_head + v_head)
+    return 6 * (n_params - embedding - idle_expert_parameters(hf_config)) + attention
 
 
 def bench(args):

@@ -48,7 +48,7 @@ bool is_half(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == a
 // by running it on a few zeros: c10 reports no compute capability without the CUDA headers.
 bool runs_flash_kernel(const c10::Device& device) {
   static std::mutex mutex;
-  static std::map<c10::DeviceIndex, bool> known;
+  static std::map<c10::DeviceIndex, bool> known;  // by index: activations always carry one
   std::lock_guard lock(mutex);
   if (auto it = known.find(device.index()); it != known.end()) return it->second;
   bool runs = true;

@@ -37,9 +37,14 @@ struct GroupedProjection : public torch::autograd::Function<GroupedProjection> {
     const auto& x = saved[0];
     const auto& offsets = saved[1];
     const std::vector<at::Tensor> weights(saved.begin() + 2, saved.end());
-    const auto grad = grads[0].contiguous();                                // [P, out]
-    torch::autograd::variable_list result{at::_grouped_mm(grad, at::stack(weights), offsets), at::Tensor()};  // [P, in]
-    for (auto& w : at::_grouped_mm(grad.t(), x, offsets).unbind(0)) result.push_back(w);  // E x [out, in]
+    const auto grad = grads[0].contiguous();  // [P, out]
+    torch::autograd::variable_list result(2 + weights.size());
+    if (ctx->needs_input_grad(0)) result[0] = at::_grouped_mm(grad, at::stack(weights), offsets);  // [P, in]
+    // Frozen experts (a LoRA run's base) need no weight gradients: the product is skipped.
+    if (ctx->needs_input_grad(2)) {
+      const auto per_expert = at::_grouped_mm(grad.t(), x, offsets).unbind(0);  // E x [out, in]
+      std::copy(per_expert.begin(), per_expert.end(), result.begin() + 2);
+    }
     return result;
   }
 };

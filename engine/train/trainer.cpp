@@ -236,9 +236,9 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
 }
 
 // Training FLOPs per token: 6 per weight of every matrix product (forward and backward) plus
-// attention's score and value products, 12 x layers x hidden x seq_len. The input embedding
-// is a lookup, unless tied to the output head, which is a product; a token passes through K
-// of each MoE layer's E experts only.
+// attention's score and value products, 6 x layers x heads x seq_len x (query/key head size +
+// value head size). The input embedding is a lookup, unless tied to the output head, which is
+// a product; a token passes through K of each MoE layer's E experts only.
 double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq_len) {
   const int64_t lookup = model.tie_word_embeddings ? 0 : model.vocab_size * model.hidden_size;
   int64_t idle_experts = 0;
@@ -249,8 +249,11 @@ double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq
       }
     }
   }
+  const auto& latent = model.latent_attention;
+  const int64_t qk_head = latent ? latent->qk_nope_head_dim + latent->qk_rope_head_dim : model.head_dim;
+  const int64_t v_head = latent ? latent->v_head_dim : model.head_dim;
   return 6.0 * static_cast<double>(parameters - lookup - idle_experts) +
-         12.0 * static_cast<double>(model.num_hidden_layers * model.hidden_size * seq_len);
+         6.0 * static_cast<double>(model.num_hidden_layers * model.num_attention_heads * seq_len * (qk_head + v_head));
 }
 
 // The figures of a step beyond its loss: pace, time left, memory and, on a GPU with a stated

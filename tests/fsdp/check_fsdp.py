@@ -9,7 +9,9 @@ mixed precision, whose master shards a plain process does not keep) and a tolera
 test only, or of the reference only, e.g. a GPU device against a reference on the CPU.
 [--floor-world N --floor-factor F]: instead of fixed tolerances, measure the rounding noise
 floor first, as the gap between the reference and the same settings at world N (which
-only reorders sums), and allow F times that gap (at least F float32 epsilons)."""
+only reorders sums), and allow F times that gap (at least F float32 epsilons).
+[--floor-limit L]: the floor itself must stay below L in losses and weights: a larger gap at
+world N is a defect the factor would otherwise excuse."""
 import argparse
 import json
 import os
@@ -55,6 +57,7 @@ def main():
     ap.add_argument("--weights-by-norm", action="store_true", help="weights by ||a - b|| / ||b|| instead of max-abs")
     ap.add_argument("--floor-world", type=int, help="measure the noise floor at this world with the reference settings")
     ap.add_argument("--floor-factor", type=float, default=10.0)
+    ap.add_argument("--floor-limit", type=float, help="the largest gap the floor run may itself show")
     args = ap.parse_args()
     if args.tolerance is None and args.floor_world is None:
         if args.dtype != "float64":
@@ -81,6 +84,9 @@ def main():
         print(f"noise floor ({args.name}): the reference at world {args.floor_world} differs from it by "
               f"{floor_loss:.2e} in losses and {floor_weight:.2e} in weights; bounds x{args.floor_factor:g}: "
               f"{loss_bound:.2e} and {weight_bound:.2e}")
+        if args.floor_limit and max(floor_loss, floor_weight) >= args.floor_limit:
+            sys.exit(f"FAIL: the noise floor ({args.name}) at world {args.floor_world} exceeds {args.floor_limit:g}: "
+                     "more than rounding")
     failures = 0
     for world in args.worlds:
         losses, evals, weights = run(os.path.join(base, f"world{world}"), world, args.sets + args.tested_sets)

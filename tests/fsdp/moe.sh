@@ -19,9 +19,10 @@ moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=
 # The same Qwen3-MoE in float32 at widths whose rows are multiples of 16 bytes, so that each
 # layer's experts run as one grouped product (models/moe.h) while FSDP frees their weights
 # after forward and gathers them again for backward, in units of their own and recomputed:
-# held to 100 times the run's own rounding noise, measured as world 2's gap from one process.
+# held to 100 times the run's own rounding noise, measured as world 2's gap from one process
+# (itself required under 1e-3; measured 1.0e-5 to 2.6e-5 in weights).
 grouped=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe-grouped"' --set data.seq_len=8)
-"$PYTHON" tests/fsdp/check_fsdp.py 3 4 --name moe-grouped --dtype float32 --floor-world 2 --floor-factor 100 \
+"$PYTHON" tests/fsdp/check_fsdp.py 3 4 --name moe-grouped --dtype float32 --floor-world 2 --floor-factor 100 --floor-limit 1e-3 \
   "${grouped[@]}" --tested-set 'policy.options.experts="unit"' --tested-set policy.options.activation_checkpoint=true
 deepseek=(--set 'model.path="tests/assets/models/fsdp-deepseek-v3"' --set data.seq_len=8 --set experts.bias_update_rate=0.01)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name deepseek "${deepseek[@]}"

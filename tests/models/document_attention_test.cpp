@@ -1,7 +1,7 @@
-// Attention over packed documents: whichever scope attention_scope picks (a mask on the CPU,
-// the variable-length flash kernel for bf16 on a GPU, when the test runs on one), each
-// document's outputs and gradients are those of causal attention over that document alone,
-// and a packed model gives each document the logits it gives that document alone.
+// Attention over packed documents: whichever scope attention_scope picks (a mask on the CPU
+// and for float32; the variable-length flash kernel for bf16 on a GPU, when the test runs on
+// one), each document's outputs and gradients are those of causal attention over that
+// document alone, and a packed model gives each document the logits it gives it alone.
 #include "core/module_tree.h"
 #include "models/document_attention.h"
 #include "models/registry.h"
@@ -22,15 +22,19 @@ const std::vector<int64_t> kOffsets{0, 5, 12, 15, 23, 24};
 
 struct Setting {
   c10::Device device;
-  at::ScalarType dtype;  // float32 on the CPU, bf16 (what the flash kernel takes) on a GPU
-  double bound;          // a few roundings of `dtype`, relative to the largest magnitude
+  at::ScalarType dtype;
+  double bound;  // a few roundings of `dtype`, relative to the largest magnitude
+  // Whether the layers attend through the flash kernel: bf16 on a GPU (of compute capability
+  // 8.0 or newer, as every GPU the checks run on).
+  bool flash() const { return device.is_cuda() && dtype == at::kBFloat16; }
 };
 
-// The CPU, and the GPU where the test has one; nullopt for a GPU it does not have.
-std::optional<Setting> setting(bool on_gpu) {
-  if (!on_gpu) return Setting{c10::Device(c10::kCPU), at::kFloat, 1e-5};
+// float32 on the CPU; bf16 and float32 on the GPU where the test has one (nullopt where not).
+std::optional<Setting> setting(int which) {
+  if (which == 0) return Setting{c10::Device(c10::kCPU), at::kFloat, 1e-5};
   if (!gpu_half_runs()) return std::nullopt;
-  return Setting{c10::Device(c10::kCUDA, 0), at::kBFloat16, 3e-2};
+  return which == 1 ? Setting{c10::Device(c10::kCUDA, 0), at::kBFloat16, 3e-2}
+                    : Setting{c10::Device(c10::kCUDA, 0), at::kFloat, 1e-4};
 }
 
 // Causal attention over each document on its own, written back into its rows: [B, H, T, Dv].
@@ -56,20 +60,20 @@ at::Tensor each_document_alone(const at::Tensor& q, const at::Tensor& k, const a
 }  // namespace
 
 TEST_CASE("attention within packed documents equals each document alone, forward and backward", "[models][gpu]") {
-  const auto where = setting(GENERATE(false, true));
-  if (!where) return;  // the GPU half runs where the test has a GPU
+  const auto where = setting(GENERATE(0, 1, 2));
+  if (!where) return;  // the GPU settings run where the test has a GPU
   // Llama's query/key/value head size, and latent attention's narrower values.
   const int64_t value_dim = GENERATE(16, 8);
-  INFO(where->device << ", value head size " << value_dim);
+  INFO(where->device << " " << where->dtype << ", value head size " << value_dim);
   const auto opts = at::TensorOptions(where->dtype).device(where->device);
   const auto documents = at::tensor(kOffsets, at::kLong);
 
-  const bool flash = where->device.is_cuda();
+  const bool flash = where->flash();
   const auto chosen = attention_scope(documents, /*window=*/0, B, T, opts, /*head_dim=*/16);
   REQUIRE(chosen.defined());
   CHECK(chosen.scalar_type() == (flash ? at::kInt : at::kBool));
-  // The offsets themselves, as a layer computing in float32 may be handed them: it attends
-  // through their mask.
+  // The offsets themselves, as a layer computing in float32 may be handed them: in float32
+  // it attends through their mask.
   const bool offsets = GENERATE(false, true);
   const auto scope = offsets ? documents.to(where->device, at::kInt) : chosen;
   INFO((offsets ? "the offsets" : "attention_scope's choice"));
@@ -97,9 +101,9 @@ TEST_CASE("attention within packed documents equals each document alone, forward
 }
 
 TEST_CASE("a packed Llama gives each document the logits it gives that document alone", "[models][gpu]") {
-  const auto where = setting(GENERATE(false, true));
+  const auto where = setting(GENERATE(0, 1, 2));
   if (!where) return;
-  INFO(where->device);
+  INFO(where->device << " " << where->dtype);
   const auto config = ModelConfig::from_json(
       {{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 64}, {"intermediate_size", 96},
        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}},
@@ -109,7 +113,7 @@ TEST_CASE("a packed Llama gives each document the logits it gives that document 
 
   const auto ids = at::randint(0, 37, {B, T}, at::TensorOptions(at::kLong).device(where->device));  // [B, T]
   const auto packed = (*model)(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
-  CHECK(backward_runs(packed, "FlashAttentionBackward0") == where->device.is_cuda());
+  CHECK(backward_runs(packed, "FlashAttentionBackward0") == where->flash());
   at::NoGradGuard no_grad;
   for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
     const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];

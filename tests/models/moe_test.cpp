@@ -53,20 +53,35 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
   at::manual_seed(tokens);
   const auto ids = at::randint(0, 50, {1, tokens}, at::TensorOptions(at::kLong).device(device));  // [B, T]
 
+  // Both paths round each product once in `dtype`; they differ only in the order of sums.
+  const double bound = dtype == at::kFloat ? 1e-5 : 2e-2;
   const Pass grouped = forward_backward(*model, ids);
   REQUIRE(grouped.grouped);
   const auto counts = model->routing()->layers.at(0).counts;  // [E]
   // A hook on every expert makes each one a module call of its own: one product per expert.
+  std::vector<std::pair<Module*, int>> hooks;
   for (int64_t e = 0; e < 8; ++e) {
-    find_module(*model, "model.layers.0.mlp.experts." + std::to_string(e))
-        ->add_pre_forward_hook([](Module&, Module::Tensors&) {});
+    Module* expert = find_module(*model, "model.layers.0.mlp.experts." + std::to_string(e));
+    hooks.emplace_back(expert, expert->add_pre_forward_hook([](Module&, Module::Tensors&) {}));
   }
   const Pass per_expert = forward_backward(*model, ids);
   REQUIRE_FALSE(per_expert.grouped);
   CHECK(at::equal(model->routing()->layers.at(0).counts, counts));
 
-  // Both paths round each product once in `dtype`; they differ only in the order of sums.
-  const double bound = dtype == at::kFloat ? 1e-5 : 2e-2;
+  // Frozen experts (a LoRA run's base) still run grouped, get no gradient, and leave every
+  // other gradient as it was (up to the order of a GPU's atomic sums).
+  for (auto [expert, id] : hooks) expert->remove_hook(id);
+  for (const auto& p : unique_named_parameters(*model)) {
+    if (p.name.starts_with("model.layers.0.mlp.experts.")) p.tensor.requires_grad_(false);
+  }
+  const Pass frozen = forward_backward(*model, ids);
+  CHECK(frozen.grouped);
+  for (const auto& [name, grad] : grouped.grads) {
+    INFO("gradient of " << name << " with the experts frozen");
+    CHECK(frozen.grads.count(name) == !name.starts_with("model.layers.0.mlp.experts."));
+    if (frozen.grads.count(name)) CHECK(relative_error(frozen.grads.at(name), grad) < bound);
+  }
+
   CHECK(relative_error(grouped.logits, per_expert.logits) < bound);
   REQUIRE(grouped.grads.size() == per_expert.grads.size());
   int idle = 0;
