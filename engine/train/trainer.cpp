@@ -141,7 +141,9 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   s.checkpoint = open_resume_checkpoint(config.checkpoint, rank);
   if (s.checkpoint) {  // adapters resume only onto the base they were trained on
     const auto saved = s.checkpoint->metadata().value("model", json::object());
-    if (saved.contains("base")) {
+    // One rank per node reads the base's files through (each node may hold a copy of its
+    // own); where it refuses, its exit ends the run for every rank.
+    if (saved.contains("base") && env.local_rank == 0) {
       check_base_identity(saved["base"].dump(), config.model.path, config.model.init_seed, s.checkpoint->dir().string());
     }
   }

@@ -9,7 +9,7 @@ down_proj; B zero, A as peft draws it). Then:
   - a world-2 run saved at step 4 (a checkpoint of the adapters alone, with its base's
     identity) and resumed at world 3 ends with the uninterrupted run's adapter, every row (the
     failure where only one rank's slice of each adapter was saved would leave (N-1)/N of it
-    at its step-4 values); onto a changed base the resume is refused;
+    at its step-4 values); onto a changed base the resume at world 2 is refused;
   - peft.PeftModel.from_pretrained loads the saved adapter and gives `fsdpp eval`'s logits,
     and `fsdpp export --merge-lora` gives a model transformers loads with the same logits, on
     an HF base and on a fresh one rebuilt from its recorded seed."""
@@ -150,7 +150,8 @@ def main():
     weights = load_file(f"{other}/model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] + 1
     save_file(weights, f"{other}/model.safetensors", metadata={"format": "pt"})
-    proc = subprocess.run([FSDPP, "train", CONFIG, "--set", f'model.path="{other}"', "--set",
+    # Launched at world 2: one rank per node checks the base, and its refusal ends the run.
+    proc = subprocess.run([FSDPP, "launch", "--nproc-per-node", "2", "--", "train", CONFIG, "--set", f'model.path="{other}"', "--set",
                            f'train.out_dir="{WORK}/refused"', "--set", f'checkpoint.resume="{saved}"'] +
                           [a for s in f64 for a in ("--set", s)], capture_output=True, text=True, timeout=600)
     errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
