@@ -1,7 +1,11 @@
-// Checks the tests share: how far a tensor is from a reference, which autograd node a
-// backward runs (how a test knows which kernel the engine chose where both give the same
-// numbers), and whether a [gpu] test's GPU half runs.
+// Checks the tests share: how far a tensor is from a reference, a float64 twin of a model
+// (whose distance from a run measures that run's own rounding, on whatever machine runs it),
+// which autograd node a backward runs (how a test knows which kernel the engine chose where
+// both give the same numbers), and whether a [gpu] test's GPU half runs.
 #pragma once
+
+#include "core/module_tree.h"
+#include "models/registry.h"
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
@@ -9,6 +13,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -17,6 +23,17 @@
 inline double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   const double scale = expected.abs().max().item<double>();
   return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+// `model` (built from `config`) again in float64 on the same device, holding its weights.
+inline std::shared_ptr<fsdpp::CausalLM> float64_twin(const fsdpp::ModelConfig& config, fsdpp::CausalLM& model) {
+  const auto params = fsdpp::unique_named_parameters(model);
+  auto twin = fsdpp::build_model(config, at::TensorOptions(at::kDouble).device(params.front().tensor.device()));
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& p : params) weights[p.name] = p.tensor;
+  at::NoGradGuard no_grad;
+  for (const auto& p : fsdpp::unique_named_parameters(*twin)) p.tensor.copy_(weights.at(p.name));
+  return twin;
 }
 
 // Whether backward from `output` runs a node whose name holds `name` ("FlashAttentionBackward0",

@@ -84,8 +84,7 @@ DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
                            const torch::TensorOptions& opts, const std::string& class_name)
     : Module(class_name.empty() ? family.prefix + "Model" : class_name),
       sliding_window_(c.sliding_window),
-      attention_head_dim_(c.latent_attention ? c.latent_attention->qk_nope_head_dim + c.latent_attention->qk_rope_head_dim
-                                             : c.head_dim),
+      attention_head_dim_(c.query_key_head_dim()),
       routing_(c.moe ? std::make_shared<RoutingLog>() : nullptr) {
   embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
   auto layers = register_child("layers", std::make_shared<ModuleList>());

@@ -22,7 +22,7 @@ torch::Tensor deinterleave(const torch::Tensor& x) {  // [..., D]
 
 LatentAttention::LatentAttention(const DecoderFamily& family, const ModelConfig& c, const torch::TensorOptions& opts)
     : SelfAttention(family.prefix + "Attention"), dims_(*c.latent_attention), heads_(c.num_attention_heads) {
-  const int64_t qk_head = dims_.qk_nope_head_dim + dims_.qk_rope_head_dim;
+  const int64_t qk_head = c.query_key_head_dim();
   scale_ = 1.0 / std::sqrt(static_cast<double>(qk_head)) * yarn_softmax_scale(c.rope_scaling);
   // transformers gives these two norms its default epsilon, not the config's.
   constexpr double kLatentNormEps = 1e-6;

@@ -109,6 +109,13 @@ struct ModelConfig {
   int64_t vision_start_token_id = -1; // opens each image or video in the token sequence
   std::shared_ptr<const nlohmann::json> raw;  // the file as read, for export
 
+  // The attention heads' widths: query/key and value (latent attention's nope + rope and
+  // v_head_dim; head_dim for both elsewhere).
+  int64_t query_key_head_dim() const {
+    return latent_attention ? latent_attention->qk_nope_head_dim + latent_attention->qk_rope_head_dim : head_dim;
+  }
+  int64_t value_head_dim() const { return latent_attention ? latent_attention->v_head_dim : head_dim; }
+
   // Reads and validates `path`; every problem names the file and key.
   static ModelConfig from_file(const std::filesystem::path& path);
   static ModelConfig from_text(const std::string& text, const std::string& origin);

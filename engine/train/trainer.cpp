@@ -251,11 +251,9 @@ double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq
       }
     }
   }
-  const auto& latent = model.latent_attention;
-  const int64_t qk_head = latent ? latent->qk_nope_head_dim + latent->qk_rope_head_dim : model.head_dim;
-  const int64_t v_head = latent ? latent->v_head_dim : model.head_dim;
+  const int64_t head_widths = model.query_key_head_dim() + model.value_head_dim();
   return 6.0 * static_cast<double>(parameters - lookup - idle_experts) +
-         6.0 * static_cast<double>(model.num_hidden_layers * model.num_attention_heads * seq_len * (qk_head + v_head));
+         6.0 * static_cast<double>(model.num_hidden_layers * model.num_attention_heads * seq_len * head_widths);
 }
 
 // The figures of a step beyond its loss: pace, time left, memory and, on a GPU with a stated
