@@ -4,6 +4,7 @@
 #include "models/decoder.h"
 
 #include "models/document_attention.h"
+#include "models/elementwise.h"
 #include "models/latent_attention.h"
 #include "models/moe.h"
 
@@ -53,7 +54,7 @@ MLP::MLP(const DecoderFamily& family, const ModelConfig& c, int64_t inner, const
 }
 
 torch::Tensor MLP::forward(const torch::Tensor& x) {
-  return (*down_proj_)(at::silu((*gate_proj_)(x)) * (*up_proj_)(x));
+  return (*down_proj_)(swiglu((*gate_proj_)(x), (*up_proj_)(x)));
 }
 
 DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c, int64_t index,

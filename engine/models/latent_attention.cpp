@@ -3,6 +3,7 @@
 #include "models/latent_attention.h"
 
 #include "models/document_attention.h"
+#include "models/elementwise.h"
 
 #include <ATen/ATen.h>
 

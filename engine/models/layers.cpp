@@ -194,20 +194,4 @@ torch::Tensor RotaryEmbedding::forward(const torch::Tensor& positions) {
   return torch::cat(picked, -1);  // [2, B, T, D]
 }
 
-torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto cos = cos_sin[0].to(x.scalar_type());  // [T, D] or [B, T, D]
-  auto sin = cos_sin[1].to(x.scalar_type());
-  if (cos.dim() == 3) {  // per sequence: broadcast over heads
-    cos = cos.unsqueeze(1);
-    sin = sin.unsqueeze(1);
-  }
-  // transformers' rotate_half(x) * sin, with the sign moved onto the small table: the halves
-  // of x swapped by one flip (one pass each way, where negating and concatenating them costs
-  // three forward and five backward), times sin with its first half negated.
-  auto swapped = x.unflatten(-1, {2, half}).flip(-2).flatten(-2);  // [x2, x1]
-  auto signed_sin = at::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1);
-  return at::addcmul(x * cos, swapped, signed_sin);
-}
-
 }  // namespace fsdpp

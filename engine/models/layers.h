@@ -109,7 +109,4 @@ class RotaryEmbedding : public Module {
 // (1 otherwise).
 double yarn_softmax_scale(const RopeScaling& scaling);
 
-// Rotates q or k [B, H, T, D] by the tables [2, T, D] or [2, B, T, D] from RotaryEmbedding.
-torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos_sin);
-
 }  // namespace fsdpp

@@ -3,6 +3,7 @@
 // tokens, and where the dtype and layout allow, all experts run in one grouped product; the
 // outputs return to their tokens by one scatter-add.
 #include "models/moe.h"
+#include "models/elementwise.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -124,7 +125,7 @@ torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::v
   const auto project = [&](const at::Tensor& x, const std::vector<at::Tensor>& weights) {
     return GroupedProjection::apply(x, offsets, at::TensorList(weights));
   };
-  const auto inner = at::silu(project(grouped, gate)) * project(grouped, up);  // [P, I]
+  const auto inner = swiglu(project(grouped, gate), project(grouped, up));  // [P, I]
   return project(inner, down).index_select(0, rows);                           // [M, C]
 }
 

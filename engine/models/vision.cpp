@@ -2,6 +2,7 @@
 // (the same convolution, norms, per-sequence SDPA, rotation and window order), so features
 // match to rounding.
 #include "models/vision.h"
+#include "models/elementwise.h"
 
 #include <ATen/ATen.h>
 

@@ -1,10 +1,8 @@
 // AdamW and gradient clipping.
 #include "train/adamw.h"
 
-
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <unordered_map>
 
 namespace fsdpp {
@@ -23,10 +21,21 @@ AdamW::AdamW(std::vector<Group> groups, const OptimizerConfig& config)
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const GradClip& clip) {
   at::NoGradGuard no_grad;
   struct Batch {
     std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+  };
+  // The clip's tensors where each kernel runs, copied once per device.
+  struct ClipOn {
+    std::optional<at::Tensor> divisor, skip;
+  };
+  std::unordered_map<c10::Device, ClipOn> clips;
+  auto clip_on = [&](c10::Device device) -> const ClipOn& {
+    auto [it, fresh] = clips.try_emplace(device);
+    if (fresh && clip.divisor.defined()) it->second.divisor = clip.divisor.to(device);
+    if (fresh && clip.non_finite.defined()) it->second.skip = clip.non_finite.to(device);
+    return it->second;
   };
   for (size_t i = 0; i < groups_.size(); ++i) {
     // One fused call per device: offloaded units keep their shards on the host while the
@@ -43,10 +52,15 @@ void AdamW::step(double lr) {
       b.steps.push_back(state_[i].steps[j]);
     }
     for (auto& [device, b] : by_device) {
-      at::_foreach_add_(b.steps, 1);
+      const ClipOn& on = clip_on(device);
+      if (on.skip) {
+        at::_foreach_add_(b.steps, 1 - *on.skip);  // a skipped update does not count
+      } else {
+        at::_foreach_add_(b.steps, 1);
+      }
       at::_fused_adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, /*max_exp_avg_sqs=*/{}, b.steps, lr,
                         config_.beta1, config_.beta2, groups_[i].weight_decay, config_.eps,
-                        /*amsgrad=*/false, /*maximize=*/false);
+                        /*amsgrad=*/false, /*maximize=*/false, on.divisor, on.skip);
     }
   }
 }
@@ -80,10 +94,24 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
   return groups;
 }
 
-double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm) {
+namespace {
+
+// Where the norm is summed: a GPU holding any of the gradients, else the host.
+c10::Device norm_device(const std::vector<GradGroup>& groups) {
+  for (const auto& group : groups) {
+    for (const auto& p : group.params) {
+      if (p.grad().defined() && !p.grad().is_cpu()) return p.grad().device();
+    }
+  }
+  return c10::Device(c10::kCPU);
+}
+
+}  // namespace
+
+GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  double square_total = 0.0;
+  const c10::Device home = norm_device(groups);
+  at::Tensor square_total = at::zeros({1}, at::TensorOptions(at::kDouble).device(home));
   for (const auto& group : groups) {
     // Norms are taken where the gradients live (a GPU, or the host for offloaded units).
     std::unordered_map<c10::Device, std::vector<at::Tensor>> local;
@@ -91,19 +119,23 @@ double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm) {
       if (p.grad().defined() && p.grad().numel() > 0) local[p.grad().device()].push_back(p.grad());
     }
     // Squares add across shards, so one all-reduce of the local sum gives the group's share.
-    at::Tensor square_sum = at::zeros({1}, at::kDouble);
+    at::Tensor square_sum = at::zeros({1}, square_total.options());
     for (const auto& [device, on_device] : local) {
-      square_sum += at::stack(at::_foreach_norm(on_device, 2)).to(at::kDouble).pow(2).sum().to(at::kCPU);
-      grads.insert(grads.end(), on_device.begin(), on_device.end());
+      square_sum += at::stack(at::_foreach_norm(on_device, 2)).to(at::kDouble).pow(2).sum().to(home);
     }
     if (group.shard_group != nullptr) group.shard_group->all_reduce_sum(square_sum);
-    square_total += square_sum.item<double>();
+    square_total += square_sum;
   }
-  const double total = std::sqrt(square_total);
-  if (std::isfinite(total) && max_norm > 0 && total > max_norm) {
-    at::_foreach_mul_(grads, max_norm / (total + 1e-6));
+  GradClip clip;
+  clip.norm = square_total.sqrt();
+  clip.non_finite = clip.norm.isfinite().logical_not().to(at::kFloat).reshape({});
+  if (max_norm > 0) {
+    // A norm of nan compares false and divides by 1; the update is skipped anyway.
+    clip.divisor = at::where(clip.norm > max_norm, (clip.norm + 1e-6) / max_norm, at::ones_like(clip.norm))
+                       .to(at::kFloat)
+                       .reshape({});
   }
-  return total;
+  return clip;
 }
 
 }  // namespace fsdpp

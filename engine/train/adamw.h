@@ -15,6 +15,16 @@
 
 namespace fsdpp {
 
+// How one step's gradients are clipped, as AdamW's fused kernel applies it: it divides every
+// gradient by `divisor` and skips the whole update when `non_finite` is 1, so neither needs
+// the host. A default GradClip clips nothing.
+struct GradClip {
+  at::Tensor norm;        // [1] double: the global norm before clipping
+  at::Tensor divisor;     // [] float: (norm + 1e-6) / max_norm above max_norm, else 1; undefined
+                          // when clipping is off (max_norm 0)
+  at::Tensor non_finite;  // [] float: 1 when the norm is inf or nan, else 0
+};
+
 class AdamW {
  public:
   struct Group {
@@ -25,8 +35,11 @@ class AdamW {
 
   AdamW(std::vector<Group> groups, const OptimizerConfig& config);
 
-  // One update at learning rate `lr` from each parameter's .grad().
-  void step(double lr);
+  // One update at learning rate `lr` from each parameter's .grad(), divided by the clip's
+  // divisor and skipped when its norm is not finite (no clip: the gradients as they are).
+  // Decided by the kernels themselves: queueing the update on a GPU waits for nothing (an
+  // offloaded unit's host update waits for the norm, as it waits for its gradients).
+  void step(double lr, const GradClip& clip = {});
   // Drops every gradient (the next backward makes fresh ones).
   void zero_grad();
   const std::vector<Group>& groups() const { return groups_; }
@@ -53,8 +66,9 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
 
 // The L2 norm over all gradients of all groups: each group's squared norm summed over its
 // shard group (disjoint shards; replicas hold equal ones and are not counted twice), then
-// over groups. When finite and above `max_norm` (> 0), every gradient is scaled down to it.
-// Returns the norm before clipping, the same on every rank.
-double clip_grad_norm(const std::vector<GradGroup>& groups, double max_norm);
+// over groups; the same on every rank. The sums stay on a GPU when any gradient is on one, so
+// the host can read the norm once the whole step is queued (offloaded gradients' share is
+// summed on the host and waits for them).
+GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm);
 
 }  // namespace fsdpp

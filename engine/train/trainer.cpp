@@ -226,13 +226,15 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
   // The loss sum carries the stop request too, so every rank sees the same one.
   at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_signal != 0 ? 1.0 : 0.0, loss_sum.options())});
   s.comm->all_reduce_sum(reduced);
-  StepResult r{reduced[0].item<double>(), clip_grad_norm(s.view->grad_groups(), tc.clip_grad_norm),
-               reduced[1].item<double>() > 0};
-  if (std::isfinite(r.grad_norm)) {
-    s.view->reshard_all();  // the next forward must gather the updated shards
-    s.optimizer->step(lr);
-    if (s.experts) s.experts->update_routing_bias(*s.view);
-  }
+  const GradClip clip = clip_by_norm(s.view->grad_groups(), tc.clip_grad_norm);
+  s.view->reshard_all();  // the next forward must gather the updated shards
+  s.optimizer->step(lr, clip);
+  // The step's one wait for the device, with all of it queued: the GPU never idles while the
+  // host reads the loss or decides on clipping.
+  const at::Tensor figures = at::cat({reduced, clip.norm.to(reduced.device())}).to(at::kCPU);  // [3]
+  const auto f = figures.accessor<double, 1>();
+  StepResult r{f[0], f[2], f[1] > 0};
+  if (s.experts && std::isfinite(r.grad_norm)) s.experts->update_routing_bias(*s.view);
   if (s.experts) r.experts = s.experts->finish_step();
   return r;
 }

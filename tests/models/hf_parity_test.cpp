@@ -112,11 +112,11 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
     p.tensor.mutable_grad() = reference->tensor("grad." + p.name).clone();
     params.push_back(p.tensor);
   }
-  const double norm = clip_grad_norm({{.params = params}}, 0.5);
-  CHECK(norm == Approx(reference->tensor("grad_norm").item<double>()).epsilon(1e-5));
+  const GradClip clip = clip_by_norm({{.params = params}}, 0.5);
+  CHECK(clip.norm.item<double>() == Approx(reference->tensor("grad_norm").item<double>()).epsilon(1e-5));
   const OptimizerConfig adamw{.lr = 1e-2, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
   AdamW optimizer(decay_groups(unique_named_parameters(*model), adamw.weight_decay), adamw);
-  optimizer.step(adamw.lr);
+  optimizer.step(adamw.lr, clip);
   for (const auto& p : unique_named_parameters(*model)) {
     if (!p.tensor.requires_grad()) continue;
     INFO("updated " << p.name);

@@ -1,0 +1,17 @@
+// The elementwise steps of a decoder layer around its products: SwiGLU and RoPE. On a GPU in
+// float32, bf16 or fp16 each runs as one CUDA kernel each way (models/fused_kernels, where the
+// build has them), rounding once; elsewhere as ATen ops, rounding where transformers rounds.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdpp {
+
+// silu(gate) * up, the gated MLP's inner activation (gate and up of one shape).
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// Rotates q or k [B, H, T, D] by the tables [2, T, D] or [2, B, T, D] from RotaryEmbedding;
+// vision tokens [H, N, D] by tables [2, N, D].
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos_sin);
+
+}  // namespace fsdpp
