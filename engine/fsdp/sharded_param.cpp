@@ -80,6 +80,17 @@ at::Tensor ShardedParam::padded_full() const {
   return param.variable_data().as_strided({world, shard_numel()}, {shard_numel(), 1}, 0);
 }
 
+void ShardedParam::view_full(const at::Tensor& buffer, int64_t offset) {
+  TORCH_CHECK(world == 1 && buffer.scalar_type() == param.scalar_type() && buffer.device() == param.device() &&
+                  offset + numel() <= buffer.numel(),
+              "parameter ", name, ": cannot view elements [", offset, ", ", offset + numel(), ") of a ",
+              buffer.numel(), "-element ", buffer.scalar_type(), " buffer at world ", world);
+  c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+  void* first = static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size();
+  storage->set_data_ptr_noswap(at::DataPtr(first, param.device()));  // no deleter: buffer owns it
+  storage->set_nbytes(static_cast<size_t>(numel()) * param.element_size());
+}
+
 void ShardedParam::free_full() {
   if (param.storage().nbytes() > 0) set_storage_bytes(param, 0);
 }

@@ -61,6 +61,10 @@ struct ShardedParam {
   // rank-major shards with their padding, so one batched copy can fill every parameter of a
   // unit from its gathered buffer; param views the first numel() of them.
   void alloc_full();
+  // In a group of one rank instead: param views numel() elements of `buffer` (param's dtype and
+  // device) from element `offset`, owning none of them; `buffer` must outlive the view, which
+  // free_full() ends.
+  void view_full(const at::Tensor& buffer, int64_t offset);
   void free_full();
   bool is_full() const;
 };

@@ -127,8 +127,7 @@ void FsdpUnit::install_hooks() {
     if (state_->in_backward()) return;
     if (options_.post_forward_group) {
       keep_post_forward_slice();
-      for (auto& p : params_) p.free_full();
-      unsharded_ = false;
+      free_params();
     } else if (options_.reshard_after_forward) {
       reshard();
     }
@@ -201,14 +200,26 @@ void FsdpUnit::unshard() {
   begin_unshard();
   gather_.wait();
   CopyStream::wait(copied_);
-  copy_out(gathered_.view({comm_->size(), flat_numel_}));
+  fill_params(gathered_);
   gathered_ = at::Tensor();
   unsharded_ = true;
 }
 
-void FsdpUnit::copy_out(const at::Tensor& by_rank) {
+void FsdpUnit::fill_params(const at::Tensor& gathered) {
+  if (comm_->size() == 1) {
+    // One rank's shard is every parameter end to end, unpadded: the parameters view it in
+    // place instead of copying it (a kept cast shard then serves backward with no copy at all).
+    int64_t offset = 0;
+    for (auto& p : params_) {
+      p.view_full(gathered, offset);
+      offset += p.shard_numel();
+    }
+    viewed_ = gathered;
+    return;
+  }
   // Rank-major shards concatenate to the full tensor followed by padding, which is how each
   // parameter's storage is laid out: one batched copy splits the gathered columns into them.
+  const at::Tensor by_rank = gathered.view({comm_->size(), flat_numel_});  // [S, T]
   std::vector<at::Tensor> outs;
   std::vector<int64_t> widths;
   for (auto& p : params_) {
@@ -242,8 +253,12 @@ void FsdpUnit::reshard() {
   gather_.wait();
   CopyStream::wait(copied_);
   gathered_ = at::Tensor();
-  if (!unsharded_) return;
+  if (unsharded_) free_params();
+}
+
+void FsdpUnit::free_params() {
   for (auto& p : params_) p.free_full();
+  viewed_ = at::Tensor();  // after the views end: the memory may be reused from here on
   unsharded_ = false;
 }
 

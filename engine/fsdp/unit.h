@@ -74,7 +74,8 @@ class FsdpUnit {
   void install_hooks();
   void keep_post_forward_slice();
   void accumulate_reduced();  // reduced_grads_ -> the owned shards' .grad
-  void copy_out(const at::Tensor& by_rank);  // [S, T] rank-major shards -> module tensors
+  void fill_params(const at::Tensor& gathered);  // [S * T] rank-major shards -> module tensors
+  void free_params();
   at::Tensor compute_shard(bool backward_follows);  // [T] what this rank contributes to a gather
   // Enqueues work that crosses between host and device: on the copy stream when the shards
   // live on the host of a device run (returning the event it ends at), else in place.
@@ -95,6 +96,7 @@ class FsdpUnit {
   bool unsharded_ = false;
   at::Tensor gathered_;            // [S * T] filled by gather_
   at::Tensor cast_shard_;          // [T] compute_shard() kept from forward for backward
+  at::Tensor viewed_;              // [T] a group of one: what the unsharded parameters view
   CommWork gather_;
   std::optional<c10::Event> copied_;  // the copy stream's fill of gathered_'s source, not yet waited for
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
