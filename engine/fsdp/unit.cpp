@@ -51,15 +51,6 @@ void copy_rank_shards(at::Tensor& out, const at::Tensor& full, const ShardedPara
   }
 }
 
-// Zeroes what copy_rank_shards leaves alone in rows [W, T] of `out` at column `offset`: the
-// padding after the parameter's last row, or its whole column block when it got no gradient.
-void zero_padding(at::Tensor& out, const ShardedParam& p, bool written, int64_t offset) {
-  for (int64_t r = 0; r < out.size(0); ++r) {
-    const int64_t length = written ? real_length(p, r) : 0;
-    if (length < p.shard_numel()) out[r].narrow(0, offset + length, p.shard_numel() - length).zero_();
-  }
-}
-
 }  // namespace
 
 FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<ShardedParam> params,
@@ -283,18 +274,20 @@ void FsdpUnit::post_backward() {
     reshard();
     return;
   }
-  at::Tensor scattered_in = at::empty({world, reduced_numel_}, compute_options(options_.reduce_dtype));  // [W, R]
-  int64_t offset = 0;
+  // Each gradient cut into `world` blocks of padded_rows rows, block r of every parameter to
+  // row r, zero-padded and cast to the reduction's dtype: one batched copy.
+  std::vector<at::Tensor> grads;
   for (auto& p : params_) {
     if (!p.param.requires_grad()) break;  // the frozen rest, which no reduction carries
     at::Tensor grad = p.param.grad();
-    if (grad.defined()) {
-      copy_rank_shards(scattered_in, grad, p, 0, world, offset);  // shard r goes to row r
-      p.param.mutable_grad() = at::Tensor();
-    }
-    zero_padding(scattered_in, p, grad.defined(), offset);
-    offset += p.shard_numel();
+    p.param.mutable_grad() = at::Tensor();
+    if (p.shard_numel() == 0) continue;
+    // A parameter that got no gradient reduces zeros.
+    grads.push_back(grad.defined() ? grad.reshape({p.rows, p.row_numel})
+                                   : at::zeros({p.rows, p.row_numel}, p.param.options()));
   }
+  at::Tensor scattered_in = at::empty({world, reduced_numel_}, compute_options(options_.reduce_dtype));  // [W, R]
+  at::_chunk_cat_out(scattered_in, grads, /*dim=*/0, /*num_chunks=*/world);
   if (world == 1) {
     reduced_grads_ = scattered_in.view({-1});  // one rank's sum is its own gradient
   } else {
