@@ -85,6 +85,7 @@ void ShardedParam::view_full(const at::Tensor& buffer, int64_t offset) {
                   offset + numel() <= buffer.numel(),
               "parameter ", name, ": cannot view elements [", offset, ", ", offset + numel(), ") of a ",
               buffer.numel(), "-element ", buffer.scalar_type(), " buffer at world ", world);
+  if (numel() == 0) return;  // nothing to view, and nothing free_full() would end
   c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
   void* first = static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size();
   storage->set_data_ptr_noswap(at::DataPtr(first, param.device()));  // no deleter: buffer owns it

@@ -83,6 +83,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Module*> modules, std::vector<S
 
 FsdpUnit::~FsdpUnit() {
   for (auto& [module, id] : hooks_) module->remove_hook(id);
+  if (unsharded_) free_params();  // parameters viewing viewed_ must not outlive it
 }
 
 void FsdpUnit::install_hooks() {
@@ -200,12 +201,12 @@ void FsdpUnit::fill_params(const at::Tensor& gathered) {
   if (comm_->size() == 1) {
     // One rank's shard is every parameter end to end, unpadded: the parameters view it in
     // place instead of copying it (a kept cast shard then serves backward with no copy at all).
+    viewed_ = gathered;
     int64_t offset = 0;
     for (auto& p : params_) {
       p.view_full(gathered, offset);
       offset += p.shard_numel();
     }
-    viewed_ = gathered;
     return;
   }
   // Rank-major shards concatenate to the full tensor followed by padding, which is how each
@@ -283,7 +284,8 @@ void FsdpUnit::post_backward() {
     p.param.mutable_grad() = at::Tensor();
     if (p.shard_numel() == 0) continue;
     // A parameter that got no gradient reduces zeros.
-    grads.push_back(grad.defined() ? grad.reshape({p.rows, p.row_numel})
+    // Row-major, as the chunked copy reads it.
+    grads.push_back(grad.defined() ? grad.contiguous().view({p.rows, p.row_numel})
                                    : at::zeros({p.rows, p.row_numel}, p.param.options()));
   }
   at::Tensor scattered_in = at::empty({world, reduced_numel_}, compute_options(options_.reduce_dtype));  // [W, R]

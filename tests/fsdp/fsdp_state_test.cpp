@@ -147,6 +147,36 @@ TEST_CASE("a training forward keeps its cast shards for backward's gather, and n
   CHECK(kept() == 0);
 }
 
+TEST_CASE("in a group of one the parameters view the kept cast shard, forward and backward", "[fsdp]") {
+  auto model = tiny(false);
+  auto state = shard(*model, at::kBFloat16);
+  FsdpUnit* layer = nullptr;
+  for (const auto& unit : state->units()) {
+    if (unit->name() == "model.layers.1") layer = unit.get();
+  }
+  REQUIRE(layer != nullptr);
+  Module& module = *find_module(*model, "model.layers.1");
+  std::vector<const char*> forward, backward;  // where each parameter's values are
+  auto record = [&](std::vector<const char*>& where) {
+    where.clear();
+    for (const auto& p : layer->params()) where.push_back(static_cast<const char*>(p.param.const_data_ptr()));
+  };
+  // Hooks added after FSDP's run after them: the unit is gathered.
+  module.add_pre_forward_hook([&](Module&, Module::Tensors&) { record(forward); });
+  module.add_post_forward_hook([&](Module&, torch::Tensor& output) {
+    output.register_hook([&](const at::Tensor&) { record(backward); });
+  });
+  loss_of(*model, torch::randint(0, 40, {3, 9}, torch::kLong));
+  const auto& params = layer->params();
+  REQUIRE(forward.size() == params.size());
+  for (size_t i = 0; i + 1 < params.size(); ++i) {
+    INFO(params[i].name << " then " << params[i + 1].name);
+    CHECK(forward[i + 1] == forward[i] + params[i].numel() * 2);  // bf16, end to end in one buffer
+  }
+  CHECK(backward == forward);  // backward's gather is the forward's cast shard itself
+  for (const auto& p : params) CHECK_FALSE(p.is_full());
+}
+
 TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[fsdp]") {
   auto model = tiny(true);
   auto error_of = [&](Plan plan, int world) -> std::string {
