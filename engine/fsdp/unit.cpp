@@ -283,8 +283,7 @@ void FsdpUnit::post_backward() {
     at::Tensor grad = p.param.grad();
     p.param.mutable_grad() = at::Tensor();
     if (p.shard_numel() == 0) continue;
-    // A parameter that got no gradient reduces zeros.
-    // Row-major, as the chunked copy reads it.
+    // Row-major, as the chunked copy reads it; a parameter that got no gradient reduces zeros.
     grads.push_back(grad.defined() ? grad.contiguous().view({p.rows, p.row_numel})
                                    : at::zeros({p.rows, p.row_numel}, p.param.options()));
   }

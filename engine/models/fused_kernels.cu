@@ -138,26 +138,31 @@ void launch_packed(int64_t n, std::initializer_list<const void*> pointers, Launc
   }
 }
 
-// Calls `launch` with a zero value of the element's CUDA type.
+// Calls launch(zero, stream) with a zero value of the element's CUDA type and the current
+// stream of `device` (made current meanwhile), then checks the launch.
 template <typename Launch>
-void with_type(Element element, Launch launch) {
+void launch_typed(Element element, int device, Launch launch) {
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   switch (element) {
     case Element::kFloat:
-      return launch(float{});
+      launch(float{}, stream);
+      break;
     case Element::kBFloat16:
-      return launch(__nv_bfloat16{});
+      launch(__nv_bfloat16{}, stream);
+      break;
     case Element::kHalf:
-      return launch(__half{});
+      launch(__half{}, stream);
+      break;
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
 
 void swiglu_forward(Element element, int device, const void* gate, const void* up, void* out, int64_t n) {
   if (n == 0) return;
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_type(element, [&](auto zero) {
+  launch_typed(element, device, [&](auto zero, cudaStream_t stream) {
     using T = decltype(zero);
     const auto* g = static_cast<const T*>(gate);
     const auto* u = static_cast<const T*>(up);
@@ -166,15 +171,12 @@ void swiglu_forward(Element element, int device, const void* gate, const void* u
       swiglu_forward_kernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(g, u, o, n);
     });
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void swiglu_backward(Element element, int device, const void* grad, const void* gate, const void* up,
                      void* grad_gate, void* grad_up, int64_t n) {
   if (n == 0) return;
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_type(element, [&](auto zero) {
+  launch_typed(element, device, [&](auto zero, cudaStream_t stream) {
     using T = decltype(zero);
     const auto* dy = static_cast<const T*>(grad);
     const auto* g = static_cast<const T*>(gate);
@@ -185,21 +187,17 @@ void swiglu_backward(Element element, int device, const void* grad, const void* 
       swiglu_backward_kernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(dy, g, u, dg, du, n);
     });
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void rotary(Element element, int device, const void* x, const float* cos, const float* sin, void* out,
             const RotaryShape& shape, bool transpose) {
   const int64_t pairs = shape.batch * shape.heads * shape.tokens * (shape.dim / 2);
   if (pairs == 0) return;
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  with_type(element, [&](auto zero) {
+  launch_typed(element, device, [&](auto zero, cudaStream_t stream) {
     using T = decltype(zero);
     rotary_kernel<T><<<blocks_for(pairs), kThreads, 0, stream>>>(static_cast<const T*>(x), cos, sin,
                                                                  static_cast<T*>(out), shape, transpose);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace fsdpp::kernels

@@ -229,8 +229,8 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
   const GradClip clip = clip_by_norm(s.view->grad_groups(), tc.clip_grad_norm);
   s.view->reshard_all();  // the next forward must gather the updated shards
   s.optimizer->step(lr, clip);
-  // The step's one wait for the device, with all of it queued: the GPU never idles while the
-  // host reads the loss or decides on clipping.
+  // The step's one wait for the device, with all of it queued: reading the loss and the norm
+  // holds up no work of the step.
   const at::Tensor figures = at::cat({reduced, clip.norm.to(reduced.device())}).to(at::kCPU);  // [3]
   const auto f = figures.accessor<double, 1>();
   StepResult r{f[0], f[2], f[1] > 0};
