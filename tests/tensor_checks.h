@@ -1,4 +1,5 @@
-// Checks the tests share: how far a tensor is from a reference, a float64 twin of a model
+// Checks the tests share: how far a tensor is from a reference and how far a fused kernel may
+// be from float64, a float64 twin of a model
 // (whose distance from a run measures that run's own rounding, on whatever machine runs it),
 // which autograd node a backward runs (how a test knows which kernel the engine chose where
 // both give the same numbers), and whether a [gpu] test's GPU half runs.
@@ -12,7 +13,9 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +26,15 @@
 inline double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   const double scale = expected.abs().max().item<double>();
   return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+// How far a fused kernel's result may be from float64 on the same rounded inputs, relative to
+// the largest value: twice the result's one rounding to bf16 or fp16 (unit roundoff 2^-8 and
+// 2^-11); 64 float32 roundings for float32 results and float32 math.
+inline double kernel_bound(at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return std::ldexp(1.0, -7);
+  if (dtype == at::kHalf) return std::ldexp(1.0, -10);
+  return 64 * std::numeric_limits<float>::epsilon();
 }
 
 // `model` (built from `config`) again in float64 on the same device, holding its weights.

@@ -5,11 +5,9 @@
 #include <ATen/ATen.h>
 
 #ifdef FSDPP_CUDA_KERNELS
-#include "models/fused_kernels.h"
+#include "models/kernel_element.h"
 
 #include <torch/csrc/autograd/custom_function.h>
-
-#include <optional>
 #endif
 
 namespace fsdpp {
@@ -19,21 +17,6 @@ namespace {
 #ifdef FSDPP_CUDA_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The kernels' element type for a tensor on a GPU; none for other tensors.
-std::optional<kernels::Element> kernel_element(const at::Tensor& t) {
-  if (!t.is_cuda()) return std::nullopt;
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return kernels::Element::kFloat;
-    case at::kBFloat16:
-      return kernels::Element::kBFloat16;
-    case at::kHalf:
-      return kernels::Element::kHalf;
-    default:
-      return std::nullopt;
-  }
-}
 
 // Saves gate and up, where ATen's pair of ops would also keep silu(gate).
 struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {

@@ -4,40 +4,13 @@
 // lie in memory after their projection ([B, T, H, D] viewed as [B, H, T, D]).
 #include "models/fused_kernels.h"
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "models/kernel_common.cuh"
 
-#include <initializer_list>
-#include <limits>
 #include <type_traits>
 
 namespace fsdpp::kernels {
 
 namespace {
-
-constexpr int kThreads = 256;
-
-__device__ float widen(float x) { return x; }
-__device__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ float widen(__half x) { return __half2float(x); }
-
-// Round to nearest even, as ATen rounds float32 to bf16 and fp16.
-template <typename T>
-__device__ T narrow_to(float x);
-template <>
-__device__ float narrow_to<float>(float x) { return x; }
-template <>
-__device__ __nv_bfloat16 narrow_to<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __half narrow_to<__half>(float x) { return __float2half_rn(x); }
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -118,44 +91,16 @@ __global__ void rotary_kernel(const T* x, const float* cos, const float* sin, T*
   to[d + half] = narrow_to<T>(hi * c_hi + lo * s_hi);
 }
 
-unsigned blocks_for(int64_t threads) {
-  const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "fused kernel: ", threads, " threads exceed one grid");
-  return static_cast<unsigned>(blocks);
-}
-
 // Calls launch(width, blocks) for packs of 16 bytes of T when every pointer is 16-byte
 // aligned, else for single elements.
 template <typename T, typename Launch>
 void launch_packed(int64_t n, std::initializer_list<const void*> pointers, Launch launch) {
   constexpr int kPack = 16 / sizeof(T);
-  bool aligned = true;
-  for (const void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  if (aligned) {
+  if (pack_aligned(pointers)) {
     launch(std::integral_constant<int, kPack>(), blocks_for((n + kPack - 1) / kPack));
   } else {
     launch(std::integral_constant<int, 1>(), blocks_for(n));
   }
-}
-
-// Calls launch(zero, stream) with a zero value of the element's CUDA type and the current
-// stream of `device` (made current meanwhile), then checks the launch.
-template <typename Launch>
-void launch_typed(Element element, int device, Launch launch) {
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  switch (element) {
-    case Element::kFloat:
-      launch(float{}, stream);
-      break;
-    case Element::kBFloat16:
-      launch(__nv_bfloat16{}, stream);
-      break;
-    case Element::kHalf:
-      launch(__half{}, stream);
-      break;
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace

@@ -10,14 +10,6 @@
 
 namespace fsdpp {
 
-at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
-  const int64_t vocab = logits.size(-1);
-  // At least float32; a float64 model's loss stays float64.
-  const auto dtype = at::promote_types(logits.scalar_type(), at::kFloat);
-  return at::cross_entropy_loss(logits.reshape({-1, vocab}).to(dtype), targets.reshape({-1}),
-                                /*weight=*/{}, at::Reduction::Sum);
-}
-
 EvalResult evaluate_rows(CausalLM& model, int64_t rows, int64_t batch_size, const EvalRows& batch, Comm* group,
                          const std::string& where) {
   at::NoGradGuard no_grad;

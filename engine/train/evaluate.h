@@ -1,10 +1,11 @@
-// Next-token loss: the training objective, and evaluation over held-out rows the way
+// Evaluation over held-out rows with the training objective (train/next_token_loss), the way
 // perplexity is usually reported for Hugging Face models.
 #pragma once
 
 #include "distributed/comm.h"
 #include "models/causal_lm.h"
 #include "train/micro_batch.h"
+#include "train/next_token_loss.h"
 
 #include <functional>
 #include <string>
@@ -12,10 +13,6 @@
 namespace fsdpp {
 
 class TokenFile;
-
-// Summed cross entropy, in float32 (float64 for float64 logits), of logits [B, T, V] against
-// targets [B, T].
-at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets);
 
 struct EvalResult {
   int64_t windows = 0;     // rows evaluated: windows, or rows of documents

@@ -9,9 +9,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <functional>
-#include <limits>
 
 using namespace fsdpp;
 
@@ -27,15 +25,6 @@ at::Tensor rotate_half_reference(const at::Tensor& x, const at::Tensor& cos_sin)
   const int64_t half = x.size(-1) / 2;
   const auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
-}
-
-// How far a kernel result may be from float64 on the same rounded inputs and tables, relative
-// to the largest value: twice the result's one rounding to bf16 or fp16 (unit roundoff 2^-8
-// and 2^-11); 64 float32 roundings.
-double bound(at::ScalarType dtype) {
-  if (dtype == at::kBFloat16) return std::ldexp(1.0, -7);
-  if (dtype == at::kHalf) return std::ldexp(1.0, -10);
-  return 64 * std::numeric_limits<float>::epsilon();
 }
 
 // `f` and the gradients of sum(f(inputs) * weights) with respect to every input.
@@ -62,10 +51,10 @@ at::Tensor on_gpu(const at::Tensor& values, at::ScalarType dtype, bool unaligned
 }
 
 void check_close(const Outcome& actual, const Outcome& expected, at::ScalarType dtype) {
-  CHECK(relative_error(actual.out.to(at::kCPU, at::kDouble), expected.out) < bound(dtype));
+  CHECK(relative_error(actual.out.to(at::kCPU, at::kDouble), expected.out) < kernel_bound(dtype));
   for (size_t i = 0; i < expected.grads.size(); ++i) {
     INFO("gradient of input " << i);
-    CHECK(relative_error(actual.grads[i].to(at::kCPU, at::kDouble), expected.grads[i]) < bound(dtype));
+    CHECK(relative_error(actual.grads[i].to(at::kCPU, at::kDouble), expected.grads[i]) < kernel_bound(dtype));
   }
 }
 
