@@ -33,6 +33,12 @@ void use_device(c10::Device device) {
   c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
 }
 
+at::Tensor to_device(const at::Tensor& host, c10::Device device) {
+  if (!host.defined() || device.is_cpu() || !host.is_cpu()) return host.defined() ? host.to(device) : host;
+  // The pinned block is the host allocator's until the copy reading it is done.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 void synchronize_device(c10::Device device) {
   if (device.is_cpu()) return;
   c10::impl::VirtualGuardImpl guard(device.type());

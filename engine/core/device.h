@@ -3,6 +3,7 @@
 // needs the CUDA headers and a CPU-only machine runs the same binary.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <optional>
@@ -17,6 +18,10 @@ namespace fsdpp {
 c10::Device resolve_device(const std::string& name, int local_rank, int local_world_size);
 // Makes `device` current for this thread, so streams, allocations and collectives use it.
 void use_device(c10::Device device);
+// A host tensor (or none) on `device`. To a GPU the copy goes through pinned memory and is
+// queued behind the work already on the current stream, where a copy from pageable memory
+// would first wait for that work to finish.
+at::Tensor to_device(const at::Tensor& host, c10::Device device);
 // Blocks the host until the work queued on the device's current stream is done (nothing to
 // wait for on the CPU).
 void synchronize_device(c10::Device device);

@@ -2,6 +2,7 @@
 // what wrap policies read (config, no_split_modules).
 #pragma once
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/module.h"
 #include "models/model_config.h"
@@ -25,8 +26,8 @@ struct VisionInputs {
   // The patches on `device`; grids and timings stay on the host, where positions are planned.
   VisionInputs to(const torch::Device& device) const {
     VisionInputs moved = *this;
-    if (pixel_values.defined()) moved.pixel_values = pixel_values.to(device);
-    if (pixel_values_videos.defined()) moved.pixel_values_videos = pixel_values_videos.to(device);
+    moved.pixel_values = to_device(pixel_values, device);
+    moved.pixel_values_videos = to_device(pixel_values_videos, device);
     return moved;
   }
 };

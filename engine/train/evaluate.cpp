@@ -1,6 +1,7 @@
 // Loss and evaluation over rows.
 #include "train/evaluate.h"
 
+#include "core/device.h"
 #include "core/error.h"
 #include "train/data.h"
 
@@ -27,10 +28,10 @@ EvalResult evaluate_rows(CausalLM& model, int64_t rows, int64_t batch_size, cons
     const bool counted = index < batches;
     const int64_t first = counted ? index * batch_size : 0;
     MicroBatch b = batch(first, counted ? std::min(batch_size, rows - first) : 1);
-    b.input = b.input.to(device);
+    b.input = to_device(b.input, device);
     auto logits = b.logits(model);  // [b, T, V]
     if (!counted) continue;
-    auto targets = b.target.to(device);  // [b, T]
+    auto targets = to_device(b.target, device);  // [b, T]
     sums[0] += next_token_loss_sum(logits, targets).to(at::kDouble).squeeze();
     sums[1] += (targets != -100).sum().to(at::kDouble);
   }

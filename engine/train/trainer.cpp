@@ -212,8 +212,8 @@ StepResult train_step(const RunConfig& config, Session& s, double lr) {
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
     s.view->set_requires_gradient_sync(tc.sync_each_micro_batch || micro + 1 == tc.grad_accum);
     MicroBatch batch = s.batches->rows(micro, s.comm->rank() * s.rows, s.rows);
-    batch.input = batch.input.to(s.device);
-    batch.target = batch.target.to(s.device);
+    batch.input = to_device(batch.input, s.device);
+    batch.target = to_device(batch.target, s.device);
     batch.vision = batch.vision.to(s.device);
     // Dividing by the step's global target count makes the gradient summed over ranks and
     // micro-batches that of the mean loss over the whole step.
