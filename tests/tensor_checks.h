@@ -1,8 +1,8 @@
 // Checks the tests share: how far a tensor is from a reference and how far a fused kernel may
-// be from float64, a float64 twin of a model
-// (whose distance from a run measures that run's own rounding, on whatever machine runs it),
-// which autograd node a backward runs (how a test knows which kernel the engine chose where
-// both give the same numbers), and whether a [gpu] test's GPU half runs.
+// be from float64, a float64 twin of a model (whose distance from a run measures that run's
+// own rounding, on whatever machine runs it), which autograd node a backward runs (how a test
+// knows which kernel the engine chose where both give the same numbers), and whether a [gpu]
+// test's GPU half runs.
 #pragma once
 
 #include "core/module_tree.h"

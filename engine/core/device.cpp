@@ -1,4 +1,5 @@
-// Device choice and host-device synchronisation through c10's virtual device guards.
+// Device choice, batch copies to the device, and host-device synchronisation through c10's
+// virtual device guards.
 #include "core/device.h"
 
 #include "core/error.h"
@@ -34,9 +35,13 @@ void use_device(c10::Device device) {
 }
 
 at::Tensor to_device(const at::Tensor& host, c10::Device device) {
-  if (!host.defined() || device.is_cpu() || !host.is_cpu()) return host.defined() ? host.to(device) : host;
-  // The pinned block is the host allocator's until the copy reading it is done.
-  return host.pin_memory().to(device, /*non_blocking=*/true);
+  if (!host.defined()) return host;
+  if (device.is_cpu() || !host.is_cpu()) return host.to(device);
+  // A fresh block of the host allocator's, even for a pinned input (which pin_memory() would
+  // hand back as it is, for the caller to overwrite while the copy still reads it): the
+  // allocator keeps the block until the copy reading it is done.
+  const auto staged = at::empty(host.sizes(), host.options().pinned_memory(true)).copy_(host);
+  return staged.to(device, /*non_blocking=*/true);
 }
 
 void synchronize_device(c10::Device device) {

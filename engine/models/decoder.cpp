@@ -133,7 +133,7 @@ torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids) {
 }
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
-  return (*lm_head_)((*model_)(input_ids, documents.offsets.to(input_ids.device())));
+  return (*lm_head_)((*model_)(input_ids, to_device(documents.offsets, input_ids.device())));
 }
 
 }  // namespace fsdpp

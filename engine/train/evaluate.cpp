@@ -1,9 +1,10 @@
-// Loss and evaluation over rows.
+// Evaluation over rows: the mean next-token loss, shared out over the ranks of a group.
 #include "train/evaluate.h"
 
 #include "core/device.h"
 #include "core/error.h"
 #include "train/data.h"
+#include "train/next_token_loss.h"
 
 #include <ATen/ATen.h>
 

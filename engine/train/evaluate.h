@@ -5,7 +5,6 @@
 #include "distributed/comm.h"
 #include "models/causal_lm.h"
 #include "train/micro_batch.h"
-#include "train/next_token_loss.h"
 
 #include <functional>
 #include <string>

@@ -15,6 +15,7 @@
 #include "models/registry.h"
 #include "train/run_checkpoint.h"
 #include "train/evaluate.h"
+#include "train/next_token_loss.h"
 #include "train/expert_balance.h"
 #include "train/model_source.h"
 #include "train/batches.h"

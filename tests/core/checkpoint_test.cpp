@@ -3,6 +3,7 @@
 #include "core/module_tree.h"
 #include "models/registry.h"
 #include "train/evaluate.h"
+#include "train/next_token_loss.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -1,26 +1,39 @@
 // Moving a batch to the device: on the CPU nothing is copied; to a GPU (when the test runs on
-// one) the copy owns its values as soon as it returns, so the host may refill its batch while
-// the copy is still queued behind earlier work.
+// one) the call returns without waiting for the work queued before it, and the copy owns its
+// values at once, so the host may refill its batch, pinned or not, while the copy is queued.
 #include "core/device.h"
 #include "tensor_checks.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <catch2/catch.hpp>
 
 using namespace fsdpp;
 
-TEST_CASE("a batch moved to the device keeps its values while the host refills it", "[core][gpu]") {
-  const bool gpu = gpu_half_runs();
-  const c10::Device device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  CHECK_FALSE(to_device(at::Tensor(), device).defined());
-  at::Tensor host = at::arange(1 << 20, at::kLong);  // [N] token ids, pageable
+TEST_CASE("a batch stays where it is on the CPU", "[core]") {
+  const c10::Device cpu(c10::kCPU);
+  CHECK_FALSE(to_device(at::Tensor(), cpu).defined());
+  const at::Tensor host = at::arange(16, at::kLong);
+  CHECK(to_device(host, cpu).is_same(host));
+}
+
+TEST_CASE("a batch copied to a GPU neither waits for queued work nor reads the host late", "[core][gpu]") {
+  if (!gpu_half_runs()) return;
+  const bool pinned = GENERATE(false, true);
+  INFO((pinned ? "pinned" : "pageable") << " host batch");
+  const c10::Device gpu(c10::kCUDA, 0);
+  at::Tensor host = at::arange(1 << 20, at::kLong);  // [N] token ids
+  if (pinned) host = host.pin_memory();
   const at::Tensor expected = host.clone();
-  at::Tensor busy;
-  if (gpu) busy = at::randn({4096, 4096}, at::TensorOptions(at::kFloat).device(device));
-  for (int i = 0; gpu && i < 8; ++i) busy = at::mm(busy, busy).tanh_();  // work queued ahead of the copy
-  const at::Tensor moved = to_device(host, device);
-  CHECK(moved.device() == device);
-  if (!gpu) CHECK(moved.is_same(host));  // no copy on the CPU
-  host.fill_(-1);                        // the next batch, written while the copy may be queued
-  if (gpu) CHECK(at::equal(moved.cpu(), expected));
+  to_device(host, gpu);  // the host allocator's pinned block exists from here on
+  at::Tensor busy = at::randn({4096, 4096}, at::TensorOptions(at::kFloat).device(gpu));
+  for (int i = 0; i < 32; ++i) busy = at::mm(busy, busy).tanh_();  // about 4 TFLOP queued
+  c10::Event queued(c10::kCUDA);
+  queued.record(c10::impl::VirtualGuardImpl(c10::kCUDA).getStream(gpu));
+  const at::Tensor moved = to_device(host, gpu);
+  CHECK_FALSE(queued.query());  // a copy that waited would have let the queued work finish
+  host.fill_(-1);               // the next batch, written while the copy is still queued
+  CHECK(moved.device() == gpu);
+  CHECK(at::equal(moved.cpu(), expected));
 }

@@ -7,6 +7,7 @@
 #include "models/lora.h"
 #include "models/registry.h"
 #include "train/evaluate.h"
+#include "train/next_token_loss.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -8,6 +8,7 @@
 #include "models/qwen_vl.h"
 #include "train/adamw.h"
 #include "train/evaluate.h"
+#include "train/next_token_loss.h"
 #include "train/model_source.h"
 #include "tensor_checks.h"
 
