@@ -2,6 +2,7 @@
 #include "train/data.h"
 
 #include "core/error.h"
+#include "train/next_token_loss.h"
 
 #include <ATen/ATen.h>
 
@@ -130,7 +131,7 @@ MicroBatch TokenWindows::rows(int64_t micro, int64_t first, int64_t count) const
   auto stacked = at::stack(windows);  // [rows, T + 1]
   // Out of place: a one-row batch's target is a view that shares its storage with the input.
   at::Tensor target = stacked.narrow(1, 1, seq_len).contiguous();  // [rows, T]
-  if (!masks.empty()) target = target.masked_fill(at::stack(masks).logical_not(), -100);
+  if (!masks.empty()) target = target.masked_fill(at::stack(masks).logical_not(), kIgnoredTarget);
   return {stacked.narrow(1, 0, seq_len).contiguous(), target, {}};
 }
 

@@ -34,7 +34,7 @@ EvalResult evaluate_rows(CausalLM& model, int64_t rows, int64_t batch_size, cons
     if (!counted) continue;
     auto targets = to_device(b.target, device);  // [b, T]
     sums[0] += next_token_loss_sum(logits, targets).to(at::kDouble).squeeze();
-    sums[1] += (targets != -100).sum().to(at::kDouble);
+    sums[1] += (targets != kIgnoredTarget).sum().to(at::kDouble);
   }
   if (group) group->all_reduce_sum(sums);
   model.train(was_training);
@@ -59,11 +59,11 @@ EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int
   auto window_rows = [&](int64_t first, int64_t count) {
     auto ids = tokens.slice(begin + first * seq_len, count * seq_len).view({count, seq_len});  // [b, T]
     // Each window predicts its own next tokens; its last token predicts nothing.
-    auto targets = at::full_like(ids, -100);
+    auto targets = at::full_like(ids, kIgnoredTarget);
     targets.narrow(1, 0, seq_len - 1).copy_(ids.narrow(1, 1, seq_len - 1));
     if (masked_targets) {
       const at::Tensor marked = tokens.mask_slice(begin + first * seq_len, count * seq_len).view({count, seq_len});
-      targets.narrow(1, 0, seq_len - 1).masked_fill_(marked.narrow(1, 1, seq_len - 1).logical_not(), -100);
+      targets.narrow(1, 0, seq_len - 1).masked_fill_(marked.narrow(1, 1, seq_len - 1).logical_not(), kIgnoredTarget);
     }
     return MicroBatch{ids, targets, {}, {}};
   };

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "io/safetensors.h"
+#include "train/next_token_loss.h"
 
 #include <ATen/ATen.h>
 
@@ -30,7 +31,7 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
 }
 
 at::Tensor MultimodalDataset::targets(const SampleRecord& sample) const {
-  auto target = at::full({seq_len_}, -100, at::kLong);
+  auto target = at::full({seq_len_}, kIgnoredTarget, at::kLong);
   for (size_t i = 1; i < sample.input_ids.size(); ++i) {
     const int64_t next = sample.input_ids[i];
     if (next != image_token_ && next != video_token_) target[static_cast<int64_t>(i) - 1] = next;

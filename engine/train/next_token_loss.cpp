@@ -13,11 +13,9 @@
 
 namespace fsdpp {
 
+#ifdef FSDPP_CUDA_KERNELS
 namespace {
 
-constexpr int64_t kIgnoredTarget = -100;  // transformers' ignore_index
-
-#ifdef FSDPP_CUDA_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -49,9 +47,9 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     return {grad, at::Tensor()};
   }
 };
-#endif
 
 }  // namespace
+#endif
 
 at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets) {
   const int64_t vocab = logits.size(-1);

@@ -7,10 +7,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace fsdpp {
 
+// The target of a token that is not predicted (transformers' ignore_index): padding, prompts
+// under train_on = "completion", a row's last token.
+constexpr int64_t kIgnoredTarget = -100;
+
 // Summed cross entropy, in float32 (float64 for float64 logits), of logits [B, T, V] against
-// targets [B, T]; a target of -100 counts for nothing.
+// targets [B, T]; a target of kIgnoredTarget counts for nothing.
 at::Tensor next_token_loss_sum(const at::Tensor& logits, const at::Tensor& targets);
 
 }  // namespace fsdpp

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "train/next_token_loss.h"
 
 #include <ATen/ATen.h>
 
@@ -157,7 +158,7 @@ MicroBatch PackedDocuments::rows(int64_t micro, int64_t first, int64_t count) co
 MicroBatch PackedDocuments::assemble(const std::vector<const PackedRow*>& rows) const {
   const int64_t count = static_cast<int64_t>(rows.size()), T = config_.seq_len;
   auto input = at::zeros({count, T}, at::kLong);        // [rows, T], padding token 0
-  auto target = at::full({count, T}, -100, at::kLong);  // [rows, T]
+  auto target = at::full({count, T}, kIgnoredTarget, at::kLong);  // [rows, T]
   std::vector<int64_t> offsets;
   for (int64_t r = 0; r < count; ++r) {
     int64_t at = 0;
@@ -166,7 +167,7 @@ MicroBatch PackedDocuments::assemble(const std::vector<const PackedRow*>& rows) 
       input[r].narrow(0, at, piece.length).copy_(tokens_->slice(piece.begin, piece.length));
       const int64_t n = piece.target_count();
       auto next = tokens_->slice(piece.begin + 1, n);  // [n]
-      if (config_.train_on == TrainOn::completion) next.masked_fill_(tokens_->mask_slice(piece.begin + 1, n).logical_not(), -100);
+      if (config_.train_on == TrainOn::completion) next.masked_fill_(tokens_->mask_slice(piece.begin + 1, n).logical_not(), kIgnoredTarget);
       target[r].narrow(0, at, n).copy_(next);
       at += piece.length;
     }
