@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where one profiled training step spent its GPU time, from a Chrome trace written by
 fsdpp ([metrics] profile_step) or by torch.profiler: device time by kind of kernel (matrix
-products, attention, collectives, optimizer, normalisation, loss, copies, other
-elementwise), the time the GPU sat idle inside the step, and the costliest kernels.
+products, attention, collectives, optimizer, normalisation, the fused SwiGLU and RoPE
+kernels, loss, copies, other elementwise), the time the GPU sat idle inside the step, and
+the costliest kernels.
 Usage: profile_summary.py TRACE.json [--top N]"""
 import argparse
 import json
@@ -18,6 +19,7 @@ KINDS = [
     ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|splitk", re.I)),
     ("optimizer", re.compile(r"adam", re.I)),
     ("normalisation", re.compile(r"rms|norm", re.I)),
+    ("SwiGLU, RoPE (fused)", re.compile(r"swiglu|rotary", re.I)),
     ("loss", re.compile(r"softmax|nll_loss|cross_entropy", re.I)),
     ("copies, casts, fills", re.compile(r"memcpy|memset|copy|fill|cat|Memcpy|Memset", re.I)),
 ]
