@@ -15,7 +15,7 @@ class TokenFile;
 
 struct EvalResult {
   int64_t windows = 0;     // rows evaluated: windows, or rows of documents
-  int64_t tokens = 0;      // predicted tokens (the targets that are not -100)
+  int64_t tokens = 0;      // predicted tokens (the targets that are not kIgnoredTarget)
   double loss = 0.0;       // mean next-token loss in nats
   double perplexity = 0.0;
 };
@@ -33,7 +33,7 @@ EvalResult evaluate_rows(CausalLM& model, int64_t rows, int64_t batch_size, cons
 // [begin, end), each window predicting its own tokens 2..seq_len (as transformers does with
 // labels = input_ids). At most `max_windows` windows when positive. With
 // `masked_targets`, only the tokens the file's loss mask marks are predicted (the labels of the
-// rest are -100), as [data] train_on = "completion" trains.
+// rest are kIgnoredTarget), as [data] train_on = "completion" trains.
 EvalResult evaluate(CausalLM& model, const TokenFile& tokens, int64_t begin, int64_t end,
                     int64_t seq_len, int64_t batch_size, int64_t max_windows = 0, Comm* group = nullptr,
                     bool masked_targets = false);

@@ -8,7 +8,7 @@ namespace fsdpp {
 
 struct MicroBatch {
   at::Tensor input;          // [rows, T] int64
-  at::Tensor target;         // [rows, T] int64, -100 where nothing is predicted
+  at::Tensor target;         // [rows, T] int64, kIgnoredTarget where nothing is predicted
   DocumentStarts documents;  // where packed documents begin (undefined offsets: one per row)
   VisionInputs vision;       // the rows' images and videos, in row order (none for text)
 

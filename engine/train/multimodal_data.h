@@ -30,7 +30,7 @@ class MultimodalDataset {
 
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
   const std::filesystem::path& dir() const { return dir_; }
-  // Tokens the samples ask to be predicted (their targets that are not -100).
+  // Tokens the samples ask to be predicted (their targets that are not kIgnoredTarget).
   int64_t target_count(const std::vector<int64_t>& samples) const;
   MicroBatch batch(const std::vector<int64_t>& samples) const;
 

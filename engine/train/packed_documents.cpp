@@ -157,7 +157,7 @@ MicroBatch PackedDocuments::rows(int64_t micro, int64_t first, int64_t count) co
 
 MicroBatch PackedDocuments::assemble(const std::vector<const PackedRow*>& rows) const {
   const int64_t count = static_cast<int64_t>(rows.size()), T = config_.seq_len;
-  auto input = at::zeros({count, T}, at::kLong);        // [rows, T], padding token 0
+  auto input = at::zeros({count, T}, at::kLong);                  // [rows, T], padding token 0
   auto target = at::full({count, T}, kIgnoredTarget, at::kLong);  // [rows, T]
   std::vector<int64_t> offsets;
   for (int64_t r = 0; r < count; ++r) {
