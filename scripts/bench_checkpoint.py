@@ -47,7 +47,8 @@ import tempfile
 import time
 
 from bench_common import BenchError, fail, parse_args, read_toml, write_initial_model
-from bench_fsdp import build_sharded_model, free_port, start, telling_line
+from fsdp_peer import build_sharded_model
+from rank_processes import free_port, start, telling_line
 
 PROG = "bench_checkpoint"
 CHUNK = 16 << 20
