@@ -31,6 +31,12 @@ struct PolicyRun {
 
 PolicyRun& run_of(lua_State* L);
 
+// A fresh Lua state for `run` with the sandbox's libraries, budget and memory cap, and the
+// engine's module and plan functions (sandbox.cpp); nullptr when Lua cannot allocate it.
+lua_State* open_sandbox(PolicyRun& run);
+// Makes the globals and library tables read-only for every chunk loaded from here on.
+void lock_globals(lua_State* L);
+
 // Errors a binding raises; message only, the guard adds the script's file:line.
 struct ScriptError : std::runtime_error {
   using std::runtime_error::runtime_error;

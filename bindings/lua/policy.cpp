@@ -5,16 +5,12 @@
 #include "core/isolated.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
+#include "fsdp/plan_text.h"
 #include "policy_dir.h"
 
 #include <algorithm>
 
 namespace fsdpp {
-
-namespace lua {
-lua_State* open_sandbox(PolicyRun& run);
-void lock_globals(lua_State* L);
-}  // namespace lua
 
 namespace {
 

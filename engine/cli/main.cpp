@@ -8,6 +8,7 @@
 #include "core/module_tree.h"
 #include "distributed/dist_env.h"
 #include "distributed/launcher.h"
+#include "fsdp/plan_text.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "train/checkpoint_export.h"

@@ -101,15 +101,4 @@ struct ResolvedPlan {
 // when the plan lacks one, on the first unit's mesh.
 ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype);
 
-// The unit tree and per-rank memory as text, or as JSON.
-std::string format_plan(const ResolvedPlan& plan, int world);
-std::string plan_json(const ResolvedPlan& plan, int world);
-// A declared plan as text and back, every field kept: how a policy evaluated in another
-// process hands its plan over.
-std::string serialize_plan(const Plan& plan);
-Plan deserialize_plan(const std::string& text);
-// A LoRA declaration as JSON text and back: what checkpoints record of their adapters.
-std::string serialize_lora(const LoraPlan& lora);
-LoraPlan deserialize_lora(const std::string& text);
-
 }  // namespace fsdpp

@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/module_tree.h"
+#include "fsdp/plan_text.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"

@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "core/module_tree.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/plan_text.h"
 #include "io/hf_dir.h"
 #include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"

@@ -10,6 +10,7 @@
 #include "core/failpoint.h"
 #include "core/log.h"
 #include "core/module_tree.h"
+#include "fsdp/plan_text.h"
 #include "io/hf_dir.h"
 #include "io/peft_adapter.h"
 #include "models/lora.h"
@@ -38,6 +39,24 @@ void barrier(Comm& comm) {
 }
 
 at::Tensor moment(const AdamW::ParamState& s, int i) { return i == 0 ? s.exp_avg : s.exp_avg_sq; }
+
+// The save's time and size, and its slowest rank's rate from that rank's own bytes and
+// seconds (staging to its file's commit). `files`: [world, 3] bytes, checksum, microseconds.
+void log_saved(int64_t step, const fs::path& dir, const at::Tensor& files, double seconds, size_t removed) {
+  int64_t total = 0;
+  int64_t slowest = 0;
+  double slowest_rate = 0;
+  for (int64_t r = 0; r < files.size(0); ++r) {
+    const auto bytes = files[r][0].item<int64_t>();
+    const double rate = static_cast<double>(bytes) / std::max(1e-9, files[r][2].item<double>() / 1e6) / 1e9;
+    total += bytes;
+    if (r == 0 || rate < slowest_rate) slowest = r, slowest_rate = rate;
+  }
+  log_info("checkpoint: step ", step, " saved to ", dir.string(), " in ", seconds, " s: ", total, " bytes from ",
+           files.size(0), " rank(s); slowest rank ", slowest, " wrote ", files[slowest][0].item<int64_t>(),
+           " bytes in ", files[slowest][2].item<double>() / 1e6, " s (", slowest_rate, " GB/s)",
+           removed == 0 ? std::string() : concat("; removed ", removed, " older"));
+}
 
 }  // namespace
 
@@ -69,6 +88,27 @@ void RunCheckpointer::save(int64_t step, const json& client_state) {
   }
   barrier(*world_);
 
+  const at::Tensor mine = write_rank_file(staging, start);
+  at::Tensor files = at::empty({world_->size() * 3}, at::kLong);
+  world_->all_gather(files, mine);
+  std::vector<int64_t> my_rows;  // per parameter: first row, rows
+  for (const auto& shard : shards_) {
+    my_rows.push_back(shard.first_row);
+    my_rows.push_back(shard.primary && saves(shard) ? shard.rows.size(0) : 0);
+  }
+  at::Tensor rows = at::empty({world_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
+  world_->all_gather(rows, at::tensor(my_rows, at::kLong));
+
+  if (rank == 0) {
+    const auto removed =
+        commit(step, client_state, staging, final_dir, files.view({-1, 3}), rows.view({world_->size(), -1, 2}));
+    log_saved(step, final_dir, files.view({-1, 3}), std::chrono::duration<double>(Clock::now() - start).count(),
+              removed.size());
+  }
+  barrier(*world_);
+}
+
+at::Tensor RunCheckpointer::write_rank_file(const fs::path& staging, Clock::time_point start) const {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& s : shards_) {
     if (!s.primary || s.rows.size(0) == 0 || !saves(s)) continue;
@@ -84,61 +124,35 @@ void RunCheckpointer::save(int64_t step, const json& client_state) {
   }
   std::vector<TensorSpec> specs;
   for (const auto& [key, t] : tensors) specs.push_back({key, t.scalar_type(), t.sizes().vec()});
-  SafetensorsWriter writer(staging / rank_file_name(rank), specs);
+  SafetensorsWriter writer(staging / rank_file_name(world_->rank()), specs);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (i == tensors.size() / 2) failpoint("checkpoint-mid-write");
     writer.write(tensors[i].second);
   }
   writer.commit();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return at::tensor({static_cast<int64_t>(writer.size()), static_cast<int64_t>(writer.checksum()),
+                     static_cast<int64_t>(seconds * 1e6)}, at::kLong);
+}
 
-  // Per rank: file bytes, checksum, microseconds; per rank and parameter: first row, rows.
-  at::Tensor mine = at::tensor({static_cast<int64_t>(writer.size()), static_cast<int64_t>(writer.checksum()),
-                                static_cast<int64_t>(seconds * 1e6)}, at::kLong);
-  at::Tensor files = at::empty({world_->size() * 3}, at::kLong);
-  world_->all_gather(files, mine);
-  std::vector<int64_t> my_rows;
-  for (const auto& shard : shards_) {
-    my_rows.push_back(shard.first_row);
-    my_rows.push_back(shard.primary && saves(shard) ? shard.rows.size(0) : 0);
-  }
-  at::Tensor rows = at::empty({world_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
-  world_->all_gather(rows, at::tensor(my_rows, at::kLong));
-
-  if (rank == 0) {
-    const std::string config_text = (model_.raw ? *model_.raw : json::object()).dump(2) + "\n";
-    write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
-    json meta = metadata(step, client_state, files.view({-1, 3}), rows.view({world_->size(), -1, 2}));
-    meta["files"]["config.json"] = {{"bytes", config_text.size()},
-                                    {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
-    const std::string text = meta.dump(1) + "\n";
-    write_file_atomically(staging / "metadata.json", text.data(), text.size());
-    const std::string sum = format_crc32c(crc32c(text.data(), text.size())) + "\n";
-    write_file_atomically(staging / kMetadataChecksumFile, sum.data(), sum.size());
-    fsync_directory(staging);
-    failpoint("checkpoint-before-commit");
-    fs::rename(staging, final_dir);
-    fsync_directory(root);
-    const auto removed = rotate_checkpoints(root, config_.checkpoint.keep,
-                                            static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9));
-    // Each rank's rate from its own bytes and seconds (staging to its file's commit).
-    auto per_rank = files.view({-1, 3});
-    int64_t total = 0;
-    int slowest = 0;
-    double slowest_rate = 0;
-    for (int r = 0; r < world_->size(); ++r) {
-      const auto bytes = per_rank[r][0].item<int64_t>();
-      const double rate = static_cast<double>(bytes) / std::max(1e-9, per_rank[r][2].item<double>() / 1e6) / 1e9;
-      total += bytes;
-      if (r == 0 || rate < slowest_rate) slowest = r, slowest_rate = rate;
-    }
-    log_info("checkpoint: step ", step, " saved to ", final_dir.string(), " in ",
-             std::chrono::duration<double>(Clock::now() - start).count(), " s: ", total, " bytes from ", world_->size(),
-             " rank(s); slowest rank ", slowest, " wrote ", per_rank[slowest][0].item<int64_t>(), " bytes in ",
-             per_rank[slowest][2].item<double>() / 1e6, " s (", slowest_rate, " GB/s)",
-             removed.empty() ? std::string() : concat("; removed ", removed.size(), " older"));
-  }
-  barrier(*world_);
+std::vector<fs::path> RunCheckpointer::commit(int64_t step, const json& client_state, const fs::path& staging,
+                                              const fs::path& final_dir, const at::Tensor& files,
+                                              const at::Tensor& rows) const {
+  const std::string config_text = (model_.raw ? *model_.raw : json::object()).dump(2) + "\n";
+  write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
+  json meta = metadata(step, client_state, files, rows);
+  meta["files"]["config.json"] = {{"bytes", config_text.size()},
+                                  {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
+  const std::string text = meta.dump(1) + "\n";
+  write_file_atomically(staging / "metadata.json", text.data(), text.size());
+  const std::string sum = format_crc32c(crc32c(text.data(), text.size())) + "\n";
+  write_file_atomically(staging / kMetadataChecksumFile, sum.data(), sum.size());
+  fsync_directory(staging);
+  failpoint("checkpoint-before-commit");
+  fs::rename(staging, final_dir);
+  fsync_directory(config_.checkpoint.dir);
+  return rotate_checkpoints(config_.checkpoint.dir, config_.checkpoint.keep,
+                            static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9));
 }
 
 json RunCheckpointer::metadata(int64_t step, const json& client_state, const at::Tensor& files,

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -50,6 +51,15 @@ class RunCheckpointer {
   ResumePoint restore(const ShardedCheckpoint& checkpoint, bool parameters_loaded);
 
  private:
+  // Writes this rank's rows, moments and RNG state into `staging`; returns its file's
+  // [bytes, checksum, microseconds from `start` to its commit] for the gather.
+  at::Tensor write_rank_file(const std::filesystem::path& staging, std::chrono::steady_clock::time_point start) const;
+  // Rank 0: writes config.json and the metadata with its checksum, renames `staging` to
+  // `final_dir` and rotates; returns the checkpoints removed.
+  std::vector<std::filesystem::path> commit(int64_t step, const nlohmann::json& client_state,
+                                            const std::filesystem::path& staging,
+                                            const std::filesystem::path& final_dir, const at::Tensor& files,
+                                            const at::Tensor& rows) const;
   nlohmann::json metadata(int64_t step, const nlohmann::json& client_state, const at::Tensor& files,
                           const at::Tensor& rows) const;
 

@@ -1,25 +1,14 @@
-// The training loop. Launched on several ranks it shards the model (fsdp/), gives each rank
-// its rows of every global batch, and normalises the loss by the step's global target count,
+// The training loop. Launched on several ranks it trains the model sharded by the policy's
+// plan (set up in session.cpp), gives each rank its rows of every global batch, and normalises the loss by the step's global target count,
 // so the summed gradients and hence every update equal those of one process on the whole batch.
 #include "train/trainer.h"
 
 #include "core/device.h"
-#include "core/dtype.h"
-#include "core/error.h"
 #include "core/log.h"
-#include "distributed/dist_env.h"
-#include "fsdp/fsdp_state.h"
-#include "fsdp/whole_model.h"
-#include "io/hf_dir.h"
-#include "io/sharded_checkpoint.h"
-#include "models/registry.h"
-#include "train/run_checkpoint.h"
-#include "train/evaluate.h"
-#include "train/next_token_loss.h"
-#include "train/expert_balance.h"
-#include "train/model_source.h"
-#include "train/batches.h"
+#include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/next_token_loss.h"
+#include "train/session.h"
 #include "train/step_profiler.h"
 
 #include <ATen/ATen.h>
@@ -55,144 +44,6 @@ void catch_stop_signals() {
   sa.sa_flags = SA_RESETHAND;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
-}
-
-// Everything a run builds before its first step, in the order it is built.
-struct Session {
-  std::shared_ptr<Comm> comm;
-  c10::Device device = at::kCPU;
-  int64_t rows = 0;  // this rank's rows of every global micro-batch
-  bool sharded = false;  // launched: the model is sharded by the policy's plan
-  size_t units = 0;      // FSDP units when sharded
-  int64_t parameters = 0;  // the whole model's, counted before sharding
-  std::shared_ptr<const ShardedCheckpoint> checkpoint;  // the one to resume from, if any
-  LoadedModel loaded;
-  std::unique_ptr<ShardedView> view;  // FsdpState when launched, else WholeModel
-  std::unique_ptr<Batches> batches;
-  std::unique_ptr<AdamW> optimizer;
-  std::unique_ptr<RunCheckpointer> checkpointer;
-  std::optional<ExpertBalance> experts;  // mixture-of-experts models
-};
-
-// Rank r trains rows [r * rows, (r + 1) * rows) of every global micro-batch.
-int64_t rows_per_rank(const RunConfig& config, int world) {
-  if (config.data.batch_size % world != 0) {
-    throw UserError(config.file.string() + ": [data] batch_size " + std::to_string(config.data.batch_size) +
-                    " is not a multiple of the world size " + std::to_string(world) +
-                    " (each rank takes batch_size / world sequences)");
-  }
-  return config.data.batch_size / world;
-}
-
-std::shared_ptr<const ShardedCheckpoint> open_resume_checkpoint(const CheckpointConfig& config, int rank) {
-  if (auto path = resume_path(config)) return std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
-  if (config.resume == "latest" && rank == 0) log_info("resume: no checkpoint in ", config.dir, " yet; starting fresh");
-  return nullptr;
-}
-
-// Shards the model by the policy's plan, each rank filling its rows from the checkpoint or
-// the loaded weights, which are then unmapped.
-std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const Plan& plan, Session& s) {
-  CausalLM& model = *s.loaded.model;
-  const int rank = s.comm->rank(), world = s.comm->size();
-  const ResolvedPlan resolved = resolve_plan(plan, model, world, parse_dtype(config.model.dtype));
-  if (rank == 0) {
-    const std::string constants = resolved.constant_param_bytes == 0 ? "" : " (" +
-        std::to_string(resolved.constant_param_bytes) + " B of them frozen, held in their compute dtype)";
-    log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes, " B", constants,
-             ", gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
-  }
-  auto fsdp = std::make_unique<FsdpState>(model, s.comm, resolved,
-                                          s.checkpoint ? checkpoint_fill(s.checkpoint, s.loaded.fill) : s.loaded.fill,
-                                          s.device);
-  if (s.loaded.weights && !s.checkpoint) {
-    if (rank == 0) warn_unused_hf_tensors(model, *s.loaded.weights);
-    // Touched pages of the mapped files, read from the kernel: what this rank really read.
-    const size_t touched = s.loaded.weights->resident_bytes(), total = s.loaded.weights->file_bytes();
-    log_info("weights: rank ", rank, " read ", touched, " of ", total, " bytes of the HF files (",
-             100.0 * static_cast<double>(touched) / static_cast<double>(std::max<size_t>(total, 1)), "%)");
-  }
-  s.loaded.fill = {};
-  s.loaded.weights.reset();  // unmaps the files
-  s.units = fsdp->units().size();
-  // Read from the shard tensors themselves, for comparison with what `fsdpp plan` predicts.
-  int64_t shard_bytes = 0;
-  std::string names;
-  for (const auto& unit : fsdp->units()) {
-    names += (names.empty() ? "" : ",") + unit->name();
-    for (const auto& p : unit->params()) shard_bytes += p.local.numel() * p.local.element_size();
-  }
-  log_info("sharded: ", fsdp->units().size(), " units [", names, "], parameter shards ", shard_bytes, " bytes");
-  return fsdp;
-}
-
-// The model (sharded when launched), its batches, the optimizer over its shards and the
-// checkpointer that saves and restores all of them.
-Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
-  Session s;
-  const DistEnv env = DistEnv::from_environment();
-  // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
-  // leaving mid-rendezvous would make the others report a lost connection instead.
-  s.rows = rows_per_rank(config, env.world_size);
-  s.comm = init_distributed(env, config.parallel);
-  const int rank = s.comm->rank();
-  s.device = s.comm->device();
-  // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
-  at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
-  s.checkpoint = open_resume_checkpoint(config.checkpoint, rank);
-  if (s.checkpoint) {  // adapters resume only onto the base they were trained on
-    const auto saved = s.checkpoint->metadata().value("model", json::object());
-    // One rank per node reads the base's files through (each node may hold a copy of its
-    // own); where it refuses, its exit ends the run for every rank.
-    if (saved.contains("base") && env.local_rank == 0) {
-      check_base_identity(saved["base"].dump(), config.model.path, config.model.init_seed, s.checkpoint->dir().string());
-    }
-  }
-  // The data first: a bad token file is reported before the model takes its time to load.
-  const ModelConfig model_config = model_config_of(config.model);
-  s.batches = open_batches(config.data, model_config);
-  config.experts.check_model(model_config, config.file.string());
-  // The policy reads a skeleton of the model (no memory): its units shard a launched run, and
-  // its LoRA declaration puts adapters on the model of any run before its values load.
-  const Plan plan = build_plan(*build_model(model_config, torch::TensorOptions().dtype(parse_dtype(config.model.dtype))
-                                                              .device(torch::kMeta)),
-                               s.comm->size(), rank);
-  s.loaded = load_model(config.model, /*unallocated=*/env.launched, plan.lora ? &*plan.lora : nullptr);
-  CausalLM& model = *s.loaded.model;
-  s.parameters = model.recursive_param_count();  // numel holds for unallocated parameters too
-  s.sharded = env.launched;
-  if (!s.sharded) model.to(s.device);  // a sharded model is placed unit by unit instead
-  model.train();
-  if (s.sharded) {
-    s.view = shard_model(config, plan, s);
-  } else {
-    s.view = std::make_unique<WholeModel>(model);
-  }
-  s.optimizer = std::make_unique<AdamW>(decay_groups(s.view->sharded_parameters(), config.optimizer.weight_decay),
-                                        config.optimizer);
-  s.checkpointer = std::make_unique<RunCheckpointer>(config, model.config(), s.comm, s.view->shard_rows(),
-                                                     s.view->mesh_shapes(), *s.optimizer, s.batches->order(),
-                                                     s.batches->identity(), s.loaded.lora,
-                                                     rank == 0 && s.loaded.lora
-                                                         ? base_identity(config.model.path, config.model.init_seed)
-                                                         : "");
-  if (const auto& moe = model.config().moe) {
-    s.experts.emplace(*moe, config.experts, routing_bias_names(model), config.train.grad_accum);
-  }
-  return s;
-}
-
-// Restores the run from its checkpoint, returning the first step still to train.
-int64_t resume(Session& s, TrainSummary& summary, Clock::time_point load_start) {
-  const ResumePoint point = s.checkpointer->restore(*s.checkpoint, /*parameters_loaded=*/s.sharded);
-  summary.steps = point.step;
-  summary.skipped_steps = point.client_state.value("skipped_steps", int64_t{0});
-  const ReadStats read = s.checkpoint->read_stats();
-  log_info("resume: rank ", s.comm->rank(), " read ", read.bytes, " bytes of ", s.checkpoint->dir().string(),
-           " (saved at world ", s.checkpoint->world_size(), ") in ", read.seconds, " s (",
-           static_cast<double>(read.bytes) / std::max(read.seconds, 1e-9) / 1e9, " GB/s; ", seconds_since(load_start),
-           " s to rebuild the run); continuing after step ", point.step);
-  return point.step + 1;
 }
 
 struct StepResult {
@@ -297,6 +148,49 @@ void save_profile(StepProfiler& profiler, const Session& s, const std::string& o
   log_info("profile: step ", step, " traced to ", trace.string());
 }
 
+// A step's figures for the log from its result; counts a skipped update in `summary`.
+StepMetrics step_metrics(int64_t step, double lr, const StepResult& r, TrainSummary& summary, int rank) {
+  StepMetrics m{.step = step, .loss = r.loss, .lr = lr, .grad_norm = r.grad_norm};
+  if (r.experts) {
+    m.aux_loss = r.experts->aux_loss;
+    m.expert_load = r.experts->max_over_mean;
+  }
+  if (!std::isfinite(r.grad_norm)) {
+    m.skipped = true;
+    ++summary.skipped_steps;
+    if (rank == 0) log_warn("step ", step, ": gradient norm is ", r.grad_norm, "; update skipped");
+  }
+  return m;
+}
+
+// What follows a step when due: evaluation on the held-out batches, and a checkpoint
+// (periodic, the last step's, or the one a stop signal asks for).
+void after_step(const RunConfig& config, Session& s, int64_t step, bool stopping, MetricsSink* metrics,
+                const json& client_state) {
+  const TrainConfig& tc = config.train;
+  const bool eval_due = tc.eval_every > 0 && (step % tc.eval_every == 0 || step == tc.steps);
+  if (eval_due && s.batches->can_evaluate()) {
+    auto e = s.batches->evaluate(*s.loaded.model, tc.eval_batches * config.data.batch_size, s.comm.get());
+    if (metrics) metrics->record_eval(step, e.loss, e.perplexity);
+  }
+  const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
+  const bool last = config.checkpoint.save_final && step == tc.steps;
+  if (periodic || last || stopping) s.checkpointer->save(step, client_state);
+}
+
+// The run's product once every step is done: the model as an HF directory, or a LoRA run's
+// adapter (the base is frozen; fsdpp export --merge-lora merges it).
+void save_final(const RunConfig& config, Session& s, int64_t steps) {
+  const int rank = s.comm->rank();
+  if (s.loaded.lora) {
+    export_adapter(*s.loaded.lora, config.model.path, *s.view, rank, config.checkpoint);
+    if (rank == 0) log_info("saved the LoRA adapter at step ", steps, " to ", config.checkpoint.adapter_dir);
+  } else {
+    export_model(s.loaded.model->config(), *s.view, rank, config.checkpoint);
+    if (rank == 0) log_info("exported the model at step ", steps, " to ", config.checkpoint.export_dir);
+  }
+}
+
 }  // namespace
 
 TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
@@ -314,10 +208,6 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
                             flops_per_token(s.loaded.model->config(), s.parameters, config.data.seq_len);
   if (rank == 0) log_run(config, s, step_tokens);
   if (config.checkpoint.save_on_signal) catch_stop_signals();
-  auto client_state = [&](int64_t step) {
-    return json{{"skipped_steps", summary.skipped_steps}, {"tokens_seen", step * step_tokens},
-                {"loss", summary.final_loss}};
-  };
 
   StepProfiler profiler;
   const auto start = Clock::now();
@@ -326,44 +216,22 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     const auto step_start = Clock::now();
     const double lr = schedule.at(step);
     const StepResult r = train_step(config, s, lr);
-    StepMetrics m{.step = step, .loss = r.loss, .lr = lr, .grad_norm = r.grad_norm};
-    if (r.experts) {
-      m.aux_loss = r.experts->aux_loss;
-      m.expert_load = r.experts->max_over_mean;
-    }
-    if (!std::isfinite(r.grad_norm)) {
-      m.skipped = true;
-      ++summary.skipped_steps;
-      if (rank == 0) log_warn("step ", step, ": gradient norm is ", r.grad_norm, "; update skipped");
-    }
+    StepMetrics m = step_metrics(step, lr, r, summary, rank);
     if (profiler.active()) save_profile(profiler, s, tc.out_dir, step);
     measure(m, config, s, first_step, start, step_start, step_flops);
     if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
     summary.final_loss = m.loss;
     summary.steps = step;
-
-    const bool eval_due = tc.eval_every > 0 && (step % tc.eval_every == 0 || step == tc.steps);
-    if (eval_due && s.batches->can_evaluate()) {
-      auto e = s.batches->evaluate(*s.loaded.model, tc.eval_batches * config.data.batch_size, s.comm.get());
-      if (metrics) metrics->record_eval(step, e.loss, e.perplexity);
-    }
-    const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
-    const bool last = config.checkpoint.save_final && step == tc.steps;
-    if (periodic || last || r.stopping) s.checkpointer->save(step, client_state(step));
+    const json client_state{{"skipped_steps", summary.skipped_steps}, {"tokens_seen", step * step_tokens},
+                            {"loss", summary.final_loss}};
+    after_step(config, s, step, r.stopping, metrics.get(), client_state);
     if (r.stopping) {
       summary.stop_signal = stop_signal != 0 ? static_cast<int>(stop_signal) : SIGTERM;
       if (rank == 0) log_warn("stopped by ", ::strsignal(summary.stop_signal), " after step ", step);
       return summary;
     }
   }
-  if (config.checkpoint.save_final && s.loaded.lora) {
-    // The base is frozen: what the run made is its adapter (fsdpp export --merge-lora merges it).
-    export_adapter(*s.loaded.lora, config.model.path, *s.view, rank, config.checkpoint);
-    if (rank == 0) log_info("saved the LoRA adapter at step ", summary.steps, " to ", config.checkpoint.adapter_dir);
-  } else if (config.checkpoint.save_final) {
-    export_model(s.loaded.model->config(), *s.view, rank, config.checkpoint);
-    if (rank == 0) log_info("exported the model at step ", summary.steps, " to ", config.checkpoint.export_dir);
-  }
+  if (config.checkpoint.save_final) save_final(config, s, summary.steps);
   return summary;
 }
 

@@ -17,6 +17,8 @@ using namespace fsdpp;
 
 namespace {
 
+constexpr const char* kExperts = "model.layers.0.mlp.experts.";
+
 struct Pass {
   at::Tensor logits;                          // [B, T, V] in float32
   std::map<std::string, at::Tensor> grads;    // by parameter name
@@ -32,6 +34,60 @@ Pass forward_backward(CausalLM& model, const at::Tensor& ids) {
     if (p.tensor.grad().defined()) pass.grads[p.name] = p.tensor.grad().to(at::kFloat);
   }
   return pass;
+}
+
+// Both paths round the same products, in another order of sums. In float32 the bound is
+// measured where the test runs: ten times the farthest one product per expert lies from the
+// same weights in float64 (whose experts compute one product each), over the logits and
+// every gradient; on this CPU the paths are 1.1e-6 apart. In bf16, whose router may choose
+// otherwise than float64's, it is derived: an order of sums moves a bf16 rounding by at most
+// one ulp (2^-7 relative), over at most five roundings in a row (three products, SwiGLU's
+// product, the weighted sum). On this CPU the bf16 paths are identical.
+double path_bound(const ModelConfig& config, CausalLM& model, const at::Tensor& ids, const Pass& per_expert,
+                  at::ScalarType dtype) {
+  if (dtype != at::kFloat) return 5 * std::ldexp(1.0, -7);
+  const Pass truth = forward_backward(*float64_twin(config, model), ids);
+  double noise = relative_error(per_expert.logits, truth.logits);
+  for (const auto& [name, grad] : per_expert.grads) noise = std::max(noise, relative_error(grad, truth.grads.at(name)));
+  INFO("rounding noise " << noise);
+  REQUIRE(noise < 1e-4);  // more is no rounding: float64 routed otherwise
+  return 10 * noise;
+}
+
+// Frozen experts (a LoRA run's base) still run grouped, get no gradient, and leave every
+// other gradient as it was (up to the order of a GPU's atomic sums).
+void check_frozen_experts(CausalLM& model, const at::Tensor& ids, const Pass& grouped, double bound) {
+  for (const auto& p : unique_named_parameters(model)) {
+    if (p.name.starts_with(kExperts)) p.tensor.requires_grad_(false);
+  }
+  const Pass frozen = forward_backward(model, ids);
+  CHECK(frozen.grouped);
+  for (const auto& [name, grad] : grouped.grads) {
+    INFO("gradient of " << name << " with the experts frozen");
+    CHECK(frozen.grads.count(name) == !name.starts_with(kExperts));
+    if (frozen.grads.count(name)) CHECK(relative_error(frozen.grads.at(name), grad) < bound);
+  }
+}
+
+// The two paths' gradients agree within `bound`; only an idle expert's weights have no
+// gradient at all, in both. Returns how many weights that leaves without one.
+int check_same_gradients(const Pass& grouped, const Pass& per_expert, const at::Tensor& counts, double bound) {
+  REQUIRE(grouped.grads.size() == per_expert.grads.size());
+  int idle = 0;
+  for (const auto& [name, grad] : per_expert.grads) {
+    INFO("gradient of " << name);
+    REQUIRE(grouped.grads.count(name));
+    const auto& from_grouped = grouped.grads.at(name);
+    if (from_grouped.abs().max().item<double>() == 0) {
+      REQUIRE(name.starts_with(kExperts));
+      CHECK(counts[std::stoi(name.substr(std::string(kExperts).size()))].item<int64_t>() == 0);
+      CHECK(grad.abs().max().item<double>() == 0);
+      ++idle;
+      continue;
+    }
+    CHECK(relative_error(from_grouped, grad) < bound);
+  }
+  return idle;
 }
 
 }  // namespace
@@ -61,62 +117,19 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
   // A hook on every expert makes each one a module call of its own: one product per expert.
   std::vector<std::pair<Module*, int>> hooks;
   for (int64_t e = 0; e < 8; ++e) {
-    Module* expert = find_module(*model, "model.layers.0.mlp.experts." + std::to_string(e));
+    Module* expert = find_module(*model, kExperts + std::to_string(e));
     hooks.emplace_back(expert, expert->add_pre_forward_hook([](Module&, Module::Tensors&) {}));
   }
   const Pass per_expert = forward_backward(*model, ids);
   REQUIRE_FALSE(per_expert.grouped);
   CHECK(at::equal(model->routing()->layers.at(0).counts, counts));
 
-  // Both paths round the same products, in another order of sums. In float32 the bound is
-  // measured where the test runs: ten times the farthest one product per expert lies from the
-  // same weights in float64 (whose experts compute one product each), over the logits and
-  // every gradient; on this CPU the paths are 1.1e-6 apart. In bf16, whose router may choose
-  // otherwise than float64's, it is derived: an order of sums moves a bf16 rounding by at most
-  // one ulp (2^-7 relative), over at most five roundings in a row (three products, SwiGLU's
-  // product, the weighted sum). On this CPU the bf16 paths are identical.
-  double bound = 5 * std::ldexp(1.0, -7);
-  if (dtype == at::kFloat) {
-    const Pass truth = forward_backward(*float64_twin(config, *model), ids);
-    double noise = relative_error(per_expert.logits, truth.logits);
-    for (const auto& [name, grad] : per_expert.grads) noise = std::max(noise, relative_error(grad, truth.grads.at(name)));
-    INFO("rounding noise " << noise);
-    REQUIRE(noise < 1e-4);  // more is no rounding: float64 routed otherwise
-    bound = 10 * noise;
-  }
-
-  // Frozen experts (a LoRA run's base) still run grouped, get no gradient, and leave every
-  // other gradient as it was (up to the order of a GPU's atomic sums).
+  const double bound = path_bound(config, *model, ids, per_expert, dtype);
   for (auto [expert, id] : hooks) expert->remove_hook(id);
-  for (const auto& p : unique_named_parameters(*model)) {
-    if (p.name.starts_with("model.layers.0.mlp.experts.")) p.tensor.requires_grad_(false);
-  }
-  const Pass frozen = forward_backward(*model, ids);
-  CHECK(frozen.grouped);
-  for (const auto& [name, grad] : grouped.grads) {
-    INFO("gradient of " << name << " with the experts frozen");
-    CHECK(frozen.grads.count(name) == !name.starts_with("model.layers.0.mlp.experts."));
-    if (frozen.grads.count(name)) CHECK(relative_error(frozen.grads.at(name), grad) < bound);
-  }
+  check_frozen_experts(*model, ids, grouped, bound);
 
   CHECK(relative_error(grouped.logits, per_expert.logits) < bound);
-  REQUIRE(grouped.grads.size() == per_expert.grads.size());
-  int idle = 0;
-  for (const auto& [name, grad] : per_expert.grads) {
-    INFO("gradient of " << name);
-    REQUIRE(grouped.grads.count(name));
-    const auto& from_grouped = grouped.grads.at(name);
-    if (from_grouped.abs().max().item<double>() == 0) {
-      // Only an idle expert's weights have no gradient at all.
-      const auto expert = name.substr(std::string("model.layers.0.mlp.experts.").size());
-      REQUIRE(name.starts_with("model.layers.0.mlp.experts."));
-      CHECK(counts[std::stoi(expert)].item<int64_t>() == 0);
-      CHECK(grad.abs().max().item<double>() == 0);
-      ++idle;
-      continue;
-    }
-    CHECK(relative_error(from_grouped, grad) < bound);
-  }
+  const int idle = check_same_gradients(grouped, per_expert, counts, bound);
   const int64_t idle_experts = (counts == 0).sum().item<int64_t>();
   CHECK(idle == 3 * idle_experts);
   if (tokens == 3) {

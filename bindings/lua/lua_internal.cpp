@@ -1,0 +1,100 @@
+// The binding units' shared helpers: reading arguments without raising Lua errors, calling
+// Lua from C++ so its errors come back as ScriptErrors, and naming the policy's file:line.
+#include "bindings/lua/lua_internal.h"
+
+#include "core/config_file.h"
+#include "core/log.h"
+
+#include <algorithm>
+
+namespace fsdpp::lua {
+
+namespace {
+
+// The first frame with a line: where a non-string error object was raised.
+std::string error_location(lua_State* L) {
+  lua_Debug ar;
+  for (int level = 1; lua_getstack(L, level, &ar) != 0; ++level) {
+    if (lua_getinfo(L, "Sl", &ar) != 0 && ar.currentline > 0) {
+      return std::string(ar.short_src) + ":" + std::to_string(ar.currentline) + ": ";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+PolicyRun& run_of(lua_State* L) { return **static_cast<PolicyRun**>(lua_getextraspace(L)); }
+
+std::string to_string_arg(lua_State* L, int index, const char* what) {
+  if (lua_type(L, index) != LUA_TSTRING) {
+    throw ScriptError(std::string(what) + ": expected a string, got " + luaL_typename(L, index));
+  }
+  return lua_tostring(L, index);
+}
+
+void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what) {
+  for (lua_pushnil(L); lua_next(L, table) != 0; lua_pop(L, 1)) {
+    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      const std::string near = nearest_name(key, allowed);
+      throw ScriptError(std::string(what) + ": unknown option '" + key + "'" +
+                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
+    }
+  }
+}
+
+int raw_field(lua_State* L, int table, const char* key) {
+  table = lua_absindex(L, table);
+  lua_pushstring(L, key);
+  return lua_rawget(L, table);
+}
+
+void protected_call(lua_State* L, int nargs, int nresults) {
+  const int function = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, message_handler);
+  lua_insert(L, function);
+  const int status = lua_pcall(L, nargs, nresults, function);
+  lua_remove(L, function);
+  if (status == LUA_OK) return;
+  std::string text = lua_tostring(L, -1);
+  lua_pop(L, 1);
+  throw ScriptError(text);
+}
+
+std::string caller_location(lua_State* L) {
+  // The innermost frame of the policy itself, past helpers of policies/lib, so a unit
+  // declared through a library call still points at the line that asked for it.
+  std::string first;
+  lua_Debug ar;
+  for (int level = 1; lua_getstack(L, level, &ar) != 0; ++level) {
+    if (lua_getinfo(L, "Sl", &ar) == 0 || ar.currentline <= 0) continue;
+    std::string where = std::string(ar.short_src) + ":" + std::to_string(ar.currentline);
+    if (first.empty()) first = where;
+    if (std::string(ar.source).rfind("@policies/lib/", 0) != 0) return where;
+  }
+  return first.empty() ? "policy" : first;
+}
+
+std::string chunk_name(const std::filesystem::path& script) {
+  // Shipped files are named from the repository root, so messages and golden plans read
+  // the same on every machine.
+  const auto relative = std::filesystem::relative(script, policy_dir());
+  if (!relative.empty() && *relative.begin() != "..") return "@policies/" + relative.string();
+  return "@" + script.string();
+}
+
+int message_handler(lua_State* L) {
+  std::string message;
+  if (lua_type(L, 1) == LUA_TSTRING || lua_type(L, 1) == LUA_TNUMBER) {
+    message = lua_tostring(L, 1);
+  } else {
+    message = error_location(L) + "error raised with a " + luaL_typename(L, 1) + " value (error messages are strings)";
+  }
+  luaL_traceback(L, L, message.c_str(), 1);
+  log_line(LogLevel::debug, lua_tostring(L, -1));
+  lua_pushstring(L, message.substr(0, message.find('\n')).c_str());
+  return 1;
+}
+
+}  // namespace fsdpp::lua

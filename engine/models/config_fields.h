@@ -1,0 +1,71 @@
+// Typed, range-checked reads of config.json fields, shared by the model config and its
+// sections (rope scaling, vision tower, experts, latent attention). Every error names the
+// file (or section) and key.
+#pragma once
+
+#include "core/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace fsdpp::config_fields {
+
+// Sizes beyond any model this engine can hold, and far from where size arithmetic overflows.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden, intermediate, head_dim
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+constexpr int64_t kMaxExperts = 4096;
+constexpr double kMaxParameters = 1e12;
+
+// `key` of `j` as a T; `fallback` when absent or null, unless `required`.
+template <class T>
+T read(const nlohmann::json& j, const std::string& key, const std::string& origin, const T& fallback,
+       bool required = false) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) throw UserError(origin + ": missing key '" + key + "'");
+    return fallback;
+  }
+  // JSON numbers convert silently (2.5 layers would load as 2): integers must be integers,
+  // and every number finite.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!it->is_number_integer()) throw UserError(origin + ": " + key + " must be an integer, got " + it->dump());
+  }
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    if (!it->is_array() ||
+        !std::all_of(it->begin(), it->end(), [](const nlohmann::json& v) { return v.is_number_integer(); })) {
+      throw UserError(origin + ": " + key + " must be a list of integers, got " + it->dump());
+    }
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!it->is_number() || !std::isfinite(it->get<double>())) {
+      throw UserError(origin + ": " + key + " must be a finite number, got " + it->dump());
+    }
+  }
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw UserError(origin + ": key '" + key + "' has the wrong type (" + it->type_name() + ")");
+  }
+}
+
+inline void check_range(const std::string& origin, const char* key, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max) {
+    throw UserError(origin + ": " + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                    std::to_string(value));
+  }
+}
+
+inline void check_positive(const std::string& origin, const char* key, double value) {
+  if (!(value > 0)) throw UserError(origin + ": " + key + " must be positive, got " + std::to_string(value));
+}
+
+}  // namespace fsdpp::config_fields
