@@ -5,6 +5,7 @@
 
 #include "models/document_attention.h"
 #include "models/elementwise.h"
+#include "models/joint_projection.h"
 #include "models/latent_attention.h"
 #include "models/moe.h"
 
@@ -31,10 +32,25 @@ Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
                                  const torch::Tensor& scope) {
-  const int64_t B = x.size(0), T = x.size(1);
-  auto q = (*q_proj_)(x).view({B, T, heads_, head_dim_});     // [B, T, H, D]
-  auto k = (*k_proj_)(x).view({B, T, kv_heads_, head_dim_});  // [B, T, KV, D]
-  auto v = (*v_proj_)(x).view({B, T, kv_heads_, head_dim_});
+  const int64_t B = x.size(0), T = x.size(1), q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
+  torch::Tensor q, k, v;
+  if (auto qkv = joint_projection({q_proj_.get(), k_proj_.get(), v_proj_.get()}, x); qkv.defined()) {
+    // Views of the one product [B, T, (H + 2 KV) D]; backward joins their gradients in one
+    // copy (where narrowed views would each fill a zeroed tensor of the whole width).
+    const auto parts = qkv.split_with_sizes({q_width, kv_width, kv_width}, -1);
+    q = parts[0];
+    k = parts[1];
+    // Attention keeps v for backward: without q/k norms, which keep q and k, a copy of its
+    // few columns lets the product go once RoPE has read them.
+    v = q_norm_ ? parts[2] : parts[2].contiguous();
+  } else {
+    q = (*q_proj_)(x);
+    k = (*k_proj_)(x);
+    v = (*v_proj_)(x);
+  }
+  q = q.view({B, T, heads_, head_dim_});     // [B, T, H, D]
+  k = k.view({B, T, kv_heads_, head_dim_});  // [B, T, KV, D]
+  v = v.view({B, T, kv_heads_, head_dim_});
   if (q_norm_) {
     q = (*q_norm_)(q);
     k = (*k_norm_)(k);
