@@ -41,10 +41,15 @@ struct GroupedProjection : public torch::autograd::Function<GroupedProjection> {
     const auto grad = grads[0].contiguous();  // [P, out]
     torch::autograd::variable_list result(2 + weights.size());
     if (ctx->needs_input_grad(0)) result[0] = at::_grouped_mm(grad, at::stack(weights), offsets);  // [P, in]
-    // Frozen experts (a LoRA run's base) need no weight gradients: the product is skipped.
-    if (ctx->needs_input_grad(2)) {
+    // Frozen experts (a LoRA run's base) need no weight gradients: the product is skipped
+    // when no expert needs one.
+    bool any_weight = false;
+    for (size_t e = 0; e < weights.size(); ++e) any_weight = any_weight || ctx->needs_input_grad(2 + e);
+    if (any_weight) {
       const auto per_expert = at::_grouped_mm(grad.t(), x, offsets).unbind(0);  // E x [out, in]
-      std::copy(per_expert.begin(), per_expert.end(), result.begin() + 2);
+      for (size_t e = 0; e < weights.size(); ++e) {
+        if (ctx->needs_input_grad(2 + e)) result[2 + e] = per_expert[e];
+      }
     }
     return result;
   }

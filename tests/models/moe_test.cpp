@@ -54,17 +54,19 @@ double path_bound(const ModelConfig& config, CausalLM& model, const at::Tensor& 
   return 10 * noise;
 }
 
-// Frozen experts (a LoRA run's base) still run grouped, get no gradient, and leave every
-// other gradient as it was (up to the order of a GPU's atomic sums).
-void check_frozen_experts(CausalLM& model, const at::Tensor& ids, const Pass& grouped, double bound) {
+// Frozen experts (those under `prefix`: one, or a LoRA run's whole base) still run grouped,
+// get no gradient, and leave every other gradient as it was (up to the order of a GPU's
+// atomic sums).
+void check_frozen_experts(CausalLM& model, const at::Tensor& ids, const Pass& grouped, double bound,
+                          const std::string& prefix) {
   for (const auto& p : unique_named_parameters(model)) {
-    if (p.name.starts_with(kExperts)) p.tensor.requires_grad_(false);
+    if (p.name.starts_with(prefix)) p.tensor.requires_grad_(false);
   }
   const Pass frozen = forward_backward(model, ids);
   CHECK(frozen.grouped);
   for (const auto& [name, grad] : grouped.grads) {
-    INFO("gradient of " << name << " with the experts frozen");
-    CHECK(frozen.grads.count(name) == !name.starts_with(kExperts));
+    INFO("gradient of " << name << " with " << prefix << "* frozen");
+    CHECK(frozen.grads.count(name) == !name.starts_with(prefix));
     if (frozen.grads.count(name)) CHECK(relative_error(frozen.grads.at(name), grad) < bound);
   }
 }
@@ -126,7 +128,8 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
 
   const double bound = path_bound(config, *model, ids, per_expert, dtype);
   for (auto [expert, id] : hooks) expert->remove_hook(id);
-  check_frozen_experts(*model, ids, grouped, bound);
+  check_frozen_experts(*model, ids, grouped, bound, kExperts + std::string("0."));
+  check_frozen_experts(*model, ids, grouped, bound, kExperts);
 
   CHECK(relative_error(grouped.logits, per_expert.logits) < bound);
   const int idle = check_same_gradients(grouped, per_expert, counts, bound);
