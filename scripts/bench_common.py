@@ -24,6 +24,12 @@ class BenchError(Exception):
     pass
 
 
+def routed_experts(hf_config):
+    """A MoE layer's routed experts (Qwen3-MoE's num_experts, DeepSeek-V3's n_routed_experts);
+    0 for a dense model."""
+    return getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None) or 0
+
+
 def fail(prog, msg):
     print(f"{prog}: {msg}", file=sys.stderr)
     sys.exit(2)

@@ -24,8 +24,8 @@ import sys
 import tempfile
 
 import profile_summary
-from bench_common import (LOSS_TOLERANCE, BenchError, check_trained_alike, get, read_step_records, run_main,
-                          write_initial_model)
+from bench_common import (LOSS_TOLERANCE, BenchError, check_trained_alike, get, read_step_records,
+                          routed_experts, run_main, write_initial_model)
 from fsdp_peer import load_config, torch_worker, write_initial_adapter
 from rank_processes import GpuMemory, children, free_port, rank_of, start, supervise
 
@@ -111,7 +111,7 @@ def run_torch(args, tmp, gpu):
 def idle_expert_parameters(hf_config):
     """The routed-expert weights a token does not pass through: in each MoE layer, those of
     the experts beyond its num_experts_per_tok (Qwen3-MoE's and DeepSeek-V3's layouts)."""
-    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None)
+    experts = routed_experts(hf_config)
     if not experts:
         return 0
     layers = range(hf_config.num_hidden_layers)

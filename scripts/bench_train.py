@@ -19,8 +19,8 @@ import time
 import tomllib
 
 from bench_common import (LOSS_TOLERANCE, MOE_EARLY_STEPS, MOE_LOSS_TOLERANCE, BenchError, WindowSampler,
-                          check_trained_alike, get, read_toml, lr_at, read_step_records, read_tokens, run_main,
-                          write_initial_model)
+                          check_trained_alike, get, read_toml, lr_at, read_step_records, read_tokens,
+                          routed_experts, run_main, write_initial_model)
 
 WARMUP_STEPS = 10  # steps left out of the throughput figure (allocation, thread start-up)
 
@@ -115,7 +115,7 @@ def bench(args):
         if args.model_path:
             cfg.setdefault("model", {})["path"] = args.model_path
         args.init_dir, _, hf_config = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
-        moe = getattr(hf_config, "num_experts", None) is not None
+        moe = routed_experts(hf_config) > 0
         # Checked here so a missing corpus is reported plainly rather than by a child.
         data = get(load_config(args.config, overrides(args, fsdpp_dir)), "data.train")
         if not os.path.isfile(data):

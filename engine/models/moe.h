@@ -42,9 +42,9 @@ class Experts : public Module {
 
  private:
   // Whether one grouped product (ATen's _grouped_mm: a grouped GEMM kernel for bf16 on
-  // recent GPUs, a loop of matrix products elsewhere) can compute every expert: float32,
-  // bf16 or fp16 rows whose strides are multiples of 16 bytes, and experts that are plain
-  // MLPs called without hooks (no adapter, no bias, no unit of their own).
+  // recent GPUs, a loop of matrix products on the CPU) can compute every expert: bf16 rows on
+  // a GPU, float32, bf16 or fp16 rows on the CPU, whose strides are multiples of 16 bytes, and
+  // experts that are plain MLPs called without hooks (no adapter, no bias, no unit of their own).
   bool takes_grouped_product(const torch::Tensor& tokens) const;
   torch::Tensor grouped_forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
   torch::Tensor expert_by_expert(const torch::Tensor& tokens, const std::vector<int64_t>& counts);

@@ -11,7 +11,9 @@ test only, or of the reference only, e.g. a GPU device against a reference on th
 floor first, as the gap between the reference and the same settings at world N (which
 only reorders sums), and allow F times that gap (at least F float32 epsilons).
 [--floor-limit L]: the floor itself must stay below L in losses and weights: a larger gap at
-world N is a defect the factor would otherwise excuse."""
+world N is a defect the factor would otherwise excuse.
+[--metric NAME ...]: a further figure every step must log (a MoE model's aux_loss,
+expert_load), compared step by step as the loss is."""
 import argparse
 import json
 import os
@@ -29,7 +31,7 @@ WORK = os.environ["WORK"]
 CONFIG = "tests/assets/fsdp-llama.toml"
 
 
-def run(out_dir, world, sets):
+def run(out_dir, world, sets, metrics):
     shutil.rmtree(out_dir, ignore_errors=True)
     args = ["train", CONFIG, "--set", f'train.out_dir="{out_dir}"'] + [a for s in sets for a in ("--set", s)]
     cmd = [FSDPP] + args if world == 0 else [FSDPP, "launch", "--nproc-per-node", str(world), "--"] + args
@@ -37,10 +39,15 @@ def run(out_dir, world, sets):
     if proc.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     records = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
-    losses = [r["loss"] for r in records if "loss" in r]
+    steps = [r for r in records if "loss" in r]
+    missing = sorted({m for m in metrics for r in steps if m not in r})
+    if missing:
+        sys.exit(f"FAIL: {out_dir}/metrics.jsonl lacks {', '.join(missing)} at some step")
+    losses = [r["loss"] for r in steps]
     eval_losses = [r["eval_loss"] for r in records if "eval_loss" in r]
+    figures = [r[m] for m in metrics for r in steps]
     weights = {k: v.double() for k, v in load_file(os.path.join(out_dir, "model", "model.safetensors")).items()}
-    return losses, eval_losses, weights
+    return losses, eval_losses, figures, weights
 
 
 def main():
@@ -58,6 +65,7 @@ def main():
     ap.add_argument("--floor-world", type=int, help="measure the noise floor at this world with the reference settings")
     ap.add_argument("--floor-factor", type=float, default=10.0)
     ap.add_argument("--floor-limit", type=float, help="the largest gap the floor run may itself show")
+    ap.add_argument("--metric", action="append", default=[], dest="metrics")
     args = ap.parse_args()
     if args.tolerance is None and args.floor_world is None:
         if args.dtype != "float64":
@@ -66,17 +74,19 @@ def main():
     args.sets.insert(0, f'model.dtype="{args.dtype}"')
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     base = os.path.join(WORK, "fsdp", args.name)
-    ref_losses, ref_evals, ref_weights = run(os.path.join(base, "single"), args.reference_world,
-                                            args.sets + args.reference_sets)
+    ref_losses, ref_evals, ref_figures, ref_weights = run(os.path.join(base, "single"), args.reference_world,
+                                                         args.sets + args.reference_sets, args.metrics)
     by_norm = args.weights_by_norm or bool(args.weight_tolerance)
 
-    def gaps(losses, evals, weights):
-        loss_err = max_relative(losses + evals, ref_losses + ref_evals)  # held-out losses too, when evaluated
+    def gaps(losses, evals, figures, weights):
+        # held-out losses and the further figures too
+        loss_err = max_relative(losses + evals + figures, ref_losses + ref_evals + ref_figures)
         return (loss_err, *weight_difference(weights, ref_weights, by_norm=by_norm))
 
     loss_bound, weight_bound = args.tolerance, args.weight_tolerance or args.tolerance
     if args.floor_world:
-        floor = run(os.path.join(base, f"floor{args.floor_world}"), args.floor_world, args.sets + args.reference_sets)
+        floor = run(os.path.join(base, f"floor{args.floor_world}"), args.floor_world, args.sets + args.reference_sets,
+                    args.metrics)
         floor_loss, floor_weight, _ = gaps(*floor)
         fp32_eps = 1.1920929e-07
         loss_bound = args.floor_factor * max(floor_loss, fp32_eps)
@@ -89,13 +99,15 @@ def main():
                      "more than rounding")
     failures = 0
     for world in args.worlds:
-        losses, evals, weights = run(os.path.join(base, f"world{world}"), world, args.sets + args.tested_sets)
-        loss_err, weight_err, worst = gaps(losses, evals, weights)
+        losses, evals, figures, weights = run(os.path.join(base, f"world{world}"), world, args.sets + args.tested_sets,
+                                              args.metrics)
+        loss_err, weight_err, worst = gaps(losses, evals, figures, weights)
         ok = len(losses) == len(ref_losses) and len(evals) == len(ref_evals) and loss_err < loss_bound \
             and weight_err < weight_bound and weights.keys() == ref_weights.keys()
         failures += not ok
+        also = f" (and {', '.join(args.metrics)})" if args.metrics else ""
         print(f"{'ok  ' if ok else 'FAIL'} world {world} {args.name}: {len(losses)} steps, {len(evals)} evaluations, max relative loss "
-              f"difference {loss_err:.2e}, max relative weight difference {weight_err:.2e} ({worst}); "
+              f"difference{also} {loss_err:.2e}, max relative weight difference {weight_err:.2e} ({worst}); "
               f"final loss {losses[-1]:.6f} vs one process {ref_losses[-1]:.6f}")
     sys.exit(1 if failures else 0)
 

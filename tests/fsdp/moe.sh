@@ -2,7 +2,8 @@
 # MoE models trained sharded equal one process. Qwen3-MoE (96 experts, 2 per token) on 8-token
 # rows: at world 3 a rank routes 4 x 8 x 2 = 64 slots per micro-batch, so at least 32 experts
 # get no token on each rank, and must still join every collective with a zero gradient. The
-# loss carries the load-balancing loss, whose counts are summed over the ranks. Then with
+# loss carries the load-balancing loss, whose counts are summed over the ranks; the logged
+# load-balancing loss and expert load must equal one process's at every step. Then with
 # accumulation, each layer's experts a unit of their own (gathered over 2 ranks in backward)
 # and the layers around them recomputed in backward. DeepSeek-V3 (latent attention, 96
 # experts in 4 groups, a shared expert) alike, with its routing biases moved after every step
@@ -11,7 +12,7 @@
 # as one grouped product.
 set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
-moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=8)
+moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=8 --metric aux_loss --metric expert_load)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name moe "${moe[@]}"
 "$PYTHON" tests/fsdp/check_fsdp.py 2 4 --name moe-expert-units "${moe[@]}" --set train.grad_accum=2 \
   --set 'policy.options.experts="unit"' --set policy.options.experts_reshard_after_forward=2 \
@@ -24,7 +25,8 @@ moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=
 grouped=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe-grouped"' --set data.seq_len=8)
 "$PYTHON" tests/fsdp/check_fsdp.py 3 4 --name moe-grouped --dtype float32 --floor-world 2 --floor-factor 100 --floor-limit 1e-3 \
   "${grouped[@]}" --tested-set 'policy.options.experts="unit"' --tested-set policy.options.activation_checkpoint=true
-deepseek=(--set 'model.path="tests/assets/models/fsdp-deepseek-v3"' --set data.seq_len=8 --set experts.bias_update_rate=0.01)
+deepseek=(--set 'model.path="tests/assets/models/fsdp-deepseek-v3"' --set data.seq_len=8 --set experts.bias_update_rate=0.01
+  --metric expert_load)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name deepseek "${deepseek[@]}"
 "$PYTHON" - "$WORK/fsdp/deepseek/world3/model" <<'PY'
 import sys

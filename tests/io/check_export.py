@@ -4,7 +4,8 @@ untied and a tied Llama, a Qwen3-MoE and a DeepSeek-V3 model trained 3 steps at 
 1e-5 relative of `fsdpp eval --logits` on the checkpoint itself; the export the run streamed
 at its end is bitwise the offline one; and a bfloat16 export sharded at 1 MiB has an index
 when larger than that, loads, and matches within bf16 rounding (2e-2 relative allowed;
-measured about 3e-3; DeepSeek-V3 5e-2, see below)."""
+measured about 3e-3; DeepSeek-V3 1e-1, see below). DeepSeek-V3 trains with its routing
+biases updated, and the export must carry them as moved."""
 import json
 import os
 import shutil
@@ -45,11 +46,11 @@ def relative_error(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
-def check(name, model_path, sharded_bf16, bf16_tolerance=2e-2):
+def check(name, model_path, sharded_bf16, bf16_tolerance=2e-2, sets=()):
     base = os.path.join(WORK, name)
     shutil.rmtree(base, ignore_errors=True)
     fsdpp("launch", "--nproc-per-node", "2", "--", "train", CONFIG, "--set", f'model.path="{model_path}"',
-          "--set", f'train.out_dir="{base}/run"', "--set", "train.steps=3")
+          "--set", f'train.out_dir="{base}/run"', "--set", "train.steps=3", *[a for s in sets for a in ("--set", s)])
     checkpoint = f"{base}/run/checkpoints/step-00000003"
     fsdpp("export", checkpoint, f"{base}/fp32", "--dtype", "float32")
     fsdpp("export", checkpoint, f"{base}/bf16", "--dtype", "bfloat16", "--max-shard-mb", "1")
@@ -74,7 +75,19 @@ def check(name, model_path, sharded_bf16, bf16_tolerance=2e-2):
     same = same and tied == (name == "tied")  # the export keeps the model's tying
     print(f"{'ok  ' if same else 'FAIL'} {name}: the run's streamed export equals the offline one bitwise "
           f"({len(offline)} tensors, tie_word_embeddings {tied} as the model has it)")
-    return ok and same
+    return ok and same and moved_biases_exported(name, offline)
+
+
+def moved_biases_exported(name, exported):
+    """DeepSeek-V3's routing biases start at zero, which transformers would also give a
+    missing one: the export must carry them as the bias update moved them."""
+    biases = [v for k, v in exported.items() if k.endswith("e_score_correction_bias")]
+    if not biases:
+        return True
+    moved = all(b.abs().max() > 0 for b in biases)
+    print(f"{'ok  ' if moved else 'FAIL'} {name}: the export carries {len(biases)} routing biases, "
+          f"moved from zero by the bias update: {moved}")
+    return moved
 
 
 def main():
@@ -83,8 +96,10 @@ def main():
     ok &= check("tied", "examples/models/tiny-llama", sharded_bf16=True)  # 3.2 MB in bf16: 4 shards
     ok &= check("qwen3_moe", "tests/assets/models/fsdp-qwen3-moe", sharded_bf16=False)  # 0.3 MB in bf16
     # Rounding its weights to bf16 moves some tokens to other experts, whose outputs the
-    # routed_scaling_factor of 2.5 enlarges: measured about 1.6e-2.
-    ok &= check("deepseek_v3", "tests/assets/models/fsdp-deepseek-v3", sharded_bf16=False, bf16_tolerance=5e-2)
+    # routed_scaling_factor of 2.5 enlarges; routing biases moved to within a few hundredths of
+    # each other leave more ties for the rounding to break: measured about 3.9e-2.
+    ok &= check("deepseek_v3", "tests/assets/models/fsdp-deepseek-v3", sharded_bf16=False, bf16_tolerance=1e-1,
+                sets=["experts.bias_update_rate=0.01"])
     sys.exit(0 if ok else 1)
 
 

@@ -114,7 +114,9 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
   const auto ids = at::randint(0, 50, {1, tokens}, at::TensorOptions(at::kLong).device(device));  // [B, T]
 
   const Pass grouped = forward_backward(*model, ids);
-  REQUIRE(grouped.grouped);
+  // A GPU groups bf16 alone: float32 would take ATen's loop, which syncs at every product.
+  REQUIRE(grouped.grouped == (!on_gpu || dtype == at::kBFloat16));
+  if (!grouped.grouped) return;
   const auto counts = model->routing()->layers.at(0).counts;  // [E]
   // A hook on every expert makes each one a module call of its own: one product per expert.
   std::vector<std::pair<Module*, int>> hooks;

@@ -69,9 +69,10 @@ MODELS = {
                                  num_experts_per_tok=3, moe_intermediate_size=20, norm_topk_prob=True,
                                  mlp_only_layers=[1], router_aux_loss_coef=0.05, output_router_logits=True,
                                  tie_word_embeddings=False), {}),
+    # Every second layer MoE (decoder_sparse_step), the first dense.
     "qwen3_moe_unnormed": (8, Qwen3MoeForCausalLM,
                            Qwen3MoeConfig(**COMMON, head_dim=12, num_experts=5, num_experts_per_tok=2,
-                                          moe_intermediate_size=18, norm_topk_prob=False,
+                                          moe_intermediate_size=18, norm_topk_prob=False, decoder_sparse_step=2,
                                           router_aux_loss_coef=0.05, output_router_logits=True,
                                           tie_word_embeddings=True), {}),
     # Latent attention with a query bottleneck, YaRN with both mscales, interleaved rotary

@@ -2,9 +2,11 @@
 of tests/assets/fsdp-llama.toml trains 10 steps, saving at step 5; resuming that checkpoint
 at world 2 must give bitwise the same losses and final weights, and at world 1, 3 and 2x2
 HSDP (the shards re-cut for each) the same within compare.FLOAT64_BOUND (the runs are
-float64; only reduction orders differ); a Qwen3-MoE model saved at world 2 resumes at 3 alike. Also: "latest" picks the newest checkpoint, rotation keeps `keep` of them, the
-metrics file of a resumed run holds each step once, and a data stream the saved position
-cannot carry over to (another seq_len) is refused with the reason."""
+float64; only reduction orders differ); a Qwen3-MoE model, and a DeepSeek-V3 one whose
+routing biases move after every step, saved at world 2 resume at 3 alike. Also: "latest"
+picks the newest checkpoint, rotation keeps `keep` of them, the metrics file of a resumed run
+holds each step once, and a data stream the saved position cannot carry over to (another
+seq_len) is refused with the reason."""
 import json
 import os
 import shutil
@@ -69,15 +71,17 @@ def main():
         train(out, world, sets + [f'checkpoint.resume="{saved}"'])
         ok &= compare(name, out, ref, tolerance)
 
-    # A MoE model (a few hundred tensors, experts that get no token on some rank) saved at
-    # world 2 resumes at world 3 with its shards re-cut.
-    moe = ['model.path="tests/assets/models/fsdp-qwen3-moe"', "data.seq_len=8"]
-    moe_ref = os.path.join(WORK, "moe-uninterrupted")
-    train(moe_ref, 2, moe + ["checkpoint.save_every=5", "checkpoint.keep=0"])
-    moe_saved = os.path.join(moe_ref, "checkpoints", "step-00000005")
-    out = os.path.join(WORK, "moe-2-3")
-    train(out, 3, moe + [f'checkpoint.resume="{moe_saved}"'])
-    ok &= compare("MoE world 2 -> 3", out, moe_ref, FLOAT64_BOUND)
+    # MoE models (a few hundred tensors, experts that get no token on some rank) saved at
+    # world 2 resume at world 3 with their shards re-cut; DeepSeek-V3's routing biases, moved
+    # by the step's counts, are among the weights compared.
+    for family, extra in (("qwen3-moe", []), ("deepseek-v3", ["experts.bias_update_rate=0.01"])):
+        moe = [f'model.path="tests/assets/models/fsdp-{family}"', "data.seq_len=8"] + extra
+        moe_ref = os.path.join(WORK, f"{family}-uninterrupted")
+        train(moe_ref, 2, moe + ["checkpoint.save_every=5", "checkpoint.keep=0"])
+        moe_saved = os.path.join(moe_ref, "checkpoints", "step-00000005")
+        out = os.path.join(WORK, f"{family}-2-3")
+        train(out, 3, moe + [f'checkpoint.resume="{moe_saved}"'])
+        ok &= compare(f"{family} world 2 -> 3", out, moe_ref, FLOAT64_BOUND)
 
     # Resuming into the same directory with "latest": a run that ended after step 7 (with
     # checkpoints at 3 and 6, keep = 2) continues from step 6 and records each step once. A
