@@ -5,10 +5,12 @@ document's end, and a loss mask marking which tokens are training targets
 [data] train_on = "completion" it learns only the marked tokens.
 
 Inputs, by extension:
-  .txt             one document per file
+  .txt             one document per file: its text as it is (a leading byte-order mark dropped)
   .jsonl, .parquet one record per line or row:
                    {"messages": [{"role": ..., "content": ...}, ...]}  a chat; only the
-                       assistant turns (with their end-of-turn tokens) are targets; under a
+                       assistant turns (with their end-of-turn tokens) are targets: the
+                       tokens of what each adds to the rendering past the generation prompt,
+                       as transformers' assistant mask marks a {% generation %} block; under a
                        template that rewrites earlier turns (dropping past reasoning), a
                        document per assistant turn, rendered as the template shows it
                    {"prompt": ..., "completion": ...}   only the completion is a target
@@ -20,27 +22,23 @@ Tokenizer: --tokenizer DIR, a Hugging Face model directory (tokenizer.json, and 
 template of tokenizer_config.json, applied through transformers); without it every byte is a
 token and 256 ends a document (vocab 257, no chat template).
 
-A bad record is reported as FILE:LINE and the reason, and ends the run with exit status 2;
-with --skip-bad it is counted and skipped."""
+A bad record is reported as FILE:LINE (or FILE:ROW) and the reason, and ends the run with
+exit status 2; with --skip-bad it is counted and skipped. On a terminal, a progress bar per
+input file (bytes read, or rows) goes to stderr; stdout holds only the closing summary."""
 import argparse
-import json
 import os
 import struct
 import sys
+from array import array
+
+from tqdm import tqdm
+
+from input_records import KINDS, BadRecord, PlainText, Refused, fail, first_line, open_input
 
 MAGIC = b"FSDPTOK\x00"
 HEADER = struct.Struct("<8sIIQQQII")
 FLAG_MASK = 1
 BYTE_EOS = 256
-
-
-class BadRecord(Exception):
-    pass
-
-
-def fail(message):
-    print(f"prepare_data: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 class ByteTokenizer:
@@ -60,20 +58,38 @@ class HfTokenizer:
             from transformers import AutoTokenizer
             self.tok = AutoTokenizer.from_pretrained(path)
         except Exception as e:  # any failure to load is the user's directory
-            fail(f"cannot load the tokenizer of {path}: {str(e).splitlines()[0]}")
+            fail(f"cannot load the tokenizer of {path}: {first_line(e)}")
         if self.tok.eos_token_id is None:
             fail(f"{path}: the tokenizer has no end-of-text token (eos_token)")
         self.eos_id = self.tok.eos_token_id
         self.vocab_size = len(self.tok)
 
     def encode(self, text):
-        return self.tok.encode(text, add_special_tokens=False)
+        # verbose=False: a document longer than the model's context is no concern here.
+        return self.tok.encode(text, add_special_tokens=False, verbose=False)
 
     def render(self, messages, generation_prompt=False):
+        """The template's text of messages, as apply_chat_template renders it."""
         try:
-            return list(self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt))
+            if not messages:  # the generation prompt alone; transformers reads a list of lists as a batch
+                return self.tok.apply_chat_template([[]], tokenize=False, add_generation_prompt=generation_prompt)[0]
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
         except Exception as e:  # the template's own refusals (roles out of turn, an unknown role)
-            raise BadRecord(f"the chat template refuses it: {str(e).splitlines()[0]}")
+            what = "the generation prompt that opens the chat" if not messages else "it"
+            raise BadRecord(f"the chat template refuses {what}: {first_line(e)}")
+
+    def tokenize(self, text, spans):
+        """(tokens, mask) of a rendered conversation: its tokens as apply_chat_template makes
+        them, each marked where it holds a character of the learned spans, as transformers'
+        assistant mask marks the tokens of a {% generation %} block (a token that merges the
+        generation prompt's end with a turn's start is learned)."""
+        encoded = self.tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        mask, span = [], 0
+        for begin, end in encoded["offset_mapping"]:
+            while span < len(spans) and spans[span][1] <= begin:
+                span += 1
+            mask.append(int(span < len(spans) and spans[span][0] < max(end, begin + 1)))
+        return list(encoded["input_ids"]), mask
 
     def chat(self, messages):
         """The conversation as documents of (tokens, mask), each assistant turn's tokens past
@@ -84,39 +100,51 @@ class HfTokenizer:
         renders it, with that turn alone learned: what the model is shown when it answers."""
         if self.tok.chat_template is None:
             raise BadRecord("the tokenizer has no chat template")
+        if not self.tok.is_fast:
+            raise BadRecord("a chat needs a fast tokenizer (tokenizer.json) to find each turn's tokens")
         whole = self.prefix_rendering(messages)
         if whole is not None:
-            return [whole]
+            return [self.tokenize(*whole)]
         turns = []
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            context = self.render(messages[:k], generation_prompt=True) if k else []
+            context = self.render(messages[:k], generation_prompt=True)
             full = self.render(messages[:k + 1])
-            if full[:len(context)] != context:
+            if not full.startswith(context):
                 raise BadRecord(f"the chat template renders assistant message {k} without the generation prompt "
                                 "it renders before it")
-            turns.append((full, [0] * len(context) + [1] * (len(full) - len(context))))
+            turns.append(self.tokenize(full, [(len(context), len(full))]))
         return turns
 
     def prefix_rendering(self, messages):
-        """(tokens, mask) of the conversation rendered message by message, or None where the
-        template renders a message by changing what came before it."""
-        ids, mask = [], []
+        """(text, learned character spans) of the conversation rendered message by message, or
+        None where the template renders a message by changing what came before it. An
+        assistant message's span is what it adds past the generation prompt: under ChatML,
+        everything after "<|im_start|>assistant\n", its content, "<|im_end|>" and the newline."""
+        text, spans = "", []
         for k, message in enumerate(messages):
-            context = self.render(messages[:k], generation_prompt=message["role"] == "assistant") if k else []
+            assistant = message["role"] == "assistant"
+            context = self.render(messages[:k], generation_prompt=assistant) if k or assistant else ""
             full = self.render(messages[:k + 1])
-            if full[:len(ids)] != ids or full[:len(context)] != context:
+            if not full.startswith(text) or not full.startswith(context):
                 return None
-            target = 1 if message["role"] == "assistant" else 0
-            mask += [0] * (len(context) - len(ids)) + [target] * (len(full) - len(context))
-            ids = full
-        return ids, mask
+            if assistant:
+                spans.append((max(len(text), len(context)), len(full)))
+            text = full
+        return text, spans
 
 
 def documents(tokenizer, record, text_field):
     """The documents of one record as (tokens, mask), without end-of-text tokens: one, or for a
     chat under a template that rewrites earlier turns, one per assistant turn."""
+    if isinstance(record, BadRecord):  # a line that is not JSON
+        raise record
+    if isinstance(record, PlainText):
+        if not record:
+            raise BadRecord("an empty document")
+        ids = tokenizer.encode(record)
+        return [(ids, [1] * len(ids))]
     if not isinstance(record, dict):
         raise BadRecord("not a JSON object")
     # Parquet rows hold every column, null where a record has no such field.
@@ -142,55 +170,74 @@ def documents(tokenizer, record, text_field):
     return [(ids, [1] * len(ids))]
 
 
-def records(path, text_field):
-    """(line or row number, record) of one input file."""
-    ext = os.path.splitext(path)[1].lower()
-    try:
-        if ext == ".txt":
-            with open(path, encoding="utf-8") as f:
-                yield 1, {text_field: f.read()}
-        elif ext == ".jsonl":
-            with open(path, encoding="utf-8") as f:
-                for number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        yield number, json.loads(line)
-                    except json.JSONDecodeError as e:
-                        yield number, BadRecord(f"not JSON ({e.msg} at column {e.colno})")
-        elif ext == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                fail(f"{path}: reading Parquet needs the pyarrow package")
-            try:
-                rows = pq.read_table(path).to_pylist()
-            except Exception as e:  # a file pyarrow cannot read is the user's
-                fail(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})")
-            yield from enumerate(rows, 1)
-        else:
-            fail(f"{path}: unknown input kind (.txt, .jsonl or .parquet)")
-    except OSError as e:
-        fail(f"cannot read {path}: {e.strerror}")
-    except UnicodeDecodeError as e:
-        fail(f"{path} is not valid UTF-8 ({e.reason} at byte {e.start})")
-
 
 def write(out, tokens, ends, mask, vocab):
     width = 2 if vocab <= 65536 else 4
+    packed = tokens if tokens.itemsize == width else array("H" if width == 2 else "I", tokens)
+    ends = array("Q", ends)
+    if sys.byteorder != "little":
+        packed.byteswap()
+        ends.byteswap()
     tmp = out + ".tmp"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(HEADER.pack(MAGIC, 2, width, len(tokens), vocab, len(ends), FLAG_MASK, 0))
-            f.write(struct.pack(f"<{len(tokens)}{'H' if width == 2 else 'I'}", *tokens))
-            f.write(struct.pack(f"<{len(ends)}Q", *ends))
-            f.write(bytes(mask))
+            f.write(packed.tobytes())
+            f.write(ends.tobytes())
+            f.write(mask)
         os.replace(tmp, out)
     except OSError as e:
         if os.path.exists(tmp):
             os.remove(tmp)
         fail(f"cannot write {out}: {e.strerror}")
+
+
+def prepare(args):
+    for path in args.inputs:  # refused before any work: a file no reader takes, or none at all
+        if os.path.splitext(path)[1].lower() not in KINDS:
+            fail(f"{path}: unknown input kind (.txt, .jsonl or .parquet)")
+        try:
+            os.stat(path)
+        except OSError as e:
+            fail(f"cannot read {path}: {e.strerror}")
+    tokenizer = HfTokenizer(args.tokenizer) if args.tokenizer else ByteTokenizer()
+    # Held as the file holds them: 2 bytes a token where the vocabulary allows.
+    tokens, ends, mask, skipped = array("H" if tokenizer.vocab_size <= 65536 else "I"), [], bytearray(), 0
+    for path in args.inputs:
+        size, unit, rows = open_input(path)
+        # On a terminal only (disable=None), on stderr; stdout keeps the one summary line.
+        with tqdm(total=size, unit=unit, unit_scale=unit == "B", unit_divisor=1024 if unit == "B" else 1000,
+                  desc=os.path.basename(path), file=sys.stderr, disable=None, leave=False, dynamic_ncols=True) as bar:
+            for number, record, read in rows:
+                try:
+                    parts = documents(tokenizer, record, args.text_field) if record is not None else []
+                except BadRecord as e:
+                    if not args.skip_bad:
+                        fail(f"{path}:{number}: {e} (--skip-bad skips such records)")
+                    skipped += 1
+                    parts = []
+                for ids, marks in parts:
+                    # One end-of-text token, learned where the document ends on something learned
+                    # (not after a chat's closing user turn); a template may have written it already.
+                    if not ids or ids[-1] != tokenizer.eos_id:
+                        ids, marks = ids + [tokenizer.eos_id], marks + [marks[-1] if marks else 1]
+                    try:
+                        tokens.fromlist(ids)  # all or nothing
+                    except OverflowError:  # an id past the vocabulary: 4 bytes a token after all
+                        tokens = array("I", tokens)
+                        tokens.fromlist(ids)
+                    mask.extend(marks)
+                    ends.append(len(tokens))
+                if bar.update(read):
+                    bar.set_postfix_str(f"{len(ends)} documents, {len(tokens)} tokens", refresh=False)
+    if not ends:
+        fail("no documents in the inputs")
+    # Every token below the vocabulary the file names, even from a tokenizer whose ids skip some.
+    vocab = max(tokenizer.vocab_size, max(tokens) + 1)
+    write(args.out, tokens, ends, mask, vocab)
+    print(f"wrote {args.out}: {len(ends)} documents, {len(tokens)} tokens ({sum(mask)} targets), "
+          f"vocab {vocab}" + (f"; skipped {skipped} bad records" if skipped else ""))
 
 
 def main():
@@ -201,39 +248,11 @@ def main():
     ap.add_argument("--tokenizer", metavar="DIR", help="Hugging Face model directory whose tokenizer to use")
     ap.add_argument("--text-field", default="text", help="the field of a plain document record (default: text)")
     ap.add_argument("--skip-bad", action="store_true", help="skip and count bad records instead of stopping")
-    args = ap.parse_args()
-
-    tokenizer = HfTokenizer(args.tokenizer) if args.tokenizer else ByteTokenizer()
-    tokens, ends, mask, skipped = [], [], [], 0
-    progress = sys.stderr.isatty()
-    for path in args.inputs:
-        for number, record in records(path, args.text_field):
-            try:
-                if isinstance(record, BadRecord):
-                    raise record
-                parts = documents(tokenizer, record, args.text_field)
-            except BadRecord as e:
-                if not args.skip_bad:
-                    fail(f"{path}:{number}: {e} (--skip-bad skips such records)")
-                skipped += 1
-                continue
-            for ids, marks in parts:
-                # One end-of-text token, learned where the document ends on something learned
-                # (not after a chat's closing user turn); a template may have written it already.
-                if not ids or ids[-1] != tokenizer.eos_id:
-                    ids, marks = ids + [tokenizer.eos_id], marks + [marks[-1] if marks else 1]
-                tokens += ids
-                mask += marks
-                ends.append(len(tokens))
-            if progress and len(ends) % 1000 == 0:
-                print(f"\rprepare_data: {len(ends)} documents, {len(tokens)} tokens", end="", file=sys.stderr)
-    if progress:
-        print(file=sys.stderr)
-    if not ends:
-        fail("no documents in the inputs")
-    write(args.out, tokens, ends, mask, tokenizer.vocab_size)
-    print(f"wrote {args.out}: {len(ends)} documents, {len(tokens)} tokens ({sum(mask)} targets), "
-          f"vocab {tokenizer.vocab_size}" + (f"; skipped {skipped} bad records" if skipped else ""))
+    try:
+        prepare(ap.parse_args())
+    except Refused as e:
+        print(f"prepare_data: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

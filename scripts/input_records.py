@@ -1,0 +1,105 @@
+"""The records of prepare_data.py's input files: .txt files whole, JSONL line by line, Parquet
+row by row, each with its line or row number and how far it got into the file (for the
+progress bar); and the errors that refuse a record or the whole run."""
+import codecs
+import json
+import os
+
+KINDS = (".txt", ".jsonl", ".parquet")
+
+
+class BadRecord(Exception):
+    pass
+
+
+class Refused(Exception):
+    """Ends the run with the message and exit status 2, once every progress bar is closed."""
+
+
+def fail(message):
+    raise Refused(message)
+
+
+def first_line(e):
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+class PlainText(str):
+    """A .txt file's text: one document, whatever --text-field names."""
+
+
+def decode(path, data, at):
+    """data, the bytes at offset `at` of path, as text; a leading byte-order mark dropped."""
+    skip = len(codecs.BOM_UTF8) if at == 0 and data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"{path} is not valid UTF-8 ({e.reason} at byte {at + skip + e.start})")
+
+
+def open_input(path):
+    """(size, unit, records) of one input file: its bytes (.txt, .jsonl) or rows (.parquet),
+    and an iterator of (line or row number, record, bytes or rows read); a blank line's
+    record is None, a line that is not JSON's a BadRecord."""
+    ext = os.path.splitext(path)[1].lower()
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    if ext != ".parquet":
+        return os.fstat(f.fileno()).st_size, "B", text_records(path, f, ext)
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        f.close()
+        fail(f"{path}: reading Parquet needs the pyarrow package")
+    try:
+        table = pq.ParquetFile(f)
+        rows = table.metadata.num_rows
+    except Exception as e:  # a file pyarrow cannot read is the user's
+        f.close()
+        fail(f"{path}: not a readable Parquet file ({first_line(e)})")
+    return rows, "row", parquet_records(path, f, table)
+
+
+def text_records(path, f, ext):
+    with f:
+        try:
+            if ext == ".txt":
+                data = f.read()
+                yield 1, PlainText(decode(path, data, 0)), len(data)
+                return
+            at = 0
+            for number, line in enumerate(f, 1):
+                try:
+                    text = line.decode("utf-8") if at else decode(path, line, 0)
+                except UnicodeDecodeError:
+                    decode(path, line, at)  # refuses the file, naming the byte
+                read = len(line)
+                at += read
+                if not text.strip():
+                    yield number, None, read
+                    continue
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError as e:
+                    record = BadRecord(f"not JSON ({e.msg} at column {e.colno})")
+                yield number, record, read
+        except OSError as e:
+            fail(f"cannot read {path}: {e.strerror}")
+
+
+def parquet_records(path, f, table):
+    with f:
+        batches, number = table.iter_batches(batch_size=1024), 0
+        while True:
+            try:
+                batch = next(batches, None)
+                rows = None if batch is None else batch.to_pylist()
+            except Exception as e:  # a damaged page past the footer
+                fail(f"{path}: not a readable Parquet file ({first_line(e)})")
+            if rows is None:
+                return
+            for row in rows:
+                number += 1
+                yield number, row, 1
