@@ -25,7 +25,7 @@ struct StepMetrics {
   int64_t tokens = 0;        // trained so far
   double eta_s = 0.0;        // time left at this run's pace so far
   double host_peak_gb = 0.0; // peak resident memory of the process
-  std::optional<double> mfu;                  // model FLOPs utilisation (a GPU with peak_tflops)
+  std::optional<double> mfu;                  // model FLOPs utilisation (with peak_tflops)
   std::optional<double> device_allocated_gb;  // a GPU's peak allocated and reserved memory
   std::optional<double> device_reserved_gb;
   std::optional<double> aux_loss;             // a MoE model's load-balancing loss, unweighted

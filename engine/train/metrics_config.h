@@ -11,7 +11,7 @@ class ConfigSection;
 struct MetricsConfig {
   std::string jsonl;               // JSONL output; "" means <train.out_dir>/metrics.jsonl
   std::string tensorboard;         // TensorBoard event files; "" means <train.out_dir>/tensorboard
-  double peak_tflops = 0.0;        // a GPU's dense peak TFLOP/s at the compute dtype, for MFU; 0: no MFU
+  double peak_tflops = 0.0;        // one rank's device's dense peak TFLOP/s at the compute dtype, for MFU; 0: no MFU
   std::string progress = "auto";   // progress bar: "auto" (on a terminal), "always", "never"
   int64_t profile_step = 0;        // > 0: trace that step into <train.out_dir>/profile-step-N-rank-R.json
 

@@ -110,8 +110,8 @@ double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq
          6.0 * static_cast<double>(model.num_hidden_layers * model.num_attention_heads * seq_len * head_widths);
 }
 
-// The figures of a step beyond its loss: pace, time left, memory and, on a GPU with a stated
-// peak, model FLOPs utilisation over every rank.
+// The figures of a step beyond its loss: pace, time left, memory and, with a stated peak, model
+// FLOPs utilisation over every rank.
 void measure(StepMetrics& m, const RunConfig& config, const Session& s, int64_t first_step,
              Clock::time_point start, Clock::time_point step_start, double step_flops) {
   const int64_t step_tokens = config.train.grad_accum * config.data.batch_size * config.data.seq_len;
@@ -124,9 +124,9 @@ void measure(StepMetrics& m, const RunConfig& config, const Session& s, int64_t 
   if (const auto memory = device_peak_memory(s.device)) {
     m.device_allocated_gb = memory->allocated_gb;
     m.device_reserved_gb = memory->reserved_gb;
-    if (config.metrics.peak_tflops > 0) {
-      m.mfu = step_flops / step_s / (config.metrics.peak_tflops * 1e12 * s.comm->size());
-    }
+  }
+  if (config.metrics.peak_tflops > 0) {
+    m.mfu = step_flops / step_s / (config.metrics.peak_tflops * 1e12 * s.comm->size());
   }
 }
 

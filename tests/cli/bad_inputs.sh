@@ -63,6 +63,13 @@ expect "unknown train_on" "[data] train_on: 'prompts' is not one of all, complet
 expect "completion without a loss mask" "ok.tok: [data] train_on = \"completion\" needs a token file with a loss mask" \
   -- train "$work/ok.toml" --set 'data.train_on="completion"'
 
+expect "packing = false on a stream without document ends" \
+  "ok.tok: [data] packing = false gives each document a row, and this file is one stream" \
+  -- train "$work/ok.toml" --set data.packing=false
+
+expect "completion on a multimodal dataset" "[data] train_on = \"completion\" is for token files" \
+  -- train "$work/ok.toml" --set "data.train=\"$work\"" --set 'data.train_on="completion"'
+
 expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda" \
   -- train "$work/ok.toml" --set 'parallel.device="tpu"'
 

@@ -7,7 +7,8 @@ packs the documents into rows (best fit, longest first, long ones cut into piece
 attention stays inside each document: its first-step loss with train_on = "completion"
 equals transformers' mean cross entropy over the marked targets of each piece run alone, and
 so does `fsdpp eval`'s; 2 and 3 ranks, two accumulated micro-batches and a resume mid-epoch
-equal one uninterrupted process; packing = false refuses a document longer than a row. All
+(in file order and shuffled) equal one uninterrupted process, and so do held-out losses at
+2 ranks; packing = false refuses a document longer than a row. All
 in float64: ranks, accumulation and resume within tests/compare.py's FLOAT64_BOUND;
 transformers within TRANSFORMERS_BOUND, as its rotary tables are computed in float32 whatever
 the model's dtype."""
@@ -115,10 +116,14 @@ def run(name, *sets, nproc=1, expect_rc=0):
     return run_dir, proc
 
 
-def train(name, *sets, nproc=1):
+def train(name, *sets, nproc=1, key="loss"):
+    """{step: loss} of a run, or of its held-out evaluations with key="eval_loss"."""
     run_dir, _ = run(name, *sets, nproc=nproc)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r and "eval_loss" not in r}
+        records = list(map(json.loads, f))
+    if key == "loss":
+        records = [r for r in records if "eval_loss" not in r]
+    return {r["step"]: r[key] for r in records if key in r}
 
 
 def gap(losses, reference):
@@ -140,6 +145,24 @@ def mean_loss(model, tokens, mask, chosen):
             total += torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum").item()
             count += learned
     return total / count
+
+
+def shuffled_and_held_out():
+    """Shuffled rows, two to a step so that steps draw different rows: a resume mid-epoch at
+    another world size continues the same order. Held-out documents evaluated at 2 ranks give
+    one process's losses."""
+    shuffled = ("data.shuffle=true", "data.batch_size=2")
+    mixed = train("shuffled", *shuffled, "checkpoint.save_every=2")
+    in_order = train("in-order", "data.batch_size=2")
+    assert gap(mixed, in_order) > 1e-3, (mixed, in_order)  # the order did change
+    saved = os.path.join(WORK, "shuffled", "checkpoints", "step-00000002")
+    held_out = ("data.eval_fraction=0.3", "train.eval_every=2")
+    evaluated = train("held-out", *held_out, key="eval_loss")
+    assert sorted(evaluated) == [2, 4], evaluated
+    return {"shuffled, resumed after step 2 at 2 ranks vs uninterrupted":
+            (gap(train("shuffled-resumed", *shuffled, f'checkpoint.resume="{saved}"', nproc=2), mixed), FLOAT64_BOUND),
+            "held-out losses at 2 ranks vs 1":
+            (gap(train("held-out-two", *held_out, nproc=2, key="eval_loss"), evaluated), FLOAT64_BOUND)}
 
 
 def main():
@@ -179,6 +202,7 @@ def main():
                                            FLOAT64_BOUND),
             "resumed after step 2 at 2 ranks vs uninterrupted":
                 (gap(train("resumed", f'checkpoint.resume="{saved}"', nproc=2), one), FLOAT64_BOUND)}
+    gaps.update(shuffled_and_held_out())
     everything = train("all", 'data.train_on="all"')
     _, refused = run("unpacked", "data.packing=false", expect_rc=2)
     errors = [l for l in refused.stderr.splitlines() if l.startswith("fsdpp: error:")]
