@@ -140,6 +140,7 @@ class ParameterClaims {
       resolved.expert_param_bytes += bytes;
       r.expert_numel += t.numel();
       r.expert_numel_per_rank += per_rank;
+      r.expert_bytes_per_rank += bytes;
     }
   }
 
