@@ -1,7 +1,8 @@
 // Attention over packed documents: whichever scope attention_scope picks (a mask on the CPU
 // and for float32; the variable-length flash kernel for bf16 on a GPU, when the test runs on
 // one), each document's outputs and gradients are those of causal attention over that
-// document alone, and a packed model gives each document the logits it gives it alone.
+// document alone, and a packed model gives each document the logits it gives it alone and
+// the parameter gradients of each document alone, summed.
 #include "core/module_tree.h"
 #include "models/document_attention.h"
 #include "models/registry.h"
@@ -11,6 +12,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
+
+#include <functional>
+#include <map>
 
 using namespace fsdpp;
 
@@ -58,6 +62,49 @@ at::Tensor each_document_alone(const at::Tensor& q, const at::Tensor& k, const a
     rows[r] = at::cat(in_row, 2);  // [1, H, T, Dv]
   }
   return at::cat(rows, 0);
+}
+
+using Gradients = std::map<std::string, at::Tensor>;  // float64, by parameter name
+
+Gradients gradients(CausalLM& model, const std::function<at::Tensor()>& loss) {
+  for (const auto& p : unique_named_parameters(model)) p.tensor.mutable_grad() = at::Tensor();
+  loss().backward();
+  Gradients grads;
+  for (const auto& p : unique_named_parameters(model)) grads[p.name] = p.tensor.grad().to(at::kDouble);
+  return grads;
+}
+
+// A loss over every position: the rows hold no padding, so the packed rows' loss is the sum
+// of each document's alone.
+at::Tensor packed_loss(CausalLM& model, const at::Tensor& ids) {
+  return model(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)}).to(at::kDouble).square().sum();
+}
+
+at::Tensor documents_alone_loss(CausalLM& model, const at::Tensor& ids) {
+  at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(ids.device()));
+  for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
+    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
+    total = total + model(ids[row].narrow(0, begin, length).unsqueeze(0)).to(at::kDouble).square().sum();
+  }
+  return total;
+}
+
+// The Llama both packed-model tests run, with token ids [B, T] on its device.
+struct PackedLlama {
+  ModelConfig config;
+  std::shared_ptr<CausalLM> model;
+  at::Tensor ids;  // [B, T]
+};
+
+PackedLlama packed_llama(const Setting& where) {
+  auto config = ModelConfig::from_json(
+      {{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 64}, {"intermediate_size", 96},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}},
+      "document_attention_test");
+  auto model = build_model(config, at::TensorOptions(where.dtype).device(where.device));
+  init_parameters(*model, /*seed=*/3, config.initializer_range);
+  auto ids = at::randint(0, 37, {B, T}, at::TensorOptions(at::kLong).device(where.device));
+  return {std::move(config), std::move(model), std::move(ids)};
 }
 
 }  // namespace
@@ -115,24 +162,19 @@ TEST_CASE("a packed Llama gives each document the logits it gives that document 
   const auto where = setting(GENERATE(0, 1, 2));
   if (!where) return;
   INFO(where->device << " " << where->dtype);
-  const auto config = ModelConfig::from_json(
-      {{"model_type", "llama"}, {"vocab_size", 37}, {"hidden_size", 64}, {"intermediate_size", 96},
-       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}},
-      "document_attention_test");
-  auto model = build_model(config, at::TensorOptions(where->dtype).device(where->device));
-  init_parameters(*model, /*seed=*/3, config.initializer_range);
-
-  const auto ids = at::randint(0, 37, {B, T}, at::TensorOptions(at::kLong).device(where->device));  // [B, T]
-  const auto packed = (*model)(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
+  const PackedLlama llama = packed_llama(*where);
+  CausalLM& model = *llama.model;
+  const at::Tensor& ids = llama.ids;  // [B, T]
+  const auto packed = model(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
   CHECK(backward_runs(packed, "FlashAttentionBackward0") == where->flash());
   at::NoGradGuard no_grad;
-  const auto twin = float64_twin(config, *model);
+  const auto twin = float64_twin(llama.config, model);
   std::vector<at::Tensor> alone;  // each document's logits [L, V] computed alone
   double noise = 0;
   for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
     const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
     const auto document = ids[row].narrow(0, begin, length).unsqueeze(0);  // [1, L]
-    alone.push_back((*model)(document)[0].to(at::kDouble));
+    alone.push_back(model(document)[0].to(at::kDouble));
     noise = std::max(noise, relative_error(alone.back(), (*twin)(document)[0]));
   }
   INFO("rounding noise " << noise);
@@ -140,5 +182,28 @@ TEST_CASE("a packed Llama gives each document the logits it gives that document 
     const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T;
     INFO("document " << s);
     CHECK(relative_error(packed[row].narrow(0, begin, alone[s].size(0)).to(at::kDouble), alone[s]) < kNoiseFactor * noise);
+  }
+}
+
+TEST_CASE("a packed Llama's parameter gradients are the sum of each document's alone", "[models][gpu]") {
+  const auto where = setting(GENERATE(0, 1, 2));
+  if (!where) return;
+  INFO(where->device << " " << where->dtype);
+  const PackedLlama llama = packed_llama(*where);
+  CausalLM& model = *llama.model;
+  const at::Tensor& ids = llama.ids;  // [B, T]
+  CHECK(backward_runs(packed_loss(model, ids), "FlashAttentionBackward0") == where->flash());
+
+  const Gradients packed = gradients(model, [&] { return packed_loss(model, ids); });
+  const Gradients alone = gradients(model, [&] { return documents_alone_loss(model, ids); });
+  const auto twin = float64_twin(llama.config, model);
+  const Gradients truth = gradients(*twin, [&] { return documents_alone_loss(*twin, ids); });
+  double noise = 0;
+  for (const auto& [name, grad] : alone) noise = std::max(noise, relative_error(grad, truth.at(name)));
+  INFO("rounding noise " << noise);
+  REQUIRE(packed.size() == alone.size());
+  for (const auto& [name, grad] : packed) {
+    INFO(name);
+    CHECK(relative_error(grad, alone.at(name)) < kNoiseFactor * noise);
   }
 }
