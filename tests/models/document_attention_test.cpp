@@ -1,6 +1,6 @@
 // Attention over packed documents: whichever scope attention_scope picks (a mask on the CPU
-// and for float32; the variable-length flash kernel for bf16 on a GPU, when the test runs on
-// one), each document's outputs and gradients are those of causal attention over that
+// and for float32; the variable-length flash kernel for bf16 and fp16 on a GPU, when the test
+// runs on one), each document's outputs and gradients are those of causal attention over that
 // document alone, and a packed model gives each document the logits it gives it alone and
 // the parameter gradients of each document alone, summed.
 #include "core/module_tree.h"
@@ -27,16 +27,18 @@ const std::vector<int64_t> kOffsets{0, 5, 12, 15, 23, 24};
 struct Setting {
   c10::Device device;
   at::ScalarType dtype;
-  // Whether the layers attend through the flash kernel: bf16 on a GPU (of compute capability
-  // 8.0 or newer, as every GPU the checks run on).
-  bool flash() const { return device.is_cuda() && dtype == at::kBFloat16; }
+  // Whether the layers attend through the flash kernel: bf16 or fp16 on a GPU (of compute
+  // capability 8.0 or newer, as every GPU the checks run on).
+  bool flash() const { return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf); }
 };
 
-// float32 on the CPU; bf16 and float32 on the GPU where the test has one (nullopt where not).
+// float32 on the CPU; bf16, fp16 and float32 on the GPU where the test has one (nullopt where
+// not): which is 0 to 3.
 std::optional<Setting> setting(int which) {
   if (which == 0) return Setting{c10::Device(c10::kCPU), at::kFloat};
   if (!gpu_half_runs()) return std::nullopt;
-  return Setting{c10::Device(c10::kCUDA, 0), which == 1 ? at::kBFloat16 : at::kFloat};
+  const at::ScalarType dtypes[] = {at::kBFloat16, at::kHalf, at::kFloat};
+  return Setting{c10::Device(c10::kCUDA, 0), dtypes[which - 1]};
 }
 
 // Bounds are measured where the test runs, not chosen: ten times the farthest the reference
@@ -110,7 +112,7 @@ PackedLlama packed_llama(const Setting& where) {
 }  // namespace
 
 TEST_CASE("attention within packed documents equals each document alone, forward and backward", "[models][gpu]") {
-  const auto where = setting(GENERATE(0, 1, 2));
+  const auto where = setting(GENERATE(0, 1, 2, 3));
   if (!where) return;  // the GPU settings run where the test has a GPU
   // Llama's query/key/value head size, and latent attention's narrower values.
   const int64_t value_dim = GENERATE(16, 8);
@@ -159,7 +161,7 @@ TEST_CASE("attention within packed documents equals each document alone, forward
 }
 
 TEST_CASE("a packed Llama gives each document the logits it gives that document alone", "[models][gpu]") {
-  const auto where = setting(GENERATE(0, 1, 2));
+  const auto where = setting(GENERATE(0, 1, 2, 3));
   if (!where) return;
   INFO(where->device << " " << where->dtype);
   const PackedLlama llama = packed_llama(*where);
@@ -186,7 +188,7 @@ TEST_CASE("a packed Llama gives each document the logits it gives that document 
 }
 
 TEST_CASE("a packed Llama's parameter gradients are the sum of each document's alone", "[models][gpu]") {
-  const auto where = setting(GENERATE(0, 1, 2));
+  const auto where = setting(GENERATE(0, 1, 2, 3));
   if (!where) return;
   INFO(where->device << " " << where->dtype);
   const PackedLlama llama = packed_llama(*where);
