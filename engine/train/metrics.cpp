@@ -39,7 +39,8 @@ std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
 MetricsSink::MetricsSink(const MetricsConfig& config, int64_t total_steps, int64_t resumed_after)
     : tensorboard_(std::make_unique<TensorBoardWriter>(config.tensorboard)),
       total_steps_(total_steps),
-      progress_(config.progress == "always" || (config.progress == "auto" && ::isatty(STDERR_FILENO))) {
+      progress_(config.progress == Progress::always ||
+                (config.progress == Progress::on_terminal && ::isatty(STDERR_FILENO))) {
   const std::string& jsonl_path = config.jsonl;
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);

@@ -8,11 +8,18 @@ namespace fsdpp {
 
 class ConfigSection;
 
+// When the log draws a progress bar.
+enum class Progress {
+  on_terminal,  // "auto": when stderr is a terminal
+  always,
+  never,
+};
+
 struct MetricsConfig {
   std::string jsonl;               // JSONL output; "" means <train.out_dir>/metrics.jsonl
   std::string tensorboard;         // TensorBoard event files; "" means <train.out_dir>/tensorboard
   double peak_tflops = 0.0;        // one rank's device's dense peak TFLOP/s at the compute dtype, for MFU; 0: no MFU
-  std::string progress = "auto";   // progress bar: "auto" (on a terminal), "always", "never"
+  Progress progress = Progress::on_terminal;  // "auto", "always" or "never"
   int64_t profile_step = 0;        // > 0: trace that step into <train.out_dir>/profile-step-N-rank-R.json
 
   static MetricsConfig from_section(ConfigSection& section);
