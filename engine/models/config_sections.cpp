@@ -44,14 +44,14 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
   }
   if (block == nullptr) return r;
   std::string where = origin + ": rope_scaling";
-  r.rope_type = read<std::string>(*block, "rope_type", where,
-                                  read<std::string>(*block, "type", where, "default"));
+  const auto rope_type = read<std::string>(*block, "rope_type", where,
+                                           read<std::string>(*block, "type", where, "default"));
   r.factor = read<double>(*block, "factor", where, 1.0);
   check_positive(where, "factor", r.factor);
   r.mrope_section = read<std::vector<int64_t>>(*block, "mrope_section", where, {});
   for (int64_t s : r.mrope_section) check_range(where, "mrope_section", s, 1, kMaxWidth);
-  if (r.rope_type == "mrope") r.rope_type = "default";  // the frequencies are the default ones
-  if (r.rope_type == "llama3") {
+  if (rope_type == "llama3") {
+    r.rope_type = RopeType::llama3;
     r.low_freq_factor = read<double>(*block, "low_freq_factor", where, 1.0, true);
     r.high_freq_factor = read<double>(*block, "high_freq_factor", where, 4.0, true);
     r.original_max_position_embeddings =
@@ -62,11 +62,13 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
       throw UserError(where + ": high_freq_factor " + std::to_string(r.high_freq_factor) +
                       " must exceed low_freq_factor " + std::to_string(r.low_freq_factor));
     }
-  } else if (r.rope_type == "yarn") {
+  } else if (rope_type == "yarn") {
+    r.rope_type = RopeType::yarn;
     read_yarn(*block, where, r);
-  } else if (r.rope_type != "default" && r.rope_type != "linear") {
-    throw UserError(where + ": rope_type '" + r.rope_type +
-                    "' is not supported (default, linear, llama3, yarn)");
+  } else if (rope_type == "linear") {
+    r.rope_type = RopeType::linear;
+  } else if (rope_type != "default" && rope_type != "mrope") {
+    throw UserError(where + ": rope_type '" + rope_type + "' is not supported (default, linear, llama3, yarn)");
   }
   return r;
 }

@@ -151,9 +151,9 @@ RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& conf
                       .to(torch::kFloat32) / static_cast<double>(dim);
   auto freq = 1.0 / torch::pow(config.rope_theta, exponent);  // [D / 2]
   const RopeScaling& s = config.rope_scaling;
-  if (s.rope_type == "linear") {
+  if (s.rope_type == RopeType::linear) {
     freq = freq / s.factor;
-  } else if (s.rope_type == "llama3") {
+  } else if (s.rope_type == RopeType::llama3) {
     const double old_context = static_cast<double>(s.original_max_position_embeddings);
     const double low_freq_wavelen = old_context / s.low_freq_factor;
     const double high_freq_wavelen = old_context / s.high_freq_factor;
@@ -164,7 +164,7 @@ RotaryEmbedding::RotaryEmbedding(std::string class_name, const ModelConfig& conf
     auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
     auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
     freq = torch::where(medium, smoothed, scaled);
-  } else if (s.rope_type == "yarn") {
+  } else if (s.rope_type == RopeType::yarn) {
     freq = yarn_frequencies(freq, s, config.rope_theta, dim);
     attention_scaling = yarn_attention_factor(s);
   }

@@ -13,8 +13,16 @@
 
 namespace fsdpp {
 
+// How RoPE's frequencies are scaled past the trained context: transformers' rope_type.
+enum class RopeType {
+  plain,   // "default" (and multimodal RoPE's "mrope", whose frequencies are the default ones)
+  linear,  // every frequency divided by the factor
+  llama3,  // long wavelengths divided, short ones kept, a smooth band between
+  yarn,    // YaRN's blend, with its attention factor
+};
+
 struct RopeScaling {
-  std::string rope_type = "default";  // "default", "linear", "llama3" or "yarn"
+  RopeType rope_type = RopeType::plain;
   double factor = 1.0;                // context extension factor
   double low_freq_factor = 1.0;       // llama3: wavelengths above old_context/low are scaled
   double high_freq_factor = 4.0;      // llama3: wavelengths below old_context/high are kept

@@ -6,17 +6,22 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
 
 namespace fsdpp {
 
 ScheduleConfig ScheduleConfig::from_section(ConfigSection& s) {
   ScheduleConfig c;
-  c.kind = s.get_string("kind", c.kind);
+  const std::string kind = s.get_string("kind", "cosine");
   c.warmup_steps = s.get_int("warmup_steps", c.warmup_steps, 0, kMaxSteps);
   c.min_lr_ratio = s.get_double("min_lr_ratio", c.min_lr_ratio, 0, 1);
   s.finish();
-  if (c.kind != "cosine" && c.kind != "linear" && c.kind != "constant") {
-    s.fail("kind", "'" + c.kind + "' is not one of cosine, linear, constant");
+  if (kind == "linear") {
+    c.kind = Decay::linear;
+  } else if (kind == "constant") {
+    c.kind = Decay::constant;
+  } else if (kind != "cosine") {
+    s.fail("kind", "'" + kind + "' is not one of cosine, linear, constant");
   }
   return c;
 }
@@ -28,11 +33,11 @@ double LrSchedule::at(int64_t step) const {
   if (step <= config_.warmup_steps) {
     return peak_ * static_cast<double>(step) / static_cast<double>(config_.warmup_steps);
   }
-  if (config_.kind == "constant") return peak_;
+  if (config_.kind == Decay::constant) return peak_;
   const double min_lr = peak_ * config_.min_lr_ratio;
   const double span = static_cast<double>(std::max<int64_t>(1, total_ - config_.warmup_steps));
   const double progress = std::min(1.0, static_cast<double>(step - config_.warmup_steps) / span);
-  const double shape = config_.kind == "cosine" ? 0.5 * (1 + std::cos(std::numbers::pi * progress))
+  const double shape = config_.kind == Decay::cosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress))
                                                 : 1 - progress;
   return min_lr + (peak_ - min_lr) * shape;
 }

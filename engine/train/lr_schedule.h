@@ -3,14 +3,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace fsdpp {
 
 class ConfigSection;
 
+// The decay after warmup.
+enum class Decay { cosine, linear, constant };
+
 struct ScheduleConfig {
-  std::string kind = "cosine";  // "cosine", "linear" or "constant" after warmup
+  Decay kind = Decay::cosine;   // "cosine", "linear" or "constant" after warmup
   int64_t warmup_steps = 0;     // steps of linear warmup, step 1 at peak/warmup_steps
   double min_lr_ratio = 0.0;    // final learning rate as a share of the peak
 

@@ -53,7 +53,7 @@ TEST_CASE("a valid run file fills every section, with defaults for the rest", "[
   CHECK(run.data.seq_len == 64);
   CHECK(run.data.batch_size == 8);
   CHECK(run.optimizer.lr == Approx(1e-3));
-  CHECK(run.scheduler.kind == "linear");
+  CHECK(run.scheduler.kind == Decay::linear);
   CHECK(run.train.steps == 20);
   CHECK(run.checkpoint.dir == "out/checkpoints");
   CHECK(run.checkpoint.export_dir == "out/model");

@@ -121,15 +121,15 @@ TEST_CASE("batches are shifted windows, each window once per epoch, reproducible
 }
 
 TEST_CASE("warmup then cosine, linear or constant", "[train][schedule]") {
-  ScheduleConfig config{.kind = "cosine", .warmup_steps = 10, .min_lr_ratio = 0.1};
+  ScheduleConfig config{.kind = Decay::cosine, .warmup_steps = 10, .min_lr_ratio = 0.1};
   LrSchedule cosine(config, 1.0, 110);
   CHECK(cosine.at(1) == Approx(0.1));
   CHECK(cosine.at(10) == Approx(1.0));
   CHECK(cosine.at(60) == Approx(0.55));
   CHECK(cosine.at(110) == Approx(0.1));
-  config.kind = "linear";
+  config.kind = Decay::linear;
   CHECK(LrSchedule(config, 1.0, 110).at(60) == Approx(0.55));
   CHECK(LrSchedule(config, 1.0, 110).at(35) == Approx(1.0 - 0.9 * 0.25));
-  config.kind = "constant";
+  config.kind = Decay::constant;
   CHECK(LrSchedule(config, 2.0, 110).at(80) == Approx(2.0));
 }
