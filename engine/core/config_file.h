@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <set>
 #include <string>
@@ -33,6 +34,11 @@ class ConfigSection {
   double get_double(const std::string& key, double fallback, double min, double max);
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
+  // The value of the named choice, `fallback` naming one when the key is absent; any other
+  // name is a failure listing them all.
+  template <typename T>
+  T get_choice(const std::string& key, const std::string& fallback,
+               std::initializer_list<std::pair<const char*, T>> choices);
   // A sub-table of scalars ([section.key]), in file order; nested tables and arrays are errors.
   std::vector<std::pair<std::string, ConfigScalar>> get_scalar_table(const std::string& key);
 
@@ -50,6 +56,18 @@ class ConfigSection {
   std::string name_;
   std::set<std::string> asked_;
 };
+
+template <typename T>
+T ConfigSection::get_choice(const std::string& key, const std::string& fallback,
+                            std::initializer_list<std::pair<const char*, T>> choices) {
+  const std::string name = get_string(key, fallback);
+  std::string names;
+  for (const auto& [choice, value] : choices) {
+    if (name == choice) return value;
+    names += (names.empty() ? "" : ", ") + std::string(choice);
+  }
+  fail(key, "'" + name + "' is not one of " + names);
+}
 
 class ConfigFile {
  public:

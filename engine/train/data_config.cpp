@@ -14,13 +14,8 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0, 0, kMaxSeed));
   c.shuffle = s.get_bool("shuffle", c.shuffle);
   c.packing = s.get_bool("packing", c.packing);
-  const std::string train_on = s.get_string("train_on", "all");
+  c.train_on = s.get_choice<TrainOn>("train_on", "all", {{"all", TrainOn::all}, {"completion", TrainOn::completion}});
   s.finish();
-  if (train_on == "completion") {
-    c.train_on = TrainOn::completion;
-  } else if (train_on != "all") {
-    s.fail("train_on", "'" + train_on + "' is not one of all, completion");
-  }
   if (c.train.empty()) s.fail("train", "required: the token file to train on");
   if (c.batch_size > kMaxBatchTokens / c.seq_len) {
     s.fail("batch_size", "a global batch of " + std::to_string(c.batch_size) + " x " + std::to_string(c.seq_len) +

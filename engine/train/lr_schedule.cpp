@@ -6,23 +6,16 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
-#include <string>
 
 namespace fsdpp {
 
 ScheduleConfig ScheduleConfig::from_section(ConfigSection& s) {
   ScheduleConfig c;
-  const std::string kind = s.get_string("kind", "cosine");
+  c.kind = s.get_choice<Decay>("kind", "cosine",
+                         {{"cosine", Decay::cosine}, {"linear", Decay::linear}, {"constant", Decay::constant}});
   c.warmup_steps = s.get_int("warmup_steps", c.warmup_steps, 0, kMaxSteps);
   c.min_lr_ratio = s.get_double("min_lr_ratio", c.min_lr_ratio, 0, 1);
   s.finish();
-  if (kind == "linear") {
-    c.kind = Decay::linear;
-  } else if (kind == "constant") {
-    c.kind = Decay::constant;
-  } else if (kind != "cosine") {
-    s.fail("kind", "'" + kind + "' is not one of cosine, linear, constant");
-  }
   return c;
 }
 
