@@ -34,11 +34,10 @@ class ConfigSection {
   double get_double(const std::string& key, double fallback, double min, double max);
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
-  // The value of the named choice, `fallback` naming one when the key is absent; any other
-  // name is a failure listing them all.
+  // The value of the named choice (`fallback` when the key is absent); any other name is a
+  // failure listing them all.
   template <typename T>
-  T get_choice(const std::string& key, const std::string& fallback,
-               std::initializer_list<std::pair<const char*, T>> choices);
+  T get_choice(const std::string& key, T fallback, std::initializer_list<std::pair<const char*, T>> choices);
   // A sub-table of scalars ([section.key]), in file order; nested tables and arrays are errors.
   std::vector<std::pair<std::string, ConfigScalar>> get_scalar_table(const std::string& key);
 
@@ -58,9 +57,12 @@ class ConfigSection {
 };
 
 template <typename T>
-T ConfigSection::get_choice(const std::string& key, const std::string& fallback,
-                            std::initializer_list<std::pair<const char*, T>> choices) {
-  const std::string name = get_string(key, fallback);
+T ConfigSection::get_choice(const std::string& key, T fallback, std::initializer_list<std::pair<const char*, T>> choices) {
+  std::string fallback_name;
+  for (const auto& [choice, value] : choices) {
+    if (value == fallback && fallback_name.empty()) fallback_name = choice;
+  }
+  const std::string name = get_string(key, fallback_name);
   std::string names;
   for (const auto& [choice, value] : choices) {
     if (name == choice) return value;

@@ -14,7 +14,7 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0, 0, kMaxSeed));
   c.shuffle = s.get_bool("shuffle", c.shuffle);
   c.packing = s.get_bool("packing", c.packing);
-  c.train_on = s.get_choice<TrainOn>("train_on", "all", {{"all", TrainOn::all}, {"completion", TrainOn::completion}});
+  c.train_on = s.get_choice("train_on", c.train_on, {{"all", TrainOn::all}, {"completion", TrainOn::completion}});
   s.finish();
   if (c.train.empty()) s.fail("train", "required: the token file to train on");
   if (c.batch_size > kMaxBatchTokens / c.seq_len) {

@@ -11,8 +11,8 @@ namespace fsdpp {
 
 ScheduleConfig ScheduleConfig::from_section(ConfigSection& s) {
   ScheduleConfig c;
-  c.kind = s.get_choice<Decay>("kind", "cosine",
-                         {{"cosine", Decay::cosine}, {"linear", Decay::linear}, {"constant", Decay::constant}});
+  c.kind = s.get_choice("kind", c.kind,
+                        {{"cosine", Decay::cosine}, {"linear", Decay::linear}, {"constant", Decay::constant}});
   c.warmup_steps = s.get_int("warmup_steps", c.warmup_steps, 0, kMaxSteps);
   c.min_lr_ratio = s.get_double("min_lr_ratio", c.min_lr_ratio, 0, 1);
   s.finish();
@@ -30,8 +30,8 @@ double LrSchedule::at(int64_t step) const {
   const double min_lr = peak_ * config_.min_lr_ratio;
   const double span = static_cast<double>(std::max<int64_t>(1, total_ - config_.warmup_steps));
   const double progress = std::min(1.0, static_cast<double>(step - config_.warmup_steps) / span);
-  const double shape = config_.kind == Decay::cosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress))
-                                                : 1 - progress;
+  const double shape =
+      config_.kind == Decay::cosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress)) : 1 - progress;
   return min_lr + (peak_ - min_lr) * shape;
 }
 
