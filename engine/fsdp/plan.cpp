@@ -171,6 +171,7 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     resolve_options(r, world, model_dtype);
     claims.claim(r, resolved);
     r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
+    r.expert_bytes_gathered = r.expert_numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     resolved.total_numel += r.numel;
     resolved.largest_gathered_bytes = std::max(resolved.largest_gathered_bytes, r.bytes_gathered);
     resolved.units.push_back(std::move(r));

@@ -78,6 +78,7 @@ struct ResolvedUnit {
   int64_t expert_numel = 0;               // of numel, in routed experts (Module::routed_experts)
   int64_t expert_numel_per_rank = 0;      // of padded_numel_per_rank, in routed experts
   int64_t expert_bytes_per_rank = 0;      // the routed experts' shards, as param_bytes counts them
+  int64_t expert_bytes_gathered = 0;      // the routed experts' full parameters, as bytes_gathered counts them
   int64_t trainable_numel_per_rank = 0;   // of padded_numel_per_rank, in parameters that train
 };
 

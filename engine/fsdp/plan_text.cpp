@@ -44,9 +44,8 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
         << ", gathered " << mib(u.bytes_gathered) << ", mesh replicate " << u.mesh.replicate << " × shard "
         << u.mesh.shard << "\n";
     if (u.expert_numel > 0) {
-      const int64_t gathered = u.expert_numel * static_cast<int64_t>(c10::elementSize(u.compute_dtype));
       out << "    routed experts: params " << u.expert_numel << ", per rank " << u.expert_numel_per_rank << " ("
-          << mib(u.expert_bytes_per_rank) << "), gathered " << mib(gathered) << "\n";
+          << mib(u.expert_bytes_per_rank) << "), gathered " << mib(u.expert_bytes_gathered) << "\n";
     }
     out
         << "    reshard_after_forward " << reshard_value(u).dump() << ", precision param "
@@ -129,7 +128,7 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                      {"numel", u.numel}, {"numel_per_rank", u.padded_numel_per_rank},
                      {"bytes_gathered", u.bytes_gathered}, {"reshard_after_forward", reshard_value(u)},
                      {"expert_numel", u.expert_numel}, {"expert_numel_per_rank", u.expert_numel_per_rank},
-                     {"expert_bytes_per_rank", u.expert_bytes_per_rank},
+                     {"expert_bytes_per_rank", u.expert_bytes_per_rank}, {"expert_bytes_gathered", u.expert_bytes_gathered},
                      {"precision", {{"param", dtype_or(p.param_dtype, "")}, {"reduce", dtype_name(u.reduce_dtype)},
                                     {"output", dtype_or(p.output_dtype, "")}}},
                      {"offload", offload_name(p.offload)}, {"activation_checkpoint", p.activation_checkpoint}});

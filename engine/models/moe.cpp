@@ -87,9 +87,10 @@ torch::Tensor Experts::forward(const torch::Tensor& tokens, const std::vector<in
 bool Experts::takes_grouped_product(const torch::Tensor& tokens) const {
   const auto dtype = tokens.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  // A GPU has a grouped GEMM kernel for bf16 alone: for other dtypes ATen loops over the
-  // groups after reading their offsets back to the host, a sync at every product, where one
-  // product per expert needs none (the counts are on the host already).
+  // Hopper and newer GPUs have a grouped GEMM kernel for bf16 alone: for other dtypes ATen
+  // loops over the groups after reading their offsets back to the host, a sync at every
+  // product, where one product per expert needs none (the counts are on the host already).
+  // Older GPUs take that loop in bf16 too; the GPUs this engine targets are Hopper's.
   if (tokens.is_cuda() && dtype != at::kBFloat16) return false;
   const auto aligned = [&](int64_t elements) { return elements * tokens.element_size() % kGroupedAlignmentBytes == 0; };
   for (const auto& expert : experts_) {

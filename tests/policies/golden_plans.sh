@@ -66,4 +66,20 @@ golden qwen2_vl-root qwen2_vl tests/assets/models/tiny-qwen2-vl --set policy.opt
 golden qwen2_5_vl-shard qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl
 golden qwen2_5_vl-replicate qwen2_5_vl tests/assets/models/tiny-qwen2_5-vl --set 'policy.options.vision_tower="replicate"'
 
+# The JSON plan's routed-expert bytes: per rank, the fp32 master shards, adding up to the
+# per-rank total; gathered, 2 bytes an element in the units' bf16.
+"$FSDPP" plan "$work/qwen3_moe-expert-units.toml" --world 4 --json --set 'policy.options.experts="unit"' \
+  --set 'policy.options.experts_param_dtype="bf16"' >"$work/experts.json" 2>/dev/null
+python3 - "$work/experts.json" <<'PY' || failures=$((failures + 1))
+import json, sys
+plan = json.load(open(sys.argv[1]))
+units = [u for u in plan["units"] if u["expert_numel"] > 0]
+ok = len(units) == 2 and sum(u["expert_bytes_per_rank"] for u in units) == plan["per_rank_bytes"]["expert_params"] \
+    and all(u["expert_bytes_per_rank"] == 4 * u["expert_numel_per_rank"]
+            and u["expert_bytes_gathered"] == 2 * u["expert_numel"] for u in units)
+print(f"{'ok  ' if ok else 'FAIL'} expert bytes of the JSON plan: {[(u['expert_bytes_per_rank'], u['expert_bytes_gathered']) for u in units]}, "
+      f"per rank {plan['per_rank_bytes']['expert_params']}")
+sys.exit(0 if ok else 1)
+PY
+
 [ $failures -eq 0 ] || { echo "$failures golden plan(s) differ"; exit 1; }

@@ -14,6 +14,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 using namespace fsdpp;
 
 namespace {
@@ -38,22 +40,23 @@ std::map<std::string, at::Tensor> parameters_named(Module& model, const std::vec
   return found;
 }
 
-// Runs kMicroBatches forwards, each added to `balance`; returns the step's counts [L, E] and
-// the sum of the loss shares micro_batch_loss returned.
-std::pair<at::Tensor, double> run_step(CausalLM& model, ExpertBalance& balance, Comm& comm, int64_t vocab) {
-  std::vector<at::Tensor> step;  // [E] per layer
-  double shares = 0.0;
+struct StepRouting {
+  at::Tensor counts;    // [L, E] over the step's micro-batches
+  at::Tensor last;      // [L, E] of its last micro-batch
+  double shares = 0.0;  // the sum of the loss shares micro_batch_loss returned
+};
+
+// Runs kMicroBatches forwards, each added to `balance`.
+StepRouting run_step(CausalLM& model, ExpertBalance& balance, Comm& comm, int64_t vocab) {
+  StepRouting step;
   for (int64_t m = 0; m < kMicroBatches; ++m) {
     const auto ids = at::randint(0, vocab, {2, 12}, at::kLong);  // [B, T]
     const auto logits = model(ids);                               // [B, T, V]
-    const auto counts = counted(*model.routing());
-    for (size_t l = 0; l < counts.size(); ++l) {
-      if (step.size() <= l) step.push_back(at::zeros({kExperts}, at::kDouble));
-      step[l] += counts[l];
-    }
-    shares += balance.micro_batch_loss(*model.routing(), comm).item<double>();
+    step.last = at::stack(counted(*model.routing()));
+    step.counts = step.counts.defined() ? step.counts + step.last : step.last;
+    step.shares += balance.micro_batch_loss(*model.routing(), comm).item<double>();
   }
-  return {at::stack(step), shares};
+  return step;
 }
 
 }  // namespace
@@ -76,11 +79,19 @@ TEST_CASE("routing biases move toward balance by the rate, from the whole step's
   ExpertBalance balance(*config.moe, ExpertsConfig{.bias_update_rate = rate}, names, kMicroBatches);
   auto comm = Comm::single();
   WholeModel view(*model);
+  {  // biases away from zero, so that an update setting them rather than moving them shows
+    at::NoGradGuard no_grad;
+    for (const auto& p : unique_named_parameters(*model)) {
+      if (std::find(names.begin(), names.end(), p.name) != names.end()) p.tensor.copy_(at::randn_like(p.tensor) * 0.05);
+    }
+  }
 
   const auto before = parameters_named(*model, names);
-  const auto [counts, shares] = run_step(*model, balance, *comm, 40);  // [L, E]
+  const StepRouting step = run_step(*model, balance, *comm, 40);
+  const at::Tensor& counts = step.counts;  // [L, E]
   balance.update_routing_bias(view);
   const auto after = parameters_named(*model, names);
+  bool last_alone_differs = false;
   for (size_t l = 0; l < names.size(); ++l) {
     INFO(names[l] << ": counts " << counts[l]);
     const auto mean = counts[l].mean();
@@ -88,12 +99,17 @@ TEST_CASE("routing biases move toward balance by the rate, from the whole step's
     REQUIRE((counts[l] < mean).any().item<bool>());
     REQUIRE((counts[l] > mean).any().item<bool>());
     const auto up = (counts[l] < mean).to(at::kDouble), down = (counts[l] > mean).to(at::kDouble);  // [E]
-    CHECK(at::equal(after.at(names[l]) - before.at(names[l]), (up - down) * rate));
+    CHECK(at::equal(after.at(names[l]), before.at(names[l]) + (up - down) * rate));
+    const auto last_side = (step.last[l].mean() - step.last[l]).sign();
+    last_alone_differs = last_alone_differs || (last_side != up - down).any().item<bool>();
   }
+  // Some expert sits on another side of the mean over the last micro-batch than over the
+  // step: an update from that micro-batch alone would move it otherwise.
+  REQUIRE(last_alone_differs);
 
   const ExpertLoad load = balance.finish_step();
   CHECK_FALSE(load.aux_loss.has_value());  // DeepSeek-V3 balances without an auxiliary loss
-  CHECK(shares == 0.0);
+  CHECK(step.shares == 0.0);
   const double busiest = (std::get<0>(counts.max(1)) / counts.mean(1)).max().item<double>();
   CHECK(load.max_over_mean == Approx(busiest).epsilon(1e-12));
   CHECK(load.max_over_mean > 1.0);
@@ -118,10 +134,11 @@ TEST_CASE("the logged load-balancing loss is the one the step's micro-batches ad
   ExpertBalance balance(*config.moe, ExpertsConfig{}, routing_bias_names(*model), kMicroBatches);
   auto comm = Comm::single();
 
-  const auto [counts, shares] = run_step(*model, balance, *comm, 40);
+  const StepRouting step = run_step(*model, balance, *comm, 40);
   const ExpertLoad load = balance.finish_step();
   REQUIRE(load.aux_loss.has_value());
   CHECK(*load.aux_loss > 0.0);
-  CHECK(*load.aux_loss == Approx(shares / coefficient).epsilon(1e-12));
-  CHECK(load.max_over_mean == Approx((std::get<0>(counts.max(1)) / counts.mean(1)).max().item<double>()).epsilon(1e-12));
+  CHECK(*load.aux_loss == Approx(step.shares / coefficient).epsilon(1e-12));
+  const double busiest = (std::get<0>(step.counts.max(1)) / step.counts.mean(1)).max().item<double>();
+  CHECK(load.max_over_mean == Approx(busiest).epsilon(1e-12));
 }
