@@ -170,7 +170,6 @@ def documents(tokenizer, record, text_field):
     return [(ids, [1] * len(ids))]
 
 
-
 def write(out, tokens, ends, mask, vocab):
     width = 2 if vocab <= 65536 else 4
     packed = tokens if tokens.itemsize == width else array("H" if width == 2 else "I", tokens)

@@ -25,7 +25,7 @@ if ((${#missing[@]})); then
 fi
 
 py_pins=(torch==2.11.0 transformers==4.57.1 safetensors tokenizers numpy pillow crc32c==2.7.1 pyarrow==26.0.1
-         tensorboard==2.21.0 peft==0.21.2)
+         tensorboard==2.21.0 peft==0.21.2 tqdm)
 stamp=.venv/.fsdpp-setup-$(printf '%s\n' "${py_pins[@]}" | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv

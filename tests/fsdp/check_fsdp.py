@@ -50,7 +50,7 @@ def run(out_dir, world, sets, metrics):
     return losses, eval_losses, figures, weights
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("worlds", type=int, nargs="+")
     ap.add_argument("--set", action="append", default=[], dest="sets")
@@ -72,6 +72,11 @@ def main():
             ap.error(f"--dtype {args.dtype} needs --tolerance or --floor-world")
         args.tolerance = FLOAT64_BOUND
     args.sets.insert(0, f'model.dtype="{args.dtype}"')
+    return args
+
+
+def main():
+    args = parse_args()
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     base = os.path.join(WORK, "fsdp", args.name)
     ref_losses, ref_evals, ref_figures, ref_weights = run(os.path.join(base, "single"), args.reference_world,

@@ -46,12 +46,17 @@ std::optional<Setting> setting(int which) {
 // this CPU or GPU). The kernels under test round the same sums in another order.
 constexpr double kNoiseFactor = 10;
 
+// Document s of packed rows [B, ...] whose token dimension is `dim` (counted without B): its
+// row, narrowed to the document's tokens.
+at::Tensor in_document(const at::Tensor& rows, size_t s, int64_t dim) {
+  return rows[kOffsets[s] / T].narrow(dim, kOffsets[s] % T, kOffsets[s + 1] - kOffsets[s]);
+}
+
 // Causal attention over each document on its own, written back into its rows: [B, H, T, Dv].
 at::Tensor each_document_alone(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   std::vector<at::Tensor> pieces;
   for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
-    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
-    const auto part = [&](const at::Tensor& x) { return x[row].narrow(1, begin, length).unsqueeze(0); };
+    const auto part = [&](const at::Tensor& x) { return in_document(x, s, 1).unsqueeze(0); };
     pieces.push_back(at::scaled_dot_product_attention(part(q), part(k), part(v), {}, 0.0, /*is_causal=*/true,
                                                       std::nullopt, /*enable_gqa=*/true));  // [1, H, L, Dv]
   }
@@ -85,8 +90,7 @@ at::Tensor packed_loss(CausalLM& model, const at::Tensor& ids) {
 at::Tensor documents_alone_loss(CausalLM& model, const at::Tensor& ids) {
   at::Tensor total = at::zeros({}, at::TensorOptions(at::kDouble).device(ids.device()));
   for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
-    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
-    total = total + model(ids[row].narrow(0, begin, length).unsqueeze(0)).to(at::kDouble).square().sum();
+    total = total + model(in_document(ids, s, 0).unsqueeze(0)).to(at::kDouble).square().sum();
   }
   return total;
 }
@@ -174,16 +178,14 @@ TEST_CASE("a packed Llama gives each document the logits it gives that document 
   std::vector<at::Tensor> alone;  // each document's logits [L, V] computed alone
   double noise = 0;
   for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
-    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T, length = kOffsets[s + 1] - kOffsets[s];
-    const auto document = ids[row].narrow(0, begin, length).unsqueeze(0);  // [1, L]
+    const auto document = in_document(ids, s, 0).unsqueeze(0);  // [1, L]
     alone.push_back(model(document)[0].to(at::kDouble));
     noise = std::max(noise, relative_error(alone.back(), (*twin)(document)[0]));
   }
   INFO("rounding noise " << noise);
   for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
-    const int64_t row = kOffsets[s] / T, begin = kOffsets[s] % T;
     INFO("document " << s);
-    CHECK(relative_error(packed[row].narrow(0, begin, alone[s].size(0)).to(at::kDouble), alone[s]) < kNoiseFactor * noise);
+    CHECK(relative_error(in_document(packed, s, 0).to(at::kDouble), alone[s]) < kNoiseFactor * noise);
   }
 }
 
