@@ -164,50 +164,45 @@ TEST_CASE("attention within packed documents equals each document alone, forward
   }
 }
 
-TEST_CASE("a packed Llama gives each document the logits it gives that document alone", "[models][gpu]") {
+TEST_CASE("a packed Llama gives each document the logits and parameter gradients of that document alone",
+          "[models][gpu]") {
   const auto where = setting(GENERATE(0, 1, 2, 3));
   if (!where) return;
   INFO(where->device << " " << where->dtype);
   const PackedLlama llama = packed_llama(*where);
   CausalLM& model = *llama.model;
   const at::Tensor& ids = llama.ids;  // [B, T]
-  const auto packed = model(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
-  CHECK(backward_runs(packed, "FlashAttentionBackward0") == where->flash());
-  at::NoGradGuard no_grad;
   const auto twin = float64_twin(llama.config, model);
-  std::vector<at::Tensor> alone;  // each document's logits [L, V] computed alone
-  double noise = 0;
-  for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
-    const auto document = in_document(ids, s, 0).unsqueeze(0);  // [1, L]
-    alone.push_back(model(document)[0].to(at::kDouble));
-    noise = std::max(noise, relative_error(alone.back(), (*twin)(document)[0]));
-  }
-  INFO("rounding noise " << noise);
-  for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
-    INFO("document " << s);
-    CHECK(relative_error(in_document(packed, s, 0).to(at::kDouble), alone[s]) < kNoiseFactor * noise);
-  }
-}
 
-TEST_CASE("a packed Llama's parameter gradients are the sum of each document's alone", "[models][gpu]") {
-  const auto where = setting(GENERATE(0, 1, 2, 3));
-  if (!where) return;
-  INFO(where->device << " " << where->dtype);
-  const PackedLlama llama = packed_llama(*where);
-  CausalLM& model = *llama.model;
-  const at::Tensor& ids = llama.ids;  // [B, T]
-  CHECK(backward_runs(packed_loss(model, ids), "FlashAttentionBackward0") == where->flash());
+  SECTION("logits") {
+    const auto packed = model(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
+    CHECK(backward_runs(packed, "FlashAttentionBackward0") == where->flash());
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> alone;  // each document's logits [L, V] computed alone
+    double noise = 0;
+    for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
+      const auto document = in_document(ids, s, 0).unsqueeze(0);  // [1, L]
+      alone.push_back(model(document)[0].to(at::kDouble));
+      noise = std::max(noise, relative_error(alone.back(), (*twin)(document)[0]));
+    }
+    INFO("rounding noise " << noise);
+    for (size_t s = 0; s + 1 < kOffsets.size(); ++s) {
+      INFO("document " << s);
+      CHECK(relative_error(in_document(packed, s, 0).to(at::kDouble), alone[s]) < kNoiseFactor * noise);
+    }
+  }
 
-  const Gradients packed = gradients(model, [&] { return packed_loss(model, ids); });
-  const Gradients alone = gradients(model, [&] { return documents_alone_loss(model, ids); });
-  const auto twin = float64_twin(llama.config, model);
-  const Gradients truth = gradients(*twin, [&] { return documents_alone_loss(*twin, ids); });
-  double noise = 0;
-  for (const auto& [name, grad] : alone) noise = std::max(noise, relative_error(grad, truth.at(name)));
-  INFO("rounding noise " << noise);
-  REQUIRE(packed.size() == alone.size());
-  for (const auto& [name, grad] : packed) {
-    INFO(name);
-    CHECK(relative_error(grad, alone.at(name)) < kNoiseFactor * noise);
+  SECTION("parameter gradients, summed over the documents") {
+    const Gradients packed = gradients(model, [&] { return packed_loss(model, ids); });
+    const Gradients alone = gradients(model, [&] { return documents_alone_loss(model, ids); });
+    const Gradients truth = gradients(*twin, [&] { return documents_alone_loss(*twin, ids); });
+    double noise = 0;
+    for (const auto& [name, grad] : alone) noise = std::max(noise, relative_error(grad, truth.at(name)));
+    INFO("rounding noise " << noise);
+    REQUIRE(packed.size() == alone.size());
+    for (const auto& [name, grad] : packed) {
+      INFO(name);
+      CHECK(relative_error(grad, alone.at(name)) < kNoiseFactor * noise);
+    }
   }
 }
