@@ -30,6 +30,20 @@ def routed_experts(hf_config):
     return getattr(hf_config, "num_experts", None) or getattr(hf_config, "n_routed_experts", None) or 0
 
 
+def experts_kernel(init_dir, element_bytes):
+    """from_pretrained's arguments for the experts of the MoE model in `init_dir`, computed in
+    elements of `element_bytes`: transformers' default grouped product refuses expert matrices
+    whose rows are not 16-byte multiples, so those take one product per expert ("eager"), as
+    fsdpp does (engine/models/moe.h). Nothing for a dense model or aligned rows."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(init_dir)
+    widths = (config.hidden_size, getattr(config, "moe_intermediate_size", 0) or 0)
+    if not routed_experts(config) or all(w * element_bytes % 16 == 0 for w in widths):
+        return {}
+    return {"experts_implementation": "eager"}
+
+
 def fail(prog, msg):
     print(f"{prog}: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -160,14 +174,43 @@ class WindowSampler:
         return self.np.stack(rows).astype(self.np.int64)
 
 
-def check_trained_alike(fsdpp_loss, peer_loss, tolerance):
-    """The engines ran the same weights, batches and optimiser: their final losses must agree
-    within `tolerance` (relative), or the timings compare different work."""
-    gap = abs(fsdpp_loss - peer_loss) / abs(peer_loss)
+def check_trained_alike(fsdpp_losses, peer_losses, tolerance, moe):
+    """The engines ran the same weights, batches and optimiser: their final losses (the last
+    of each step's losses given) must agree within `tolerance` (relative), or the timings
+    compare different work. A MoE model's first MOE_EARLY_STEPS losses must, and its final
+    ones within MOE_LOSS_TOLERANCE, since a routing flip later sends each on its own path."""
+    if moe:
+        early = list(zip(fsdpp_losses, peer_losses))[:MOE_EARLY_STEPS]
+        gap = max(abs(a - b) / abs(b) for a, b in early)
+        print(f"first {len(early)} steps' losses, largest relative difference: {gap:.2e}")
+        if gap > tolerance:
+            raise BenchError(f"the engines' first losses differ by {gap:.2e} relative (more than {tolerance:g})")
+        tolerance = MOE_LOSS_TOLERANCE
+    gap = abs(fsdpp_losses[-1] - peer_losses[-1]) / abs(peer_losses[-1])
     print(f"final loss relative difference: {gap:.2e}")
     if gap > tolerance:
         raise BenchError(f"the engines' final losses differ by {gap:.2e} relative (more than "
                          f"{tolerance:g}), so they did not train alike")
+
+
+def global_load_balancing_loss(router_logits, top_k):
+    """This rank's share of transformers' load-balancing loss (Qwen3-MoE's aux_loss) over the
+    micro-batch of every rank, as fsdpp computes it: E × Σ_e f_e P_e over every
+    layer's router rows, f_e the share of routed slots expert e got, counted over all ranks,
+    and P_e its summed router probability on this rank over all ranks' rows. The loss is linear
+    in P, so the ranks' shares, and their gradients, add up to the whole batch's."""
+    import torch
+    import torch.distributed as dist
+
+    probs = torch.cat([logits.float().softmax(-1) for logits in router_logits])  # [L × rows, E]
+    experts = probs.shape[-1]
+    chosen = probs.topk(top_k, -1).indices.flatten()
+    counts = torch.zeros(experts, dtype=torch.float64, device=probs.device).index_add_(
+        0, chosen, torch.ones(chosen.numel(), dtype=torch.float64, device=probs.device))  # no host sync
+    rows = torch.tensor([float(probs.shape[0])], dtype=torch.float64, device=probs.device)
+    dist.all_reduce(counts)
+    dist.all_reduce(rows)
+    return experts * (counts / rows * probs.sum(0).double() / rows).sum()
 
 
 def parse_args(ap, smoke_defaults):

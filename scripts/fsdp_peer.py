@@ -7,7 +7,8 @@ import json
 import os
 import time
 
-from bench_common import BenchError, WindowSampler, get, lr_at, read_toml, read_tokens
+from bench_common import (BenchError, WindowSampler, experts_kernel, get, global_load_balancing_loss, lr_at,
+                          read_toml, read_tokens)
 
 
 def load_config(path, steps):
@@ -52,7 +53,9 @@ def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_ch
     if not hasattr(FSDPModule, "set_gradient_divide_factor"):
         raise BenchError(f"torch {torch.__version__} lacks FSDPModule.set_gradient_divide_factor")
     # Offloaded, the weights stay on the host and fully_shard moves its shards there.
-    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa")
+    compute_bytes = getattr(torch, param_dtype).itemsize if param_dtype else 4
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32, attn_implementation="sdpa",
+                                                 **experts_kernel(init_dir, compute_bytes))
     if adapter_dir:  # peft's LoRA on the frozen base, sharded as the rest
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
@@ -115,6 +118,7 @@ def torch_worker(args):
             raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
                              f"{model.config.vocab_size}")
         model.train()
+        balanced = (getattr(model.config, "router_aux_loss_coef", None) or 0) > 0  # Qwen3-MoE
         params = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's frozen base has no state
         opt = torch.optim.AdamW(
             [{"params": [p for p in params if p.ndim >= 2],
@@ -151,9 +155,12 @@ def torch_worker(args):
             loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
             for _ in range(accum):
                 window = torch.from_numpy(sampler.take(batch)[rank * rows:(rank + 1) * rows]).to(args.device)
-                logits = model(input_ids=window[:, :-1], use_cache=False).logits
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                out = model(input_ids=window[:, :-1], use_cache=False, output_router_logits=balanced)
+                loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(),
                                        window[:, 1:].reshape(-1), reduction="sum") / step_tokens
+                if balanced:  # the load-balancing loss transformers adds in training, over all ranks as fsdpp's
+                    loss = loss + model.config.router_aux_loss_coef * global_load_balancing_loss(
+                        out.router_logits, model.config.num_experts_per_tok) / accum
                 loss.backward()
                 loss_sum += loss.detach().double()
             dist.all_reduce(loss_sum)  # fsdpp reports the global loss the same way

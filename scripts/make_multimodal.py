@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prepares a multimodal dataset for fsdpp (engine/train/multimodal_data.h) from image files,
-with the Hugging Face Qwen2-VL image processor: samples.jsonl plus pixels.safetensors.
+with the Hugging Face Qwen2-VL image and video processors: samples.jsonl plus pixels.safetensors.
 
 Usage: .venv/bin/python scripts/make_multimodal.py --model MODEL_DIR --out DIR MANIFEST.jsonl
 
@@ -45,15 +45,15 @@ def main():
     ap.add_argument("--max-pixels", type=int, default=128 * 128)
     args = ap.parse_args()
 
-    from transformers import Qwen2VLImageProcessor
-    from transformers.utils import logging
-    logging.set_verbosity_error()  # video through the image processor: still supported, and deterministic
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
     config_path = args.model if args.model.endswith(".json") else os.path.join(args.model, "config.json")
     config = json.load(open(config_path))
     vision = config["vision_config"]
     merge, patch, frames = vision.get("spatial_merge_size", 2), vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
-    processor = Qwen2VLImageProcessor(patch_size=patch, temporal_patch_size=frames, merge_size=merge,
-                                      min_pixels=args.min_pixels, max_pixels=args.max_pixels)
+    sizes = dict(patch_size=patch, temporal_patch_size=frames, merge_size=merge, min_pixels=args.min_pixels,
+                 max_pixels=args.max_pixels)
+    processor = Qwen2VLImageProcessor(**sizes)
+    video_processor = Qwen2VLVideoProcessor(**sizes, do_sample_frames=False)  # every frame the manifest lists
     encode = lambda text: list(text.encode("utf-8"))  # noqa: E731
     if args.tokenizer:
         from tokenizers import Tokenizer
@@ -87,7 +87,7 @@ def main():
                     sample["images"].append({"pixels": key, "grid": grid.tolist()})
                 else:
                     clip = [load_frame(os.path.join(base, p)) for p in videos.pop(0)]
-                    out = processor(images=None, videos=[clip], return_tensors="pt")
+                    out = video_processor(videos=[clip], return_tensors="pt")
                     patches, grid, token = out["pixel_values_videos"], out["video_grid_thw"][0], config["video_token_id"]
                     sample["videos"].append({"pixels": key, "grid": grid.tolist(),
                                              "seconds_per_grid": frames / float(spec.get("fps", 2.0))})

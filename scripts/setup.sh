@@ -24,8 +24,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-py_pins=(torch==2.11.0 transformers==4.57.1 safetensors tokenizers numpy pillow crc32c==2.7.1 pyarrow==26.0.1
-         tensorboard==2.21.0 peft==0.21.2 tqdm)
+# torchvision: transformers' video processor (scripts/make_multimodal.py) needs it.
+py_pins=(torch==2.11.0 torchvision==0.26.0 transformers==5.24.0 tokenizers==0.23.3 peft==0.21.2 safetensors numpy
+         pillow crc32c==2.7.1 pyarrow==26.0.1 tensorboard==2.21.0 tqdm)
 stamp=.venv/.fsdpp-setup-$(printf '%s\n' "${py_pins[@]}" | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -164,9 +164,8 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
     : dir_(dir) {
   fs::create_directories(dir);
   json config = model_config.raw ? *model_config.raw : json::object();
-  // Older readers know only torch_dtype; newer ones still accept it.
-  config.erase("dtype");
-  config["torch_dtype"] = dtype_name(dtype);
+  // transformers 5 names it dtype; readers before 4.56 know torch_dtype alone.
+  config["dtype"] = config["torch_dtype"] = dtype_name(dtype);
   const std::string config_text = config.dump(2) + "\n";
   write_file_atomically(dir / "config.json", config_text.data(), config_text.size());
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -57,14 +58,58 @@ T read(const nlohmann::json& j, const std::string& key, const std::string& origi
   }
 }
 
-inline void check_range(const std::string& origin, const char* key, int64_t value, int64_t min, int64_t max) {
+// `key` of `j` where null means something other than absent: `if_null` for null, `read`'s
+// `fallback` (transformers' default) when absent.
+template <class T>
+T read_nullable(const nlohmann::json& j, const std::string& key, const std::string& origin, const T& fallback,
+                const T& if_null) {
+  return j.contains(key) && j.at(key).is_null() ? if_null : read<T>(j, key, origin, fallback);
+}
+
+// A field's names across transformers versions, the one 5.x writes first. Its config classes
+// map old names to new ones (attribute_map): Qwen3-MoE's num_experts is saved as
+// num_local_experts by 5.x, and 4.x files on the Hub keep the old name.
+using Spellings = std::initializer_list<const char*>;
+
+// The key under which `j` holds the field: the first of `spellings` present and not null, or
+// the first spelling when none is. Two spellings present with different values are refused,
+// naming both.
+inline std::string spelled_key(const nlohmann::json& j, Spellings spellings, const std::string& origin) {
+  const char* found = nullptr;
+  for (const char* key : spellings) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (found == nullptr) {
+      found = key;
+    } else if (*it != j.at(found)) {
+      throw UserError(origin + ": " + found + " " + j.at(found).dump() + " and " + key + " " + it->dump() +
+                      " disagree (two names of one field)");
+    }
+  }
+  return found != nullptr ? found : *spellings.begin();
+}
+
+// `read` of the field under whichever of its spellings `j` uses.
+template <class T>
+T read_spelled(const nlohmann::json& j, Spellings spellings, const std::string& origin, const T& fallback,
+               bool required = false) {
+  const std::string key = spelled_key(j, spellings, origin);
+  if (required && (!j.contains(key) || j.at(key).is_null())) {
+    std::string names;
+    for (const char* name : spellings) names += (names.empty() ? "'" : " or '") + std::string(name) + "'";
+    throw UserError(origin + ": missing key " + names);
+  }
+  return read<T>(j, key, origin, fallback);
+}
+
+inline void check_range(const std::string& origin, const std::string& key, int64_t value, int64_t min, int64_t max) {
   if (value < min || value > max) {
     throw UserError(origin + ": " + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
                     std::to_string(value));
   }
 }
 
-inline void check_positive(const std::string& origin, const char* key, double value) {
+inline void check_positive(const std::string& origin, const std::string& key, double value) {
   if (!(value > 0)) throw UserError(origin + ": " + key + " must be positive, got " + std::to_string(value));
 }
 

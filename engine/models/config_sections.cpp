@@ -12,14 +12,19 @@ using namespace config_fields;
 
 namespace {
 
-// YaRN's keys; the pre-extension context defaults to max_position_embeddings (0 here until
-// the caller knows it).
-void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
-  if (!block.contains("factor")) throw UserError(where + ": missing key 'factor'");
+// The pre-extension context of llama3 and YaRN scaling; transformers' default is
+// max_position_embeddings (0 here until the caller knows it).
+void read_original_context(const json& block, const std::string& where, RopeScaling& r) {
   r.original_max_position_embeddings = read<int64_t>(block, "original_max_position_embeddings", where, 0);
   if (r.original_max_position_embeddings != 0) {
     check_range(where, "original_max_position_embeddings", r.original_max_position_embeddings, 1, kMaxPositions);
   }
+}
+
+// YaRN's keys.
+void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
+  if (!block.contains("factor")) throw UserError(where + ": missing key 'factor'");
+  read_original_context(block, where, r);
   r.beta_fast = read<double>(block, "beta_fast", where, 32.0);
   r.beta_slow = read<double>(block, "beta_slow", where, 1.0);
   r.mscale = read<double>(block, "mscale", where, 0.0);
@@ -35,36 +40,68 @@ void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
 
 }  // namespace
 
-RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
-  RopeScaling r;
-  // Newer files call the block rope_parameters and may keep "default" there too.
-  const json* block = nullptr;
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (j.contains(key) && j[key].is_object()) block = &j[key];
+RopeBlock read_rope_block(const json& j, const std::string& origin) {
+  RopeBlock rope{.values = json::object()};
+  for (const char* name : {"rope_parameters", "rope_scaling"}) {
+    auto block = j.find(name);
+    if (block == j.end() || block->is_null()) continue;
+    if (!block->is_object()) throw UserError(origin + ": " + name + " must be an object, got " + block->dump());
+    if (rope.name.empty()) rope.name = name;
+    for (const auto& [key, value] : block->items()) {
+      // transformers 5 may nest the block by layer type; every layer here attends alike.
+      if (value.is_object()) {
+        throw UserError(origin + ": " + name + "." + key + ": RoPE parameters per layer type are not supported");
+      }
+      auto seen = rope.values.find(key);
+      if (seen != rope.values.end() && *seen != value) {
+        throw UserError(origin + ": rope_parameters." + key + " " + seen->dump() + " and rope_scaling." + key + " " +
+                        value.dump() + " disagree (two names of one block)");
+      }
+      rope.values[key] = value;
+    }
   }
-  if (block == nullptr) return r;
-  std::string where = origin + ": rope_scaling";
-  const auto rope_type = read<std::string>(*block, "rope_type", where,
-                                           read<std::string>(*block, "type", where, "default"));
-  r.factor = read<double>(*block, "factor", where, 1.0);
+  if (rope.name.empty()) rope.name = "rope_parameters";
+  for (const char* key : {"rope_theta", "partial_rotary_factor"}) {
+    auto top = j.find(key);
+    if (top == j.end() || top->is_null()) continue;
+    auto inner = rope.values.find(key);
+    if (inner != rope.values.end() && !inner->is_null() && *inner != *top) {
+      throw UserError(origin + ": " + key + " " + top->dump() + " and " + rope.name + "." + key + " " +
+                      inner->dump() + " disagree (two places of one field)");
+    }
+    rope.values[key] = *top;
+  }
+  const std::string where = origin + ": " + rope.name;
+  if (read<double>(rope.values, "partial_rotary_factor", where, 1.0) != 1.0) {
+    throw UserError(where + ": partial_rotary_factor " + rope.values["partial_rotary_factor"].dump() +
+                    " is not supported (1.0)");
+  }
+  return rope;
+}
+
+RopeScaling read_rope_scaling(const RopeBlock& rope, const std::string& origin) {
+  RopeScaling r;
+  const json& block = rope.values;
+  const std::string where = origin + ": " + rope.name;
+  // transformers reads rope_type first and the older "type" only without it.
+  const auto rope_type = read<std::string>(block, "rope_type", where, read<std::string>(block, "type", where, "default"));
+  r.factor = read<double>(block, "factor", where, 1.0);
   check_positive(where, "factor", r.factor);
-  r.mrope_section = read<std::vector<int64_t>>(*block, "mrope_section", where, {});
+  r.mrope_section = read<std::vector<int64_t>>(block, "mrope_section", where, {});
   for (int64_t s : r.mrope_section) check_range(where, "mrope_section", s, 1, kMaxWidth);
   if (rope_type == "llama3") {
     r.rope_type = RopeType::llama3;
-    r.low_freq_factor = read<double>(*block, "low_freq_factor", where, 1.0, true);
-    r.high_freq_factor = read<double>(*block, "high_freq_factor", where, 4.0, true);
-    r.original_max_position_embeddings =
-        read<int64_t>(*block, "original_max_position_embeddings", where, 8192, true);
+    r.low_freq_factor = read<double>(block, "low_freq_factor", where, 1.0, true);
+    r.high_freq_factor = read<double>(block, "high_freq_factor", where, 4.0, true);
+    read_original_context(block, where, r);
     check_positive(where, "low_freq_factor", r.low_freq_factor);
-    check_range(where, "original_max_position_embeddings", r.original_max_position_embeddings, 1, kMaxPositions);
     if (r.high_freq_factor <= r.low_freq_factor) {
       throw UserError(where + ": high_freq_factor " + std::to_string(r.high_freq_factor) +
                       " must exceed low_freq_factor " + std::to_string(r.low_freq_factor));
     }
   } else if (rope_type == "yarn") {
     r.rope_type = RopeType::yarn;
-    read_yarn(*block, where, r);
+    read_yarn(block, where, r);
   } else if (rope_type == "linear") {
     r.rope_type = RopeType::linear;
   } else if (rope_type != "default" && rope_type != "mrope") {
@@ -76,12 +113,19 @@ RopeScaling read_rope_scaling(const json& j, const std::string& origin) {
 VisionConfig read_vision(const json& j, const std::string& model_type, const std::string& origin) {
   const std::string where = origin + ": vision_config";
   VisionConfig v;
-  v.depth = read<int64_t>(j, "depth", where, 0, true);
-  v.num_heads = read<int64_t>(j, "num_heads", where, 0, true);
+  v.depth = read_spelled<int64_t>(j, {"depth", "num_hidden_layers"}, where, 0, true);
+  v.num_heads = read_spelled<int64_t>(j, {"num_heads", "num_attention_heads"}, where, 0, true);
   v.patch_size = read<int64_t>(j, "patch_size", where, 14);
   v.temporal_patch_size = read<int64_t>(j, "temporal_patch_size", where, 2);
   v.spatial_merge_size = read<int64_t>(j, "spatial_merge_size", where, 2);
-  v.in_channels = read<int64_t>(j, "in_channels", where, read<int64_t>(j, "in_chans", where, 3));
+  v.in_channels = read_spelled<int64_t>(j, {"in_channels", "in_chans"}, where, 3);
+  const RopeBlock rope = read_rope_block(j, where);
+  const std::string rope_where = where + ": " + rope.name;
+  v.rope_theta = read<double>(rope.values, "rope_theta", rope_where, 10000.0);
+  const auto rope_type = read<std::string>(rope.values, "rope_type", rope_where, "axial");
+  if (rope_type != "axial" && rope_type != "default") {
+    throw UserError(rope_where + ": rope_type '" + rope_type + "' is not supported (axial)");
+  }
   if (model_type == "qwen2_vl") {
     v.embed_dim = read<int64_t>(j, "embed_dim", where, 0, true);
     v.out_hidden_size = read<int64_t>(j, "hidden_size", where, 0, true);
@@ -111,6 +155,7 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
     check_range(where, key, value, 1, kMaxWidth);
   }
   check_range(where, "width", v.embed_dim, 1, kMaxWidth);
+  check_positive(where, "rope_theta", v.rope_theta);
   if (v.windowed) {
     check_range(where, "window_size", v.window_size, 1, kMaxPositions);
     check_positive(where, "tokens_per_second", v.tokens_per_second);
@@ -133,14 +178,15 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
 // Qwen3-MoE's experts; defaults as transformers' Qwen3MoeConfig.
 MoeConfig read_qwen3_moe(const json& j, int64_t layers, const std::string& origin) {
   MoeConfig m;
-  m.num_experts = read<int64_t>(j, "num_experts", origin, 0, true);
+  const std::string experts = spelled_key(j, {"num_local_experts", "num_experts"}, origin);
+  m.num_experts = read<int64_t>(j, experts, origin, 0, true);
   m.num_experts_per_tok = read<int64_t>(j, "num_experts_per_tok", origin, 0, true);
   m.moe_intermediate_size = read<int64_t>(j, "moe_intermediate_size", origin, 0, true);
   m.norm_topk_prob = read<bool>(j, "norm_topk_prob", origin, false);
   m.decoder_sparse_step = read<int64_t>(j, "decoder_sparse_step", origin, 1);
   m.mlp_only_layers = read<std::vector<int64_t>>(j, "mlp_only_layers", origin, {});
   m.router_aux_loss_coef = read<double>(j, "router_aux_loss_coef", origin, 0.001);
-  check_range(origin, "num_experts", m.num_experts, 1, kMaxExperts);
+  check_range(origin, experts, m.num_experts, 1, kMaxExperts);
   check_range(origin, "num_experts_per_tok", m.num_experts_per_tok, 1, m.num_experts);
   check_range(origin, "moe_intermediate_size", m.moe_intermediate_size, 1, kMaxWidth);
   check_range(origin, "decoder_sparse_step", m.decoder_sparse_step, 1, layers);
@@ -152,7 +198,8 @@ MoeConfig read_qwen3_moe(const json& j, int64_t layers, const std::string& origi
 // DeepSeek-V3's experts; defaults as transformers' DeepseekV3Config.
 MoeConfig read_deepseek_moe(const json& j, int64_t layers, const std::string& origin) {
   MoeConfig m{.routing = MoeConfig::Routing::grouped_sigmoid};
-  m.num_experts = read<int64_t>(j, "n_routed_experts", origin, 256);
+  const std::string experts = spelled_key(j, {"n_routed_experts", "num_local_experts"}, origin);
+  m.num_experts = read<int64_t>(j, experts, origin, 256);
   m.num_experts_per_tok = read<int64_t>(j, "num_experts_per_tok", origin, 8);
   m.moe_intermediate_size = read<int64_t>(j, "moe_intermediate_size", origin, 2048);
   m.norm_topk_prob = read<bool>(j, "norm_topk_prob", origin, true);
@@ -161,14 +208,14 @@ MoeConfig read_deepseek_moe(const json& j, int64_t layers, const std::string& or
   m.routed_scaling_factor = read<double>(j, "routed_scaling_factor", origin, 2.5);
   m.n_group = read<int64_t>(j, "n_group", origin, 8);
   m.topk_group = read<int64_t>(j, "topk_group", origin, 4);
-  check_range(origin, "n_routed_experts", m.num_experts, 1, kMaxExperts);
+  check_range(origin, experts, m.num_experts, 1, kMaxExperts);
   check_range(origin, "moe_intermediate_size", m.moe_intermediate_size, 1, kMaxWidth);
   check_range(origin, "first_k_dense_replace", m.first_k_dense_replace, 0, layers);
   check_range(origin, "n_shared_experts", m.n_shared_experts, 0, kMaxExperts);
   check_positive(origin, "routed_scaling_factor", m.routed_scaling_factor);
   check_range(origin, "n_group", m.n_group, 1, m.num_experts);
   if (m.num_experts % m.n_group != 0 || m.num_experts / m.n_group < 2) {
-    throw UserError(origin + ": n_routed_experts " + std::to_string(m.num_experts) + " must split into n_group " +
+    throw UserError(origin + ": " + experts + " " + std::to_string(m.num_experts) + " must split into n_group " +
                     std::to_string(m.n_group) + " groups of at least 2 experts (a group scores by its best two)");
   }
   check_range(origin, "topk_group", m.topk_group, 1, m.n_group);
@@ -179,7 +226,7 @@ MoeConfig read_deepseek_moe(const json& j, int64_t layers, const std::string& or
 // DeepSeek-V3's attention widths; defaults as transformers' DeepseekV3Config.
 LatentAttentionConfig read_latent_attention(const json& j, const std::string& origin) {
   LatentAttentionConfig a;
-  a.q_lora_rank = read<int64_t>(j, "q_lora_rank", origin, 0);  // null: no query compression
+  a.q_lora_rank = read_nullable<int64_t>(j, "q_lora_rank", origin, 1536, 0);  // null: no query compression
   a.kv_lora_rank = read<int64_t>(j, "kv_lora_rank", origin, 512);
   a.qk_nope_head_dim = read<int64_t>(j, "qk_nope_head_dim", origin, 128);
   a.qk_rope_head_dim = read<int64_t>(j, "qk_rope_head_dim", origin, 64);

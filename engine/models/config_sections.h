@@ -5,15 +5,24 @@
 
 #include "models/model_config.h"
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
 
 namespace fsdpp {
 
-// rope_scaling (or rope_parameters in newer files); defaults when neither is an object.
-RopeScaling read_rope_scaling(const nlohmann::json& j, const std::string& origin);
+// RoPE's settings as one block: rope_parameters (transformers 5) and rope_scaling (4.x) merged,
+// with rope_theta and partial_rotary_factor from the top level where 4.x files keep them. A
+// key given differently in two places is refused, naming both; so is a partial rotation.
+struct RopeBlock {
+  nlohmann::json values;  // the merged keys
+  std::string name;       // the block's name in the file, for messages
+};
+RopeBlock read_rope_block(const nlohmann::json& j, const std::string& origin);
+
+// The frequency scaling of `rope`; none (rope_type "default") when it names none.
+RopeScaling read_rope_scaling(const RopeBlock& rope, const std::string& origin);
 
 // vision_config of a Qwen2-VL or Qwen2.5-VL file.
 VisionConfig read_vision(const nlohmann::json& j, const std::string& model_type, const std::string& origin);

@@ -37,6 +37,51 @@ ModelConfig ModelConfig::from_text(const std::string& text, const std::string& o
 
 namespace {
 
+// transformers' defaults that differ between model types (its config classes).
+struct TypeDefaults {
+  int64_t max_position_embeddings;
+  double rope_theta;
+  int64_t num_key_value_heads;  // 0: num_attention_heads
+  double rms_norm_eps;
+};
+
+TypeDefaults defaults_of(const std::string& model_type) {
+  if (model_type == "llama") return {2048, 1e4, 0, 1e-6};
+  if (model_type == "mistral") return {131072, 1e4, 8, 1e-6};
+  if (model_type == "qwen3_moe") return {32768, 1e4, 4, 1e-6};
+  if (model_type == "deepseek_v3") return {4096, 1e4, 128, 1e-6};
+  if (model_type == "qwen2_vl" || model_type == "qwen2_5_vl") return {32768, 1e6, 8, 1e-5};
+  return {32768, 1e4, 32, 1e-6};  // qwen2, qwen3
+}
+
+// RoPE's base and frequency scaling, from wherever the file's transformers version put them.
+void read_rope(const json& j, const std::string& origin, ModelConfig& c, double default_theta) {
+  const RopeBlock rope = read_rope_block(j, origin);
+  c.rope_theta = read<double>(rope.values, "rope_theta", origin + ": " + rope.name, default_theta);
+  c.rope_scaling = read_rope_scaling(rope, origin);
+}
+
+// Mistral's window applies whenever it is set; Qwen2's configs carry one that applies only
+// with use_sliding_window, which is refused. transformers 5 also lists each layer's
+// attention (layer_types): here every layer attends alike, windowed where a window is set.
+void read_attention_window(const json& j, const std::string& origin, ModelConfig& c) {
+  if (c.model_type == "mistral") {
+    c.sliding_window = read_nullable<int64_t>(j, "sliding_window", origin, 4096, 0);  // null: no window
+    if (c.sliding_window != 0) check_range(origin, "sliding_window", c.sliding_window, 1, kMaxPositions);
+  }
+  if (read<bool>(j, "use_sliding_window", origin, false)) {
+    throw UserError(origin + ": use_sliding_window = true is not supported");
+  }
+  const std::string every = c.sliding_window != 0 ? "sliding_attention" : "full_attention";
+  const auto layer_types = read<std::vector<std::string>>(j, "layer_types", origin, {});
+  for (size_t i = 0; i < layer_types.size(); ++i) {
+    if (layer_types[i] != every) {
+      throw UserError(origin + ": layer_types[" + std::to_string(i) + "] '" + layer_types[i] +
+                      "' is not supported (every layer '" + every + "' here)");
+    }
+  }
+}
+
 // The decoder's own fields, with the model type's sections (experts, latent attention).
 void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   c.vocab_size = read<int64_t>(j, "vocab_size", origin, 0, true);
@@ -44,32 +89,25 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   c.intermediate_size = read<int64_t>(j, "intermediate_size", origin, 0, true);
   c.num_hidden_layers = read<int64_t>(j, "num_hidden_layers", origin, 0, true);
   c.num_attention_heads = read<int64_t>(j, "num_attention_heads", origin, 0, true);
-  c.num_key_value_heads = read<int64_t>(j, "num_key_value_heads", origin, c.num_attention_heads);
+  const TypeDefaults defaults = defaults_of(c.model_type);
+  c.num_key_value_heads = read<int64_t>(j, "num_key_value_heads", origin,
+                                        defaults.num_key_value_heads != 0 ? defaults.num_key_value_heads
+                                                                          : c.num_attention_heads);
   if (c.num_attention_heads <= 0 || c.hidden_size <= 0) {
     throw UserError(origin + ": hidden_size and num_attention_heads must be positive");
   }
-  c.head_dim = read<int64_t>(j, "head_dim", origin, c.hidden_size / c.num_attention_heads);
-  c.max_position_embeddings = read<int64_t>(j, "max_position_embeddings", origin, 2048);
-  c.rms_norm_eps = read<double>(j, "rms_norm_eps", origin, 1e-6);
-  c.rope_theta = read<double>(j, "rope_theta", origin, 10000.0);
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-    c.rope_theta = read<double>(j["rope_parameters"], "rope_theta", origin, c.rope_theta);
-  }
-  c.rope_scaling = read_rope_scaling(j, origin);
+  // Qwen3's config class fixes 128; the others derive it.
+  const int64_t head_dim = c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads;
+  c.head_dim = read_nullable<int64_t>(j, "head_dim", origin, head_dim, c.hidden_size / c.num_attention_heads);
+  c.max_position_embeddings = read<int64_t>(j, "max_position_embeddings", origin, defaults.max_position_embeddings);
+  c.rms_norm_eps = read<double>(j, "rms_norm_eps", origin, defaults.rms_norm_eps);
+  read_rope(j, origin, c, defaults.rope_theta);
   c.tie_word_embeddings = read<bool>(j, "tie_word_embeddings", origin, false);
   c.attention_bias = read<bool>(j, "attention_bias", origin, false);
   c.mlp_bias = read<bool>(j, "mlp_bias", origin, false);
   c.initializer_range = read<double>(j, "initializer_range", origin, 0.02);
   c.hidden_act = read<std::string>(j, "hidden_act", origin, "silu");
-  // Mistral's window applies whenever it is set; Qwen2's configs carry one that applies only
-  // with use_sliding_window, which is refused below.
-  if (c.model_type == "mistral") {
-    c.sliding_window = read<int64_t>(j, "sliding_window", origin, 0);
-    if (c.sliding_window != 0) check_range(origin, "sliding_window", c.sliding_window, 1, kMaxPositions);
-  }
-  if (read<bool>(j, "use_sliding_window", origin, false)) {
-    throw UserError(origin + ": use_sliding_window = true is not supported");
-  }
+  read_attention_window(j, origin, c);
   if (c.model_type == "qwen3_moe") c.moe = read_qwen3_moe(j, c.num_hidden_layers, origin);
   if (c.model_type == "deepseek_v3") {
     c.moe = read_deepseek_moe(j, c.num_hidden_layers, origin);
@@ -154,12 +192,16 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   if (!file.is_object()) throw UserError(origin + ": a model config must be a JSON object");
   ModelConfig c;
   c.model_type = read<std::string>(file, "model_type", origin, "", true);
+  // The weights' dtype is [model] dtype's to choose; the file's two names for it must agree.
+  spelled_key(file, {"dtype", "torch_dtype"}, origin);
   // Multimodal files keep the language model's keys in text_config (older ones at the top).
   json j = file;
   if (file.contains("text_config") && file["text_config"].is_object()) {
     for (const auto& [key, value] : file["text_config"].items()) {
       if (key != "model_type") j[key] = value;
     }
+    // Files before transformers 5 tie the embeddings in text_config, 5.x at the top: either ties.
+    if (read<bool>(file, "tie_word_embeddings", origin, false)) j["tie_word_embeddings"] = true;
   }
   read_decoder(j, origin, c);
   check_decoder(c, origin);

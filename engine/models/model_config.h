@@ -34,6 +34,8 @@ struct RopeScaling {
   std::optional<double> attention_factor;  // yarn: cos and sin scale, when given outright
   bool truncate = true;               // yarn: the correction range rounded outwards to whole dimensions
   std::vector<int64_t> mrope_section;  // multimodal RoPE: frequency pairs for the t, h, w axes
+
+  bool operator==(const RopeScaling&) const = default;
 };
 
 // The vision tower of a Qwen2-VL or Qwen2.5-VL model (config.json's vision_config).
@@ -52,6 +54,9 @@ struct VisionConfig {
   int64_t window_size = 0;          // Qwen2.5-VL: window attention span in pixels
   std::vector<int64_t> fullatt_block_indexes;  // Qwen2.5-VL: blocks attending over the whole image
   double tokens_per_second = 0.0;   // Qwen2.5-VL: temporal RoPE positions per second of video
+  double rope_theta = 10000.0;      // base of the patches' 2-D RoPE
+
+  bool operator==(const VisionConfig&) const = default;
 };
 
 // The routed experts of a mixture-of-experts model.
@@ -76,6 +81,7 @@ struct MoeConfig {
   int64_t topk_group = 1;              // ... of which a token's K experts come from the best these many
 
   bool is_moe_layer(int64_t layer) const;
+  bool operator==(const MoeConfig&) const = default;
 };
 
 // DeepSeek-V3's multi-head latent attention: queries (optionally) and keys/values pass through
@@ -88,6 +94,8 @@ struct LatentAttentionConfig {
   int64_t qk_rope_head_dim = 0;  // per head: query/key part with RoPE (config.head_dim)
   int64_t v_head_dim = 0;        // per head: value width
   bool rope_interleave = true;   // the rotary part's pairs are interleaved in the weights
+
+  bool operator==(const LatentAttentionConfig&) const = default;
 };
 
 struct ModelConfig {

@@ -101,26 +101,27 @@ torch::Tensor VisionLanguageLM::position_ids(const torch::Tensor& input_ids,
       const int64_t frames = grids[index][0].item<int64_t>(), rows = grids[index][1].item<int64_t>() / merge,
                     cols = grids[index][2].item<int64_t>() / merge;
       ++index;
-      // Qwen2.5-VL: a video's frame f sits at f × whole seconds per patch × tokens_per_second
-      // (the seconds truncated to an integer first, as transformers does).
-      double frame_step = 1.0;
-      if (visual_->config().windowed) {
-        const bool timed = video && vision.second_per_grid_ts.defined();
-        const auto seconds = image ? 0 : timed ? static_cast<int64_t>(vision.second_per_grid_ts[index - 1].item<double>()) : 1;
-        frame_step = static_cast<double>(seconds) * visual_->config().tokens_per_second;
+      // A video's frame f sits at f × tokens_per_second × its seconds per temporal patch
+      // (Qwen2.5-VL; 1 second where the batch gives none), in float32 and truncated, as
+      // transformers computes it; Qwen2-VL's frames and every image step by 1.
+      float frame_step = 1.0F;
+      if (video && visual_->config().windowed) {
+        const float seconds =
+            vision.second_per_grid_ts.defined() ? vision.second_per_grid_ts[index - 1].item<float>() : 1.0F;
+        frame_step = static_cast<float>(visual_->config().tokens_per_second) * seconds;
       }
-      int64_t largest = next;
       for (int64_t f = 0; f < frames; ++f) {
-        const auto frame = static_cast<int64_t>(static_cast<double>(f) * frame_step);
+        const auto frame = static_cast<int64_t>(static_cast<float>(f) * frame_step);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < cols; ++c, ++t) {
             TORCH_CHECK(t < T, "a vision block runs past the end of the sequence");
             pos[0][b][t] = next + frame, pos[1][b][t] = next + r, pos[2][b][t] = next + c;
-            largest = std::max({largest, next + frame, next + r, next + c});
           }
         }
       }
-      next = largest + 1;
+      // Text resumes past the block's rows and columns, whatever its frames span: transformers
+      // 5's placement (4.x resumed past the largest position, a long video's frames included).
+      next += std::max(rows, cols);
     }
   }
   return out.to(input_ids.device());

@@ -134,7 +134,7 @@ VisionTransformer::VisionTransformer(const VisionConfig& c, const torch::TensorO
     : Module(name_of(c, "Qwen2VisionTransformerPretrainedModel", "Qwen2_5_VisionTransformerPretrainedModel")),
       config_(c) {
   const int64_t rotary_dim = c.embed_dim / c.num_heads / 2;  // half the head for rows, half for columns
-  inv_freq_ = 1.0 / at::pow(10000.0, at::arange(0, rotary_dim, 2, at::kFloat) / static_cast<double>(rotary_dim));
+  inv_freq_ = 1.0 / at::pow(c.rope_theta, at::arange(0, rotary_dim, 2, at::kFloat) / static_cast<double>(rotary_dim));
   patch_embed_ = register_child("patch_embed", std::make_shared<PatchEmbed>(c, opts));
   auto blocks = register_child("blocks", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.depth; ++i) blocks_.push_back(blocks->append(std::make_shared<VisionBlock>(c, opts)));

@@ -14,6 +14,18 @@ set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
 moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=8 --metric aux_loss --metric expert_load)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name moe "${moe[@]}"
+# The same model as transformers 5 saves it (num_local_experts, rope_parameters, its own
+# initial weights), trained from those weights.
+saved="$WORK/fsdp/moe-transformers5"
+"$PYTHON" - tests/assets/models/fsdp-qwen3-moe "$saved" <<'PY'
+import sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])
+PY
+"$PYTHON" tests/fsdp/check_fsdp.py 2 --name moe-transformers5 --set "model.path=\"$saved\"" --set data.seq_len=8 \
+  --metric aux_loss
 "$PYTHON" tests/fsdp/check_fsdp.py 2 4 --name moe-expert-units "${moe[@]}" --set train.grad_accum=2 \
   --set 'policy.options.experts="unit"' --set policy.options.experts_reshard_after_forward=2 \
   --set policy.options.activation_checkpoint=true

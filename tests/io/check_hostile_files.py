@@ -192,6 +192,13 @@ def hf_cases(ckpt):
         ("no positions", ["max_position_embeddings must be in [1,"], {"max_position_embeddings": 0}),
         ("garbage rope_scaling", ["rope_scaling: rope_type 'garbage' is not supported"],
          {"rope_scaling": {"rope_type": "garbage"}}),
+        # Two versions' names of one field, or two places of one value, that disagree.
+        ("dtype against torch_dtype", ['dtype "float32" and torch_dtype "bfloat16" disagree'],
+         {"dtype": "float32", "torch_dtype": "bfloat16"}),
+        ("rope_theta in two places", ["rope_theta 10000.0 and rope_parameters.rope_theta 500000.0 disagree"],
+         {"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+        ("a sliding layer", ["layer_types[1] 'sliding_attention' is not supported"],
+         {"layer_types": ["full_attention", "sliding_attention"]}),
         ("absurd width", ["describes a model of about", "more than the 1000B"],
          {"hidden_size": 2**20, "intermediate_size": 2**20, "num_attention_heads": 1024, "num_key_value_heads": 1024,
           "head_dim": 1024, "num_hidden_layers": 4096}),

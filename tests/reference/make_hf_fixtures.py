@@ -11,6 +11,8 @@ from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers.core_model_loading import revert_weight_conversion
+from transformers.utils import logging
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
@@ -31,7 +33,10 @@ COMMON = dict(
     initializer_range=0.2,
     rms_norm_eps=1e-6,
     attention_dropout=0.0,
+    # The plainest kernels as the reference: transformers' grouped expert product needs rows
+    # of 16-byte multiples on a CPU, which these odd widths are not.
     attn_implementation="eager",
+    experts_implementation="eager",
 )
 BATCH, SEQ = 2, 13
 # Packed rows of SEQ tokens: documents (by their length) laid out row by row, the last row
@@ -101,6 +106,14 @@ MODELS = {
 }
 
 
+def by_checkpoint_name(model, tensors, prefix):
+    """`tensors` (one per parameter, by parameter name) under the names the checkpoint holds,
+    each with `prefix`: transformers keeps a MoE layer's experts fused in memory
+    (experts.gate_up_proj [E, 2I, C], experts.down_proj [E, C, I]) and splits them one by one
+    when it saves, as fsdpp names them; its own save-time conversion does the split."""
+    return {prefix + n: t.contiguous() for n, t in revert_weight_conversion(model, dict(tensors)).items()}
+
+
 def fail(msg):
     print(f"make_hf_fixtures: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -159,8 +172,8 @@ def packed_reference(model, gen, vocab_size):
         # An expert no token reached has no gradient here; the engine's is zero.
         grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
         ref[f"{variant}.loss"] = loss.detach().reshape(())
-        ref.update({f"{variant}.grad.{n}": torch.zeros_like(p) if g is None else g.detach().clone()
-                    for (n, p), g in zip(params, grads)})
+        ref.update(by_checkpoint_name(model, ((n, torch.zeros_like(p) if g is None else g.detach().clone())
+                                              for (n, p), g in zip(params, grads)), f"{variant}.grad."))
     ref["packed.logits"] = logits
     return ref
 
@@ -175,7 +188,7 @@ def make_one(outdir, name, seed, cls, config, save_args):
     input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.int64)
     # DeepSeek-V3's routers return the experts they chose: kept by a hook, layer by layer.
     chosen = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: chosen.append(out[0].detach()))
+    hooks = [m.register_forward_hook(lambda _m, _i, out: chosen.append(out[-1].detach()))
              for n, m in model.named_modules() if type(m).__name__ == "DeepseekV3TopkRouter"]
     out = model(input_ids, labels=input_ids)
     for h in hooks:
@@ -194,10 +207,11 @@ def make_one(outdir, name, seed, cls, config, save_args):
         chosen = [torch.topk(logits.softmax(-1), config.num_experts_per_tok, -1).indices for logits in out.router_logits]
     for i, selected in enumerate(chosen):
         ref[f"selected.{i}"] = selected.sort(-1).values.contiguous()
-    for n, p in model.named_parameters():
+    for p in model.parameters():
         if p.grad is None:  # an expert no token reached: the engine's gradient is zero
             p.grad = torch.zeros_like(p)
-        ref[f"grad.{n}"] = p.grad.detach().clone()  # clipping below scales p.grad in place
+    # Copies: clipping below scales p.grad in place.
+    ref.update(by_checkpoint_name(model, ((n, p.grad.detach().clone()) for n, p in model.named_parameters()), "grad."))
 
     ref.update(packed_reference(model, gen, config.vocab_size))
 
@@ -214,8 +228,7 @@ def make_one(outdir, name, seed, cls, config, save_args):
          {"params": [p for _, p in named if p.ndim < 2], "weight_decay": 0.0}],
         lr=LR, betas=BETAS, eps=EPS, foreach=False)
     opt.step()
-    for n, p in named:
-        ref[f"updated.{n}"] = p.detach().clone()
+    ref.update(by_checkpoint_name(model, ((n, p.detach().clone()) for n, p in named), "updated."))
 
     save_file(ref, os.path.join(d, "reference.safetensors"))
     shards = sum(f.endswith(".safetensors") and f != "reference.safetensors" for f in os.listdir(d))
@@ -232,6 +245,7 @@ def main():
     args = ap.parse_args()
 
     torch.set_num_threads(1)
+    logging.disable_progress_bar()
     t0 = time.perf_counter()
     try:
         for name, (seed, cls, config, save_args) in MODELS.items():

@@ -21,7 +21,8 @@ MERGE, PATCH, FRAMES, CHANNELS = 2, 4, 2, 3
 
 TEXT = dict(vocab_size=300, hidden_size=48, intermediate_size=88, num_hidden_layers=2, num_attention_heads=6,
             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
-            initializer_range=0.2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]})
+            initializer_range=0.2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+            bos_token_id=None, eos_token_id=None)  # Qwen's own ids lie past this vocabulary
 TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
               tie_word_embeddings=False, attn_implementation="eager")
 PATCHING = dict(patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=FRAMES, in_channels=CHANNELS,
@@ -92,7 +93,10 @@ def make_one(outdir, name, cls, config):
         if cls is Qwen2VLForConditionalGeneration:
             kwargs = {k: v for k, v in kwargs.items() if k != "second_per_grid_ts"}
         model.zero_grad()
-        result = model(input_ids=ids, labels=ids, **kwargs)
+        # Each token's modality (text 0, image 1, video 2), which transformers' processor returns
+        # beside input_ids; fsdpp finds the placeholders itself.
+        modality = (ids == IMAGE).int() + 2 * (ids == VIDEO).int()
+        result = model(input_ids=ids, labels=ids, mm_token_type_ids=modality, **kwargs)
         reference[f"{case}.input_ids"] = ids
         reference[f"{case}.logits"] = result.logits.detach().contiguous()
         for key, value in kwargs.items():

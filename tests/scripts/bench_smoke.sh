@@ -7,13 +7,17 @@ set -euo pipefail
 bash scripts/make_corpus.sh >/dev/null
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for bench in bench_fsdp.py bench_train.py bench_moe.sh bench_lora.sh bench_packing.py bench_checkpoint.py bench_plan.sh; do
-  case $bench in
-    *.py) run=("$PYTHON" "scripts/$bench") ;;
-    *.sh) run=(bash "scripts/$bench") ;;
+# bench_fsdp.py twice: dense, and a Qwen3-MoE whose peer adds the load-balancing loss over
+# every rank, as fsdpp does.
+for bench in bench_fsdp.py "bench_fsdp.py --config examples/tiny-qwen3-moe.toml" bench_train.py bench_moe.sh \
+             bench_lora.sh bench_packing.py bench_checkpoint.py bench_plan.sh; do
+  read -r -a args <<<"$bench"
+  case ${args[0]} in
+    *.py) run=("$PYTHON" "scripts/${args[0]}") ;;
+    *.sh) run=(bash "scripts/${args[0]}") ;;
   esac
   SECONDS=0
-  if ! "${run[@]}" --smoke --fsdpp "$FSDPP" >"$log" 2>&1; then
+  if ! "${run[@]}" "${args[@]:1}" --smoke --fsdpp "$FSDPP" >"$log" 2>&1; then
     cat "$log" >&2
     echo "$bench --smoke failed (its output is above)" >&2
     exit 1

@@ -240,8 +240,9 @@ def check_chats():
     ids, marks = expected_chat(tok, CHATS[0])
     assert tok.decode([t for t, m in zip(ids, marks) if m]) == "The word is water.<|im_end|>\n<|endoftext|>"
     merged = CHATS[-1]
-    prompt = tok.apply_chat_template(merged[:1], tokenize=True, add_generation_prompt=True)
-    assert tok.apply_chat_template(merged[:2], tokenize=True)[:len(prompt)] != prompt, "no merge across the prompt"
+    prompt = tok.apply_chat_template(merged[:1], add_generation_prompt=True, return_dict=True)["input_ids"]
+    whole = tok.apply_chat_template(merged[:2], return_dict=True)["input_ids"]
+    assert whole[:len(prompt)] != prompt, "no merge across the prompt"
 
     jsonl = write_jsonl("chats.jsonl", [{"messages": chat} for chat in CHATS[:4]])
     struct_type = pyarrow.list_(pyarrow.struct([("role", pyarrow.string()), ("content", pyarrow.string())]))

@@ -99,7 +99,7 @@ def check_rewriting_template():
     tokens, ends, mask, _ = read_token_file(out)
     assert len(ends) == 2, ends
     for turn, (begin, end) in zip((1, 3), zip([0] + ends, ends)):
-        expected = tok.apply_chat_template(chat[:turn + 1], tokenize=True) + [tok.eos_token_id]
+        expected = tok.apply_chat_template(chat[:turn + 1], return_dict=True)["input_ids"] + [tok.eos_token_id]
         assert tokens[begin:end] == expected, (tok.decode(tokens[begin:end]), tok.decode(expected))
         learned = tok.decode([t for t, m in zip(tokens[begin:end], mask[begin:end]) if m])
         assert learned == chat[turn]["content"] + "<|im_end|>\n<|endoftext|>", learned
