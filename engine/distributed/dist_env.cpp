@@ -40,13 +40,11 @@ std::string first_host(std::string list) {
 DistEnv DistEnv::from_environment() {
   DistEnv e;
   if (env("RANK") && env("WORLD_SIZE")) {
-    e.launched = true;
     e.rank = env_int("RANK", 0);
     e.world_size = env_int("WORLD_SIZE", 1);
     e.local_rank = env_int("LOCAL_RANK", e.rank);
     e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
-    e.launched = true;
     e.rank = env_int("SLURM_PROCID", 0);
     e.world_size = env_int("SLURM_NTASKS", 1);
     e.local_rank = env_int("SLURM_LOCALID", 0);
@@ -64,12 +62,14 @@ DistEnv DistEnv::from_environment() {
 }
 
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
-  // Without NCCL in this build a launched run must talk over gloo, hence compute on the CPU.
-  const bool gpu_groups = !env.launched || nccl_available();
+  // Without NCCL in this build a world of several ranks must talk over gloo, hence compute
+  // on the CPU; a world of one talks to no one.
+  const bool single = env.world_size == 1;
+  const bool gpu_groups = single || nccl_available();
   const c10::Device device = resolve_device(config.device == "auto" && !gpu_groups ? "cpu" : config.device, env.local_rank,
                                              env.local_world_size);
   use_device(device);
-  if (!env.launched) {
+  if (single) {
     if (!device.is_cpu()) log_info("device: ", device.str());
     return Comm::single(device);
   }

@@ -13,7 +13,6 @@
 namespace fsdpp {
 
 struct DistEnv {
-  bool launched = false;         // a launcher set the variables (else: one plain process)
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -25,8 +24,9 @@ struct DistEnv {
   static DistEnv from_environment();
 };
 
-// The world group for `env` (a single-process group when not launched), on the device the
-// config asks for, which becomes this thread's current device.
+// The world group for `env` on the device the config asks for, which becomes this thread's
+// current device. A world of one, launched or a plain process alike, is a group of one with
+// no backend: its collectives are its own values, and no rendezvous is needed.
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config);
 
 }  // namespace fsdpp

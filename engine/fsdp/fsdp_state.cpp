@@ -162,12 +162,7 @@ std::vector<GradGroup> FsdpState::grad_groups() const {
 }
 
 void FsdpState::for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit) {
-  for (const auto& unit : units_) {
-    const bool was_unsharded = unit->is_unsharded();
-    unit->unshard();
-    for (const auto& p : unit->params()) visit(p.name, p.param.detach());
-    if (!was_unsharded) unit->reshard();
-  }
+  for (const auto& unit : units_) unit->for_each_full_value(visit);
 }
 
 void FsdpState::reshard_all() {

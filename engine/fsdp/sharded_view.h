@@ -1,8 +1,8 @@
 // What training needs of the parameters it updates, however they are laid out: their shards
 // (the optimizer's tensors, and what checkpoints save), the groups clipping sums gradient
 // norms over, each parameter's full value (for export), and when gathered copies must go.
-// FsdpState is the sharded implementation; WholeModel the one of a single process, where
-// every parameter is its own only shard.
+// FsdpState implements it, at one rank as at many; the optimizer's grouping, checkpoints,
+// export and expert balancing see only this.
 #pragma once
 
 #include "core/module_tree.h"
@@ -46,8 +46,8 @@ class ShardedView {
   virtual std::vector<std::string> mesh_shapes() const = 0;
   // One group per mesh, for clipping by a single norm over every shard.
   virtual std::vector<GradGroup> grad_groups() const = 0;
-  // Runs `visit(name, full tensor)` for every parameter with its full value (a collective
-  // when sharded: every rank must call it).
+  // Runs `visit(name, full tensor)` for every parameter with its full value as the optimizer
+  // holds it (the masters, not their compute-dtype copies): a collective, every rank calls it.
   virtual void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit) = 0;
   // Frees gathered parameters: due before the optimizer changes the masters.
   virtual void reshard_all() = 0;

@@ -197,6 +197,27 @@ void FsdpUnit::unshard() {
   unsharded_ = true;
 }
 
+void FsdpUnit::for_each_full_value(const std::function<void(const std::string&, const at::Tensor&)>& visit) const {
+  at::NoGradGuard no_grad;
+  const int world = comm_->size();
+  auto gather = [&](const at::Tensor& local) {  // [n] -> [S, n], rank-major
+    at::Tensor out = at::empty({world * local.numel()}, local.options());
+    if (local.numel() > 0) comm_->all_gather(out, local);
+    return out.view({world, local.numel()});
+  };
+  const at::Tensor masters = gather(masters_), constants = gather(constants_);
+  const int64_t held = masters_.numel();
+  int64_t offset = 0;  // in the unit's shard [T]: the masters' M, then the constants
+  for (const auto& p : params_) {
+    const at::Tensor& by_rank = offset < held ? masters : constants;
+    const int64_t column = offset < held ? offset : offset - held;
+    // The rank-major shards concatenate to the full parameter followed by padding.
+    const at::Tensor full = by_rank.narrow(1, column, p.shard_numel()).reshape({-1}).narrow(0, 0, p.numel());
+    visit(p.name, full.view(p.param.sizes()));
+    offset += p.shard_numel();
+  }
+}
+
 void FsdpUnit::fill_params(const at::Tensor& gathered) {
   if (comm_->size() == 1) {
     // One rank's shard is every parameter end to end, unpadded: the parameters view it in

@@ -69,6 +69,10 @@ class FsdpUnit {
   void add_host_gradients();
   void pre_backward();
   void end_backward() { reduced_ = false; }
+  // Runs visit(name, full value) for each parameter from what the optimizer holds: its masters
+  // (a frozen parameter's compute-dtype shard where it has none), gathered over the shard
+  // group, whatever dtype the unit computes in. A collective over the shard group.
+  void for_each_full_value(const std::function<void(const std::string&, const at::Tensor&)>& visit) const;
 
  private:
   void install_hooks();

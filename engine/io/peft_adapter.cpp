@@ -89,16 +89,23 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
 
 bool PeftAdapter::holds(const std::string& name) const { return weights_->contains(peft_tensor_name(name)); }
 
-ShardFill PeftAdapter::fill() const {
-  return [weights = weights_, file = (dir_ / kWeightsFile).string()](const std::string& name, const at::Tensor& param,
-                                                                      at::Tensor& rows, int64_t first_row) {
-    const std::string stored = peft_tensor_name(name);
-    if (!weights->contains(stored)) throw UserError(file + ": no tensor '" + stored + "'");
-    const at::Tensor full = weights->tensor(stored);
-    if (full.sizes() != param.sizes()) {
-      throw UserError(file + ": tensor '" + stored + "' has shape " + c10::str(full.sizes()) + ", the model's " +
-                      c10::str(param.sizes()));
+void PeftAdapter::check_shapes(Module& model) const {
+  const std::string file = (dir_ / kWeightsFile).string();
+  for (const auto& p : unique_named_parameters(model)) {
+    if (!is_adapter_parameter(p.name) && !holds(p.name)) continue;
+    const std::string stored = peft_tensor_name(p.name);
+    if (!weights_->contains(stored)) throw UserError(file + ": no tensor '" + stored + "'");
+    const std::vector<int64_t>& shape = weights_->entries().at(stored).shape;
+    if (c10::IntArrayRef(shape) != p.tensor.sizes()) {
+      throw UserError(file + ": tensor '" + stored + "' has shape " + c10::str(c10::IntArrayRef(shape)) +
+                      ", the model's " + c10::str(p.tensor.sizes()));
     }
+  }
+}
+
+ShardFill PeftAdapter::fill() const {
+  return [weights = weights_](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
+    const at::Tensor full = weights->tensor(peft_tensor_name(name));
     rows.view({rows.size(0), -1}).copy_(full.reshape({param.size(0), -1}).narrow(0, first_row, rows.size(0)));
   };
 }

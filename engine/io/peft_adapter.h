@@ -14,6 +14,8 @@
 
 namespace fsdpp {
 
+class Module;
+
 class PeftAdapter {
  public:
   // Reads and checks `dir` (a LoRA adapter, without DoRA or rsLoRA); faults are UserErrors
@@ -26,7 +28,10 @@ class PeftAdapter {
   // Whether the file holds the parameter (engine name): an adapter's, or one of a trainable
   // base module (PEFT's modules_to_save).
   bool holds(const std::string& name) const;
-  // Rows of the parameters it holds, as FSDP asks for them.
+  // Refuses the adapter, before a row is read, where a tensor it holds for a parameter of
+  // `model` (built with the adapters on) has another shape: a UserError naming the file and tensor.
+  void check_shapes(Module& model) const;
+  // Rows of the parameters it holds, as FSDP asks for them (check_shapes first).
   ShardFill fill() const;
 
  private:

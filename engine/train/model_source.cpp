@@ -119,6 +119,7 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
   auto build = [&](const ModelConfig& model_config) {
     loaded.model = build_model(model_config, opts);
     if (loaded.lora) apply_lora(*loaded.model, *loaded.lora, opts);
+    if (adapter) adapter->check_shapes(*loaded.model);  // before any rank reads a row
   };
   std::string source;  // for the log, once the values are in
   if (from_checkpoint) {

@@ -198,7 +198,7 @@ json RunCheckpointer::metadata(int64_t step, const json& client_state, const at:
   return meta;
 }
 
-ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool parameters_loaded) {
+ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint) {
   const json& meta = checkpoint.metadata();
   const std::string where = checkpoint.dir().string();
   const json& saved = meta.at("data");
@@ -215,14 +215,13 @@ ResumePoint RunCheckpointer::restore(const ShardedCheckpoint& checkpoint, bool p
   }
   at::NoGradGuard no_grad;
   ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object())};
-  auto read = [&](const std::string& key, at::Tensor t, int64_t first_row) { checkpoint.read_rows(key, t, first_row); };
   const auto adam_steps = static_cast<double>(meta.at("optimizer").at("steps").get<int64_t>());
-  // An adapter-only checkpoint leaves the frozen base to the base model already loaded.
-  const bool adapters_only = meta.value("model", json::object()).contains("base");
   for (auto& s : shards_) {
-    if (!parameters_loaded && !(adapters_only && !s.rows.requires_grad())) read("model/" + s.name, s.rows, s.first_row);
     if (auto state = optimizer_.state_of(s.rows)) {
-      for (int m = 0; m < 2; ++m) read(std::string(kMoments[m]) + "/" + s.name, moment(*state, m), s.first_row);
+      for (int m = 0; m < 2; ++m) {
+        at::Tensor rows = moment(*state, m);  // shares the state's storage: read in place
+        checkpoint.read_rows(std::string(kMoments[m]) + "/" + s.name, rows, s.first_row);
+      }
       state->step.fill_(adam_steps);
     }
   }

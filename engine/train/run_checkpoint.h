@@ -45,10 +45,10 @@ class RunCheckpointer {
   // rank calls it). A step already saved is left as it is.
   void save(int64_t step, const nlohmann::json& client_state);
 
-  // Restores the optimizer, data position and RNG state from `checkpoint`, and the
-  // parameters too unless `parameters_loaded` (they came in through checkpoint_fill). A data
-  // stream the position cannot carry over to is refused with the reason.
-  ResumePoint restore(const ShardedCheckpoint& checkpoint, bool parameters_loaded);
+  // Restores the optimizer, data position and RNG state from `checkpoint`; the parameters
+  // came in when the model was sharded (checkpoint_fill). A data stream the position cannot
+  // carry over to is refused with the reason.
+  ResumePoint restore(const ShardedCheckpoint& checkpoint);
 
  private:
   // Writes this rank's rows, moments and RNG state into `staging`; returns its file's

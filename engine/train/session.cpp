@@ -7,7 +7,6 @@
 #include "core/log.h"
 #include "distributed/dist_env.h"
 #include "fsdp/fsdp_state.h"
-#include "fsdp/whole_model.h"
 #include "io/hf_dir.h"
 #include "models/registry.h"
 
@@ -16,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace fsdpp {
 
@@ -39,17 +40,36 @@ std::shared_ptr<const ShardedCheckpoint> open_resume_checkpoint(const Checkpoint
   return nullptr;
 }
 
+// The dtypes the run computes and reduces in, per kind of unit, and its masters':
+// "compute bfloat16, reduce float32 (12 units); compute float32, reduce float32 (1 unit); masters float32".
+std::string precision_line(const ResolvedPlan& resolved, at::ScalarType masters) {
+  std::vector<std::pair<std::string, int>> kinds;  // in the order units first show them
+  for (const auto& unit : resolved.units) {
+    const std::string kind = "compute " + dtype_name(unit.compute_dtype) + ", reduce " + dtype_name(unit.reduce_dtype);
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0});
+    ++it->second;
+  }
+  std::string line;
+  for (const auto& [kind, units] : kinds) {
+    line += kind + " (" + std::to_string(units) + (units == 1 ? " unit); " : " units); ");
+  }
+  return line + "masters " + dtype_name(masters);
+}
+
 // Shards the model by the policy's plan, each rank filling its rows from the checkpoint or
 // the loaded weights, which are then unmapped.
 std::unique_ptr<FsdpState> shard_model(const RunConfig& config, const Plan& plan, Session& s) {
   CausalLM& model = *s.loaded.model;
   const int rank = s.comm->rank(), world = s.comm->size();
-  const ResolvedPlan resolved = resolve_plan(plan, model, world, parse_dtype(config.model.dtype));
+  const at::ScalarType model_dtype = parse_dtype(config.model.dtype);
+  const ResolvedPlan resolved = resolve_plan(plan, model, world, model_dtype);
   if (rank == 0) {
     const std::string constants = resolved.constant_param_bytes == 0 ? "" : " (" +
         std::to_string(resolved.constant_param_bytes) + " B of them frozen, held in their compute dtype)";
     log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes, " B", constants,
              ", gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
+    log_info("precision: ", precision_line(resolved, master_dtype(model_dtype)));
   }
   auto fsdp = std::make_unique<FsdpState>(model, s.comm, resolved,
                                           s.checkpoint ? checkpoint_fill(s.checkpoint, s.loaded.fill) : s.loaded.fill,
@@ -101,22 +121,16 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
   const ModelConfig model_config = model_config_of(config.model);
   s.batches = open_batches(config.data, model_config);
   config.experts.check_model(model_config, config.file.string());
-  // The policy reads a skeleton of the model (no memory): its units shard a launched run, and
-  // its LoRA declaration puts adapters on the model of any run before its values load.
+  // The policy reads a skeleton of the model (no memory): its units shard the run, one rank
+  // or many, and its LoRA declaration puts adapters on the model before its values load.
   const Plan plan = build_plan(*build_model(model_config, torch::TensorOptions().dtype(parse_dtype(config.model.dtype))
                                                               .device(torch::kMeta)),
                                s.comm->size(), rank);
-  s.loaded = load_model(config.model, /*unallocated=*/env.launched, plan.lora ? &*plan.lora : nullptr);
+  s.loaded = load_model(config.model, /*unallocated=*/true, plan.lora ? &*plan.lora : nullptr);
   CausalLM& model = *s.loaded.model;
   s.parameters = model.recursive_param_count();  // numel holds for unallocated parameters too
-  s.sharded = env.launched;
-  if (!s.sharded) model.to(s.device);  // a sharded model is placed unit by unit instead
   model.train();
-  if (s.sharded) {
-    s.view = shard_model(config, plan, s);
-  } else {
-    s.view = std::make_unique<WholeModel>(model);
-  }
+  s.view = shard_model(config, plan, s);  // places the model unit by unit
   s.optimizer = std::make_unique<AdamW>(decay_groups(s.view->sharded_parameters(), config.optimizer.weight_decay),
                                         config.optimizer);
   s.checkpointer = std::make_unique<RunCheckpointer>(config, model.config(), s.comm, s.view->shard_rows(),
@@ -132,7 +146,7 @@ Session set_up(const RunConfig& config, const PlanBuilder& build_plan) {
 }
 
 int64_t resume(Session& s, TrainSummary& summary, std::chrono::steady_clock::time_point load_start) {
-  const ResumePoint point = s.checkpointer->restore(*s.checkpoint, /*parameters_loaded=*/s.sharded);
+  const ResumePoint point = s.checkpointer->restore(*s.checkpoint);
   summary.steps = point.step;
   summary.skipped_steps = point.client_state.value("skipped_steps", int64_t{0});
   const ReadStats read = s.checkpoint->read_stats();

@@ -1,6 +1,6 @@
-// What a training run builds before its first step: the process group, the model (sharded
-// by the policy's plan when launched), its batches, the optimizer over its shards, the
-// checkpointer, and the checkpoint it resumes from.
+// What a training run builds before its first step: the process group, the model sharded by
+// the policy's plan (over one rank as over many), its batches, the optimizer over its
+// shards, the checkpointer, and the checkpoint it resumes from.
 #pragma once
 
 #include "distributed/comm.h"
@@ -25,20 +25,19 @@ struct Session {
   std::shared_ptr<Comm> comm;
   c10::Device device = at::kCPU;
   int64_t rows = 0;  // this rank's rows of every global micro-batch
-  bool sharded = false;  // launched: the model is sharded by the policy's plan
-  size_t units = 0;      // FSDP units when sharded
+  size_t units = 0;  // the plan's FSDP units
   int64_t parameters = 0;  // the whole model's, counted before sharding
   std::shared_ptr<const ShardedCheckpoint> checkpoint;  // the one to resume from, if any
   LoadedModel loaded;
-  std::unique_ptr<ShardedView> view;  // FsdpState when launched, else WholeModel
+  std::unique_ptr<ShardedView> view;  // the FsdpState of the policy's plan
   std::unique_ptr<Batches> batches;
   std::unique_ptr<AdamW> optimizer;
   std::unique_ptr<RunCheckpointer> checkpointer;
   std::optional<ExpertBalance> experts;  // mixture-of-experts models
 };
 
-// Builds the run's session for this rank (a collective when launched): the rendezvous, the
-// data, the policy's plan over a skeleton of the model, the weights, the shards.
+// Builds the run's session for this rank (a collective): the rendezvous, the data, the
+// policy's plan over a skeleton of the model, the weights, the shards.
 Session set_up(const RunConfig& config, const PlanBuilder& build_plan);
 
 // Restores the run from s.checkpoint into the session and `summary`, logging the read rate

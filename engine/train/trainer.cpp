@@ -1,6 +1,7 @@
-// The training loop. Launched on several ranks it trains the model sharded by the policy's
-// plan (set up in session.cpp), gives each rank its rows of every global batch, and normalises the loss by the step's global target count,
-// so the summed gradients and hence every update equal those of one process on the whole batch.
+// The training loop. On any number of ranks, one included, it trains the model sharded by the
+// policy's plan (set up in session.cpp), gives each rank its rows of every global batch, and
+// normalises the loss by the step's global target count, so the summed gradients and hence
+// every update equal those of one process on the whole batch.
 #include "train/trainer.h"
 
 #include "core/device.h"
@@ -135,7 +136,7 @@ void log_run(const RunConfig& config, const Session& s, int64_t step_tokens) {
   const TrainConfig& tc = config.train;
   log_info("train: ", tc.steps, " steps of ", step_tokens, " tokens (", tc.grad_accum, " x ", config.data.batch_size,
            " x ", config.data.seq_len, "), ", s.comm->size(), " rank(s), ",
-           s.sharded ? concat(s.units, " FSDP units, ") : std::string(), at::get_num_threads(), " threads per rank, ",
+           s.units, " FSDP units, ", at::get_num_threads(), " threads per rank, ",
            s.batches->order().size(), " ", s.batches->item_name(), " per epoch");
 }
 

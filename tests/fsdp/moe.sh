@@ -27,8 +27,8 @@ PY
 "$PYTHON" tests/fsdp/check_fsdp.py 2 --name moe-transformers5 --set "model.path=\"$saved\"" --set data.seq_len=8 \
   --metric aux_loss
 "$PYTHON" tests/fsdp/check_fsdp.py 2 4 --name moe-expert-units "${moe[@]}" --set train.grad_accum=2 \
-  --set 'policy.options.experts="unit"' --set policy.options.experts_reshard_after_forward=2 \
-  --set policy.options.activation_checkpoint=true
+  --tested-set 'policy.options.experts="unit"' --tested-set policy.options.experts_reshard_after_forward=2 \
+  --tested-set policy.options.activation_checkpoint=true
 # The same Qwen3-MoE in float32 at widths whose rows are multiples of 16 bytes, so that each
 # layer's experts run as one grouped product (models/moe.h) while FSDP frees their weights
 # after forward and gathers them again for backward, in units of their own and recomputed:

@@ -81,7 +81,7 @@ void check_clipped_step(const at::TensorOptions& options) {
     // Adam's first step hardly depends on the gradient's size; its first moment is linear in it.
     const auto state = *optimizer.state_of(params[i]);
     const auto first_moment = (1 - kAdamW.beta1) * grads[i].to(at::kDouble) / divisor;
-    CHECK(relative_error(state.exp_avg.to(at::kCPU, at::kDouble), first_moment) < 64 * epsilon);
+    CHECK(relative_error(state.exp_avg.to(at::kDouble), first_moment) < 64 * epsilon);  // both on the device
     CHECK(state.step.item<float>() == 1);
   }
 }

@@ -5,7 +5,7 @@
 // are taken here from the experts each token went to, not from the engine's own tallies.
 #include "core/module_tree.h"
 #include "distributed/comm.h"
-#include "fsdp/whole_model.h"
+#include "fsdp/fsdp_state.h"
 #include "models/moe.h"
 #include "models/registry.h"
 #include "train/expert_balance.h"
@@ -32,10 +32,11 @@ std::vector<at::Tensor> counted(const RoutingLog& log) {
   return counts;
 }
 
-std::map<std::string, at::Tensor> parameters_named(Module& model, const std::vector<std::string>& names) {
+// The parameters `names` as the optimizer holds them (the view's rows: one rank owns them whole).
+std::map<std::string, at::Tensor> parameters_named(const ShardedView& view, const std::vector<std::string>& names) {
   std::map<std::string, at::Tensor> found;
-  for (const auto& p : unique_named_parameters(model)) {
-    if (std::find(names.begin(), names.end(), p.name) != names.end()) found[p.name] = p.tensor.detach().clone();
+  for (const auto& r : view.shard_rows()) {
+    if (std::find(names.begin(), names.end(), r.name) != names.end()) found[r.name] = r.rows.detach().clone();
   }
   return found;
 }
@@ -78,19 +79,20 @@ TEST_CASE("routing biases move toward balance by the rate, from the whole step's
   const double rate = 0.01;
   ExpertBalance balance(*config.moe, ExpertsConfig{.bias_update_rate = rate}, names, kMicroBatches);
   auto comm = Comm::single();
-  WholeModel view(*model);
   {  // biases away from zero, so that an update setting them rather than moving them shows
     at::NoGradGuard no_grad;
     for (const auto& p : unique_named_parameters(*model)) {
       if (std::find(names.begin(), names.end(), p.name) != names.end()) p.tensor.copy_(at::randn_like(p.tensor) * 0.05);
     }
   }
+  // The model as training holds it: one unit, one rank.
+  FsdpState view(*model, comm, resolve_plan(Plan{.units = {{.modules = {""}}}}, *model, 1, at::kDouble));
 
-  const auto before = parameters_named(*model, names);
+  const auto before = parameters_named(view, names);
   const StepRouting step = run_step(*model, balance, *comm, 40);
   const at::Tensor& counts = step.counts;  // [L, E]
   balance.update_routing_bias(view);
-  const auto after = parameters_named(*model, names);
+  const auto after = parameters_named(view, names);
   bool last_alone_differs = false;
   for (size_t l = 0; l < names.size(); ++l) {
     INFO(names[l] << ": counts " << counts[l]);
@@ -116,7 +118,7 @@ TEST_CASE("routing biases move toward balance by the rate, from the whole step's
 
   // The next step starts empty: without a micro-batch the biases stay where they are.
   balance.update_routing_bias(view);
-  const auto unchanged = parameters_named(*model, names);
+  const auto unchanged = parameters_named(view, names);
   for (const auto& name : names) CHECK(at::equal(unchanged.at(name), after.at(name)));
 }
 
