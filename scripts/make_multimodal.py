@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepares a multimodal dataset for fsdpp (engine/train/multimodal_data.h) from image files,
+"""Prepares a multimodal dataset for fsdpp (engine/data/multimodal_data.h) from image files,
 with the Hugging Face Qwen2-VL image and video processors: samples.jsonl plus pixels.safetensors.
 
 Usage: .venv/bin/python scripts/make_multimodal.py --model MODEL_DIR --out DIR MANIFEST.jsonl

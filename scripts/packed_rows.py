@@ -1,4 +1,4 @@
-"""The engine's packing rule (engine/train/packed_documents.h) in Python, for the tests and
+"""The engine's packing rule (engine/data/packed_documents.h) in Python, for the tests and
 benchmarks that hold a peer to the rows fsdpp trains on: a version 2 token file's documents
 cut into pieces of at most seq_len tokens, laid out by best fit, longest first."""
 import struct

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns documents and conversations into an fsdpp token file of version 2: the tokens, each
 document's end, and a loss mask marking which tokens are training targets
-(engine/train/token_header.h gives the layout). The engine reads it; with
+(engine/data/token_header.h gives the layout). The engine reads it; with
 [data] train_on = "completion" it learns only the marked tokens.
 
 Inputs, by extension:

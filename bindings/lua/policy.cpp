@@ -88,14 +88,6 @@ void push_context(lua_State* L, const PolicyRun& run) {
 
 }  // namespace
 
-PolicyConfig PolicyConfig::from_section(ConfigSection& s) {
-  PolicyConfig c;
-  c.name = s.get_string("name", c.name);
-  c.options = s.get_scalar_table("options");
-  s.finish();
-  return c;
-}
-
 std::filesystem::path policy_dir() {
   if (const char* dir = std::getenv("FSDPP_POLICY_DIR"); dir != nullptr && *dir != '\0') return dir;
   return FSDPP_SOURCE_POLICY_DIR;

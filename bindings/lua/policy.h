@@ -5,7 +5,7 @@
 // routine or crashing, reaches the engine.
 #pragma once
 
-#include "core/config_file.h"
+#include "bindings/lua/policy_config.h"
 #include "fsdp/plan.h"
 #include "models/causal_lm.h"
 
@@ -18,15 +18,6 @@
 #include <vector>
 
 namespace fsdpp {
-
-using PolicyValue = ConfigScalar;
-
-struct PolicyConfig {
-  std::string name;  // a shipped policy's name, or a path to a .lua file; "" picks the model's own
-  std::vector<std::pair<std::string, PolicyValue>> options;  // [policy.options], visible as ctx.options
-
-  static PolicyConfig from_section(ConfigSection& section);
-};
 
 struct PolicyContext {
   int world_size = 1;

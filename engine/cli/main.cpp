@@ -6,18 +6,18 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
+#include "data/batches.h"
+#include "data/data.h"
+#include "data/evaluate.h"
 #include "distributed/dist_env.h"
 #include "distributed/launcher.h"
 #include "fsdp/plan_text.h"
+#include "io/hf_dir.h"
+#include "io/model_source.h"
 #include "models/lora.h"
 #include "models/registry.h"
-#include "train/checkpoint_export.h"
-#include "io/hf_dir.h"
-#include "train/model_source.h"
-#include "train/batches.h"
-#include "train/data.h"
-#include "train/evaluate.h"
-#include "train/trainer.h"
+#include "run/checkpoint_export.h"
+#include "run/train_loop.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -41,14 +41,9 @@ RunConfig load_run(const CommandLine& args) {
   return config;
 }
 
-PolicyConfig policy_config(const RunConfig& config) {
-  auto section = config.source.section("policy");
-  return PolicyConfig::from_section(section);
-}
-
 int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
-  const PolicyConfig policy = policy_config(config);
+  const PolicyConfig& policy = config.policy;
   auto build_plan = [&policy](CausalLM& model, int world, int rank) {
     return run_policy(find_policy(policy, model.config().model_type), model,
                       {.world_size = world, .rank = rank, .training = true, .options = policy.options});
@@ -62,9 +57,9 @@ int run_train(const CommandLine& args) {
 
 int run_plan(const CommandLine& args) {
   const RunConfig config = load_run(args);
-  const PolicyConfig policy = policy_config(config);
+  const PolicyConfig& policy = config.policy;
   const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.model.path));
-  const auto dtype = parse_dtype(config.model.dtype);
+  const at::ScalarType dtype = config.model.dtype;
   auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const auto script = find_policy(policy, model_config.model_type);
   const auto start = std::chrono::steady_clock::now();
@@ -97,8 +92,7 @@ int run_export(const CommandLine& args) {
 }
 
 int run_eval(const CommandLine& args) {
-  const RunConfig config = load_run(args);
-  policy_config(config);  // validates [policy] even though evaluation does not shard
+  const RunConfig config = load_run(args);  // [policy] validated too, though evaluation does not shard
   DataConfig data = config.data;
   if (!args.tokens.empty()) {
     data.train = args.tokens;

@@ -11,11 +11,10 @@
 
 namespace fsdpp {
 
-c10::Device resolve_device(const std::string& name, int local_rank, int local_world_size) {
-  if (name == "cpu") return c10::kCPU;
+c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_size) {
+  if (choice == DeviceChoice::cpu) return c10::kCPU;
   const bool has_cuda = at::globalContext().hasCUDA();
-  if (name == "auto" && !has_cuda) return c10::kCPU;
-  if (name != "auto" && name != "cuda") throw UserError("device '" + name + "' is not one of auto, cpu, cuda");
+  if (choice == DeviceChoice::automatic && !has_cuda) return c10::kCPU;
   const int visible = has_cuda ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
   // A scheduler that binds one GPU to each task shows every rank a single device, whatever
   // its local rank. Several local ranks seeing that same one device would share it, which

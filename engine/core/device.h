@@ -3,6 +3,8 @@
 // needs the CUDA headers and a CPU-only machine runs the same binary.
 #pragma once
 
+#include "core/device_choice.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
@@ -11,11 +13,9 @@
 
 namespace fsdpp {
 
-// "cpu", "cuda" (the GPU numbered by the local rank, or the only one the process sees when
-// it is the node's only rank) or "auto" (that GPU when the process sees any, else the CPU).
-// A GPU that is asked for but not visible is a UserError naming the local rank, the local
-// world and the count of visible devices.
-c10::Device resolve_device(const std::string& name, int local_rank, int local_world_size);
+// The device `choice` names for this rank. A GPU that is asked for but not visible is a
+// UserError naming the local rank, the local world and the count of visible devices.
+c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_size);
 // Makes `device` current for this thread, so streams, allocations and collectives use it.
 void use_device(c10::Device device);
 // A host tensor (or none) on `device`. To a GPU the copy goes through pinned memory and is

@@ -4,7 +4,7 @@
 // Models call children only through operator(), never child->forward(...).
 #pragma once
 
-#include "core/checkpoint.h"
+#include "core/recompute.h"
 
 #include <torch/nn/module.h>
 
@@ -156,7 +156,7 @@ torch::Tensor Module::call_forward(Derived& self, Args&&... args) {
   constexpr bool all_tensors = (std::is_same_v<std::decay_t<Args>, torch::Tensor> && ...);
   if constexpr (all_tensors) {
     if (checkpoint_ && at::GradMode::is_enabled()) {
-      output = checkpointed(inputs, [&self](const Tensors& in) {
+      output = recomputed_in_backward(inputs, [&self](const Tensors& in) {
         return [&]<size_t... I>(std::index_sequence<I...>) { return self.forward(in[I]...); }(
             std::index_sequence_for<Args...>{});
       });

@@ -66,8 +66,9 @@ std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig&
   // on the CPU; a world of one talks to no one.
   const bool single = env.world_size == 1;
   const bool gpu_groups = single || nccl_available();
-  const c10::Device device = resolve_device(config.device == "auto" && !gpu_groups ? "cpu" : config.device, env.local_rank,
-                                             env.local_world_size);
+  const DeviceChoice choice =
+      config.device == DeviceChoice::automatic && !gpu_groups ? DeviceChoice::cpu : config.device;
+  const c10::Device device = resolve_device(choice, env.local_rank, env.local_world_size);
   use_device(device);
   if (single) {
     if (!device.is_cpu()) log_info("device: ", device.str());

@@ -15,22 +15,20 @@ bool nccl_available() {
 
 ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
   ParallelConfig c;
-  c.device = s.get_string("device", c.device);
-  c.backend = s.get_string("backend", c.backend);
+  c.device = s.get_choice("device", c.device,
+                          {{"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}});
+  // The backend follows the device, and a forced one settles it: gloo the CPU, nccl a GPU.
+  const std::string backend = s.get_string("backend", "auto");
   c.timeout_s = s.get_double("timeout_s", c.timeout_s, 0, 1e7);
   s.finish();
-  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda") {
-    s.fail("device", "'" + c.device + "' is not one of auto, cpu, cuda");
-  }
   const std::string backends = nccl_available() ? "auto, gloo, nccl" : "auto, gloo";
-  if (c.backend != "auto" && c.backend != "gloo" && (c.backend != "nccl" || !nccl_available())) {
-    s.fail("backend", "'" + c.backend + "' is not available in this build (" + backends + ")");
+  if (backend != "auto" && backend != "gloo" && (backend != "nccl" || !nccl_available())) {
+    s.fail("backend", "'" + backend + "' is not available in this build (" + backends + ")");
   }
-  // Each backend moves data of one kind of device only.
-  if (c.backend == "gloo" && c.device == "cuda") s.fail("backend", "gloo runs on the CPU, but device is 'cuda'");
-  if (c.backend == "nccl" && c.device == "cpu") s.fail("backend", "nccl runs on GPUs, but device is 'cpu'");
-  if (c.backend == "gloo") c.device = "cpu";
-  if (c.backend == "nccl") c.device = "cuda";
+  if (backend == "gloo" && c.device == DeviceChoice::cuda) s.fail("backend", "gloo runs on the CPU, but device is 'cuda'");
+  if (backend == "nccl" && c.device == DeviceChoice::cpu) s.fail("backend", "nccl runs on GPUs, but device is 'cpu'");
+  if (backend == "gloo") c.device = DeviceChoice::cpu;
+  if (backend == "nccl") c.device = DeviceChoice::cuda;
   if (!(c.timeout_s > 0)) s.fail("timeout_s", "must be positive");
   return c;
 }

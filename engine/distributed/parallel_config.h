@@ -2,16 +2,18 @@
 // groups, checked against what this build can run.
 #pragma once
 
-#include <string>
+#include "core/device_choice.h"
 
 namespace fsdpp {
 
 class ConfigSection;
 
 struct ParallelConfig {
-  std::string device = "auto";   // "auto" (this rank's GPU when there is one, else the CPU), "cpu" or "cuda"
-  std::string backend = "auto";  // "auto" (nccl on a GPU, gloo on the CPU), "gloo" or "nccl"
-  double timeout_s = 300;        // rendezvous and collective timeout
+  // "auto" (this rank's GPU when there is one, else the CPU), "cpu" or "cuda"; the key
+  // backend ("auto": nccl on a GPU, gloo on the CPU; "gloo"; "nccl") settles it too, since
+  // each backend moves data of one kind of device only.
+  DeviceChoice device = DeviceChoice::automatic;
+  double timeout_s = 300;  // rendezvous and collective timeout
 
   static ParallelConfig from_section(ConfigSection& section);
 };

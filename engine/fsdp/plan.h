@@ -6,6 +6,7 @@
 
 #include "core/module.h"
 #include "distributed/mesh_shape.h"
+#include "models/lora_plan.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -34,18 +35,6 @@ struct UnitPlan {
   bool activation_checkpoint = false;
   MeshShape mesh;
   std::string origin;                               // where the policy declared it (file:line)
-};
-
-// Low-rank adapters a policy declares (lora{...}), as PEFT's LoRA: the listed Linear modules
-// get adapters, the listed base modules keep training their own parameters, and the rest of
-// the base is frozen.
-struct LoraPlan {
-  std::vector<std::string> targets;    // dotted paths of Linear modules
-  int64_t rank = 0;                    // r
-  double alpha = 0.0;                  // the adapter's output is scaled by alpha / r
-  double dropout = 0.0;                // on the adapter's input, in training
-  std::vector<std::string> trainable;  // base modules whose parameters stay trainable
-  std::string origin;                  // where the policy declared it (file:line)
 };
 
 struct Plan {

@@ -96,8 +96,6 @@ void from_json(const nlohmann::json& j, UnitPlan& u) {
        .origin = j.at("origin").get<std::string>()};
 }
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(LoraPlan, targets, rank, alpha, dropout, trainable, origin)
-
 void to_json(nlohmann::json& j, const Plan& plan) {
   j = {{"units", plan.units}, {"warnings", plan.warnings},
        {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}};
@@ -112,10 +110,6 @@ void from_json(const nlohmann::json& j, Plan& plan) {
 std::string serialize_plan(const Plan& plan) { return nlohmann::json(plan).dump(); }
 
 Plan deserialize_plan(const std::string& text) { return nlohmann::json::parse(text).get<Plan>(); }
-
-std::string serialize_lora(const LoraPlan& lora) { return nlohmann::json(lora).dump(); }
-
-LoraPlan deserialize_lora(const std::string& text) { return nlohmann::json::parse(text).get<LoraPlan>(); }
 
 std::string plan_json(const ResolvedPlan& plan, int world) {
   nlohmann::json units = nlohmann::json::array();

@@ -1,7 +1,6 @@
 // A wrap plan as people and processes read it: the resolved unit tree and per-rank memory
-// that `fsdpp plan` prints (text or JSON), and the declared plan and LoRA declaration as
-// JSON text (a policy evaluated in another process hands its plan over this way;
-// checkpoints record their adapters).
+// that `fsdpp plan` prints (text or JSON), and the declared plan as JSON text (a policy
+// evaluated in another process hands its plan over this way).
 #pragma once
 
 #include "fsdp/plan.h"
@@ -17,8 +16,5 @@ std::string plan_json(const ResolvedPlan& plan, int world);
 // process hands its plan over.
 std::string serialize_plan(const Plan& plan);
 Plan deserialize_plan(const std::string& text);
-// A LoRA declaration as JSON text and back: what checkpoints record of their adapters.
-std::string serialize_lora(const LoraPlan& lora);
-LoraPlan deserialize_lora(const std::string& text);
 
 }  // namespace fsdpp

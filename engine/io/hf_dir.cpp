@@ -110,42 +110,57 @@ void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& name
   out.view({rows, -1}).copy_(flat.narrow(0, first_row, rows));
 }
 
-std::string base_identity(const std::filesystem::path& path, uint64_t init_seed) {
-  const auto absolute = std::filesystem::absolute(path);
-  nlohmann::json identity = {{"path", absolute.string()}};
+BaseIdentity BaseIdentity::of(const std::filesystem::path& path, uint64_t init_seed) {
+  BaseIdentity base{.path = std::filesystem::absolute(path)};
   auto checksum = [](const std::filesystem::path& file) {
     const auto mapped = MappedFile::open(file);
     return format_crc32c(crc32c(mapped->data(), mapped->size()));
   };
-  const HfWeights weights = std::filesystem::is_directory(absolute) ? HfWeights::open(absolute) : HfWeights{};
+  const HfWeights weights = std::filesystem::is_directory(base.path) ? HfWeights::open(base.path) : HfWeights{};
   if (weights.empty()) {
-    identity["config.json"] = checksum(hf_config_path(absolute));
-    identity["init_seed"] = init_seed;
-  } else {
-    for (const auto& name : weights.names()) {
-      const auto& file = weights.file_of(name).path();
-      identity["files"][file.filename().string()] = checksum(file);
-    }
+    base.config_checksum = checksum(hf_config_path(base.path));
+    base.init_seed = init_seed;
   }
-  return identity.dump();
+  for (const auto& name : weights.names()) {
+    const auto& file = weights.file_of(name).path();
+    base.files[file.filename().string()] = checksum(file);
+  }
+  return base;
 }
 
-void check_base_identity(const std::string& recorded, const std::filesystem::path& path, uint64_t init_seed,
-                         const std::string& where) {
-  auto saved = nlohmann::json::parse(recorded), now = nlohmann::json::parse(base_identity(path, init_seed));
-  // The same files elsewhere are the same base.
-  saved.erase("path");
-  now.erase("path");
-  if (saved == now) return;
+void BaseIdentity::check_same(const BaseIdentity& now, const std::string& where) const {
+  // The same files elsewhere are the same base: the path is not compared.
+  nlohmann::json there = *this, here = now;
+  there.erase("path");
+  here.erase("path");
+  if (there == here) return;
   std::string differences;
-  for (const auto& [key, value] : saved.items()) {
-    if (now.value(key, nlohmann::json()) != value) {
+  for (const auto& [key, value] : there.items()) {
+    if (here.value(key, nlohmann::json()) != value) {
       differences += (differences.empty() ? "" : "; ") + key + " " + value.dump() + " there, " +
-                     now.value(key, nlohmann::json()).dump() + " now";
+                     here.value(key, nlohmann::json()).dump() + " now";
     }
   }
-  throw UserError(where + ": holds the adapters of another base model than " + path.string() + " (" +
+  throw UserError(where + ": holds the adapters of another base model than " + now.path.string() + " (" +
                   (differences.empty() ? "its files differ" : differences) + ")");
+}
+
+// A fresh base records its config.json and seed, one with weights its files.
+void to_json(nlohmann::json& j, const BaseIdentity& base) {
+  j = {{"path", base.path.string()}};
+  if (base.init_seed) {
+    j["config.json"] = base.config_checksum;
+    j["init_seed"] = *base.init_seed;
+  } else {
+    j["files"] = base.files;
+  }
+}
+
+void from_json(const nlohmann::json& j, BaseIdentity& base) {
+  base.path = j.at("path").get<std::string>();
+  base.files = j.value("files", std::map<std::string, std::string>{});
+  base.config_checksum = j.value("config.json", std::string());
+  if (j.contains("init_seed")) base.init_seed = j.at("init_seed").get<uint64_t>();
 }
 
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {

@@ -5,8 +5,11 @@
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <filesystem>
 #include <map>
+#include <optional>
 
 namespace fsdpp {
 
@@ -44,14 +47,24 @@ std::filesystem::path hf_config_path(const std::filesystem::path& path);
 void read_hf_rows(const HfWeights& weights, const std::vector<std::string>& names,
                   c10::IntArrayRef full_shape, at::Tensor& out, int64_t first_row);
 
-// What identifies the base model at `path` as JSON text: its absolute path and the CRC-32C of
-// each weight file, or of its config.json and `init_seed` for a fresh one (no weights). A
-// LoRA run's adapter-only checkpoints record it.
-std::string base_identity(const std::filesystem::path& path, uint64_t init_seed);
-// A UserError naming `where` unless `recorded` (base_identity's text) is the identity of the
-// base at `path` now, wherever it lies: another model, or the same files changed, is refused.
-void check_base_identity(const std::string& recorded, const std::filesystem::path& path, uint64_t init_seed,
-                         const std::string& where);
+// What identifies the base model a LoRA run's adapter-only checkpoints stand on: where it lay,
+// and the CRC-32C of each weight file, or for a fresh base (no weights) that of its
+// config.json and the seed it was drawn from. Checkpoint metadata records it as JSON, through
+// its one writer and reader below.
+struct BaseIdentity {
+  std::filesystem::path path;                  // absolute
+  std::map<std::string, std::string> files;    // weight file name -> CRC-32C; none for a fresh base
+  std::string config_checksum;                 // a fresh base's config.json
+  std::optional<uint64_t> init_seed;           // a fresh base's seed
+
+  // The identity of the base at `path` as it is now.
+  static BaseIdentity of(const std::filesystem::path& path, uint64_t init_seed);
+  // A UserError naming `where` unless `now` is this base, wherever it lies: another model, or
+  // the same files changed, is refused.
+  void check_same(const BaseIdentity& now, const std::string& where) const;
+};
+void to_json(nlohmann::json& j, const BaseIdentity& base);
+void from_json(const nlohmann::json& j, BaseIdentity& base);
 // Warns of each tensor in `weights` that no parameter of `model` (nor a tied alias) uses.
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 

@@ -5,6 +5,8 @@
 #include "core/module_tree.h"
 #include "models/layers.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 
 namespace fsdpp {
@@ -52,6 +54,20 @@ std::string peft_tensor_name(const std::string& name) { return kPeftPrefix + nam
 
 std::string engine_tensor_name(const std::string& peft_name) {
   return peft_name.starts_with(kPeftPrefix) ? peft_name.substr(std::string(kPeftPrefix).size()) : peft_name;
+}
+
+void to_json(nlohmann::json& j, const LoraPlan& lora) {
+  j = {{"targets", lora.targets}, {"rank", lora.rank},           {"alpha", lora.alpha},
+       {"dropout", lora.dropout}, {"trainable", lora.trainable}, {"origin", lora.origin}};
+}
+
+void from_json(const nlohmann::json& j, LoraPlan& lora) {
+  j.at("targets").get_to(lora.targets);
+  j.at("rank").get_to(lora.rank);
+  j.at("alpha").get_to(lora.alpha);
+  j.at("dropout").get_to(lora.dropout);
+  j.at("trainable").get_to(lora.trainable);
+  j.at("origin").get_to(lora.origin);
 }
 
 }  // namespace fsdpp

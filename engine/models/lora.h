@@ -2,8 +2,8 @@
 // frozen, and the names PEFT gives adapter tensors in its files.
 #pragma once
 
-#include "fsdp/plan.h"
 #include "models/causal_lm.h"
+#include "models/lora_plan.h"
 
 namespace fsdpp {
 

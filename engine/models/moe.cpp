@@ -2,8 +2,8 @@
 // expert runs one matrix product over a contiguous block of rows rather than a loop over
 // tokens, and where the dtype and layout allow, all experts run in one grouped product; the
 // outputs return to their tokens by one scatter-add.
-#include "models/moe.h"
 #include "models/elementwise.h"
+#include "models/moe.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

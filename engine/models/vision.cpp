@@ -1,8 +1,8 @@
 // The Qwen2-VL and Qwen2.5-VL vision towers, step for step as transformers computes them
 // (the same convolution, norms, per-sequence SDPA, rotation and window order), so features
 // match to rounding.
-#include "models/vision.h"
 #include "models/elementwise.h"
+#include "models/vision.h"
 
 #include <ATen/ATen.h>
 

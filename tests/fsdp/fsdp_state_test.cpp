@@ -3,11 +3,11 @@
 // uses; tied parameters split across units are refused.
 #include "core/error.h"
 #include "core/module_tree.h"
+#include "data/evaluate.h"
 #include "fsdp/fsdp_state.h"
+#include "loss/next_token_loss.h"
 #include "models/lora.h"
 #include "models/registry.h"
-#include "train/evaluate.h"
-#include "train/next_token_loss.h"
 #include "tensor_checks.h"
 
 #include <catch2/catch.hpp>

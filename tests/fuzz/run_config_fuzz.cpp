@@ -2,7 +2,7 @@
 // "--set " is taken off the file and applied as a command-line override, so overrides are
 // fuzzed too.
 #include "fuzz_case.h"
-#include "train/run_config.h"
+#include "run/run_config.h"
 
 #include <vector>
 

@@ -1,8 +1,8 @@
 // Fuzzes a multimodal dataset's samples.jsonl against a small Qwen2-VL model (patches of
 // 3 x 2 x 4 x 4 = 96 values, 2 x 2 merge) whose pixels.safetensors holds one image of grid
 // [1, 4, 4] and one video of grid [2, 4, 4].
+#include "data/sample_index.h"
 #include "fuzz_case.h"
-#include "train/sample_index.h"
 
 namespace {
 

@@ -3,13 +3,13 @@
 // loss and gradients, and the same parameters after global-norm clipping and one AdamW
 // step as torch.optim.AdamW, within 1e-5 of the reference's largest magnitude.
 #include "core/module_tree.h"
+#include "data/evaluate.h"
+#include "io/model_source.h"
 #include "io/safetensors.h"
+#include "loss/next_token_loss.h"
 #include "models/moe.h"
 #include "models/qwen_vl.h"
-#include "train/adamw.h"
-#include "train/evaluate.h"
-#include "train/next_token_loss.h"
-#include "train/model_source.h"
+#include "optim/adamw.h"
 #include "tensor_checks.h"
 
 #include <catch2/catch.hpp>
@@ -61,7 +61,7 @@ std::string fixture_dir(const std::string& name) {
 // A fixture's model in float32 and its reference outputs.
 std::pair<std::shared_ptr<CausalLM>, std::shared_ptr<SafetensorsFile>> load_fixture(const std::string& model_name) {
   const std::string dir = fixture_dir(model_name);
-  return {load_model({.path = dir, .dtype = "float32"}).model, SafetensorsFile::open(dir + "/reference.safetensors")};
+  return {load_model({.path = dir, .dtype = at::kFloat}).model, SafetensorsFile::open(dir + "/reference.safetensors")};
 }
 
 // A MoE model's routing in its last forward against transformers' (the experts each layer
@@ -154,7 +154,7 @@ TEST_CASE("LoRA adapters give peft's logits, loss and gradients", "[models][pari
   const std::string name = GENERATE("lora_llama", "lora_qwen2");
   INFO("fixture " << name);
   const std::string dir = fixture_dir(name);
-  auto loaded = load_model({.path = dir + "/base", .dtype = "float32", .adapter = dir + "/adapter"});
+  auto loaded = load_model({.path = dir + "/base", .dtype = at::kFloat, .adapter = dir + "/adapter"});
   const auto reference = SafetensorsFile::open(dir + "/reference.safetensors");
   auto ids = reference->tensor("input_ids");
   auto logits = (*loaded.model)(ids);

@@ -1,0 +1,39 @@
+// Choosing a run's batches.
+#include "data/batches.h"
+
+#include "core/error.h"
+#include "data/data.h"
+#include "data/multimodal_data.h"
+#include "data/packed_documents.h"
+
+#include <filesystem>
+
+namespace fsdpp {
+
+EvalResult Batches::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {
+  throw UserError(std::string("evaluation needs held-out token windows or documents, not ") + item_name());
+}
+
+std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model) {
+  if (std::filesystem::is_directory(config.train)) {
+    if (config.train_on != TrainOn::all) {
+      throw UserError(config.train + ": [data] train_on = \"completion\" is for token files; a multimodal dataset's "
+                      "samples mark their own targets");
+    }
+    return std::make_unique<MultimodalSamples>(MultimodalDataset::open(config.train, model, config.seq_len),
+                                               config);
+  }
+  auto tokens = std::make_shared<const TokenFile>(TokenFile::open(config.train));
+  if (tokens->vocab_size() > model.vocab_size) {
+    throw UserError(tokens->path().string() + ": token vocabulary " + std::to_string(tokens->vocab_size()) +
+                    " exceeds the model's vocab_size " + std::to_string(model.vocab_size));
+  }
+  if (tokens->documents() > 0) return std::make_unique<PackedDocuments>(std::move(tokens), config);
+  if (!config.packing) {
+    throw UserError(tokens->path().string() + ": [data] packing = false gives each document a row, and this file "
+                    "is one stream without document ends (write one with scripts/prepare_data.py)");
+  }
+  return std::make_unique<TokenWindows>(std::move(tokens), config);
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,117 @@
+// Parsing and validating samples.jsonl.
+#include "data/sample_index.h"
+
+#include "core/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <tuple>
+
+namespace fsdpp {
+
+namespace {
+
+using nlohmann::json;
+
+// A list of JSON integers: 1.5 is refused rather than read as 1.
+std::vector<int64_t> integer_list(const json& list, const std::string& what) {
+  if (!list.is_array()) throw UserError(what + " must be a list of integers");
+  std::vector<int64_t> out;
+  for (const json& v : list) {
+    if (!v.is_number_integer()) throw UserError(what + " must hold integers, not " + v.dump());
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+// The fields of one line, typed; nothing checked against the model yet.
+SampleRecord read_sample(const std::string& line, const std::string& where) {
+  SampleRecord sample;
+  try {
+    const json j = json::parse(line);
+    sample.input_ids = integer_list(j.at("input_ids"), where + ": input_ids");
+    for (const char* kind : {"images", "videos"}) {
+      for (const auto& v : j.value(kind, json::array())) {
+        VisualRecord visual{v.at("pixels").get<std::string>(), integer_list(v.at("grid"), where + ": grid"),
+                            v.value("seconds_per_grid", 1.0)};
+        if (!std::isfinite(visual.seconds) || visual.seconds <= 0) {
+          throw UserError(where + ": seconds_per_grid must be a positive number");
+        }
+        (kind[0] == 'i' ? sample.images : sample.videos).push_back(std::move(visual));
+      }
+    }
+  } catch (const json::exception& e) {
+    throw UserError(where + ": not a sample (" + std::string(e.what()) + ")");
+  }
+  return sample;
+}
+
+// Each image's or video's grid and pixels, and as many placeholder tokens as they give.
+void check_visuals(const SampleRecord& sample, const std::string& where, const ModelConfig& model,
+                   const std::map<std::string, SafetensorsEntry>& pixels) {
+  const VisionConfig& vision = *model.vision;
+  const int64_t merge = vision.spatial_merge_size;
+  const int64_t patch_width = vision.in_channels * vision.temporal_patch_size * vision.patch_size * vision.patch_size;
+  for (auto [kind, visuals, token] : {std::tuple{"image", &sample.images, model.image_token_id},
+                                      {"video", &sample.videos, model.video_token_id}}) {
+    int64_t expected = 0;
+    for (const auto& v : *visuals) {
+      const bool sized = v.grid.size() == 3 && std::all_of(v.grid.begin(), v.grid.end(), [](int64_t g) {
+        return g >= 1 && g <= (int64_t{1} << 16);
+      });
+      if (!sized || v.grid[1] % merge != 0 || v.grid[2] % merge != 0) {
+        throw UserError(where + ": " + kind + " grid must be [t, h, w] of sizes in [1, 65536], h and w multiples of " +
+                        std::to_string(merge));
+      }
+      const auto found = pixels.find(v.pixels);
+      if (found == pixels.end()) throw UserError(where + ": pixels.safetensors has no '" + v.pixels + "'");
+      const int64_t patches = v.grid[0] * v.grid[1] * v.grid[2];
+      if (found->second.shape != std::vector<int64_t>{patches, patch_width}) {
+        throw UserError(where + ": pixels '" + v.pixels + "' should be [" + std::to_string(patches) + ", " +
+                        std::to_string(patch_width) + "] for grid " + json(v.grid).dump());
+      }
+      expected += patches / (merge * merge);
+    }
+    const auto count = std::count(sample.input_ids.begin(), sample.input_ids.end(), token);
+    if (count != expected) {
+      throw UserError(where + ": " + std::to_string(count) + " " + kind + " placeholders, but the grids give " +
+                      std::to_string(expected));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<SampleRecord> parse_samples(const std::string& text, const std::string& where, const ModelConfig& model,
+                                        int64_t seq_len, const std::map<std::string, SafetensorsEntry>& pixels) {
+  std::vector<SampleRecord> samples;
+  std::istringstream in(text);
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string line_where = where + ":" + std::to_string(number);
+    SampleRecord sample = read_sample(line, line_where);
+    check_visuals(sample, line_where, model, pixels);
+    if (static_cast<int64_t>(sample.input_ids.size()) > seq_len + 1 || sample.input_ids.size() < 2) {
+      throw UserError(line_where + ": " + std::to_string(sample.input_ids.size()) +
+                      " tokens; a sample needs 2 to data.seq_len + 1 = " + std::to_string(seq_len + 1));
+    }
+    for (int64_t id : sample.input_ids) {
+      if (id < 0 || id >= model.vocab_size) {
+        throw UserError(line_where + ": token " + std::to_string(id) + " is outside the vocabulary of " +
+                        std::to_string(model.vocab_size));
+      }
+    }
+    sample.target_count = std::count_if(sample.input_ids.begin() + 1, sample.input_ids.end(), [&](int64_t id) {
+      return id != model.image_token_id && id != model.video_token_id;
+    });
+    samples.push_back(std::move(sample));
+  }
+  if (samples.empty()) throw UserError(where + ": no samples");
+  return samples;
+}
+
+}  // namespace fsdpp

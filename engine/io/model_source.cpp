@@ -1,0 +1,162 @@
+// Model construction from the [model] section, whole or unallocated with a per-shard fill.
+#include "io/model_source.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/module_tree.h"
+#include "fsdp/fsdp_state.h"
+#include "io/hf_dir.h"
+#include "io/peft_adapter.h"
+#include "io/sharded_checkpoint.h"
+#include "models/lora.h"
+#include "models/registry.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+namespace fsdpp {
+
+namespace {
+
+// Rows of HF weights, read through the parameter's dtype as a materialised model would hold
+// them; a tied parameter missing from the files is found under its aliases.
+ShardFill hf_fill(std::shared_ptr<const HfWeights> weights, CausalLM& model) {
+  std::map<std::string, std::vector<std::string>> aliases;
+  for (const auto& group : tied_parameter_groups(model)) {
+    for (const auto& name : group) aliases[name] = group;
+  }
+  return [weights, aliases](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
+    auto it = aliases.find(name);
+    std::vector<std::string> names{name};
+    if (it != aliases.end()) names.insert(names.end(), it->second.begin(), it->second.end());
+    at::Tensor staged = at::empty(rows.sizes(), param.options());
+    read_hf_rows(*weights, names, param.sizes(), staged, first_row);
+    rows.copy_(staged);
+  };
+}
+
+// `base` for the base model's parameters; adapter parameters (and the trainable base
+// modules it saved) from `adapter` when given, else initialised as PEFT initialises them
+// (from the seed and each one's name).
+ShardFill with_adapters(ShardFill base, CausalLM& model, const std::optional<PeftAdapter>& adapter, uint64_t seed) {
+  ShardFill adapters = adapter ? adapter->fill() : fresh_init_fill(model, seed, model.config().initializer_range);
+  return [base = std::move(base), adapters, adapter](const std::string& name, const at::Tensor& param,
+                                                     at::Tensor& rows, int64_t first_row) {
+    const bool from_adapter = is_adapter_parameter(name) || (adapter && adapter->holds(name));
+    (from_adapter ? adapters : base)(name, param, rows, first_row);
+  };
+}
+
+// The adapters to put on: the policy's, which config.adapter must then agree with, or
+// config.adapter's own.
+std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::optional<PeftAdapter>& adapter) {
+  if (!adapter) return declared ? std::optional(*declared) : std::nullopt;
+  if (!declared) return adapter->plan();
+  const LoraPlan& file = adapter->plan();
+  if (declared->rank != file.rank || declared->alpha != file.alpha) {
+    throw UserError(file.origin + ": r " + std::to_string(file.rank) + ", lora_alpha " + std::to_string(file.alpha) +
+                    " differ from the policy's lora{rank = " + std::to_string(declared->rank) + ", alpha = " +
+                    std::to_string(declared->alpha) + "} at " + declared->origin);
+  }
+  return *declared;
+}
+
+void fill_whole(CausalLM& model, const ShardFill& fill) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, param] : unique_named_parameters(model)) fill(name, param, param, 0);
+}
+
+}  // namespace
+
+ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& model) {
+  const auto meta = checkpoint.metadata().value("model", nlohmann::json::object());
+  if (!meta.contains("base")) return {};
+  const auto recorded = meta["base"].get<BaseIdentity>();
+  const uint64_t seed = recorded.init_seed.value_or(0);  // a fresh base's
+  recorded.check_same(BaseIdentity::of(recorded.path, seed), checkpoint.dir().string());
+  const std::filesystem::path& path = recorded.path;
+  auto weights = std::make_shared<const HfWeights>(std::filesystem::is_directory(path) ? HfWeights::open(path) : HfWeights{});
+  if (weights->empty()) return fresh_init_fill(model, seed, model.config().initializer_range);
+  weights->advise_random();
+  return hf_fill(weights, model);
+}
+
+ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, ShardFill base) {
+  // Only an adapter-only checkpoint (one recording its base) may leave tensors out.
+  if (!checkpoint->metadata().value("model", nlohmann::json::object()).contains("base")) base = {};
+  return [checkpoint, base](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
+    if (base && !checkpoint->contains("model/" + name)) {
+      base(name, param, rows, first_row);
+    } else {
+      checkpoint->read_rows("model/" + name, rows, first_row);
+    }
+  };
+}
+
+ModelConfig model_config_of(const ModelSourceConfig& config) {
+  if (ShardedCheckpoint::is_checkpoint(config.path)) {
+    return ModelConfig::from_file(ShardedCheckpoint::open(config.path).verified("config.json"));
+  }
+  return ModelConfig::from_file(hf_config_path(config.path));
+}
+
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const LoraPlan* lora) {
+  auto opts = torch::TensorOptions().dtype(config.dtype);
+  if (unallocated) opts = opts.device(torch::kMeta);
+  const auto adapter = config.adapter.empty() ? std::nullopt : std::optional(PeftAdapter::open(config.adapter));
+  LoadedModel loaded;
+  loaded.lora = adapters_to_apply(lora, adapter);
+  const bool from_checkpoint = ShardedCheckpoint::is_checkpoint(config.path);
+  std::shared_ptr<const ShardedCheckpoint> checkpoint;
+  if (from_checkpoint) {
+    checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(config.path));
+    // A LoRA run's checkpoint carries its adapters whatever the policy of this run says.
+    const auto meta = checkpoint->metadata().value("model", nlohmann::json::object());
+    if (!loaded.lora && meta.contains("lora")) loaded.lora = meta["lora"].get<LoraPlan>();
+  }
+  auto build = [&](const ModelConfig& model_config) {
+    loaded.model = build_model(model_config, opts);
+    if (loaded.lora) apply_lora(*loaded.model, *loaded.lora, opts);
+    if (adapter) adapter->check_shapes(*loaded.model);  // before any rank reads a row
+  };
+  std::string source;  // for the log, once the values are in
+  if (from_checkpoint) {
+    build(ModelConfig::from_file(checkpoint->verified("config.json")));
+    // A checkpoint of a LoRA run holds its adapters (config.adapter replaces them), and the
+    // base it leaves out comes from the base it records, checked to be unchanged.
+    loaded.fill = checkpoint_fill(checkpoint, recorded_base_fill(*checkpoint, *loaded.model));
+    if (adapter) loaded.fill = with_adapters(loaded.fill, *loaded.model, adapter, config.init_seed);
+    source = "from checkpoint " + config.path + " (step " + std::to_string(checkpoint->step()) + ", ";
+  } else {
+    const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.path));
+    auto weights = std::make_shared<const HfWeights>(
+        std::filesystem::is_directory(config.path) ? HfWeights::open(config.path) : HfWeights{});
+    build(model_config);
+    if (weights->empty()) {
+      loaded.fill = fresh_init_fill(*loaded.model, config.init_seed, model_config.initializer_range);
+      source = "fresh (seed " + std::to_string(config.init_seed) + ", ";
+    } else {
+      if (unallocated) {
+        weights->advise_random();
+        loaded.weights = weights;
+      } else {
+        warn_unused_hf_tensors(*loaded.model, *weights);
+      }
+      loaded.fill = hf_fill(weights, *loaded.model);
+      source = std::string("from ") + config.path + (unallocated ? " (each rank reading its rows, " : " (");
+    }
+    if (loaded.lora) loaded.fill = with_adapters(loaded.fill, *loaded.model, adapter, config.init_seed);
+  }
+  if (!unallocated) {
+    fill_whole(*loaded.model, loaded.fill);
+    loaded.fill = {};
+  }
+  log_info("model: ", loaded.model->class_name(), " ", source, loaded.model->recursive_param_count(), " parameters",
+           loaded.lora ? ", LoRA rank " + std::to_string(loaded.lora->rank) + " on " +
+                             std::to_string(loaded.lora->targets.size()) + " modules" : std::string(),
+           config.adapter.empty() ? std::string() : " from " + config.adapter, ")");
+  return loaded;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,46 @@
+// The [model] section: which architecture to build and where its weights come from (an HF
+// directory, a sharded checkpoint, or a fresh initialisation from a config.json).
+#pragma once
+
+#include "core/dtype.h"
+#include "fsdp/plan.h"
+#include "fsdp/sharded_param.h"
+#include "io/model_source_config.h"
+#include "models/causal_lm.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace fsdpp {
+
+class HfWeights;
+class ShardedCheckpoint;
+
+struct LoadedModel {
+  std::shared_ptr<CausalLM> model;
+  std::optional<LoraPlan> lora;  // the adapters the model carries, if any
+  // Set when the model was built unallocated: gives each rank's rows of every parameter
+  // (read straight from the weight files, or initialised) as the sharding asks for them.
+  ShardFill fill;
+  std::shared_ptr<const HfWeights> weights;  // the mapped HF files behind `fill`, if any
+};
+
+// Builds the model with its values. With `unallocated` it is built without memory and
+// `fill` supplies the values shard by shard (FSDP); otherwise every parameter is filled.
+// LoRA adapters go on as `lora` (a policy's lora{...}) says, or when it is null as
+// config.adapter's own config or a LoRA run's checkpoint records them; their values come
+// from config.adapter or the checkpoint, or are initialised as PEFT initialises them.
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr);
+// The architecture alone, read without building the model.
+ModelConfig model_config_of(const ModelSourceConfig& config);
+
+// The rows of the base an adapter-only checkpoint records (read from its HF files, or
+// initialised from the seed of a fresh base), once checked to be unchanged; none for a
+// checkpoint that holds the whole model. `model` has the checkpoint's architecture.
+ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& model);
+// Parameter rows from a checkpoint's saved masters ("model/<name>"); those it does not hold
+// (the frozen base an adapter-only checkpoint leaves out) from `base`.
+ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, ShardFill base = {});
+
+}  // namespace fsdpp

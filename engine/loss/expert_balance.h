@@ -1,0 +1,59 @@
+// Load balancing of mixture-of-experts models in training. After each micro-batch's forward,
+// the routing of every MoE layer is summed over the ranks in one all-reduce; from it come this
+// rank's share of the load-balancing loss (so N ranks equal one process holding the whole
+// micro-batch), the step's expert-load figures for the metrics and, where asked, DeepSeek-V3's
+// update of the routing biases.
+#pragma once
+
+#include "distributed/comm.h"
+#include "loss/experts_config.h"
+#include "models/model_config.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+class Module;
+struct RoutingLog;
+class ShardedView;
+
+// The step's routing figures, the same on every rank.
+struct ExpertLoad {
+  std::optional<double> aux_loss;  // the load-balancing loss before its weight, mean over micro-batches
+  double max_over_mean = 0.0;      // tokens of the busiest expert over its layer's mean, worst layer
+};
+
+// The names of `model`'s routing biases (e_score_correction_bias, the parameters its modules
+// say are updated without a gradient), one per MoE layer in layer order.
+std::vector<std::string> routing_bias_names(Module& model);
+
+class ExpertBalance {
+ public:
+  // For a model with `moe` experts whose routing biases are the parameters `bias_names`
+  // (routing_bias_names), training steps of `micro_batches` micro-batches.
+  ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, std::vector<std::string> bias_names,
+                int64_t micro_batches);
+
+  // Adds the micro-batch's weighted load-balancing loss, divided over the step's
+  // micro-batches, to its coming backward; returns this rank's share of its value (0-dim, no
+  // grad). A collective over `comm`.
+  at::Tensor micro_batch_loss(RoutingLog& log, Comm& comm);
+  // After the optimizer step: moves each routing bias by bias_update_rate toward balance, in
+  // this rank's rows of `view`, from the step's counts over every rank (so every rank moves
+  // its rows alike).
+  void update_routing_bias(ShardedView& view) const;
+  // The figures of the step the micro-batches so far made up; starts the next step.
+  ExpertLoad finish_step();
+
+ private:
+  double coefficient_;
+  double bias_update_rate_;
+  std::vector<std::string> bias_names_;
+  int64_t micro_batches_;
+  at::Tensor step_counts_;  // [L, E] float64: tokens routed per layer and expert this step, all ranks
+  double aux_sum_ = 0.0;    // Σ over this step's micro-batches of the unweighted loss
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,143 @@
+// AdamW and gradient clipping.
+#include "optim/adamw.h"
+
+#include "distributed/comm.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+namespace fsdpp {
+
+AdamW::AdamW(std::vector<Group> groups, const OptimizerConfig& config)
+    : groups_(std::move(groups)), config_(config) {
+  for (const auto& g : groups_) {
+    State s;
+    for (const auto& p : g.params) {
+      where_[p.unsafeGetTensorImpl()] = {state_.size(), s.exp_avg.size()};
+      s.exp_avg.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      s.exp_avg_sq.push_back(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      s.steps.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+    }
+    state_.push_back(std::move(s));
+  }
+}
+
+void AdamW::step(double lr, const GradClip& clip) {
+  at::NoGradGuard no_grad;
+  struct Batch {
+    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+  };
+  // The clip's tensors where each kernel runs, copied once per device.
+  struct ClipOn {
+    std::optional<at::Tensor> divisor, skip;
+  };
+  std::unordered_map<c10::Device, ClipOn> clips;
+  auto clip_on = [&](c10::Device device) -> const ClipOn& {
+    auto [it, fresh] = clips.try_emplace(device);
+    if (fresh && clip.divisor.defined()) it->second.divisor = clip.divisor.to(device);
+    if (fresh && clip.non_finite.defined()) it->second.skip = clip.non_finite.to(device);
+    return it->second;
+  };
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    // One fused call per device: offloaded units keep their shards on the host while the
+    // rest of the group lives on the GPU.
+    std::unordered_map<c10::Device, Batch> by_device;
+    for (size_t j = 0; j < groups_[i].params.size(); ++j) {
+      const at::Tensor& p = groups_[i].params[j];
+      if (!p.grad().defined()) continue;
+      Batch& b = by_device[p.device()];
+      b.params.push_back(p);
+      b.grads.push_back(p.grad());
+      b.exp_avg.push_back(state_[i].exp_avg[j]);
+      b.exp_avg_sq.push_back(state_[i].exp_avg_sq[j]);
+      b.steps.push_back(state_[i].steps[j]);
+    }
+    for (auto& [device, b] : by_device) {
+      const ClipOn& on = clip_on(device);
+      if (on.skip) {
+        at::_foreach_add_(b.steps, 1 - *on.skip);  // a skipped update does not count
+      } else {
+        at::_foreach_add_(b.steps, 1);
+      }
+      at::_fused_adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, /*max_exp_avg_sqs=*/{}, b.steps, lr,
+                        config_.beta1, config_.beta2, groups_[i].weight_decay, config_.eps,
+                        /*amsgrad=*/false, /*maximize=*/false, on.divisor, on.skip);
+    }
+  }
+}
+
+std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const {
+  auto it = where_.find(param.unsafeGetTensorImpl());
+  if (it == where_.end()) return std::nullopt;
+  const auto [i, j] = it->second;
+  return ParamState{state_[i].exp_avg[j], state_[i].exp_avg_sq[j], state_[i].steps[j]};
+}
+
+void AdamW::zero_grad() {
+  // Dropped rather than zeroed: the next backward's reduction then hands each shard a
+  // fresh buffer, where a zeroed one would cost a fill now and an add later.
+  for (auto& g : groups_) {
+    for (auto& p : g.params) p.mutable_grad() = at::Tensor();
+  }
+}
+
+std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params, double weight_decay) {
+  AdamW::Group decay{"decay", {}, weight_decay};
+  AdamW::Group no_decay{"no_decay", {}, 0.0};
+  for (const auto& p : params) {
+    if (!p.tensor.requires_grad()) continue;
+    (p.tensor.dim() >= 2 ? decay : no_decay).params.push_back(p.tensor);
+  }
+  std::vector<AdamW::Group> groups;
+  for (auto* g : {&decay, &no_decay}) {
+    if (!g->params.empty()) groups.push_back(std::move(*g));
+  }
+  return groups;
+}
+
+namespace {
+
+// Where the norm is summed: a GPU holding any of the gradients, else the host.
+c10::Device norm_device(const std::vector<GradGroup>& groups) {
+  for (const auto& group : groups) {
+    for (const auto& p : group.params) {
+      if (p.grad().defined() && !p.grad().is_cpu()) return p.grad().device();
+    }
+  }
+  return c10::Device(c10::kCPU);
+}
+
+}  // namespace
+
+GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm) {
+  at::NoGradGuard no_grad;
+  const c10::Device home = norm_device(groups);
+  at::Tensor square_total = at::zeros({1}, at::TensorOptions(at::kDouble).device(home));
+  for (const auto& group : groups) {
+    // Norms are taken where the gradients live (a GPU, or the host for offloaded units).
+    std::unordered_map<c10::Device, std::vector<at::Tensor>> local;
+    for (const auto& p : group.params) {
+      if (p.grad().defined() && p.grad().numel() > 0) local[p.grad().device()].push_back(p.grad());
+    }
+    // Squares add across shards, so one all-reduce of the local sum gives the group's share.
+    at::Tensor square_sum = at::zeros({1}, square_total.options());
+    for (const auto& [device, on_device] : local) {
+      square_sum += at::stack(at::_foreach_norm(on_device, 2)).to(at::kDouble).pow(2).sum().to(home);
+    }
+    if (group.shard_group != nullptr) group.shard_group->all_reduce_sum(square_sum);
+    square_total += square_sum;
+  }
+  GradClip clip;
+  clip.norm = square_total.sqrt();
+  clip.non_finite = clip.norm.isfinite().logical_not().to(at::kFloat).reshape({});
+  if (max_norm > 0) {
+    // A norm of nan compares false and divides by 1; the update is skipped anyway.
+    clip.divisor = at::where(clip.norm > max_norm, (clip.norm + 1e-6) / max_norm, at::ones_like(clip.norm))
+                       .to(at::kFloat)
+                       .reshape({});
+  }
+  return clip;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,74 @@
+// AdamW over groups of parameters with decoupled weight decay, using ATen's fused
+// multi-tensor kernel; plus clipping by the global gradient norm.
+#pragma once
+
+#include "core/module_tree.h"
+#include "fsdp/sharded_view.h"
+#include "optim/optimizer_config.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <unordered_map>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+// How one step's gradients are clipped, as AdamW's fused kernel applies it: it divides every
+// gradient by `divisor` and skips the whole update when `non_finite` is 1, so neither needs
+// the host. A default GradClip clips nothing.
+struct GradClip {
+  at::Tensor norm;        // [1] double: the global norm before clipping
+  at::Tensor divisor;     // [] float: (norm + 1e-6) / max_norm above max_norm, else 1; undefined
+                          // when clipping is off (max_norm 0)
+  at::Tensor non_finite;  // [] float: 1 when the norm is inf or nan, else 0
+};
+
+class AdamW {
+ public:
+  struct Group {
+    std::string name;
+    std::vector<at::Tensor> params;
+    double weight_decay = 0.0;
+  };
+
+  AdamW(std::vector<Group> groups, const OptimizerConfig& config);
+
+  // One update at learning rate `lr` from each parameter's .grad(), divided by the clip's
+  // divisor and skipped when its norm is not finite (no clip: the gradients as they are).
+  // Decided by the kernels themselves: queueing the update on a GPU waits for nothing (an
+  // offloaded unit's host update waits for the norm, as it waits for its gradients).
+  void step(double lr, const GradClip& clip = {});
+  // Drops every gradient (the next backward makes fresh ones).
+  void zero_grad();
+  const std::vector<Group>& groups() const { return groups_; }
+
+  // The moments and step count of `param` (one of the groups' tensors); nullopt for a tensor
+  // the optimizer does not update.
+  struct ParamState {
+    at::Tensor exp_avg, exp_avg_sq, step;  // like param, like param, [] float
+  };
+  std::optional<ParamState> state_of(const at::Tensor& param) const;
+
+ private:
+  struct State {
+    std::vector<at::Tensor> exp_avg, exp_avg_sq, steps;
+  };
+  std::vector<Group> groups_;
+  std::vector<State> state_;
+  std::unordered_map<const void*, std::pair<size_t, size_t>> where_;  // TensorImpl -> (group, index)
+  OptimizerConfig config_;
+};
+
+// Matrices (ndim >= 2) decay; biases, norm weights and other vectors do not.
+std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params, double weight_decay);
+
+// The L2 norm over all gradients of all groups: each group's squared norm summed over its
+// shard group (disjoint shards; replicas hold equal ones and are not counted twice), then
+// over groups; the same on every rank. The sums stay on a GPU when any gradient is on one, so
+// the host can read the norm once the whole step is queued (offloaded gradients' share is
+// summed on the host and waits for them).
+GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm);
+
+}  // namespace fsdpp

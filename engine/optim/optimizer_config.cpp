@@ -1,0 +1,27 @@
+// Parsing the [optimizer] section.
+#include "optim/optimizer_config.h"
+
+#include "core/config_file.h"
+
+#include <string>
+#include <utility>
+
+namespace fsdpp {
+
+OptimizerConfig OptimizerConfig::from_section(ConfigSection& s) {
+  OptimizerConfig c;
+  c.lr = s.get_double("lr", c.lr, 0, 1e6);
+  c.weight_decay = s.get_double("weight_decay", c.weight_decay, 0, 1e6);
+  c.beta1 = s.get_double("beta1", c.beta1, 0, 1);
+  c.beta2 = s.get_double("beta2", c.beta2, 0, 1);
+  c.eps = s.get_double("eps", c.eps, 0, 1);
+  s.finish();
+  if (!(c.lr > 0)) s.fail("lr", "must be positive, got " + std::to_string(c.lr));
+  for (auto [key, beta] : {std::pair{"beta1", c.beta1}, {"beta2", c.beta2}}) {
+    if (beta >= 1) s.fail(key, "must be below 1, got " + std::to_string(beta));
+  }
+  if (!(c.eps > 0)) s.fail("eps", "must be positive");
+  return c;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,95 @@
+// The export streams tensor by tensor: the HF writer plans its files from the recorded
+// shapes, and each tensor is assembled from its shards (a LoRA target's merged with its
+// adapter), written and dropped.
+#include "run/checkpoint_export.h"
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/module_tree.h"
+#include "io/hf_dir.h"
+#include "io/model_source.h"
+#include "io/sharded_checkpoint.h"
+#include "models/lora.h"
+#include "models/model_config.h"
+#include "models/registry.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace fsdpp {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Whether `inner` is `outer` or lies inside it, once links and ".." are resolved.
+bool within(const fs::path& inner, const fs::path& outer) {
+  const auto a = fs::weakly_canonical(inner), b = fs::weakly_canonical(outer);
+  auto [end_b, _] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+  return end_b == b.end();
+}
+
+}  // namespace
+
+ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                std::optional<at::ScalarType> dtype, size_t max_shard_bytes, bool merge_lora) {
+  if (within(out, dir) || within(dir, out)) {
+    throw UserError("export: " + out.string() + " would overwrite or contain the checkpoint " + dir.string() +
+                    " it reads; choose another OUT");
+  }
+  const auto opened = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(dir));
+  const ShardedCheckpoint& checkpoint = *opened;
+  const ModelConfig config = ModelConfig::from_file(checkpoint.verified("config.json"));
+  const nlohmann::json model_meta = checkpoint.metadata().value("model", nlohmann::json::object());
+  const auto lora = model_meta.contains("lora") ? std::optional(model_meta["lora"].get<LoraPlan>()) : std::nullopt;
+  if (lora && !merge_lora) {
+    throw UserError("export: " + dir.string() + " holds LoRA adapters (a frozen base): pass --merge-lora for the " +
+                    "merged model; the run's adapter directory holds them in PEFT's layout");
+  }
+  if (!lora && merge_lora) throw UserError("export: --merge-lora, but " + dir.string() + " holds no LoRA adapters");
+  const at::ScalarType run_dtype = parse_dtype(model_meta.value("dtype", "float32"));
+  // The model the checkpoint was trained as, without memory: its parameters name and shape
+  // the tensors, and a fresh base is initialised through it.
+  const auto skeleton = build_model(config, at::TensorOptions().dtype(run_dtype).device(at::kMeta));
+  if (lora) apply_lora(*skeleton, *lora, at::TensorOptions().dtype(run_dtype).device(at::kMeta));
+  // An adapter-only checkpoint leaves the frozen base to the base it records, unchanged.
+  const ShardFill base = recorded_base_fill(checkpoint, *skeleton);
+  const ShardFill fill = checkpoint_fill(opened, base);
+  const at::ScalarType out_dtype = dtype.value_or(run_dtype);
+  constexpr std::string_view kPrefix = "model/";
+  std::vector<TensorSpec> specs;
+  std::map<std::string, at::Tensor> params;  // by name, the skeleton's
+  for (const auto& p : unique_named_parameters(*skeleton)) {
+    // Every parameter the config's model has must be there: an HF directory without one
+    // would load with that weight initialised at random.
+    if (!checkpoint.contains(std::string(kPrefix) + p.name) && (!base || is_adapter_parameter(p.name))) {
+      throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
+                      " with its config.json has");
+    }
+    params[p.name] = p.tensor;
+    if (!is_adapter_parameter(p.name)) specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
+  }
+  HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes);
+  ExportSummary summary{checkpoint.step(), 0, 0};
+  for (const auto& spec : specs) {
+    // In the masters' dtype, the checkpoint's rows as they were saved.
+    at::Tensor tensor = at::empty(spec.shape, at::TensorOptions().dtype(master_dtype(run_dtype)));
+    fill(spec.name, params.at(spec.name), tensor, 0);
+    const std::string module = spec.name.substr(0, spec.name.rfind('.'));
+    if (lora && spec.name.ends_with(".weight") &&
+        std::find(lora->targets.begin(), lora->targets.end(), module) != lora->targets.end()) {
+      // In float64, so the merge adds no rounding of its own.
+      const auto a = checkpoint.read_full(std::string(kPrefix) + module + ".lora_A.weight").to(at::kDouble);  // [r, in]
+      const auto b = checkpoint.read_full(std::string(kPrefix) + module + ".lora_B.weight").to(at::kDouble);  // [out, r]
+      tensor = tensor.to(at::kDouble) + at::matmul(b, a) * (lora->alpha / static_cast<double>(lora->rank));
+    }
+    writer.write(spec.name, tensor);
+    ++summary.tensors;
+    summary.bytes += spec.bytes();
+  }
+  writer.finish();
+  return summary;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,188 @@
+// Building a run in order, and training one step of it.
+#include "run/run.h"
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "distributed/dist_env.h"
+#include "fsdp/fsdp_state.h"
+#include "io/sharded_checkpoint.h"
+#include "loss/next_token_loss.h"
+#include "models/registry.h"
+#include "run/run_checkpoint.h"
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace fsdpp {
+
+namespace {
+
+using nlohmann::json;
+
+// Rank r trains rows [r * rows, (r + 1) * rows) of every global micro-batch.
+int64_t rows_per_rank(const RunConfig& config, int world) {
+  if (config.data.batch_size % world != 0) {
+    throw UserError(config.file.string() + ": [data] batch_size " + std::to_string(config.data.batch_size) +
+                    " is not a multiple of the world size " + std::to_string(world) +
+                    " (each rank takes batch_size / world sequences)");
+  }
+  return config.data.batch_size / world;
+}
+
+// The dtypes the run computes and reduces in, per kind of unit, and its masters':
+// "compute bfloat16, reduce float32 (12 units); compute float32, reduce float32 (1 unit); masters float32".
+std::string precision_line(const ResolvedPlan& resolved, at::ScalarType masters) {
+  std::vector<std::pair<std::string, int>> kinds;  // in the order units first show them
+  for (const auto& unit : resolved.units) {
+    const std::string kind = "compute " + dtype_name(unit.compute_dtype) + ", reduce " + dtype_name(unit.reduce_dtype);
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0});
+    ++it->second;
+  }
+  std::string line;
+  for (const auto& [kind, units] : kinds) {
+    line += kind + " (" + std::to_string(units) + (units == 1 ? " unit); " : " units); ");
+  }
+  return line + "masters " + dtype_name(masters);
+}
+
+// What this rank holds once sharded, read from the shard tensors themselves for comparison
+// with what `fsdpp plan` predicts.
+void log_shards(const FsdpState& fsdp) {
+  int64_t shard_bytes = 0;
+  std::string names;
+  for (const auto& unit : fsdp.units()) {
+    names += (names.empty() ? "" : ",") + unit->name();
+    for (const auto& p : unit->params()) shard_bytes += p.local.numel() * p.local.element_size();
+  }
+  log_info("sharded: ", fsdp.units().size(), " units [", names, "], parameter shards ", shard_bytes, " bytes");
+}
+
+}  // namespace
+
+Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
+    : config_(config), built_from_(std::chrono::steady_clock::now()) {
+  const DistEnv env = DistEnv::from_environment();
+  // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
+  // leaving mid-rendezvous would make the others report a lost connection instead.
+  rows_ = rows_per_rank(config, env.world_size);
+  comm_ = init_distributed(env, config.parallel);
+  device_ = comm_->device();
+  const int rank = comm_->rank();
+  // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
+  at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
+  if (auto path = resume_path(config.checkpoint)) {
+    checkpoint_ = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
+    const auto saved = checkpoint_->metadata().value("model", json::object());
+    // Adapters resume only onto the base they were trained on. One rank per node reads the
+    // base's files through (each node may hold a copy of its own); where it refuses, its exit
+    // ends the run for every rank.
+    if (saved.contains("base") && env.local_rank == 0) {
+      saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config.model.path, config.model.init_seed),
+                                                   checkpoint_->dir().string());
+    }
+  } else if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && rank == 0) {
+    log_info("resume: no checkpoint in ", config.checkpoint.dir, " yet; starting fresh");
+  }
+  // The data first: a bad token file is reported before the model takes its time to load.
+  const ModelConfig model_config = model_config_of(config.model);
+  batches_ = open_batches(config.data, model_config);
+  config.experts.check_model(model_config, config.file.string());
+  // The policy reads a skeleton of the model (no memory): its units shard the run, one rank
+  // or many, and its LoRA declaration puts adapters on the model before its values load.
+  const auto skeleton = build_model(model_config, torch::TensorOptions().dtype(config.model.dtype).device(torch::kMeta));
+  shard(build_plan(*skeleton, comm_->size(), rank));
+  optimizer_ = std::make_unique<AdamW>(decay_groups(fsdp_->sharded_parameters(), config.optimizer.weight_decay),
+                                       config.optimizer);
+  if (const auto& moe = model().config().moe) {
+    experts_.emplace(*moe, config.experts, routing_bias_names(model()), config.train.grad_accum);
+  }
+  if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
+}
+
+Run::~Run() = default;
+
+size_t Run::units() const { return fsdp_->units().size(); }
+
+void Run::shard(const Plan& plan) {
+  loaded_ = load_model(config_.model, /*unallocated=*/true, plan.lora ? &*plan.lora : nullptr);
+  CausalLM& model = *loaded_.model;
+  parameters_ = model.recursive_param_count();  // numel holds for unallocated parameters too
+  model.train();
+  const int rank = comm_->rank();
+  const ResolvedPlan resolved = resolve_plan(plan, model, comm_->size(), config_.model.dtype);
+  if (rank == 0) {
+    const std::string constants = resolved.constant_param_bytes == 0 ? "" : " (" +
+        std::to_string(resolved.constant_param_bytes) + " B of them frozen, held in their compute dtype)";
+    log_info("plan: ", resolved.units.size(), " units; per rank: parameters ", resolved.param_bytes, " B", constants,
+             ", gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
+    log_info("precision: ", precision_line(resolved, master_dtype(config_.model.dtype)));
+  }
+  // The model is placed unit by unit, each rank filling its rows.
+  fsdp_ = std::make_unique<FsdpState>(model, comm_, resolved,
+                                      checkpoint_ ? checkpoint_fill(checkpoint_, loaded_.fill) : loaded_.fill, device_);
+  if (loaded_.weights && !checkpoint_) {
+    if (rank == 0) warn_unused_hf_tensors(model, *loaded_.weights);
+    // Touched pages of the mapped files, read from the kernel: what this rank really read.
+    const size_t touched = loaded_.weights->resident_bytes(), total = loaded_.weights->file_bytes();
+    log_info("weights: rank ", rank, " read ", touched, " of ", total, " bytes of the HF files (",
+             100.0 * static_cast<double>(touched) / static_cast<double>(std::max<size_t>(total, 1)), "%)");
+  }
+  loaded_.fill = {};
+  loaded_.weights.reset();  // unmaps the files
+  log_shards(*fsdp_);
+}
+
+StepFigures Run::step(double lr, bool stop_requested) {
+  const TrainConfig& tc = config_.train;
+  optimizer_->zero_grad();
+  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
+  const int64_t step_targets = batches_->draw_step(tc.grad_accum);
+  for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+    fsdp_->set_requires_gradient_sync(tc.sync_each_micro_batch || micro + 1 == tc.grad_accum);
+    MicroBatch batch = batches_->rows(micro, comm_->rank() * rows_, rows_);
+    batch.input = to_device(batch.input, device_);
+    batch.target = to_device(batch.target, device_);
+    batch.vision = batch.vision.to(device_);
+    // The units' hooks do the communication: each unit's forward gathers its parameters
+    // first (prefetching the next unit's) and frees them after, and in backward gathers them
+    // again, then reduce-scatters their gradients into the owned shards' .grad.
+    // Dividing by the step's global target count makes the gradient summed over ranks and
+    // micro-batches that of the mean loss over the whole step.
+    auto loss = next_token_loss_sum(batch.logits(model()), batch.target) / static_cast<double>(step_targets);
+    if (experts_) loss = loss + experts_->micro_batch_loss(*model().routing(), *comm_);
+    loss.backward();
+    loss_sum += loss.detach().to(at::kDouble);
+  }
+  // The loss sum carries the stop request too, so every rank learns of the same one.
+  at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
+  comm_->all_reduce_sum(reduced);
+  const GradClip clip = clip_by_norm(fsdp_->grad_groups(), tc.clip_grad_norm);
+  fsdp_->reshard_all();  // the next forward must gather the updated shards
+  optimizer_->step(lr, clip);
+  // The step's one wait for the device, with all of it queued: reading the loss and the norm
+  // holds up no work of the step.
+  enum { kLoss, kStopVotes, kGradNorm };
+  const at::Tensor read = at::cat({reduced, clip.norm.to(reduced.device())}).to(at::kCPU);  // [3]
+  const auto value = read.accessor<double, 1>();
+  StepFigures figures{.loss = value[kLoss], .grad_norm = value[kGradNorm], .stopping = value[kStopVotes] > 0};
+  if (experts_) {
+    if (std::isfinite(figures.grad_norm)) experts_->update_routing_bias(*fsdp_);
+    figures.experts = experts_->finish_step();
+  }
+  return figures;
+}
+
+std::optional<EvalResult> Run::evaluate() {
+  if (!batches_->can_evaluate()) return std::nullopt;
+  return batches_->evaluate(model(), config_.train.eval_batches * config_.data.batch_size, comm_.get());
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,126 @@
+// One training run on this rank, as one object. Its constructor builds the run in the order
+// each piece needs the one before: the rendezvous, the checkpoint to resume from, the data,
+// the policy's plan over a skeleton of the model, the weights, the shards, the optimizer.
+// resume() then restores that checkpoint, step() trains one optimizer step, and save() and
+// export_final() write what a run leaves behind (run/run_checkpoint.cpp). The training loop
+// (run/train_loop.h) drives it; a plain process is a world of one and builds the same run.
+#pragma once
+
+#include "data/batches.h"
+#include "distributed/comm.h"
+#include "fsdp/sharded_view.h"
+#include "io/hf_dir.h"
+#include "io/model_source.h"
+#include "loss/expert_balance.h"
+#include "optim/adamw.h"
+#include "run/run_config.h"
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace fsdpp {
+
+class FsdpState;
+class ShardedCheckpoint;
+
+// Builds the wrap plan for the model at (world, rank): the policy, in the binary.
+using PlanBuilder = std::function<Plan(CausalLM& model, int world, int rank)>;
+
+// What a checkpoint keeps of the loop besides the model, the optimizer and the data position.
+struct ClientState {
+  int64_t skipped_steps = 0;  // updates skipped for a gradient norm that was not finite
+  int64_t tokens_seen = 0;
+  double loss = 0.0;          // the step's
+};
+// Its one writer and one reader, as checkpoint metadata holds it.
+void to_json(nlohmann::json& j, const ClientState& state);
+void from_json(const nlohmann::json& j, ClientState& state);
+
+// Where a resumed run stands: the last step its checkpoint completed (0 when fresh).
+struct ResumePoint {
+  int64_t step = 0;
+  ClientState state;
+};
+
+// A step's figures, the same on every rank.
+struct StepFigures {
+  double loss = 0.0;       // the mean over the step's targets on every rank
+  double grad_norm = 0.0;  // global, before clipping; not finite: the update was skipped
+  bool stopping = false;   // some rank was asked to stop (SIGTERM or SIGINT)
+  std::optional<ExpertLoad> experts;  // a mixture-of-experts model's routing figures
+};
+
+class Run {
+ public:
+  // Builds this rank's run (a collective over the world). UserErrors name the file, key or
+  // rank at fault.
+  Run(const RunConfig& config, const PlanBuilder& build_plan);
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  // Restores the checkpoint [checkpoint] resume names, when there is one: the optimizer, the
+  // data position, the RNG state (the parameters came in with the shards). A data stream the
+  // position cannot carry over to is refused with the reason.
+  ResumePoint resume();
+  // One optimizer step at learning rate `lr` over this rank's rows of the step's micro-batches;
+  // `stop_requested`: this rank caught a stop signal, which every rank then learns of.
+  StepFigures step(double lr, bool stop_requested);
+  // Held-out evaluation over [train] eval_batches micro-batches (a collective); none where the
+  // data holds nothing out.
+  std::optional<EvalResult> evaluate();
+  // Saves step `step` as a sharded checkpoint under [checkpoint] dir and rotates older ones (a
+  // collective). A step already saved is left as it is.
+  void save(int64_t step, const ClientState& state);
+  // The run's product after step `step`: the model as an HF directory, or a LoRA run's adapter
+  // in PEFT's layout (a collective: each unit gathered in turn, rank 0 writing).
+  void export_final(int64_t step);
+
+  const RunConfig& config() const { return config_; }
+  Comm& comm() { return *comm_; }
+  c10::Device device() const { return device_; }
+  CausalLM& model() { return *loaded_.model; }
+  const CausalLM& model() const { return *loaded_.model; }
+  int64_t parameters() const { return parameters_; }  // the whole model's, before sharding
+  size_t units() const;
+  Batches& batches() { return *batches_; }
+
+ private:
+  // Loads the model without memory, shards it by `plan`, each rank filling its rows from the
+  // checkpoint or the weight files (then unmapped), and logs what it holds.
+  void shard(const Plan& plan);
+  // Saving (run/run_checkpoint.cpp): whether checkpoints hold a parameter's rows (all but a
+  // LoRA run's frozen base); this rank's file, [bytes, checksum, microseconds from `start` to
+  // its commit]; rank 0's metadata and commit, returning the older checkpoints it removed.
+  bool saves(const ShardRows& shard) const;
+  at::Tensor write_rank_file(const std::filesystem::path& staging, const std::vector<ShardRows>& shards,
+                             std::chrono::steady_clock::time_point start) const;
+  nlohmann::json metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
+                          const at::Tensor& files, const at::Tensor& rows) const;
+  std::vector<std::filesystem::path> commit(nlohmann::json meta, const std::filesystem::path& staging,
+                                            const std::filesystem::path& final_dir) const;
+  // Each rank's CPU generator from the checkpoint (rank r % the saved world's at another size).
+  void restore_rng(const ShardedCheckpoint& checkpoint) const;
+
+  const RunConfig& config_;
+  const std::chrono::steady_clock::time_point built_from_;  // when the build began, for the resume's log
+  int64_t rows_ = 0;  // this rank's rows of every global micro-batch
+  std::shared_ptr<Comm> comm_;
+  c10::Device device_ = at::kCPU;
+  std::shared_ptr<const ShardedCheckpoint> checkpoint_;  // the one to resume from, if any
+  std::unique_ptr<Batches> batches_;
+  LoadedModel loaded_;
+  int64_t parameters_ = 0;
+  std::unique_ptr<FsdpState> fsdp_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::optional<ExpertBalance> experts_;  // mixture-of-experts models
+  std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
+};
+
+}  // namespace fsdpp

@@ -1,0 +1,322 @@
+// Saving and restoring a run, and its final export. The save order is the same on every
+// rank: rank 0 prepares the staging directory; every rank writes its file; two all-gathers
+// bring rank 0 every file's size and checksum and every shard's rows; rank 0 writes the
+// metadata, renames the staging directory into place and rotates; a last all-reduce releases
+// the ranks.
+#include "run/run_checkpoint.h"
+
+#include "run/run.h"
+
+#include "core/checksum.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/failpoint.h"
+#include "core/log.h"
+#include "core/module_tree.h"
+#include "data/data.h"
+#include "fsdp/fsdp_state.h"
+#include "io/hf_dir.h"
+#include "io/peft_adapter.h"
+#include "io/sharded_checkpoint.h"
+#include "models/lora.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <mutex>
+
+namespace fsdpp {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The moments are saved as "<moment>/<name>" next to "model/<name>".
+constexpr const char* kMoments[] = {"exp_avg", "exp_avg_sq"};
+
+void barrier(Comm& comm) {
+  at::Tensor t = at::zeros({1}, at::kLong);
+  comm.all_reduce_sum(t);
+}
+
+at::Tensor moment(const AdamW::ParamState& s, int i) { return i == 0 ? s.exp_avg : s.exp_avg_sq; }
+
+// The save's time and size, and its slowest rank's rate from that rank's own bytes and
+// seconds (staging to its file's commit). `files`: [world, 3] bytes, checksum, microseconds.
+void log_saved(int64_t step, const fs::path& dir, const at::Tensor& files, double seconds, size_t removed) {
+  int64_t total = 0;
+  int64_t slowest = 0;
+  double slowest_rate = 0;
+  for (int64_t r = 0; r < files.size(0); ++r) {
+    const auto bytes = files[r][0].item<int64_t>();
+    const double rate = static_cast<double>(bytes) / std::max(1e-9, files[r][2].item<double>() / 1e6) / 1e9;
+    total += bytes;
+    if (r == 0 || rate < slowest_rate) slowest = r, slowest_rate = rate;
+  }
+  log_info("checkpoint: step ", step, " saved to ", dir.string(), " in ", seconds, " s: ", total, " bytes from ",
+           files.size(0), " rank(s); slowest rank ", slowest, " wrote ", files[slowest][0].item<int64_t>(),
+           " bytes in ", files[slowest][2].item<double>() / 1e6, " s (", slowest_rate, " GB/s)",
+           removed == 0 ? std::string() : concat("; removed ", removed, " older"));
+}
+
+}  // namespace
+
+void to_json(json& j, const ClientState& state) {
+  j = {{"skipped_steps", state.skipped_steps}, {"tokens_seen", state.tokens_seen}, {"loss", state.loss}};
+}
+
+void from_json(const json& j, ClientState& state) {
+  state.skipped_steps = j.value("skipped_steps", int64_t{0});
+  state.tokens_seen = j.value("tokens_seen", int64_t{0});
+  state.loss = j.value("loss", 0.0);
+}
+
+std::string config_hash(const RunConfig& config) {
+  const std::string text = config.source.canonical_text(
+      {"checkpoint", "metrics", "train.steps", "train.out_dir", "train.log_every", "train.eval_every",
+       "train.eval_batches", "train.threads"});
+  return format_crc32c(crc32c(text.data(), text.size()));
+}
+
+bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
+
+void Run::save(int64_t step, const ClientState& state) {
+  const fs::path root = config_.checkpoint.dir;
+  const fs::path final_dir = checkpoint_path(root, step);
+  if (fs::exists(final_dir)) return;  // the same on every rank: a step is saved once
+  const fs::path staging = staging_path(root, step);
+  const int rank = comm_->rank();
+  const auto start = Clock::now();
+  if (rank == 0) {
+    clear_partial_checkpoints(root);
+    fs::create_directories(staging);
+  }
+  barrier(*comm_);
+
+  const std::vector<ShardRows> shards = fsdp_->shard_rows();
+  const at::Tensor mine = write_rank_file(staging, shards, start);
+  at::Tensor files = at::empty({comm_->size() * 3}, at::kLong);
+  comm_->all_gather(files, mine);
+  std::vector<int64_t> my_rows;  // per parameter: first row, rows
+  for (const auto& shard : shards) {
+    my_rows.push_back(shard.first_row);
+    my_rows.push_back(shard.primary && saves(shard) ? shard.rows.size(0) : 0);
+  }
+  at::Tensor rows = at::empty({comm_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
+  comm_->all_gather(rows, at::tensor(my_rows, at::kLong));
+
+  if (rank == 0) {
+    const auto removed = commit(metadata(step, state, shards, files.view({-1, 3}), rows.view({comm_->size(), -1, 2})),
+                                staging, final_dir);
+    log_saved(step, final_dir, files.view({-1, 3}), std::chrono::duration<double>(Clock::now() - start).count(),
+              removed.size());
+  }
+  barrier(*comm_);
+}
+
+at::Tensor Run::write_rank_file(const fs::path& staging, const std::vector<ShardRows>& shards,
+                                Clock::time_point start) const {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& s : shards) {
+    if (!s.primary || s.rows.size(0) == 0 || !saves(s)) continue;
+    tensors.emplace_back("model/" + s.name, s.rows);
+    if (auto state = optimizer_->state_of(s.rows)) {
+      for (int i = 0; i < 2; ++i) tensors.emplace_back(std::string(kMoments[i]) + "/" + s.name, moment(*state, i));
+    }
+  }
+  {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    tensors.emplace_back("rng/cpu", generator.get_state());
+  }
+  std::vector<TensorSpec> specs;
+  for (const auto& [key, t] : tensors) specs.push_back({key, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter writer(staging / rank_file_name(comm_->rank()), specs);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i == tensors.size() / 2) failpoint("checkpoint-mid-write");
+    writer.write(tensors[i].second);
+  }
+  writer.commit();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return at::tensor({static_cast<int64_t>(writer.size()), static_cast<int64_t>(writer.checksum()),
+                     static_cast<int64_t>(seconds * 1e6)}, at::kLong);
+}
+
+std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::path& final_dir) const {
+  const json& raw = model().config().raw ? *model().config().raw : json::object();
+  const std::string config_text = raw.dump(2) + "\n";
+  write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
+  meta["files"]["config.json"] = {{"bytes", config_text.size()},
+                                  {"checksum", format_crc32c(crc32c(config_text.data(), config_text.size()))}};
+  const std::string text = meta.dump(1) + "\n";
+  write_file_atomically(staging / "metadata.json", text.data(), text.size());
+  const std::string sum = format_crc32c(crc32c(text.data(), text.size())) + "\n";
+  write_file_atomically(staging / kMetadataChecksumFile, sum.data(), sum.size());
+  fsync_directory(staging);
+  failpoint("checkpoint-before-commit");
+  fs::rename(staging, final_dir);
+  fsync_directory(config_.checkpoint.dir);
+  return rotate_checkpoints(config_.checkpoint.dir, config_.checkpoint.keep,
+                            static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9));
+}
+
+json Run::metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
+                   const at::Tensor& files, const at::Tensor& rows) const {
+  const int world = comm_->size();
+  json meta = {{"format", kCheckpointFormat}, {"version", 1},    {"step", step}, {"world_size", world},
+               {"meshes", fsdp_->mesh_shapes()}, {"config_hash", config_hash(config_)}};
+  for (int r = 0; r < world; ++r) {
+    meta["files"][rank_file_name(r)] = {{"bytes", files[r][0].item<int64_t>()},
+                                        {"checksum", format_crc32c(static_cast<uint32_t>(files[r][1].item<int64_t>()))}};
+  }
+  std::optional<int64_t> adam_steps;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardRows& s = shards[i];
+    if (!saves(s)) continue;
+    json saved = json::array();
+    for (int r = 0; r < world; ++r) {
+      const auto count = rows[r][static_cast<int64_t>(i)][1].item<int64_t>();
+      if (count > 0) saved.push_back({{"file", rank_file_name(r)}, {"rows", {rows[r][static_cast<int64_t>(i)][0].item<int64_t>(), count}}});
+    }
+    auto record = [&](const std::string& key, at::ScalarType dtype) {
+      meta["tensors"][key] = {{"dtype", safetensors_dtype_name(dtype)}, {"shape", s.full_shape}, {"shards", saved}};
+    };
+    record("model/" + s.name, s.rows.scalar_type());
+    if (auto moments = optimizer_->state_of(s.rows)) {
+      for (int m = 0; m < 2; ++m) record(std::string(kMoments[m]) + "/" + s.name, moment(*moments, m).scalar_type());
+      const auto steps = static_cast<int64_t>(moments->step.item<float>());
+      TORCH_CHECK(!adam_steps || *adam_steps == steps, "AdamW step counts differ between parameters");
+      adam_steps = steps;
+    }
+  }
+  meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
+  meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
+  meta["model"] = {{"dtype", dtype_name(config_.model.dtype)}};
+  if (loaded_.lora) {
+    meta["model"]["lora"] = *loaded_.lora;
+    meta["model"]["base"] = *base_;  // rank 0's, which alone writes the metadata
+  }
+  const auto position = batches_->order().position();
+  meta["data"] = batches_->identity();
+  meta["data"]["epoch"] = position.epoch;
+  meta["data"]["window"] = position.window;
+  meta["client_state"] = state;
+  return meta;
+}
+
+ResumePoint Run::resume() {
+  if (!checkpoint_) return {};
+  const ShardedCheckpoint& checkpoint = *checkpoint_;
+  const json& meta = checkpoint.metadata();
+  const std::string where = checkpoint.dir().string();
+  const json& saved = meta.at("data");
+  const json data = batches_->identity();
+  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed", "shuffle"}) {
+    if (saved.value(key, json()) != data.value(key, json())) {
+      throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
+                      saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
+                      " (the same window index would name different tokens)");
+    }
+  }
+  if (meta.value("config_hash", "") != config_hash(config_)) {
+    log_warn(where, ": written with other settings (", meta.value("config_hash", "?"), ", this run ",
+             config_hash(config_), "); resuming anyway");
+  }
+  at::NoGradGuard no_grad;
+  const ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+  const auto adam_steps = static_cast<double>(meta.at("optimizer").at("steps").get<int64_t>());
+  for (auto& s : fsdp_->shard_rows()) {
+    if (auto state = optimizer_->state_of(s.rows)) {
+      for (int m = 0; m < 2; ++m) {
+        at::Tensor rows = moment(*state, m);  // shares the state's storage: read in place
+        checkpoint.read_rows(std::string(kMoments[m]) + "/" + s.name, rows, s.first_row);
+      }
+      state->step.fill_(adam_steps);
+    }
+  }
+  ShuffledOrder& order = batches_->order();
+  const auto window = saved.at("window").get<int64_t>();
+  if (window > static_cast<int64_t>(order.size())) {
+    throw UserError(where + "/metadata.json: data.window " + std::to_string(window) + " is outside an epoch of " +
+                    std::to_string(order.size()) + " windows");
+  }
+  order.seek({saved.at("epoch").get<uint64_t>(), window});
+  restore_rng(checkpoint);
+  const ReadStats read = checkpoint.read_stats();
+  const double rebuild_s = std::chrono::duration<double>(Clock::now() - built_from_).count();
+  log_info("resume: rank ", comm_->rank(), " read ", read.bytes, " bytes of ", where, " (saved at world ",
+           checkpoint.world_size(), ") in ", read.seconds, " s (",
+           static_cast<double>(read.bytes) / std::max(read.seconds, 1e-9) / 1e9, " GB/s; ", rebuild_s,
+           " s to rebuild the run); continuing after step ", point.step);
+  return point;
+}
+
+void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {
+  // Each rank's own generator when the world matches; otherwise the saved rank it maps to.
+  const int source = comm_->rank() % checkpoint.world_size();
+  at::Tensor rng = checkpoint.read_whole(rank_file_name(source), "rng/cpu");
+  if (!rng.defined()) return;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  try {
+    generator.set_state(rng);
+  } catch (const c10::Error&) {
+    throw UserError(checkpoint.dir().string() + "/" + rank_file_name(source) +
+                    ": rng/cpu is not a generator state (the file is corrupt)");
+  }
+}
+
+std::optional<fs::path> resume_path(const CheckpointConfig& config) {
+  if (config.resume.kind == ResumeFrom::Kind::fresh) return std::nullopt;
+  if (config.resume.kind == ResumeFrom::Kind::latest) {
+    auto latest = latest_checkpoint(config.dir);
+    if (!latest) return std::nullopt;
+    return latest->path;
+  }
+  if (!ShardedCheckpoint::is_checkpoint(config.resume.path)) {
+    throw UserError("[checkpoint] resume: " + config.resume.path.string() +
+                    " is not a complete checkpoint (no metadata.json with its metadata.crc32c)");
+  }
+  return config.resume.path;
+}
+
+void Run::export_final(int64_t step) {
+  const int rank = comm_->rank();
+  const CheckpointConfig& config = config_.checkpoint;
+  if (const auto& lora = loaded_.lora) {  // the base is frozen: fsdpp export --merge-lora merges it
+    NamedTensors tensors;  // small next to the base: held whole until written
+    fsdp_->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
+      const bool trainable = std::any_of(lora->trainable.begin(), lora->trainable.end(),
+                                         [&](const std::string& m) { return path_under(name, m); });
+      if (rank == 0 && (is_adapter_parameter(name) || trainable)) {
+        tensors.emplace_back(name, t.to(at::kCPU, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true));
+      }
+    });
+    if (rank != 0) return;
+    write_peft_adapter(config.adapter_dir, *lora, config_.model.path, tensors);
+    log_info("saved the LoRA adapter at step ", step, " to ", config.adapter_dir);
+    return;
+  }
+  // Rank 0 streams each tensor to disk as its unit's gather delivers it: no rank ever holds
+  // the whole model.
+  const auto max_shard_bytes = static_cast<size_t>(config.export_shard_mb * (1 << 20));
+  std::unique_ptr<HfDirWriter> writer;
+  if (rank == 0) {
+    std::vector<TensorSpec> specs;
+    for (const auto& r : fsdp_->shard_rows()) specs.push_back({r.name, config.export_dtype, r.full_shape});
+    writer = std::make_unique<HfDirWriter>(model().config(), specs, config.export_dir, config.export_dtype,
+                                           max_shard_bytes);
+  }
+  fsdp_->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
+    if (writer) writer->write(name, t);
+  });
+  if (!writer) return;
+  writer->finish();
+  log_info("exported the model at step ", step, " to ", config.export_dir);
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,25 @@
+// A training run's whole state as a sharded checkpoint (io/sharded_checkpoint.h), written and
+// read by Run::save and Run::resume (run/run_checkpoint.cpp). Each rank saves its rows of
+// every parameter and of AdamW's moments, plus its RNG state; rank 0 adds the metadata (step,
+// meshes, config hash, schedule, data position, client state) and commits the directory.
+// Restoring reads each rank's rows of the current sharding from whichever saved shards hold
+// them, so a checkpoint loads at any world size or mesh.
+#pragma once
+
+#include "run/run_config.h"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace fsdpp {
+
+// The checkpoint [checkpoint] resume names, or nullopt to start fresh (none asked for, or
+// "latest" with none saved yet). UserError when a named path is not a complete checkpoint.
+std::optional<std::filesystem::path> resume_path(const CheckpointConfig& config);
+
+// A hash of the settings that shape the run (every section but [checkpoint] and [metrics],
+// and of [train] only what changes the updates).
+std::string config_hash(const RunConfig& config);
+
+}  // namespace fsdpp

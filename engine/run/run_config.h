@@ -1,0 +1,82 @@
+// One run's whole configuration: each TOML section parsed by the component that owns it,
+// plus the [train] and [checkpoint] sections the training loop owns.
+#pragma once
+
+#include "bindings/lua/policy_config.h"
+#include "core/config_file.h"
+#include "data/data_config.h"
+#include "distributed/parallel_config.h"
+#include "io/model_source_config.h"
+#include "loss/experts_config.h"
+#include "metrics/metrics_config.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer_config.h"
+
+#include <filesystem>
+#include <vector>
+
+namespace fsdpp {
+
+struct TrainConfig {
+  int64_t steps = 1000;          // optimizer steps
+  int64_t grad_accum = 1;        // micro-batches per step
+  bool sync_each_micro_batch = true;  // sharded runs: reduce gradients after every micro-batch;
+                                      // false keeps full gradients until the last one
+  double clip_grad_norm = 1.0;   // global-norm clipping threshold; 0 disables
+  int64_t log_every = 10;        // steps between log lines
+  int64_t eval_every = 0;        // steps between held-out evaluations; 0 disables
+  int64_t eval_batches = 8;      // micro-batches per evaluation
+  int64_t threads = 0;           // intra-op threads; 0 keeps LibTorch's default
+  std::string out_dir = "runs/default";  // metrics and saved models go here
+
+  static TrainConfig from_section(ConfigSection& section);
+};
+
+// Where a run starts: afresh, from the newest complete checkpoint in [checkpoint] dir (afresh
+// when there is none), or from a named checkpoint directory.
+struct ResumeFrom {
+  enum class Kind { fresh, latest, path };
+  Kind kind = Kind::fresh;
+  std::filesystem::path path;  // Kind::path's checkpoint
+
+  bool operator==(const ResumeFrom&) const = default;
+};
+
+struct CheckpointConfig {
+  std::string dir;              // sharded checkpoints go to <dir>/step-00000100; "" means <train.out_dir>/checkpoints
+  int64_t save_every = 0;       // steps between sharded checkpoints; 0: none
+  bool save_final = true;       // after the last step: a sharded checkpoint and the HF export
+  int64_t keep = 3;             // complete checkpoints kept, newest first; 0 keeps all
+  double max_gb = 0.0;          // also delete the oldest while all together exceed this (never the newest); 0: no cap
+  ResumeFrom resume;            // "latest", a checkpoint directory, or "" to start fresh
+  bool save_on_signal = true;   // on SIGTERM or SIGINT: finish the step, save, exit with 128 + the signal
+  std::string export_dir;       // the HF export of the final model; "" means <train.out_dir>/model
+  std::string adapter_dir;      // a LoRA run's final adapter, in PEFT's layout; "" means <train.out_dir>/adapter
+  at::ScalarType export_dtype = at::kFloat;  // its dtype; absent or "": [model] dtype
+  double export_shard_mb = 2048;  // largest safetensors file of the export in MiB; above it the export is sharded
+
+  // The export's dtype defaults to `model_dtype`, the [model] section's.
+  static CheckpointConfig from_section(ConfigSection& section, at::ScalarType model_dtype);
+};
+
+struct RunConfig {
+  std::filesystem::path file;
+  ConfigFile source;  // the file as read, --set applied: checkpoints record a hash of its settings
+  ModelSourceConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig scheduler;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  ExpertsConfig experts;
+  ParallelConfig parallel;
+  PolicyConfig policy;
+
+  // Parses and validates every section of `path` after applying `overrides`.
+  static RunConfig load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
+  // Parses and validates every section of a file already read.
+  static RunConfig parse(const ConfigFile& file);
+};
+
+}  // namespace fsdpp

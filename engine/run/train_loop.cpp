@@ -1,0 +1,176 @@
+// The training loop: a Run stepped from its first step still to train to the last, with the
+// figures, evaluations, saves and stops around each step.
+#include "run/train_loop.h"
+
+#include "core/device.h"
+#include "core/log.h"
+#include "data/data.h"
+#include "metrics/metrics.h"
+#include "metrics/step_profiler.h"
+#include "optim/lr_schedule.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+
+namespace fsdpp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Set by SIGTERM or SIGINT; the loop finishes its step, saves and stops. The handler
+// resets itself, so a second signal ends the process at once.
+volatile std::sig_atomic_t stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESETHAND;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+// Training FLOPs per token: 6 per weight of every matrix product (forward and backward) plus
+// attention's score and value products, 6 x layers x heads x seq_len x (query/key head size +
+// value head size). The input embedding is a lookup, unless tied to the output head, which is
+// a product; a token passes through K of each MoE layer's E experts only.
+double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq_len) {
+  const int64_t lookup = model.tie_word_embeddings ? 0 : model.vocab_size * model.hidden_size;
+  int64_t idle_experts = 0;
+  if (const auto& moe = model.moe) {
+    for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
+      if (moe->is_moe_layer(layer)) {
+        idle_experts += (moe->num_experts - moe->num_experts_per_tok) * 3 * model.hidden_size * moe->moe_intermediate_size;
+      }
+    }
+  }
+  const int64_t head_widths = model.query_key_head_dim() + model.value_head_dim();
+  return 6.0 * static_cast<double>(parameters - lookup - idle_experts) +
+         6.0 * static_cast<double>(model.num_hidden_layers * model.num_attention_heads * seq_len * head_widths);
+}
+
+// The figures of a step beyond its loss: pace, time left, memory and, with a stated peak, model
+// FLOPs utilisation over every rank.
+void measure(StepMetrics& m, Run& run, int64_t first_step, Clock::time_point start, Clock::time_point step_start,
+             double step_flops) {
+  const RunConfig& config = run.config();
+  const int64_t step_tokens = config.train.grad_accum * config.data.batch_size * config.data.seq_len;
+  const double step_s = std::max(1e-9, seconds_since(step_start));
+  m.elapsed_s = seconds_since(start);
+  m.tokens = m.step * step_tokens;
+  m.tokens_per_s = static_cast<double>(step_tokens) / step_s;
+  m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(config.train.steps - m.step);
+  m.host_peak_gb = host_peak_memory_gb();
+  if (const auto memory = device_peak_memory(run.device())) {
+    m.device_allocated_gb = memory->allocated_gb;
+    m.device_reserved_gb = memory->reserved_gb;
+  }
+  if (config.metrics.peak_tflops > 0) {
+    m.mfu = step_flops / step_s / (config.metrics.peak_tflops * 1e12 * run.comm().size());
+  }
+}
+
+// The run's shape, for the log.
+void log_run(Run& run, int64_t step_tokens) {
+  const RunConfig& config = run.config();
+  const TrainConfig& tc = config.train;
+  log_info("train: ", tc.steps, " steps of ", step_tokens, " tokens (", tc.grad_accum, " x ", config.data.batch_size,
+           " x ", config.data.seq_len, "), ", run.comm().size(), " rank(s), ", run.units(), " FSDP units, ",
+           at::get_num_threads(), " threads per rank, ", run.batches().order().size(), " ", run.batches().item_name(),
+           " per epoch");
+}
+
+// Writes the traced step's profile once the device has finished its work.
+void save_profile(StepProfiler& profiler, Run& run, int64_t step) {
+  synchronize_device(run.device());
+  const auto trace = std::filesystem::path(run.config().train.out_dir) /
+                     ("profile-step-" + std::to_string(step) + "-rank-" + std::to_string(run.comm().rank()) + ".json");
+  profiler.stop_and_save(trace.string());
+  log_info("profile: step ", step, " traced to ", trace.string());
+}
+
+// A step's figures for the log; counts a skipped update in `summary`.
+StepMetrics step_metrics(int64_t step, double lr, const StepFigures& f, TrainSummary& summary, int rank) {
+  StepMetrics m{.step = step, .loss = f.loss, .lr = lr, .grad_norm = f.grad_norm};
+  if (f.experts) {
+    m.aux_loss = f.experts->aux_loss;
+    m.expert_load = f.experts->max_over_mean;
+  }
+  if (!std::isfinite(f.grad_norm)) {
+    m.skipped = true;
+    ++summary.skipped_steps;
+    if (rank == 0) log_warn("step ", step, ": gradient norm is ", f.grad_norm, "; update skipped");
+  }
+  return m;
+}
+
+// What follows a step when due: evaluation on the held-out batches, and a checkpoint
+// (periodic, the last step's, or the one a stop signal asks for).
+void after_step(Run& run, int64_t step, bool stopping, MetricsSink* metrics, const ClientState& state) {
+  const RunConfig& config = run.config();
+  const TrainConfig& tc = config.train;
+  if (tc.eval_every > 0 && (step % tc.eval_every == 0 || step == tc.steps)) {
+    if (const auto e = run.evaluate(); e && metrics) metrics->record_eval(step, e->loss, e->perplexity);
+  }
+  const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
+  const bool last = config.checkpoint.save_final && step == tc.steps;
+  if (periodic || last || stopping) run.save(step, state);
+}
+
+}  // namespace
+
+TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
+  const TrainConfig& tc = config.train;
+  Run run(config, build_plan);
+  const int rank = run.comm().rank();
+  TrainSummary summary;
+  const ResumePoint resumed = run.resume();
+  summary.steps = resumed.step;
+  summary.skipped_steps = resumed.state.skipped_steps;
+  const int64_t first_step = resumed.step + 1;
+  const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
+  std::unique_ptr<MetricsSink> metrics;
+  if (rank == 0) metrics = std::make_unique<MetricsSink>(config.metrics, tc.steps, first_step - 1);
+  const int64_t step_tokens = tc.grad_accum * config.data.batch_size * config.data.seq_len;
+  const double step_flops = static_cast<double>(step_tokens) *
+                            flops_per_token(run.model().config(), run.parameters(), config.data.seq_len);
+  if (rank == 0) log_run(run, step_tokens);
+  if (config.checkpoint.save_on_signal) catch_stop_signals();
+
+  StepProfiler profiler;
+  const auto start = Clock::now();
+  for (int64_t step = first_step; step <= tc.steps; ++step) {
+    if (step == config.metrics.profile_step) profiler.start();
+    const auto step_start = Clock::now();
+    const double lr = schedule.at(step);
+    const StepFigures f = run.step(lr, stop_signal != 0);
+    StepMetrics m = step_metrics(step, lr, f, summary, rank);
+    if (profiler.active()) save_profile(profiler, run, step);
+    measure(m, run, first_step, start, step_start, step_flops);
+    if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
+    summary.final_loss = m.loss;
+    summary.steps = step;
+    after_step(run, step, f.stopping, metrics.get(),
+               {.skipped_steps = summary.skipped_steps, .tokens_seen = step * step_tokens, .loss = m.loss});
+    if (f.stopping) {
+      summary.stop_signal = stop_signal != 0 ? static_cast<int>(stop_signal) : SIGTERM;
+      if (rank == 0) log_warn("stopped by ", ::strsignal(summary.stop_signal), " after step ", step);
+      return summary;
+    }
+  }
+  if (config.checkpoint.save_final) run.export_final(summary.steps);
+  return summary;
+}
+
+}  // namespace fsdpp
