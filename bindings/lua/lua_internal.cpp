@@ -6,6 +6,7 @@
 #include "core/log.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace fsdpp::lua {
 
@@ -30,7 +31,11 @@ std::string to_string_arg(lua_State* L, int index, const char* what) {
   if (lua_type(L, index) != LUA_TSTRING) {
     throw ScriptError(std::string(what) + ": expected a string, got " + luaL_typename(L, index));
   }
-  return lua_tostring(L, index);
+  size_t length = 0;
+  const char* text = lua_tolstring(L, index, &length);
+  // A Lua string may hold NUL bytes where a C string would end: refused, not cut short.
+  if (std::memchr(text, '\0', length) != nullptr) throw ScriptError(std::string(what) + ": holds a NUL byte");
+  return std::string(text, length);
 }
 
 void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what) {

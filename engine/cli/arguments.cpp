@@ -197,6 +197,14 @@ void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
 // launch's own options come before "--"; everything after it is the command each rank runs.
 void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
   const auto separator = std::find(args.begin(), args.end(), "--");
+  if (separator == args.end()) {  // the ranks' command would read as launch's own arguments
+    const auto command = std::find_if(args.begin(), args.end(), [](const std::string& a) {
+      return a == "train" || a == "eval" || a == "plan" || a == "export";
+    });
+    if (command != args.end()) {
+      throw UserError("launch: put '--' before the command each rank runs: fsdpp launch ... -- " + *command + " ...");
+    }
+  }
   OptionParser parser("launch");
   std::string nproc, nnodes, node_rank, port;
   parser.add("--nproc-per-node", nproc);

@@ -43,6 +43,7 @@ RunConfig load_run(const CommandLine& args) {
 
 int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
+  config.check_paths();
   const PolicyConfig& policy = config.policy;
   auto build_plan = [&policy](CausalLM& model, int world, int rank) {
     return run_policy(find_policy(policy, model.config().model_type), model,

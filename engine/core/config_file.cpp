@@ -17,6 +17,7 @@ struct ConfigDocument {
   std::filesystem::path path;
   toml::table root;
   std::map<std::string, std::string> overridden;  // "section.key" -> the --set text
+  std::map<std::string, std::vector<std::string>> section_keys;  // every section's keys, for hints
 };
 
 namespace {
@@ -151,11 +152,39 @@ void ConfigSection::finish() const {
   std::vector<std::string> valid(asked_.begin(), asked_.end());
   for (const auto& [key, node] : *table) {
     std::string k(key.str());
-    if (!asked_.count(k)) fail(k, "unknown key" + did_you_mean(k, valid));
+    if (asked_.count(k)) continue;
+    std::string hint = did_you_mean(k, valid);
+    for (const auto& [section, keys] : doc_->section_keys) {  // the key, in the section it belongs to
+      if (hint.empty() && section != name_ && std::find(keys.begin(), keys.end(), k) != keys.end()) {
+        hint = "; " + k + " is a key of [" + section + "]";
+      }
+    }
+    fail(k, "unknown key" + hint);
   }
 }
 
+std::vector<std::string> ConfigSection::asked() const { return {asked_.begin(), asked_.end()}; }
+
 namespace {
+
+// toml++'s description of a syntax error in plain words, where it has a common cause.
+std::string plain_words(const std::string& description) {
+  static const std::vector<std::pair<const char*, const char*>> causes = {
+      {"control characters", "a quoted string is not closed on its line (a missing quote?)"},
+      {"could not determine value type",
+       "the value is not a number, true/false, a \"quoted string\", a [list] or a {table} (text needs quotes)"},
+      {"cannot redefine existing", "a key or [section] is given twice"},
+      {"table header: expected ']'", "a [section] header is missing its ']'"},
+      {"encountered end-of-file", "the file ends inside a value (an unclosed [, { or quote?)"},
+      {"expected a comment or whitespace", "more follows a value on its line (one key = value per line)"},
+      {"expected '='", "a key must be followed by '=' and its value"},
+      {"expected keys, tables", "a line must be key = value, a [section] header or a # comment"},
+  };
+  for (const auto& [cause, words] : causes) {
+    if (description.find(cause) != std::string::npos) return words;
+  }
+  return description;
+}
 
 // Applies one --set "section.key=value" (value read as TOML, or as a string when it does
 // not parse as one) to `doc`.
@@ -211,7 +240,7 @@ ConfigFile ConfigFile::parse(const std::string& text, const std::filesystem::pat
     file.doc_->root = toml::parse(text, path.string());
   } catch (const toml::parse_error& e) {
     throw UserError(path.string() + ":" + std::to_string(e.source().begin.line) +
-                    ": invalid TOML: " + std::string(e.description()));
+                    ": invalid TOML: " + plain_words(std::string(e.description())));
   }
   for (const auto& override_text : overrides) apply_override(*file.doc_, override_text);
   return file;
@@ -229,11 +258,25 @@ ConfigSection ConfigFile::section(const std::string& name) const {
 void ConfigFile::check_sections(const std::vector<std::string>& known) const {
   for (const auto& [key, node] : doc_->root) {
     std::string k(key.str());
-    if (std::find(known.begin(), known.end(), k) == known.end()) {
-      std::string line = node.source().begin.line > 0 ? ":" + std::to_string(node.source().begin.line) : "";
-      throw UserError(doc_->path.string() + line + ": unknown section [" + k + "]" + did_you_mean(k, known));
+    if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+    std::string where = doc_->path.string();
+    if (node.source().begin.line > 0) {
+      where += ":" + std::to_string(node.source().begin.line);
+    } else {  // a section only a --set made
+      for (const auto& [setting, text] : doc_->overridden) {
+        if (setting.starts_with(k + ".")) where = "--set " + text;
+      }
     }
+    throw UserError(where + ": unknown section [" + k + "]" + did_you_mean(k, known));
   }
+}
+
+void ConfigFile::set_section_keys(std::map<std::string, std::vector<std::string>> keys) {
+  doc_->section_keys = std::move(keys);
+}
+
+std::string ConfigFile::where(const std::string& section, const std::string& key) const {
+  return ConfigSection(doc_, section).where(key);
 }
 
 const std::filesystem::path& ConfigFile::path() const { return doc_->path; }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -41,15 +42,20 @@ class ConfigSection {
   // A sub-table of scalars ([section.key]), in file order; nested tables and arrays are errors.
   std::vector<std::pair<std::string, ConfigScalar>> get_scalar_table(const std::string& key);
 
-  // Errors for keys never asked for, naming the nearest key that was.
+  // Errors for keys never asked for, naming the nearest key that was, or the section a key
+  // belongs to (ConfigFile::set_section_keys).
   void finish() const;
+  // The keys asked for so far.
+  std::vector<std::string> asked() const;
   // A validation failure of `key`: "file:line: [section] key: message".
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
   const std::string& name() const { return name_; }
+  // Where `key` was given: "file:line" (the section's line when the key is absent) or the
+  // "--set ..." that set it.
+  std::string where(const std::string& key) const;
 
  private:
   const void* lookup(const std::string& key, const char* expected);
-  std::string where(const std::string& key) const;
 
   std::shared_ptr<const ConfigDocument> doc_;
   std::string name_;
@@ -81,8 +87,13 @@ class ConfigFile {
                           const std::vector<std::string>& overrides);
 
   ConfigSection section(const std::string& name) const;
-  // Errors for a top-level entry that is not one of `known` sections.
+  // Errors for a top-level entry that is not one of `known` sections, blamed on the --set
+  // that made it when no line of the file did.
   void check_sections(const std::vector<std::string>& known) const;
+  // Every section's keys, so that a key given in the wrong section is pointed to its own.
+  void set_section_keys(std::map<std::string, std::vector<std::string>> keys);
+  // ConfigSection::where of `key` in `section`.
+  std::string where(const std::string& section, const std::string& key) const;
   const std::filesystem::path& path() const;
   // The document after overrides as normalised TOML (keys sorted, comments and layout
   // dropped), leaving out the `excluded` sections and "section.key" entries: equal texts

@@ -16,6 +16,10 @@ c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_
   const bool has_cuda = at::globalContext().hasCUDA();
   if (choice == DeviceChoice::automatic && !has_cuda) return c10::kCPU;
   const int visible = has_cuda ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
+  if (visible == 0) {
+    throw UserError("[parallel] device = \"cuda\", but this process sees no GPU; use device = \"cpu\" (or \"auto\", "
+                    "which takes a GPU where there is one)");
+  }
   // A scheduler that binds one GPU to each task shows every rank a single device, whatever
   // its local rank. Several local ranks seeing that same one device would share it, which
   // NCCL refuses ("duplicate GPU") only once the first collective runs.

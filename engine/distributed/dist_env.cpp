@@ -5,6 +5,9 @@
 #include "core/error.h"
 #include "core/log.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <csignal>
 #include <cstdlib>
 
@@ -61,6 +64,18 @@ DistEnv DistEnv::from_environment() {
   return e;
 }
 
+std::string unresolved_reason(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc == 0) {
+    ::freeaddrinfo(found);
+    return "";
+  }
+  return ::gai_strerror(rc);
+}
+
 std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig& config) {
   // Without NCCL in this build a world of several ranks must talk over gloo, hence compute
   // on the CPU; a world of one talks to no one.
@@ -80,6 +95,15 @@ std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig&
   // ahead, from the backend's thread) must fail with an error this rank reports, not be
   // killed by SIGPIPE, which would hide the stopped rank's own message.
   std::signal(SIGPIPE, SIG_IGN);
+  // A name that resolves to nothing would be retried until the timeout; a master that is
+  // merely not up yet is worth that wait, which the log states.
+  if (const std::string why = unresolved_reason(env.master_addr); !why.empty()) {
+    throw UserError("MASTER_ADDR " + env.master_addr + " does not resolve (" + why + ")");
+  }
+  if (env.local_rank == 0 && env.world_size > env.local_world_size) {  // several nodes: one may start late
+    log_info("rendezvous: ", env.world_size, " ranks at ", env.master_addr, ":", env.master_port, ", waiting up to ",
+             config.timeout_s, " s ([parallel] timeout_s) for all of them");
+  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
   auto comm = Comm::world(env.rank, env.world_size, env.master_addr, env.master_port, timeout, device);
   if (env.rank == 0) {

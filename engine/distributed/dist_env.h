@@ -24,6 +24,9 @@ struct DistEnv {
   static DistEnv from_environment();
 };
 
+// Why `host` resolves to no address (the resolver's reason), or "" when it resolves.
+std::string unresolved_reason(const std::string& host);
+
 // The world group for `env` on the device the config asks for, which becomes this thread's
 // current device. A world of one, launched or a plain process alike, is a group of one with
 // no backend: its collectives are its own values, and no rendezvous is needed.

@@ -1,5 +1,6 @@
 // The local process launcher.
 #include "distributed/launcher.h"
+#include "distributed/dist_env.h"
 #include "distributed/rank_process.h"
 
 #include "core/error.h"
@@ -94,6 +95,9 @@ int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks, const
 }  // namespace
 
 int launch(const LaunchOptions& o, const std::string& self_exe) {
+  if (const std::string why = unresolved_reason(o.master_addr); !why.empty()) {
+    throw UserError("launch: --master-addr " + o.master_addr + " does not resolve (" + why + ")");
+  }
   const int port = o.master_port == 0 ? free_port() : o.master_port;
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0) throw UserError("launch: cannot create a pipe");
   struct sigaction sa{};

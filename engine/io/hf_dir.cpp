@@ -60,7 +60,11 @@ std::vector<std::string> HfWeights::names() const {
 }
 
 fs::path hf_config_path(const fs::path& path) {
-  if (!fs::exists(path)) throw UserError(path.string() + ": no such model directory or config file");
+  if (!fs::exists(path)) {
+    const std::string relative =
+        path.is_relative() ? " (relative to the working directory " + fs::current_path().string() + ")" : "";
+    throw UserError(path.string() + ": no such model directory or config file" + relative);
+  }
   return fs::is_directory(path) ? path / "config.json" : path;
 }
 

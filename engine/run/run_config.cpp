@@ -6,7 +6,12 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace fsdpp {
 
@@ -52,41 +57,89 @@ CheckpointConfig CheckpointConfig::from_section(ConfigSection& s, at::ScalarType
   return c;
 }
 
+namespace {
+
+// Each section's parser, in the order they run: [checkpoint] reads [model]'s dtype.
+using SectionParser = void (*)(ConfigSection&, RunConfig&);
+constexpr std::pair<const char*, SectionParser> kSections[] = {
+    {"model", [](ConfigSection& s, RunConfig& r) { r.model = ModelSourceConfig::from_section(s); }},
+    {"data", [](ConfigSection& s, RunConfig& r) { r.data = DataConfig::from_section(s); }},
+    {"optimizer", [](ConfigSection& s, RunConfig& r) { r.optimizer = OptimizerConfig::from_section(s); }},
+    {"scheduler", [](ConfigSection& s, RunConfig& r) { r.scheduler = ScheduleConfig::from_section(s); }},
+    {"train", [](ConfigSection& s, RunConfig& r) { r.train = TrainConfig::from_section(s); }},
+    {"checkpoint", [](ConfigSection& s, RunConfig& r) { r.checkpoint = CheckpointConfig::from_section(s, r.model.dtype); }},
+    {"metrics", [](ConfigSection& s, RunConfig& r) { r.metrics = MetricsConfig::from_section(s); }},
+    {"experts", [](ConfigSection& s, RunConfig& r) { r.experts = ExpertsConfig::from_section(s); }},
+    {"parallel", [](ConfigSection& s, RunConfig& r) { r.parallel = ParallelConfig::from_section(s); }},
+    {"policy", [](ConfigSection& s, RunConfig& r) { r.policy = PolicyConfig::from_section(s); }},
+};
+
+// Every key each section reads: what its parser asks an empty file for (the parsers ask for
+// all their keys before they check values, so a check that fails on the empty file, such as
+// a required path, comes after every key is known).
+const std::map<std::string, std::vector<std::string>>& section_keys() {
+  static const auto keys = [] {
+    const ConfigFile blank = ConfigFile::parse("", "", {});
+    std::map<std::string, std::vector<std::string>> out;
+    RunConfig scratch;
+    for (const auto& [name, parse] : kSections) {
+      ConfigSection section = blank.section(name);
+      try {
+        parse(section, scratch);
+      } catch (const UserError&) {
+      }
+      out[name] = section.asked();
+    }
+    return out;
+  }();
+  return keys;
+}
+
+}  // namespace
+
 RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
   return parse(ConfigFile::load(path, overrides));
 }
 
 RunConfig RunConfig::parse(const ConfigFile& file) {
-  file.check_sections({"model", "data", "optimizer", "scheduler", "train", "checkpoint", "metrics", "experts", "parallel",
-                      "policy"});
-  RunConfig run{.file = file.path(), .source = file};
-  auto section = [&file](const char* name) { return file.section(name); };
-  auto model = section("model");
-  run.model = ModelSourceConfig::from_section(model);
-  auto data = section("data");
-  run.data = DataConfig::from_section(data);
-  auto optimizer = section("optimizer");
-  run.optimizer = OptimizerConfig::from_section(optimizer);
-  auto scheduler = section("scheduler");
-  run.scheduler = ScheduleConfig::from_section(scheduler);
-  auto train = section("train");
-  run.train = TrainConfig::from_section(train);
-  auto checkpoint = section("checkpoint");
-  run.checkpoint = CheckpointConfig::from_section(checkpoint, run.model.dtype);
-  auto metrics = section("metrics");
-  run.metrics = MetricsConfig::from_section(metrics);
-  auto experts = section("experts");
-  run.experts = ExpertsConfig::from_section(experts);
-  auto parallel = section("parallel");
-  run.parallel = ParallelConfig::from_section(parallel);
-  auto policy = section("policy");
-  run.policy = PolicyConfig::from_section(policy);
+  std::vector<std::string> names;
+  for (const auto& [name, parse] : kSections) names.push_back(name);
+  file.check_sections(names);
+  ConfigFile annotated = file;
+  annotated.set_section_keys(section_keys());
+  RunConfig run{.file = file.path(), .source = annotated};
+  for (const auto& [name, parse] : kSections) {
+    ConfigSection section = annotated.section(name);
+    parse(section, run);
+  }
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model";
   if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter";
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
   if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";
   return run;
+}
+
+void RunConfig::check_paths() const {
+  namespace fs = std::filesystem;
+  auto check = [&](const char* section, const char* key, const fs::path& path, bool directory) {
+    std::error_code error;
+    const auto status = fs::status(path, error);
+    const bool found = directory ? fs::is_directory(status) : fs::exists(status);
+    if (found) return;
+    const std::string relative =
+        path.is_relative() ? " (relative paths resolve against the working directory " + fs::current_path().string() + ")"
+                           : "";
+    throw UserError(source.where(section, key) + ": [" + section + "] " + key + ": " + path.string() + ": no such " +
+                    (directory ? "directory" : "file or directory") + relative);
+  };
+  check("model", "path", model.path, false);
+  if (!model.adapter.empty()) check("model", "adapter", model.adapter, true);
+  check("data", "train", data.train, false);
+  if (checkpoint.resume.kind == ResumeFrom::Kind::path) check("checkpoint", "resume", checkpoint.resume.path, false);
+  if (policy.name.ends_with(".lua") || policy.name.find('/') != std::string::npos) {
+    check("policy", "name", policy.name, false);
+  }
 }
 
 }  // namespace fsdpp

@@ -77,6 +77,10 @@ struct RunConfig {
   static RunConfig load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
   // Parses and validates every section of a file already read.
   static RunConfig parse(const ConfigFile& file);
+  // Every path the run file names must exist; one line naming the key, where it was given
+  // and, for a relative path, the directory it resolves against. Apart from parse, which
+  // reads text alone.
+  void check_paths() const;
 };
 
 }  // namespace fsdpp

@@ -76,8 +76,32 @@ expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda"
 expect "backend for another device" "nccl runs on GPUs, but device is 'cpu'" \
   -- train "$work/ok.toml" --set 'parallel.device="cpu"' --set 'parallel.backend="nccl"'
 
-expect "missing model dir" "$work/no-such-model" "no such model directory" \
+expect "missing model dir" "--set model.path=\"$work/no-such-model\": [model] path: $work/no-such-model: no such file or directory" \
   -- train "$work/ok.toml" --set "model.path=\"$work/no-such-model\""
+# A path error names the key, where it was set and, for a relative path, what it resolves against.
+expect "missing relative data file" \
+  "--set data.train=\"data/licences.tok\": [data] train: data/licences.tok: no such file or directory (relative paths resolve against the working directory $PWD)" \
+  -- train "$work/ok.toml" --set 'data.train="data/licences.tok"'
+sed "s|^train = .*|train = \"data/licences.tok\"|" "$work/ok.toml" >"$work/relative_data.toml"
+expect "missing data file named in the run file" "relative_data.toml:4: [data] train: data/licences.tok: no such file or directory" \
+  -- train "$work/relative_data.toml"
+expect "unknown section by --set" "--set trainn.steps=3: unknown section [trainn]; did you mean 'train'?" \
+  -- train "$work/ok.toml" --set trainn.steps=3
+expect "a key in the wrong section" "--set train.lr=0.1: [train] lr: unknown key; lr is a key of [optimizer]" \
+  -- train "$work/ok.toml" --set train.lr=0.1
+printf '[model]\npath = "%s\n' "$FIXTURES/llama_untied" >"$work/unclosed.toml"
+expect "an unclosed quote" "unclosed.toml:2: invalid TOML: a quoted string is not closed on its line (a missing quote?)" \
+  -- train "$work/unclosed.toml"
+expect "launch without --" "launch: put '--' before the command each rank runs: fsdpp launch ... -- train ..." \
+  -- launch --nproc-per-node 2 train "$work/ok.toml"
+expect "a master address that does not resolve" \
+  "launch: --master-addr no.such.host.invalid does not resolve" \
+  -- launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr no.such.host.invalid -- train "$work/ok.toml"
+if ! command -v nvidia-smi >/dev/null; then
+  expect "a GPU where there is none" \
+    "[parallel] device = \"cuda\", but this process sees no GPU; use device = \"cpu\"" \
+    -- train "$work/ok.toml" --set 'parallel.device="cuda"'
+fi
 
 cp -r "$FIXTURES/llama_untied" "$work/corrupt_model"
 printf '\xff\xff\xff\xff' | dd of="$work/corrupt_model/model.safetensors" bs=1 seek=4 conv=notrunc 2>/dev/null
@@ -93,8 +117,10 @@ head -c 100 "$work/ok.tok" >"$work/truncated.tok"
 expect "truncated token file" "truncated.tok" "truncated" \
   -- train "$work/ok.toml" --set "data.train=\"$work/truncated.tok\""
 
-expect "resume from a non-checkpoint" "$work/no-such-checkpoint" "is not a complete checkpoint" \
+expect "resume from a missing checkpoint" "[checkpoint] resume: $work/no-such-checkpoint: no such file or directory" \
   -- train "$work/ok.toml" --set "checkpoint.resume=\"$work/no-such-checkpoint\""
+expect "resume from a non-checkpoint" "$work/corrupt_model is not a complete checkpoint" \
+  -- train "$work/ok.toml" --set "checkpoint.resume=\"$work/corrupt_model\""
 expect "export dtype" "[checkpoint] export_dtype" "float8" -- train "$work/ok.toml" --set 'checkpoint.export_dtype="float8"'
 expect "export of a missing checkpoint" "$work/no-such-checkpoint: no such checkpoint directory" \
   -- export "$work/no-such-checkpoint" "$work/exported"
@@ -154,7 +180,7 @@ expect "more experts per token than experts" "bad_top_k/config.json" "num_expert
 # LoRA.
 expect "LoRA rank 0" "policies/llama.lua:4" "lora_rank must be a whole number of at least 1, not 0" \
   -- train "$work/ok.toml" --set policy.options.lora_rank=0
-expect "missing adapter" "$work/no-such-adapter: no such adapter directory" \
+expect "missing adapter" "[model] adapter: $work/no-such-adapter: no such directory" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
 mkdir -p "$work/wide_adapter"
 python3 - "$work/wide_adapter" <<'PY' || exit 1

@@ -135,6 +135,9 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
   CHECK_THAT(error_of("wrap(ctx.model:get('model.layers.0'), {reshard_after_froward = true})\n"),
              Catch::Contains("escape.lua:1: wrap: unknown option 'reshard_after_froward'; did you mean 'reshard_after_forward'?"));
   CHECK_THAT(error_of("local m = ctx.model:get('model.layerz')\n"), Catch::Contains("escape.lua:1: get: no module at path 'model.layerz'"));
+  // A string holding a NUL byte is refused whole, not read up to the NUL ('model.layers.0').
+  CHECK_THAT(error_of("local m = ctx.model:get('model.layers.0\\0.mlp')\n"),
+             Catch::Contains("escape.lua:1: get: path: holds a NUL byte"));
   CHECK_THAT(error_of("error('custom failure')\n"), Catch::Contains("escape.lua:1: custom failure"));
   CHECK_THAT(error_of("local x = (\n"), Catch::Contains("escape.lua:2: unexpected symbol near <eof>"));
   // Lua errors raised inside a binding (a bad pattern, a failing predicate, a failing
