@@ -8,5 +8,6 @@ cd "$root"
 ./scripts/setup.sh
 ./scripts/build.sh fsdpp
 bash scripts/make_corpus.sh
+rm -rf runs/tiny-llama  # the demo's own run directory: each demo trains afresh
 ./build/fsdpp train examples/tiny-llama.toml "$@"
 ./build/fsdpp eval examples/tiny-llama.toml --set model.path=runs/tiny-llama/model

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Held-out exact match for the chat fine-tuning example: transformers loads MODEL_DIR (an
-fsdpp export, or the model before fine-tuning), greedily answers each held-out chat's
-question through the tokenizer's chat template, and counts the answers equal to the
-reference one. Prints one JSON object: {"exact_match": share, "chats": count}.
+"""Held-out exact match for the chat fine-tuning example: transformers loads MODEL_DIR whole
+(an fsdpp export, or the model before fine-tuning: its weights and its tokenizer), greedily
+answers each held-out chat's question through the tokenizer's chat template, and counts the
+answers equal to the reference one. Prints one JSON object: {"exact_match": share, "chats": count}.
 
-Run with the project venv: .venv/bin/python scripts/sft_exact_match.py MODEL_DIR TOKENIZER_DIR HELDOUT_JSONL"""
+Run with the project venv: .venv/bin/python scripts/sft_exact_match.py MODEL_DIR HELDOUT_JSONL"""
 import argparse
 import json
 
@@ -15,11 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("tokenizer")
     ap.add_argument("heldout")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     end = tok.convert_tokens_to_ids("<|im_end|>")
     chats = [json.loads(line)["messages"] for line in open(args.heldout)]

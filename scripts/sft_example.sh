@@ -21,12 +21,15 @@ run_dir="${SFT_RUN_DIR:-runs/sft-chat}"
 for part in train heldout; do
   .venv/bin/python scripts/prepare_data.py --tokenizer "$data/model" --out "$data/$part.tok" "$data/$part.jsonl"
 done
-measure() {  # MODEL_DIR: the held-out loss, then the exact-match share, as JSON lines
+# MODEL_DIR: the held-out loss, then the exact-match share, as JSON lines. transformers loads
+# the tokenizer from MODEL_DIR too: after training, the export must carry it.
+measure() {
   "$fsdpp" eval examples/sft-chat.toml --set "model.path=\"$1\"" --set "data.train=\"$data/train.tok\"" \
     --tokens "$data/heldout.tok" --json
-  .venv/bin/python scripts/sft_exact_match.py "$1" "$data/model" "$data/heldout.jsonl"
+  .venv/bin/python scripts/sft_exact_match.py "$1" "$data/heldout.jsonl"
 }
 before="$(measure "$data/model")"
+rm -rf "$run_dir"  # the example's own run directory: each example trains afresh
 "$fsdpp" train examples/sft-chat.toml --set "model.path=\"$data/model\"" --set "data.train=\"$data/train.tok\"" \
   --set "train.out_dir=\"$run_dir\"" "$@"
 after="$(measure "$run_dir/model")"

@@ -12,8 +12,12 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <set>
 
 namespace fsdpp {
@@ -179,14 +183,22 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {
 }
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
-                         at::ScalarType dtype, size_t max_shard_bytes)
-    : dir_(dir) {
-  fs::create_directories(dir);
+                         at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source)
+    : dir_(fs::absolute(dir).lexically_normal()),
+      staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
+  remove_tree(staging_);  // an interrupted export's
+  fs::create_directories(staging_);
   json config = model_config.raw ? *model_config.raw : json::object();
   // transformers 5 names it dtype; readers before 4.56 know torch_dtype alone.
   config["dtype"] = config["torch_dtype"] = dtype_name(dtype);
   const std::string config_text = config.dump(2) + "\n";
-  write_file_atomically(dir / "config.json", config_text.data(), config_text.size());
+  write_file_atomically(staging_ / "config.json", config_text.data(), config_text.size());
+  // What transformers loads beside the weights: the tokenizer and how the model generates.
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                           "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
+                           "generation_config.json"}) {
+    if (!source.empty() && fs::is_regular_file(source / name)) fs::copy_file(source / name, staging_ / name);
+  }
 
   shards_.emplace_back();
   size_t shard_bytes = 0;
@@ -218,7 +230,7 @@ void HfDirWriter::write(const std::string& name, const at::Tensor& full) {
   TORCH_CHECK(shard_ < shards_.size() && shards_[shard_][in_shard_].name == name, "HF writer: tensor '", name,
               "' out of order");
   if (!writer_) {
-    writer_ = std::make_unique<SafetensorsWriter>(dir_ / files_[shard_], shards_[shard_],
+    writer_ = std::make_unique<SafetensorsWriter>(staging_ / files_[shard_], shards_[shard_],
                                                   std::map<std::string, std::string>{{"format", "pt"}});
   }
   writer_->write(full);
@@ -228,11 +240,29 @@ void HfDirWriter::write(const std::string& name, const at::Tensor& full) {
 void HfDirWriter::finish() {
   if (writer_) writer_->commit();
   writer_.reset();
-  if (shards_.size() == 1) {
-    if (shards_[0].empty()) write_safetensors(dir_ / files_[0], {}, {{"format", "pt"}});
-    fs::remove(dir_ / "model.safetensors.index.json");
-    return;
+  if (shards_.size() == 1 && shards_[0].empty()) write_safetensors(staging_ / files_[0], {}, {{"format", "pt"}});
+  if (shards_.size() > 1) write_index();
+  fsync_directory(staging_);
+  // The old export and the new trade places in one step; the old is then removed. Where the
+  // file system cannot exchange, the old steps aside first.
+  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno == EINVAL || errno == ENOTSUP) {
+      const fs::path aside = dir_.parent_path() / (".replaced-" + dir_.filename().string());
+      remove_tree(aside);
+      fs::rename(dir_, aside);
+      fs::rename(staging_, dir_);
+      remove_tree(aside);
+    } else if (errno == ENOENT) {
+      fs::rename(staging_, dir_);  // nothing there yet
+    } else {
+      throw UserError(dir_.string() + ": cannot replace it (" + std::strerror(errno) + ")");
+    }
   }
+  remove_tree(staging_);
+  fsync_directory(dir_.parent_path());
+}
+
+void HfDirWriter::write_index() const {
   size_t total_bytes = 0;
   json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
   for (size_t i = 0; i < shards_.size(); ++i) {
@@ -243,8 +273,7 @@ void HfDirWriter::finish() {
   }
   index["metadata"]["total_size"] = total_bytes;
   const std::string index_text = index.dump(2) + "\n";
-  write_file_atomically(dir_ / "model.safetensors.index.json", index_text.data(), index_text.size());
-  fs::remove(dir_ / "model.safetensors");
+  write_file_atomically(staging_ / "model.safetensors.index.json", index_text.data(), index_text.size());
 }
 
 }  // namespace fsdpp

@@ -101,6 +101,15 @@ ModelConfig model_config_of(const ModelSourceConfig& config) {
   return ModelConfig::from_file(hf_config_path(config.path));
 }
 
+std::filesystem::path model_files_dir(const ModelSourceConfig& config) {
+  namespace fs = std::filesystem;
+  if (ShardedCheckpoint::is_checkpoint(config.path)) {
+    return ShardedCheckpoint::open(config.path).metadata().value("model", nlohmann::json::object()).value("source", "");
+  }
+  const fs::path path = fs::absolute(config.path).lexically_normal();
+  return fs::is_directory(path) ? path : path.parent_path();
+}
+
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const LoraPlan* lora) {
   auto opts = torch::TensorOptions().dtype(config.dtype);
   if (unallocated) opts = opts.device(torch::kMeta);

@@ -34,6 +34,10 @@ struct LoadedModel {
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr);
 // The architecture alone, read without building the model.
 ModelConfig model_config_of(const ModelSourceConfig& config);
+// The directory whose tokenizer, chat template and generation config go with the model, as
+// an absolute path: an HF directory itself, a bare config.json's directory, or the one a
+// checkpoint records of the model it was trained from ("" when it records none).
+std::filesystem::path model_files_dir(const ModelSourceConfig& config);
 
 // The rows of the base an adapter-only checkpoint records (read from its HF files, or
 // initialised from the seed of a fresh base), once checked to be unchanged; none for a

@@ -70,7 +70,8 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
     params[p.name] = p.tensor;
     if (!is_adapter_parameter(p.name)) specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
   }
-  HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes);
+  // The tokenizer and generation config of the model the run was trained from, where it lies.
+  HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes, model_meta.value("source", ""));
   ExportSummary summary{checkpoint.step(), 0, 0};
   for (const auto& spec : specs) {
     // In the masters' dtype, the checkpoint's rows as they were saved.

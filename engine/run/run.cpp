@@ -10,6 +10,7 @@
 #include "io/sharded_checkpoint.h"
 #include "loss/next_token_loss.h"
 #include "models/registry.h"
+#include "run/out_dir.h"
 #include "run/run_checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -73,12 +74,13 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
   // leaving mid-rendezvous would make the others report a lost connection instead.
   rows_ = rows_per_rank(config, env.world_size);
+  check_out_dir(config);
   comm_ = init_distributed(env, config.parallel);
   device_ = comm_->device();
   const int rank = comm_->rank();
   // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
-  if (auto path = resume_path(config.checkpoint)) {
+  if (auto path = resume_path(config)) {
     checkpoint_ = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
     const auto saved = checkpoint_->metadata().value("model", json::object());
     // Adapters resume only onto the base they were trained on. One rank per node reads the
@@ -105,6 +107,8 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
     experts_.emplace(*moe, config.experts, routing_bias_names(model()), config.train.grad_accum);
   }
   if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
+  model_files_ = model_files_dir(config.model);
+  if (rank == 0) record_run(config);
 }
 
 Run::~Run() = default;

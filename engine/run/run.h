@@ -121,6 +121,7 @@ class Run {
   std::unique_ptr<AdamW> optimizer_;
   std::optional<ExpertBalance> experts_;  // mixture-of-experts models
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
+  std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
 };
 
 }  // namespace fsdpp

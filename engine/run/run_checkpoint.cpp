@@ -19,6 +19,7 @@
 #include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"
+#include "run/out_dir.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -77,8 +78,8 @@ void from_json(const json& j, ClientState& state) {
 
 std::string config_hash(const RunConfig& config) {
   const std::string text = config.source.canonical_text(
-      {"checkpoint", "metrics", "train.steps", "train.out_dir", "train.log_every", "train.eval_every",
-       "train.eval_batches", "train.threads"});
+      {"checkpoint", "metrics", "train.steps", "train.out_dir", "train.reuse_out_dir", "train.log_every",
+       "train.eval_every", "train.eval_batches", "train.threads"});
   return format_crc32c(crc32c(text.data(), text.size()));
 }
 
@@ -87,7 +88,14 @@ bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.ro
 void Run::save(int64_t step, const ClientState& state) {
   const fs::path root = config_.checkpoint.dir;
   const fs::path final_dir = checkpoint_path(root, step);
-  if (fs::exists(final_dir)) return;  // the same on every rank: a step is saved once
+  if (fs::exists(final_dir)) {  // the same on every rank: a step is saved once
+    // Beside another run ([train] reuse_out_dir), its checkpoint of this step is not ours.
+    if (settings_of(final_dir) != config_hash(config_)) {
+      throw UserError(final_dir.string() + ": holds another run's checkpoint of step " + std::to_string(step) +
+                      ", which this run's would replace; choose another [checkpoint] dir");
+    }
+    return;
+  }
   const fs::path staging = staging_path(root, step);
   const int rank = comm_->rank();
   const auto start = Clock::now();
@@ -195,7 +203,7 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
   }
   meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
   meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
-  meta["model"] = {{"dtype", dtype_name(config_.model.dtype)}};
+  meta["model"] = {{"dtype", dtype_name(config_.model.dtype)}, {"source", model_files_.string()}};
   if (loaded_.lora) {
     meta["model"]["lora"] = *loaded_.lora;
     meta["model"]["base"] = *base_;  // rank 0's, which alone writes the metadata
@@ -270,18 +278,15 @@ void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {
   }
 }
 
-std::optional<fs::path> resume_path(const CheckpointConfig& config) {
-  if (config.resume.kind == ResumeFrom::Kind::fresh) return std::nullopt;
-  if (config.resume.kind == ResumeFrom::Kind::latest) {
-    auto latest = latest_checkpoint(config.dir);
-    if (!latest) return std::nullopt;
-    return latest->path;
-  }
-  if (!ShardedCheckpoint::is_checkpoint(config.resume.path)) {
-    throw UserError("[checkpoint] resume: " + config.resume.path.string() +
+std::optional<fs::path> resume_path(const RunConfig& config) {
+  const ResumeFrom& resume = config.checkpoint.resume;
+  if (resume.kind == ResumeFrom::Kind::fresh) return std::nullopt;
+  if (resume.kind == ResumeFrom::Kind::latest) return latest_of_this_run(config);
+  if (!ShardedCheckpoint::is_checkpoint(resume.path)) {
+    throw UserError("[checkpoint] resume: " + resume.path.string() +
                     " is not a complete checkpoint (no metadata.json with its metadata.crc32c)");
   }
-  return config.resume.path;
+  return resume.path;
 }
 
 void Run::export_final(int64_t step) {
@@ -309,7 +314,7 @@ void Run::export_final(int64_t step) {
     std::vector<TensorSpec> specs;
     for (const auto& r : fsdp_->shard_rows()) specs.push_back({r.name, config.export_dtype, r.full_shape});
     writer = std::make_unique<HfDirWriter>(model().config(), specs, config.export_dir, config.export_dtype,
-                                           max_shard_bytes);
+                                           max_shard_bytes, model_files_);
   }
   fsdp_->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
     if (writer) writer->write(name, t);

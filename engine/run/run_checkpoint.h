@@ -15,8 +15,9 @@
 namespace fsdpp {
 
 // The checkpoint [checkpoint] resume names, or nullopt to start fresh (none asked for, or
-// "latest" with none saved yet). UserError when a named path is not a complete checkpoint.
-std::optional<std::filesystem::path> resume_path(const CheckpointConfig& config);
+// "latest" with none of this run's saved yet). UserError when a named path is not a complete
+// checkpoint.
+std::optional<std::filesystem::path> resume_path(const RunConfig& config);
 
 // A hash of the settings that shape the run (every section but [checkpoint] and [metrics],
 // and of [train] only what changes the updates).

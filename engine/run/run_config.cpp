@@ -27,6 +27,7 @@ TrainConfig TrainConfig::from_section(ConfigSection& s) {
   // More intra-op threads than the machine has only makes them wait for each other.
   c.threads = s.get_int("threads", c.threads, 0, std::max(1u, std::thread::hardware_concurrency()));
   c.out_dir = s.get_string("out_dir", c.out_dir);
+  c.reuse_out_dir = s.get_bool("reuse_out_dir", c.reuse_out_dir);
   s.finish();
   if (c.out_dir.empty()) s.fail("out_dir", "must not be empty");
   return c;

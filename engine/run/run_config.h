@@ -27,7 +27,8 @@ struct TrainConfig {
   int64_t eval_every = 0;        // steps between held-out evaluations; 0 disables
   int64_t eval_batches = 8;      // micro-batches per evaluation
   int64_t threads = 0;           // intra-op threads; 0 keeps LibTorch's default
-  std::string out_dir = "runs/default";  // metrics and saved models go here
+  std::string out_dir = "runs/default";  // metrics and saved models go here; one run's alone
+  bool reuse_out_dir = false;    // true: train into an out_dir that holds another run's files
 
   static TrainConfig from_section(ConfigSection& section);
 };

@@ -84,6 +84,22 @@ def check(name, model_path, sharded_bf16, bf16_tolerance=2e-2, sets=(), auto_cla
     return ok and same and (name != "deepseek_v3" or moved_biases_exported(name, offline))
 
 
+def replaced_whole(name):
+    """An export over an earlier one replaces it whole: the float32 export written where the
+    bf16 one lay in shards leaves none of those shards, and loads."""
+    base = os.path.join(WORK, name)
+    before = sorted(os.listdir(f"{base}/bf16"))
+    fsdpp("export", f"{base}/run/checkpoints/step-00000003", f"{base}/bf16", "--dtype", "float32")
+    after = sorted(os.listdir(f"{base}/bf16"))
+    stale = [f for f in after if f.startswith("model-") or f.endswith(".index.json")]
+    left = [f for f in os.listdir(base) if f.startswith(".")]
+    model, warned = load_quietly(transformers.AutoModelForCausalLM, f"{base}/bf16", dtype=torch.float32)
+    ok = len(before) > 2 and not stale and not left and not warned and "model.safetensors" in after
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: a float32 export over the sharded bf16 one leaves {after} "
+          f"(was {len(before)} files), no staging left beside it: {not left}")
+    return ok
+
+
 def moved_biases_exported(name, exported):
     """DeepSeek-V3's routing biases start at zero, which transformers would also give a
     missing one: the export must carry one per MoE layer (two in this model), each moved by
@@ -99,6 +115,7 @@ def main():
     subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
     ok = check("untied", "tests/assets/models/fsdp-llama", sharded_bf16=False)  # 73 KB in bf16: one file
     ok &= check("tied", "examples/models/tiny-llama", sharded_bf16=True)  # 3.2 MB in bf16: 4 shards
+    ok &= replaced_whole("tied")
     for family in ("mistral", "qwen2", "qwen3"):
         ok &= check(family, f"tests/assets/models/tiny-{family}", sharded_bf16=False)
     ok &= check("qwen3_moe", "tests/assets/models/fsdp-qwen3-moe", sharded_bf16=False)  # 0.3 MB in bf16

@@ -1,0 +1,90 @@
+// Claiming a run's output directory, and finding its own checkpoints there.
+#include "run/out_dir.h"
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "io/sharded_checkpoint.h"
+#include "run/run_checkpoint.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <vector>
+
+namespace fsdpp {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kIdentityFile = "run.json";
+
+std::optional<RunIdentity> recorded_identity(const fs::path& out_dir) {
+  const fs::path file = out_dir / kIdentityFile;
+  if (!fs::is_regular_file(file)) return std::nullopt;
+  try {
+    std::ifstream in(file);
+    const json j = json::parse(in);
+    return RunIdentity{j.at("model").get<std::string>(), j.at("data").get<std::string>(),
+                       j.at("config_hash").get<std::string>()};
+  } catch (const json::exception&) {
+    throw UserError(file.string() + ": not the record of a run (delete it, or choose another [train] out_dir)");
+  }
+}
+
+void record_identity(const fs::path& out_dir, const RunIdentity& run) {
+  fs::create_directories(out_dir);
+  const std::string text =
+      json{{"model", run.model}, {"data", run.data}, {"config_hash", run.config_hash}}.dump(1) + "\n";
+  write_file_atomically(out_dir / kIdentityFile, text.data(), text.size());
+}
+
+}  // namespace
+
+std::string settings_of(const fs::path& checkpoint) {
+  try {
+    std::ifstream in(checkpoint / "metadata.json");
+    return json::parse(in).value("config_hash", "");
+  } catch (const json::exception&) {
+    return "";
+  }
+}
+
+RunIdentity RunIdentity::of(const RunConfig& config) {
+  return {fs::absolute(config.model.path).lexically_normal().string(),
+          fs::absolute(config.data.train).lexically_normal().string(), fsdpp::config_hash(config)};
+}
+
+void check_out_dir(const RunConfig& config) {
+  if (config.train.reuse_out_dir) return;
+  const RunIdentity mine = RunIdentity::of(config);
+  const fs::path out_dir = config.train.out_dir;
+  const std::string elsewhere = "choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it";
+  if (const auto recorded = recorded_identity(out_dir); recorded && *recorded != mine) {
+    throw UserError(out_dir.string() + ": holds another run (model " + recorded->model + ", data " + recorded->data +
+                    ", settings " + recorded->config_hash + "; this run's: " + mine.config_hash + "): " + elsewhere);
+  }
+  const auto checkpoints = list_checkpoints(config.checkpoint.dir);
+  bool others = false;
+  for (const auto& c : checkpoints) others = others || settings_of(c.path) != mine.config_hash;
+  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
+  if (!checkpoints.empty() && (others || fresh)) {
+    throw UserError(config.checkpoint.dir + ": holds the checkpoints of " + (others ? "another run" : "this run") +
+                    " (up to step " + std::to_string(checkpoints.back().step) + "); " +
+                    (others ? elsewhere : "resume it ([checkpoint] resume = \"latest\"), or " + elsewhere));
+  }
+}
+
+void record_run(const RunConfig& config) { record_identity(config.train.out_dir, RunIdentity::of(config)); }
+
+std::optional<fs::path> latest_of_this_run(const RunConfig& config) {
+  const std::string mine = config_hash(config);
+  const auto checkpoints = list_checkpoints(config.checkpoint.dir);
+  for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+    if (settings_of(it->path) == mine) return it->path;
+  }
+  return std::nullopt;
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,39 @@
+// A run's output directory as one run's alone: the run records who it is there (run.json:
+// its model, its data and the hash of its settings), refuses to train into a directory that
+// holds another run's files or, starting afresh, its own checkpoints, and resume = "latest"
+// picks among its own checkpoints only. [train] reuse_out_dir = true lifts the refusal.
+#pragma once
+
+#include "run/run_config.h"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace fsdpp {
+
+// Who wrote an output directory.
+struct RunIdentity {
+  std::string model;        // [model] path, absolute
+  std::string data;         // [data] train, absolute
+  std::string config_hash;  // config_hash of its settings
+
+  static RunIdentity of(const RunConfig& config);
+  bool operator==(const RunIdentity&) const = default;
+};
+
+// Refuses, in one line naming the directory and what to do, a run whose [train] out_dir holds
+// another run's files, or that starts afresh where its own checkpoints are. Every rank checks
+// alike, before any rendezvous.
+void check_out_dir(const RunConfig& config);
+// Records the run in <out_dir>/run.json (rank 0, once its set-up succeeded: a run that was
+// refused claims nothing).
+void record_run(const RunConfig& config);
+
+// The hash of the settings a checkpoint was written with; "" when its metadata will not say.
+std::string settings_of(const std::filesystem::path& checkpoint);
+
+// The newest complete checkpoint under [checkpoint] dir that this run's settings wrote.
+std::optional<std::filesystem::path> latest_of_this_run(const RunConfig& config);
+
+}  // namespace fsdpp

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs never mix in one [train] out_dir: a second run starting afresh where a run saved its
+# checkpoints is refused (resuming is the way on), another run's settings there are refused,
+# [train] reuse_out_dir = true trains beside them anyway, and resume = "latest" then picks
+# only this run's checkpoints. Each refusal is one line with exit status 2.
+set -uo pipefail
+: "${FSDPP:?}" "${WORK:?}"
+bash scripts/make_corpus.sh >/dev/null
+out="$WORK/out-dir"
+rm -rf "$out"
+run=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out\"" --set train.steps=2 --set metrics.progress='"never"')
+failures=0
+check() {  # NAME EXPECTED-EXIT PATTERN -- ARGS...: the run's exit status and its last stderr line
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  "$FSDPP" "$@" >"$out.log" 2>&1
+  local rc=$? errors
+  errors=$(grep -c '^fsdpp: error:' "$out.log")
+  if [ "$rc" = "$want" ] && grep -qF -- "$pattern" "$out.log" && { [ "$want" = 0 ] || [ "$errors" = 1 ]; }; then
+    echo "ok   $name: $(grep -F -- "$pattern" "$out.log" | head -1)"
+  else
+    echo "FAIL $name (exit $rc, wanted $want and '$pattern'):"; tail -3 "$out.log"; failures=$((failures + 1))
+  fi
+}
+check "a first run records itself" 0 "done: 2 steps" -- "${run[@]}"
+check "the same run afresh over its checkpoints" 2 \
+  "checkpoints: holds the checkpoints of this run (up to step 2); resume it ([checkpoint] resume = \"latest\"), or choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it" \
+  -- "${run[@]}"
+check "the same run resumed" 0 "continuing after step 2" -- "${run[@]}" --set train.steps=3 --set 'checkpoint.resume="latest"'
+check "another run's settings" 2 "$out: holds another run (model" -- "${run[@]}" --set policy.options.lora_rank=2
+check "another run resuming its latest" 2 "$out: holds another run (model" \
+  -- "${run[@]}" --set policy.options.lora_rank=2 --set 'checkpoint.resume="latest"'
+# Beside them on request: "latest" finds none of this run's (the full run's steps 2 and 3
+# are not its own), so it starts afresh; its own step 1 is then the one it resumes, though
+# the other run's step 3 is newer; and it would not replace the other's step 2.
+beside=(--set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set 'checkpoint.resume="latest"'
+        --set checkpoint.keep=0)
+check "another run beside, resuming none of the first's" 0 "done: 1 steps" -- "${run[@]}" "${beside[@]}" --set train.steps=1
+if grep -q "continuing after" "$out.log"; then echo "FAIL: resumed another run's checkpoint"; failures=$((failures + 1)); fi
+check "its own latest, beside the other's" 0 "continuing after step 1" -- "${run[@]}" "${beside[@]}" --set train.steps=4
+check "another run's step kept" 2 "step-00000002: holds another run's checkpoint of step 2, which this run's would replace" \
+  -- "${run[@]}" --set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set train.steps=2
+[ $failures = 0 ] && echo "runs never mix in one out_dir" || exit 1
