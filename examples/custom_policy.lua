@@ -1,6 +1,8 @@
 -- A wrap policy written from scratch, no helpers: pairs of decoder layers share a unit
 -- (fewer, larger all-gathers), the last layer stays gathered between forward and backward,
--- and [policy.options] recompute = true checkpoints every pair.
+-- and [policy.options] recompute = true checkpoints every pair. Its one option is declared,
+-- so a misspelt key in the run file is an error there, not silently ignored.
+local opt = options{recompute = {"boolean", default = false, doc = "each pair of layers recomputes its forward in backward"}}
 local model = ctx.model
 local layers = model:find{class = ctx.no_split_modules[1]}
 log(#layers .. " layers of " .. ctx.no_split_modules[1] .. " on " .. ctx.world_size .. " ranks")
@@ -11,7 +13,7 @@ for i = 1, #layers, 2 do
   wrap(group, {
     mesh = everyone,
     reshard_after_forward = i + 1 < #layers,
-    activation_checkpoint = ctx.options.recompute == true,
+    activation_checkpoint = opt.recompute,
   })
 end
 

@@ -3,7 +3,9 @@
 -- the root takes the rest. An embedding tied to lm_head cannot be a unit alone (the engine
 -- refuses the split); use transformer_auto for tied models.
 local fsdp = require("fsdp")
-local min_num_params = ctx.options.min_num_params or 100000000
+local min_num_params = options{
+  min_num_params = {"integer", min = 1, default = 100000000, doc = "parameters a module must hold, not yet in a unit, to become one"},
+}.min_num_params
 local opts = fsdp.layer_options()
 
 -- Returns the parameters of `module`'s subtree that no unit below it has taken.

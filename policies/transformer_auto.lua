@@ -2,5 +2,6 @@
 -- [policy.options] classes = "A,B" become units, then embeddings, lm_head and the root.
 local fsdp = require("fsdp")
 local classes = {}
-for class in string.gmatch(ctx.options.classes or "", "[^,%s]+") do classes[#classes + 1] = class end
+local listed = options{classes = {"string", default = "", doc = "comma-separated module classes to wrap besides no_split_modules"}}.classes
+for class in string.gmatch(listed, "[^,%s]+") do classes[#classes + 1] = class end
 fsdp.standard{classes = classes}

@@ -27,6 +27,16 @@ std::string error_location(lua_State* L) {
 
 PolicyRun& run_of(lua_State* L) { return **static_cast<PolicyRun**>(lua_getextraspace(L)); }
 
+void push_policy_value(lua_State* L, const PolicyValue& value) {
+  std::visit([L](const auto& v) {
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, bool>) lua_pushboolean(L, v);
+    else if constexpr (std::is_same_v<T, int64_t>) lua_pushinteger(L, v);
+    else if constexpr (std::is_same_v<T, double>) lua_pushnumber(L, v);
+    else lua_pushlstring(L, v.data(), v.size());
+  }, value);
+}
+
 std::string to_string_arg(lua_State* L, int index, const char* what) {
   if (lua_type(L, index) != LUA_TSTRING) {
     throw ScriptError(std::string(what) + ": expected a string, got " + luaL_typename(L, index));

@@ -27,6 +27,7 @@ struct PolicyRun {
   size_t memory_used = 0, memory_cap = 0;
   int64_t instructions_left = 0;
   std::string budget_error;              // set once the budget is spent: "file:line: ..."
+  std::string option_error;              // a [policy.options] value refused: "run.toml:line: ..."
 };
 
 PolicyRun& run_of(lua_State* L);
@@ -74,9 +75,14 @@ std::string caller_location(lua_State* L);
 // The chunk name a script is loaded under: "@policies/..." for shipped files.
 std::string chunk_name(const std::filesystem::path& script);
 
+void push_policy_value(lua_State* L, const PolicyValue& value);
 void push_module(lua_State* L, int index);
 int module_index(lua_State* L, int arg);  // throws unless arg is a module handle
 void open_module_api(lua_State* L);
 void open_plan_api(lua_State* L);
+void open_options_api(lua_State* L);
+// After the script: a UserError for the first [policy.options] entry no options{...} declared,
+// naming its run-file line and the nearest declared option; `policy` names the script.
+void check_given_options(const PolicyRun& run, const std::string& policy);
 
 }  // namespace fsdpp::lua

@@ -16,17 +16,7 @@ namespace {
 
 using namespace lua;
 
-void push_value(lua_State* L, const PolicyValue& value) {
-  std::visit([L](const auto& v) {
-    using T = std::decay_t<decltype(v)>;
-    if constexpr (std::is_same_v<T, bool>) lua_pushboolean(L, v);
-    else if constexpr (std::is_same_v<T, int64_t>) lua_pushinteger(L, v);
-    else if constexpr (std::is_same_v<T, double>) lua_pushnumber(L, v);
-    else lua_pushstring(L, v.c_str());
-  }, value);
-}
-
-// The `ctx` global: world, rank, training, options, the model handle, its config,
+// The `ctx` global: world, rank, training, the model handle, its config,
 // no_split_modules and expert_modules (the classes holding a MoE layer's routed experts).
 void push_context(lua_State* L, const PolicyRun& run) {
   const ModelConfig& c = run.model->config();
@@ -37,12 +27,6 @@ void push_context(lua_State* L, const PolicyRun& run) {
   lua_setfield(L, -2, "rank");
   lua_pushboolean(L, run.context.training);
   lua_setfield(L, -2, "training");
-  lua_newtable(L);
-  for (const auto& [key, value] : run.context.options) {
-    push_value(L, value);
-    lua_setfield(L, -2, key.c_str());
-  }
-  lua_setfield(L, -2, "options");
   push_module(L, 0);
   lua_setfield(L, -2, "model");
   lua_newtable(L);
@@ -144,8 +128,10 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
     const std::string message = status == LUA_ERRMEM
         ? script.string() + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB"
         : lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
+    if (!run.option_error.empty()) throw UserError(run.option_error);
     throw UserError("policy error: " + message);
   }
+  check_given_options(run, chunk_name(script).substr(1));
   return std::move(run.plan);
 }
 

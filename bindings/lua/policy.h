@@ -23,7 +23,7 @@ struct PolicyContext {
   int world_size = 1;
   int rank = 0;
   bool training = true;
-  std::vector<std::pair<std::string, PolicyValue>> options;
+  std::vector<GivenOption> options;  // [policy.options]: read through options{...}, each one checked
 };
 
 struct PolicyLimits {

@@ -6,7 +6,9 @@ namespace fsdpp {
 PolicyConfig PolicyConfig::from_section(ConfigSection& s) {
   PolicyConfig c;
   c.name = s.get_string("name", c.name);
-  c.options = s.get_scalar_table("options");
+  for (auto& [name, value] : s.get_scalar_table("options")) {
+    c.options.push_back({.name = name, .value = std::move(value), .where = s.where("options." + name)});
+  }
   s.finish();
   return c;
 }

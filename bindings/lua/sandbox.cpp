@@ -241,6 +241,7 @@ lua_State* open_sandbox(PolicyRun& run) {
   lua_setfield(L, LUA_REGISTRYINDEX, "fsdpp.loaded");
   open_module_api(L);
   open_plan_api(L);
+  open_options_api(L);
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, kHookEvery);
   return L;
 }

@@ -181,6 +181,7 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
   resolved.grad_bytes = trainable_per_rank * claims.master_bytes();
   resolved.optimizer_bytes = 2 * resolved.grad_bytes;
   resolved.lora = plan.lora;
+  resolved.options = plan.options;
   return resolved;
 }
 

@@ -37,9 +37,20 @@ struct UnitPlan {
   std::string origin;                               // where the policy declared it (file:line)
 };
 
+// An option the policy declared (options{...} in Lua) and the value it took.
+struct PolicyOption {
+  std::string name;
+  std::string accepts;                    // what values it takes: "true or false", "an integer >= 1 or \"auto\""
+  std::string value;                      // in force, as Lua would write it; "" when unset
+  bool given = false;                     // set by [policy.options], not the default
+  std::string doc;
+  std::string origin;                     // where the policy declared it (file:line)
+};
+
 struct Plan {
   std::vector<UnitPlan> units;            // as declared; the root unit, if declared, among them
   std::optional<LoraPlan> lora;
+  std::vector<PolicyOption> options;      // declared, by name
   std::vector<std::string> warnings;
 };
 
@@ -74,6 +85,7 @@ struct ResolvedUnit {
 struct ResolvedPlan {
   std::vector<ResolvedUnit> units;        // in application order: inner first, root last
   std::optional<LoraPlan> lora;           // as declared
+  std::vector<PolicyOption> options;      // as declared
   int64_t total_numel = 0;
   int64_t trainable_numel = 0;            // of total_numel, the parameters that train
   // Per rank, from the padded shards: master params (fp32, fp64 for an fp64 model; constant

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -30,6 +31,21 @@ std::string dtype_or(const std::optional<at::ScalarType>& dtype, const std::stri
 }
 
 const char* offload_name(Offload offload) { return offload == Offload::cpu ? "cpu" : "none"; }
+
+// The declared options, one a line: those [policy.options] set marked, values aligned.
+void format_options(std::ostream& out, const std::vector<PolicyOption>& options) {
+  if (options.empty()) return;
+  // Aligned up to a width most settings fit; a long string value just pushes its line on.
+  size_t width = 0;
+  for (const auto& o : options) width = std::max(width, o.name.size() + 3 + std::max<size_t>(o.value.size(), 5));
+  width = std::min<size_t>(width, 40);
+  out << "options (* set by [policy.options]):\n";
+  for (const auto& o : options) {
+    const std::string setting = o.name + " = " + (o.value.empty() ? "unset" : o.value);
+    out << (o.given ? "  * " : "    ") << std::left << std::setw(static_cast<int>(width)) << setting << "  "
+        << o.accepts << (o.doc.empty() ? "" : "; " + o.doc) << "\n";
+  }
+}
 
 }  // namespace
 
@@ -59,6 +75,7 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
         << " base modules trainable; " << plan.trainable_numel << " of " << plan.total_numel
         << " parameters train, the rest frozen\n";
   }
+  format_options(out, plan.options);
   out << "per rank: parameters " << mib(plan.param_bytes) << ", gradients " << mib(plan.grad_bytes)
       << ", optimizer state " << mib(plan.optimizer_bytes) << ", largest gathered unit "
       << mib(plan.largest_gathered_bytes) << "\n";
@@ -96,13 +113,25 @@ void from_json(const nlohmann::json& j, UnitPlan& u) {
        .origin = j.at("origin").get<std::string>()};
 }
 
+void to_json(nlohmann::json& j, const PolicyOption& o) {
+  j = {{"name", o.name}, {"accepts", o.accepts}, {"value", o.value}, {"given", o.given}, {"doc", o.doc},
+       {"origin", o.origin}};
+}
+
+void from_json(const nlohmann::json& j, PolicyOption& o) {
+  o = {.name = j.at("name").get<std::string>(), .accepts = j.at("accepts").get<std::string>(),
+       .value = j.at("value").get<std::string>(), .given = j.at("given").get<bool>(),
+       .doc = j.at("doc").get<std::string>(), .origin = j.at("origin").get<std::string>()};
+}
+
 void to_json(nlohmann::json& j, const Plan& plan) {
-  j = {{"units", plan.units}, {"warnings", plan.warnings},
+  j = {{"units", plan.units}, {"options", plan.options}, {"warnings", plan.warnings},
        {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}};
 }
 
 void from_json(const nlohmann::json& j, Plan& plan) {
   plan.units = j.at("units").get<std::vector<UnitPlan>>();
+  plan.options = j.at("options").get<std::vector<PolicyOption>>();
   plan.warnings = j.at("warnings").get<std::vector<std::string>>();
   if (!j.at("lora").is_null()) plan.lora = j.at("lora").get<LoraPlan>();
 }
@@ -128,7 +157,8 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                      {"offload", offload_name(p.offload)}, {"activation_checkpoint", p.activation_checkpoint}});
   }
   return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"trainable_numel", plan.trainable_numel},
-                        {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}, {"units", units},
+                        {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()},
+                        {"options", plan.options}, {"units", units},
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},
                                             {"optimizer", plan.optimizer_bytes},
                                             {"largest_gathered_unit", plan.largest_gathered_bytes},

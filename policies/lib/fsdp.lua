@@ -1,46 +1,34 @@
 -- Helpers shared by the shipped policies: unit options from [policy.options], and the
--- standard rule (decoder layers, vision blocks, embeddings, lm_head, then the root).
---
--- [policy.options] keys the helpers read:
---   shard_size            ranks per shard group: -1 (all, default), "auto", or a number
---   replicate             mesh rows (HSDP); default world / shard_size
---   reshard_after_forward layers free gathered params after forward (default true); an
---                         integer k keeps 1/k so backward gathers over k ranks
---   activation_checkpoint layers recompute forward in backward (default false)
---   offload               "cpu" or "none"
---   param_dtype           gather and compute dtype (default: the model's [model] dtype);
---                         master shards stay float32 (float64 for a float64 model)
---   reduce_dtype          gradient reduction dtype (default: the master shards')
---   vision_tower          "shard": each vision block its own unit (default); "root": the
---                         vision blocks stay in the root unit; "replicate": the whole tower
---                         one unit, unsharded on every rank, its gradients all-reduced
---   mixed_mm_data         true is vision_tower = "root" (the name the option had before)
---   fused_linear_logprob  lm_head stays in the root unit (used outside its forward)
---   experts               "layer": a MoE layer's routed experts stay in its layer's unit
---                         (default); "unit": each layer's routed experts (ctx.expert_modules)
---                         a unit of their own, with experts_reshard_after_forward,
---                         experts_offload, experts_param_dtype and experts_reduce_dtype
---                         (each defaults to the layers' option)
---   lora_rank             LoRA adapters of this rank (none when unset), on lora_targets:
---                         comma-separated module names ("q_proj,v_proj": every module whose
---                         path ends so) or classes (default "q_proj,k_proj,v_proj,o_proj");
---                         lora_alpha (default 8), lora_dropout (default 0), lora_trainable:
---                         comma-separated names of base modules that keep training
---                         ("lm_head,norm"); the rest of the base is frozen
+-- standard rule (decoder layers, vision blocks, embeddings, lm_head, then the root). Each
+-- helper declares the options it reads (options{...}); `fsdpp plan` lists them with their
+-- values, and a [policy.options] key no helper declared is an error.
 local M = {}
 
-local function option(name, default)
-  local value = ctx.options[name]
-  if value == nil then return default end
+-- The value, or `fallback` when it is nil (false is a value).
+local function either(value, fallback)
+  if value == nil then return fallback end
   return value
 end
+
+-- What every unit reads: declared whenever a policy loads this library.
+local unit = options{
+  shard_size = {-1, "integer", "auto", min = 1, default = -1,
+                doc = "ranks per shard group: -1 all of them, \"auto\" by model size when not training"},
+  replicate = {"integer", min = 1, doc = "mesh rows (HSDP); unset: the world over shard_size"},
+  reshard_after_forward = {"boolean", "integer", min = 1, default = true,
+                           doc = "layers free gathered params after forward; k keeps 1/k, so backward gathers over k ranks"},
+  activation_checkpoint = {"boolean", default = false, doc = "layers recompute their forward in backward"},
+  offload = {"cpu", "none", default = "none", doc = "where master shards live between uses"},
+  param_dtype = {"dtype", doc = "gather and compute dtype; unset: the [model] dtype (masters stay float32)"},
+  reduce_dtype = {"dtype", doc = "gradient reduction dtype; unset: the masters'"},
+}
 
 -- Options shared by every unit of a plan (the engine needs one mesh for all of them).
 function M.unit_options(extra)
   local opts = {
-    mesh = mesh{shard = option("shard_size", -1), replicate = option("replicate", nil)},
-    offload = offload(option("offload", "none")),
-    precision = precision{param = option("param_dtype", nil), reduce = option("reduce_dtype", nil)},
+    mesh = mesh{shard = unit.shard_size, replicate = unit.replicate},
+    offload = offload(unit.offload),
+    precision = precision{param = unit.param_dtype, reduce = unit.reduce_dtype},
   }
   for key, value in pairs(extra or {}) do opts[key] = value end
   return opts
@@ -48,19 +36,33 @@ end
 
 function M.layer_options()
   return M.unit_options{
-    reshard_after_forward = option("reshard_after_forward", true),
-    activation_checkpoint = option("activation_checkpoint", false),
+    reshard_after_forward = unit.reshard_after_forward,
+    activation_checkpoint = unit.activation_checkpoint,
+  }
+end
+
+-- Where routed experts go, and the options of their own units.
+local function expert_settings()
+  return options{
+    experts = {"layer", "unit", default = "layer",
+               doc = "\"layer\": routed experts stay in their layer's unit; \"unit\": a unit of their own"},
+    experts_reshard_after_forward = {"boolean", "integer", min = 1,
+                                     doc = "experts = \"unit\": as reshard_after_forward; unset: the layers'"},
+    experts_offload = {"cpu", "none", doc = "experts = \"unit\": as offload; unset: the layers'"},
+    experts_param_dtype = {"dtype", doc = "experts = \"unit\": as param_dtype; unset: the layers'"},
+    experts_reduce_dtype = {"dtype", doc = "experts = \"unit\": as reduce_dtype; unset: the layers'"},
   }
 end
 
 -- A unit of one layer's routed experts: the layers' options unless experts_* says otherwise.
 function M.expert_options()
+  local e = expert_settings()
   return {
-    mesh = mesh{shard = option("shard_size", -1), replicate = option("replicate", nil)},
-    offload = offload(option("experts_offload", option("offload", "none"))),
-    precision = precision{param = option("experts_param_dtype", option("param_dtype", nil)),
-                          reduce = option("experts_reduce_dtype", option("reduce_dtype", nil))},
-    reshard_after_forward = option("experts_reshard_after_forward", option("reshard_after_forward", true)),
+    mesh = mesh{shard = unit.shard_size, replicate = unit.replicate},
+    offload = offload(either(e.experts_offload, unit.offload)),
+    precision = precision{param = either(e.experts_param_dtype, unit.param_dtype),
+                          reduce = either(e.experts_reduce_dtype, unit.reduce_dtype)},
+    reshard_after_forward = either(e.experts_reshard_after_forward, unit.reshard_after_forward),
   }
 end
 
@@ -91,7 +93,9 @@ end
 -- The embedding and lm_head: one unit when their weights are tied (they must share one),
 -- else a unit each; lm_head stays in the root with fused_linear_logprob.
 function M.wrap_embedding_and_head(opts)
-  local fused = option("fused_linear_logprob", false)
+  local fused = options{
+    fused_linear_logprob = {"boolean", default = false, doc = "lm_head stays in the root unit (used outside its forward)"},
+  }.fused_linear_logprob
   local embeddings = ctx.model:find{class = "Embedding"}
   local heads = ctx.model:find{path = "^lm_head$"}
   if ctx.config.tie_word_embeddings then
@@ -102,15 +106,6 @@ function M.wrap_embedding_and_head(opts)
   if not fused then
     for _, h in ipairs(heads) do wrap(h, opts) end
   end
-end
-
--- Where routed experts go: [policy.options] experts.
-local function expert_placement()
-  local placement = option("experts", "layer")
-  if placement ~= "layer" and placement ~= "unit" then
-    error("experts must be \"layer\" or \"unit\", not " .. tostring(placement), 3)  -- the policy's line
-  end
-  return placement
 end
 
 -- The modules `names` (comma-separated module names or classes) select; each name that
@@ -137,23 +132,29 @@ end
 
 -- LoRA as [policy.options] lora_* ask.
 function M.lora_from_options()
-  local rank = option("lora_rank", nil)
-  if rank == nil then return end
-  if math.type(rank) ~= "integer" or rank < 1 then
-    error("lora_rank must be a whole number of at least 1, not " .. tostring(rank), 3)  -- the policy's line
-  end
-  lora{targets = modules_named(option("lora_targets", "q_proj,k_proj,v_proj,o_proj"), "lora_targets"),
-       rank = rank, alpha = option("lora_alpha", 8), dropout = option("lora_dropout", 0),
-       trainable = modules_named(option("lora_trainable", ""), "lora_trainable")}
+  local opt = options{
+    lora_rank = {"integer", min = 1, max = 65536, doc = "LoRA adapters of this rank on lora_targets; unset: none"},
+    lora_targets = {"string", default = "q_proj,k_proj,v_proj,o_proj",
+                    doc = "comma-separated module names (every module whose path ends so) or classes"},
+    lora_alpha = {"number", min = 1e-6, max = 1e6, default = 8, doc = "the adapters' scale is alpha / rank"},
+    lora_dropout = {"number", min = 0, max = 0.99, default = 0, doc = "dropout on the adapters' input"},
+    lora_trainable = {"string", default = "",
+                      doc = "comma-separated base modules that keep training (\"lm_head,norm\"); the rest is frozen"},
+  }
+  if opt.lora_rank == nil then return end
+  lora{targets = modules_named(opt.lora_targets, "lora_targets"), rank = opt.lora_rank, alpha = opt.lora_alpha,
+       dropout = opt.lora_dropout, trainable = modules_named(opt.lora_trainable, "lora_trainable")}
 end
 
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data.
 local function vision_tower_mode()
-  local mode = option("vision_tower", option("mixed_mm_data", false) and "root" or "shard")
-  if mode ~= "shard" and mode ~= "root" and mode ~= "replicate" then
-    error("vision_tower must be \"shard\", \"root\" or \"replicate\", not " .. tostring(mode), 3)  -- the policy's line
-  end
-  return mode
+  local opt = options{
+    vision_tower = {"shard", "root", "replicate",
+                    doc = "\"shard\": each vision block a unit; \"root\": the blocks stay in the root; " ..
+                          "\"replicate\": the tower one unsharded unit; unset: \"root\" with mixed_mm_data, else \"shard\""},
+    mixed_mm_data = {"boolean", default = false, doc = "true is vision_tower = \"root\""},
+  }
+  return either(opt.vision_tower, opt.mixed_mm_data and "root" or "shard")
 end
 
 -- The standard rule: no_split_modules plus `classes` as units, routed experts as experts
@@ -163,7 +164,7 @@ function M.standard(spec)
   local classes = {}
   local vision = spec.vision or {}
   local mode = vision_tower_mode()
-  local placement = expert_placement()
+  local placement = expert_settings().experts
   local function add(class)
     if contains(classes, class) then return end
     if contains(vision, class) and mode ~= "shard" then return end

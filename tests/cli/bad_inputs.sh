@@ -178,8 +178,28 @@ expect "more experts per token than experts" "bad_top_k/config.json" "num_expert
   -- train "$work/ok.toml" --set "model.path=\"$work/bad_top_k\""
 
 # LoRA.
-expect "LoRA rank 0" "policies/llama.lua:4" "lora_rank must be a whole number of at least 1, not 0" \
+expect "LoRA rank 0" "--set policy.options.lora_rank=0: [policy.options] lora_rank: must be an integer in [1, 65536], got 0" \
   -- train "$work/ok.toml" --set policy.options.lora_rank=0
+
+# Policy options: each one the policy does not declare, or a value it does not accept, is
+# blamed on the run file's line or the --set that gave it.
+expect "policy option typo by --set" \
+  "--set policy.options.lora_rnak=8: [policy.options] lora_rnak: the policy policies/llama.lua has no such option; did you mean 'lora_rank'?" \
+  -- train "$work/ok.toml" --set policy.options.lora_rnak=8
+cp "$work/ok.toml" "$work/options.toml"
+printf '[policy.options]\nshard_size = 1\nofload = "cpu"\n' >>"$work/options.toml"
+expect "policy option typo in the file" \
+  "options.toml:12: [policy.options] ofload: the policy policies/llama.lua has no such option; did you mean 'offload'?" \
+  -- train "$work/options.toml"
+expect "policy option typo in plan" "options.toml:12: [policy.options] ofload:" -- plan "$work/options.toml" --world 2
+expect "policy option value" "--set policy.options.shard_size=\"all\": [policy.options] shard_size: must be -1, an integer >= 1 or \"auto\", got \"all\"" \
+  -- train "$work/ok.toml" --set 'policy.options.shard_size="all"'
+expect "policy option dtype" "--set policy.options.param_dtype=\"bf61\": [policy.options] param_dtype: must be a dtype (float32, bfloat16, float16, float64), got \"bf61\"" \
+  -- train "$work/ok.toml" --set 'policy.options.param_dtype="bf61"'
+printf 'local opt = options{recompute = {"boolean", default = false}}\nwrap(ctx.model, {activation_checkpoint = opt.recompute})\n' \
+  >"$work/own_policy.lua"
+expect "custom policy option" "[policy.options] recompte: the policy $work/own_policy.lua has no such option; did you mean 'recompute'?" \
+  -- train "$work/ok.toml" --set "policy.name=\"$work/own_policy.lua\"" --set policy.options.recompte=true
 expect "missing adapter" "[model] adapter: $work/no-such-adapter: no such directory" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
 mkdir -p "$work/wide_adapter"

@@ -77,7 +77,7 @@ TEST_CASE("best fit, longest first: long documents cut into rows, every target k
   CHECK(batches.rows(0, 0, 1).target[0][7].item<int64_t>() == 25);
 }
 
-TEST_CASE("without packing each document has a padded row; a longer one is refused", "[train][data]") {
+TEST_CASE("without packing each document has a padded row, and a longer one is refused", "[train][data]") {
   auto tokens = write_documents("rows.tok", {7, 10, 19});
   DataConfig config{.train = "rows.tok", .seq_len = 8, .batch_size = 3, .shuffle = false, .packing = false};
   // Document 2 holds 9 tokens: 8 inputs and a last target fill a row exactly.

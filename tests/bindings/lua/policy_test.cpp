@@ -165,7 +165,7 @@ TEST_CASE("traversal, context and builders reach the plan", "[lua]") {
   const auto script = write_policy("api.lua", R"(
 local m = ctx.model
 assert(ctx.world_size == 8 and ctx.rank == 3 and ctx.training == true)
-assert(ctx.options.label == "x" and ctx.options.k == 2)
+local opt = options{label = {"string"}, k = {"integer", min = 1}}; assert(opt.label == "x" and opt.k == 2)
 assert(ctx.config.model_type == "llama" and ctx.config.num_hidden_layers == 3 and ctx.config.tie_word_embeddings)
 assert(ctx.no_split_modules[1] == "LlamaDecoderLayer")
 local layers = m:find{class = "LlamaDecoderLayer"}
@@ -218,7 +218,7 @@ TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fus
   // LlamaMLP stands in for a vision block: the rule only sees class names.
   auto model = meta_model();
   const auto script = write_policy("rule.lua", "require('fsdp').standard{vision = {'LlamaMLP'}}\n");
-  auto names = [&](std::vector<std::pair<std::string, PolicyValue>> options) {
+  auto names = [&](std::vector<GivenOption> options) {
     auto plan = run_policy(script, *model, {.world_size = 2, .options = std::move(options)});
     std::vector<std::string> out;
     for (const auto& u : plan.units) out.push_back(u.modules.size() == 1 ? u.modules[0] : "group");
@@ -235,7 +235,7 @@ TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fus
   CHECK(mixed.size() + 4 == sharded.size());  // three vision units and lm_head fewer
 }
 
-TEST_CASE("lora{...} declares adapters; apply_lora puts them on and freezes the base", "[lua]") {
+TEST_CASE("lora{...} declares adapters, and apply_lora puts them on and freezes the base", "[lua]") {
   CHECK_THAT(error_of("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 0}\n"),
              Catch::Contains("escape.lua:1: lora: rank must be an integer in [1, 65536]"));
   CHECK_THAT(error_of("lora{targets = {}, rank = 2}\n"), Catch::Contains("escape.lua:1: lora: no target modules"));
@@ -274,4 +274,83 @@ wrap(ctx.model)
   LoraPlan wrong{.targets = {"model.layers.0.mlp"}, .rank = 2, .alpha = 2, .origin = "x.lua:1"};
   CHECK_THROWS_WITH(apply_lora(*meta_model(), wrong, meta),
                     Catch::Contains("x.lua:1: lora: target 'model.layers.0.mlp' is a LlamaMLP, not a Linear module"));
+}
+
+TEST_CASE("options{...} declares what a policy reads: defaults, given values, checked where they were set", "[lua]") {
+  auto model = meta_model();
+  const auto script = write_policy("options.lua", R"(
+local opt = options{
+  shard = {-1, "integer", "auto", min = 1, default = -1, doc = "ranks per group"},
+  rate = {"number", min = 0, max = 1, default = 0.5},
+  name = {"string"},
+  dtype = {"dtype"},
+  flag = {"boolean", default = false},
+}
+assert(options{flag = {"boolean", default = false}}.flag == opt.flag)  -- the same declaration again
+log(opt.shard, opt.rate, opt.name, opt.dtype, opt.flag)
+wrap(ctx.model, {activation_checkpoint = opt.flag})
+)");
+  auto run = [&](std::vector<GivenOption> given) {
+    return run_policy(script, *model, {.options = std::move(given)});
+  };
+  const Plan defaults = run({});
+  REQUIRE(defaults.options.size() == 5);
+  CHECK(defaults.options[4].name == "shard");  // by name
+  CHECK(defaults.options[4].value == "-1");
+  CHECK(!defaults.options[4].given);
+  CHECK(defaults.options[4].accepts == "-1, an integer >= 1 or \"auto\"");
+  CHECK(defaults.options[4].doc == "ranks per group");
+  CHECK_THAT(defaults.options[4].origin, Catch::EndsWith("options.lua:2"));
+  CHECK(defaults.options[3].accepts == "a number in [0, 1]");
+  CHECK(defaults.options[2].value.empty());  // name: no default, not given
+  CHECK(!defaults.units[0].activation_checkpoint);
+
+  const Plan given = run({{"flag", true}, {"shard", std::string("auto")}, {"rate", int64_t{1}}, {"dtype", std::string("bf16")}});
+  CHECK(given.units[0].activation_checkpoint);
+  CHECK(given.options[1].value == "true");
+  CHECK(given.options[1].given);
+  CHECK(given.options[4].value == "\"auto\"");
+  CHECK(given.options[3].value == "1");
+
+  // A refused value names where it was set, the option, what it accepts and what it got.
+  auto refused = [&](GivenOption option) {
+    try {
+      run({std::move(option)});
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(refused({"shard", int64_t{0}, "run.toml:7"}) ==
+        "run.toml:7: [policy.options] shard: must be -1, an integer >= 1 or \"auto\", got 0");
+  CHECK(refused({"shard", 2.0, "--set policy.options.shard=2.0"}) ==
+        "--set policy.options.shard=2.0: [policy.options] shard: must be -1, an integer >= 1 or \"auto\", got 2.0");
+  CHECK(refused({"rate", 1.5, "run.toml:3"}) == "run.toml:3: [policy.options] rate: must be a number in [0, 1], got 1.5");
+  CHECK(refused({"flag", std::string("yes"), "run.toml:4"}) ==
+        "run.toml:4: [policy.options] flag: must be true or false, got \"yes\"");
+  CHECK(refused({"dtype", std::string("fp8"), "run.toml:5"}) ==
+        "run.toml:5: [policy.options] dtype: must be a dtype (float32, bfloat16, float16, float64), got \"fp8\"");
+  CHECK(refused({"name", int64_t{3}, "run.toml:6"}) == "run.toml:6: [policy.options] name: must be a string, got 3");
+  // One no declaration names: the nearest declared option, or the whole list.
+  CHECK_THAT(refused({"flga", true, "run.toml:9"}),
+             Catch::Equals("run.toml:9: [policy.options] flga: the policy " + script.string() +
+                           " has no such option; did you mean 'flag'?"));
+  CHECK_THAT(refused({"zzzzzzzz", true, "run.toml:9"}),
+             Catch::EndsWith("has no such option (its options: dtype flag name rate shard)"));
+  auto plain = meta_model();
+  CHECK_THROWS_WITH(run_policy(write_policy("none.lua", "wrap(ctx.model)\n"), *plain, {.options = {{"k", int64_t{1}, "r.toml:2"}}}),
+                    Catch::EndsWith("r.toml:2: [policy.options] k: the policy " +
+                                    (testing::scratch_dir("policy") / "none.lua").string() + " has no such option; it declares no options"));
+}
+
+TEST_CASE("a bad options{...} declaration is the policy's error, at its line", "[lua]") {
+  CHECK_THAT(error_of("options{k = {'integer', min = 1, default = 0}}\n"),
+             Catch::Contains("escape.lua:1: options: k: the default 0 is not an integer >= 1"));
+  CHECK_THAT(error_of("options{k = {'integer', mni = 1}}\n"),
+             Catch::Contains("escape.lua:1: options: k: unknown key 'mni'; did you mean 'min'?"));
+  CHECK_THAT(error_of("options{k = {doc = 'x'}}\n"), Catch::Contains("escape.lua:1: options: k: names no kind or value"));
+  CHECK_THAT(error_of("options{k = 3}\n"), Catch::Contains("escape.lua:1: options: k: expected a table"));
+  CHECK_THAT(error_of("options{k = {'integer'}}\noptions{k = {'string'}}\n"),
+             Catch::Contains("escape.lua:2: options: 'k' declared again differently (first at ") &&
+                 Catch::Contains("escape.lua:1)"));
 }

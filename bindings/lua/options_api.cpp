@@ -1,0 +1,266 @@
+// options{...}: a policy declares the [policy.options] it reads, each with the values it
+// accepts, a default and a doc line, and gets back the values in force. A value the run file
+// gives is checked here, so a wrong one is blamed on the run file's line, not the script's;
+// after the script has run, check_given_options refuses any option no declaration named.
+//
+//   local opt = options{
+//     shard_size = {-1, "integer", "auto", min = 1, default = -1, doc = "ranks per shard group"},
+//     offload = {"cpu", "none", default = "none", doc = "where master shards live"},
+//   }
+//
+// The list part names what a value may be: "integer", "number", "boolean", "string", "dtype"
+// (a name parse_dtype reads), or a literal value; min and max bound the numbers.
+#include "bindings/lua/lua_internal.h"
+
+#include "core/config_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+
+namespace fsdpp::lua {
+
+namespace {
+
+const std::vector<std::string> kKinds = {"integer", "number", "boolean", "string", "dtype"};
+
+struct OptionSpec {
+  std::vector<PolicyValue> listed;       // kind names (kKinds) and literal values, as declared
+  std::vector<std::string> kinds;        // of listed, the kind names
+  std::vector<PolicyValue> literals;     // of listed, the values accepted as they are
+  std::optional<double> min, max;        // bound "integer" and "number"
+  std::optional<PolicyValue> fallback;   // the default
+  std::string doc;
+};
+
+// The fewest significant digits that read back as `value`.
+std::string shortest(double value) {
+  char text[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
+
+// A value as a policy would write it.
+std::string lua_text(const PolicyValue& value) {
+  return std::visit([](const auto& v) -> std::string {
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+    else if constexpr (std::is_same_v<T, int64_t>) return std::to_string(v);
+    else if constexpr (std::is_same_v<T, double>) {
+      const std::string shown = shortest(v);  // with a point, so that 2.0 is not shown as the integer 2
+      return shown.find_first_of(".eni") == std::string::npos ? shown + ".0" : shown;
+    } else return "\"" + v + "\"";
+  }, value);
+}
+
+std::string bound_text(double bound, bool integer) {
+  return integer ? std::to_string(static_cast<int64_t>(bound)) : shortest(bound);
+}
+
+// "an integer in [1, 65536]", "a number >= 0", ...
+std::string numeric_text(const OptionSpec& spec, bool integer) {
+  std::string text = integer ? "an integer" : "a number";
+  if (spec.min && spec.max) return text + " in [" + bound_text(*spec.min, integer) + ", " + bound_text(*spec.max, integer) + "]";
+  if (spec.min) return text + " >= " + bound_text(*spec.min, integer);
+  if (spec.max) return text + " <= " + bound_text(*spec.max, integer);
+  return text;
+}
+
+bool is_kind(const std::string& name) { return std::find(kKinds.begin(), kKinds.end(), name) != kKinds.end(); }
+
+std::string accepts_text(const OptionSpec& spec) {
+  std::vector<std::string> parts;
+  for (const auto& entry : spec.listed) {
+    const auto* kind = std::get_if<std::string>(&entry);
+    if (kind == nullptr || !is_kind(*kind)) parts.push_back(lua_text(entry));
+    else if (*kind == "integer" || *kind == "number") parts.push_back(numeric_text(spec, *kind == "integer"));
+    else if (*kind == "boolean") parts.push_back(spec.listed.size() == 1 ? "true or false" : "a boolean");
+    else if (*kind == "string") parts.push_back("a string");
+    else parts.push_back("a dtype (float32, bfloat16, float16, float64)");
+  }
+  std::string text;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == parts.size() ? " or " : ", ") + parts[i];
+  }
+  return text;
+}
+
+bool has_kind(const OptionSpec& spec, const char* kind) {
+  return std::find(spec.kinds.begin(), spec.kinds.end(), kind) != spec.kinds.end();
+}
+
+bool in_range(const OptionSpec& spec, double value) {
+  return (!spec.min || value >= *spec.min) && (!spec.max || value <= *spec.max);
+}
+
+bool accepts(const OptionSpec& spec, const PolicyValue& value) {
+  if (std::find(spec.literals.begin(), spec.literals.end(), value) != spec.literals.end()) return true;
+  if (std::holds_alternative<bool>(value)) return has_kind(spec, "boolean");
+  if (const auto* i = std::get_if<int64_t>(&value)) {
+    return (has_kind(spec, "integer") || has_kind(spec, "number")) && in_range(spec, static_cast<double>(*i));
+  }
+  if (const auto* d = std::get_if<double>(&value)) return has_kind(spec, "number") && in_range(spec, *d);
+  const auto& s = std::get<std::string>(value);
+  if (has_kind(spec, "string")) return true;
+  if (!has_kind(spec, "dtype")) return false;
+  try {
+    parse_dtype(s);
+    return true;
+  } catch (const UserError&) {
+    return false;
+  }
+}
+
+// The Lua value at `index` as a PolicyValue: a boolean, number or string.
+PolicyValue scalar_at(lua_State* L, int index, const std::string& what) {
+  switch (lua_type(L, index)) {
+    case LUA_TBOOLEAN: return static_cast<bool>(lua_toboolean(L, index));
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, index)) return static_cast<int64_t>(lua_tointeger(L, index));
+      return lua_tonumber(L, index);
+    case LUA_TSTRING: return to_string_arg(L, index, what.c_str());
+    default: throw ScriptError(what + ": expected a boolean, number or string, got " + luaL_typename(L, index));
+  }
+}
+
+std::optional<double> bound_at(lua_State* L, int spec, const char* key, const std::string& what) {
+  raw_field(L, spec, key);
+  std::optional<double> bound;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TNUMBER || !std::isfinite(lua_tonumber(L, -1))) {
+      throw ScriptError(what + ": " + key + " must be a finite number");
+    }
+    bound = lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+  return bound;
+}
+
+// Reads {kind or literal, ..., min = , max = , default = , doc = } at `spec`.
+OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
+  const std::string what = "options: " + name;
+  if (!lua_istable(L, spec)) throw ScriptError(what + ": expected a table {kind, ..., default = ..., doc = ...}");
+  OptionSpec s;
+  const auto n = static_cast<lua_Integer>(lua_rawlen(L, spec));
+  const std::vector<std::string> keys = {"min", "max", "default", "doc"};
+  for (lua_pushnil(L); lua_next(L, spec) != 0; lua_pop(L, 1)) {
+    if (lua_isinteger(L, -2) && lua_tointeger(L, -2) >= 1 && lua_tointeger(L, -2) <= n) continue;  // the list
+    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      const std::string near = nearest_name(key, keys);
+      throw ScriptError(what + ": unknown key '" + key + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+    }
+  }
+  for (lua_Integer i = 1; i <= n; ++i) {
+    lua_rawgeti(L, spec, i);
+    const PolicyValue entry = scalar_at(L, -1, what);
+    lua_pop(L, 1);
+    const auto* kind = std::get_if<std::string>(&entry);
+    if (kind != nullptr && is_kind(*kind)) s.kinds.push_back(*kind);
+    else s.literals.push_back(entry);
+    s.listed.push_back(entry);
+  }
+  if (s.listed.empty()) throw ScriptError(what + ": names no kind or value it accepts");
+  s.min = bound_at(L, spec, "min", what);
+  s.max = bound_at(L, spec, "max", what);
+  raw_field(L, spec, "doc");
+  if (!lua_isnil(L, -1)) s.doc = to_string_arg(L, -1, (what + ": doc").c_str());
+  lua_pop(L, 1);
+  raw_field(L, spec, "default");
+  if (!lua_isnil(L, -1)) s.fallback = scalar_at(L, -1, what + ": default");
+  lua_pop(L, 1);
+  if (s.fallback && !accepts(s, *s.fallback)) {
+    throw ScriptError(what + ": the default " + lua_text(*s.fallback) + " is not " + accepts_text(s));
+  }
+  return s;
+}
+
+const GivenOption* given_option(const PolicyRun& run, const std::string& name) {
+  for (const auto& o : run.context.options) {
+    if (o.name == name) return &o;
+  }
+  return nullptr;
+}
+
+std::string located(const GivenOption& given) { return given.where.empty() ? "" : given.where + ": "; }
+
+// Records `name` in the plan, checked against an earlier declaration of the same name.
+void declare(PolicyRun& run, PolicyOption option) {
+  auto& options = run.plan.options;
+  const auto at = std::lower_bound(options.begin(), options.end(), option.name,
+                                   [](const PolicyOption& o, const std::string& n) { return o.name < n; });
+  if (at != options.end() && at->name == option.name) {
+    if (at->accepts != option.accepts || at->value != option.value || at->doc != option.doc) {
+      throw ScriptError("options: '" + option.name + "' declared again differently (first at " + at->origin + ")");
+    }
+    return;
+  }
+  options.insert(at, std::move(option));
+}
+
+// options{name = spec, ...} -> {name = value in force, ...}
+int api_options(lua_State* L) {
+  PolicyRun& run = run_of(L);
+  if (!lua_istable(L, 1)) throw ScriptError("options expects a table: options{name = {kind, ..., default = ...}, ...}");
+  std::vector<std::string> names;
+  for (lua_pushnil(L); lua_next(L, 1) != 0; lua_pop(L, 1)) {
+    if (lua_type(L, -2) != LUA_TSTRING) throw ScriptError("options: option names must be strings");
+    names.push_back(to_string_arg(L, -2, "options: a name"));
+  }
+  std::sort(names.begin(), names.end());
+  const std::string origin = caller_location(L);
+  lua_newtable(L);
+  const int values = lua_gettop(L);
+  for (const auto& name : names) {
+    raw_field(L, 1, name.c_str());
+    const OptionSpec spec = read_spec(L, lua_gettop(L), name);
+    lua_pop(L, 1);
+    const GivenOption* given = given_option(run, name);
+    if (given != nullptr && !accepts(spec, given->value)) {
+      run.option_error = located(*given) + "[policy.options] " + name + ": must be " + accepts_text(spec) + ", got " +
+                         lua_text(given->value);
+      throw ScriptError(run.option_error);
+    }
+    const std::optional<PolicyValue> value = given ? std::optional(given->value) : spec.fallback;
+    declare(run, {.name = name, .accepts = accepts_text(spec), .value = value ? lua_text(*value) : "",
+                  .given = given != nullptr, .doc = spec.doc, .origin = origin});
+    if (value) {
+      push_policy_value(L, *value);
+      lua_setfield(L, values, name.c_str());
+    }
+  }
+  return 1;
+}
+
+}  // namespace
+
+void check_given_options(const PolicyRun& run, const std::string& policy) {
+  std::vector<std::string> declared;
+  for (const auto& o : run.plan.options) declared.push_back(o.name);
+  for (const auto& given : run.context.options) {
+    if (std::binary_search(declared.begin(), declared.end(), given.name)) continue;
+    std::string hint;
+    if (declared.empty()) hint = "; it declares no options";
+    else if (const std::string near = nearest_name(given.name, declared); !near.empty()) hint = "; did you mean '" + near + "'?";
+    else {
+      hint = " (its options:";
+      for (const auto& name : declared) hint += " " + name;
+      hint += ")";
+    }
+    throw UserError(located(given) + "[policy.options] " + given.name + ": the policy " + policy +
+                    " has no such option" + hint);
+  }
+}
+
+void open_options_api(lua_State* L) {
+  lua_register(L, "options", guarded<api_options>);
+}
+
+}  // namespace fsdpp::lua
