@@ -8,3 +8,6 @@ if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
 ninja -C build -j "${FSDPP_JOBS:-2}" "$@"
+# The venv's Python finds the fsdpp package where the build puts it.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$root/build/python" >"$site/fsdpp-build.pth"

@@ -9,10 +9,10 @@ cd "$root"
 # libgloo-dev: the torch wheel exports ProcessGroupGloo but ships no Gloo headers.
 # clang and libclang-rt-14-dev: libFuzzer and the sanitizers for the fuzz targets.
 # libprotobuf-dev and protobuf-compiler: TensorBoard's event records; libcli11-dev: the
-# command line.
+# command line. python3-dev: the headers the Python module (bindings/python) compiles against.
 debs=(liblua5.4-dev libgloo-dev libtomlplusplus-dev libspdlog-dev catch2 nlohmann-json3-dev ccache
       cmake ninja-build g++ python3-venv procps clang libclang-rt-14-dev libprotobuf-dev protobuf-compiler
-      libcli11-dev)
+      libcli11-dev python3-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

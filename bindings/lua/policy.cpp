@@ -157,4 +157,9 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
   return plan;
 }
 
+Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank) {
+  return run_policy(find_policy(config, model.config().model_type), model,
+                    {.world_size = world, .rank = rank, .training = true, .options = config.options});
+}
+
 }  // namespace fsdpp

@@ -40,5 +40,7 @@ std::filesystem::path policy_dir();
 
 Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
                 const PolicyLimits& limits = {});
+// The plan a training run's [policy] gives `model` at (world, rank).
+Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank);
 
 }  // namespace fsdpp

@@ -44,10 +44,9 @@ RunConfig load_run(const CommandLine& args) {
 int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
   config.check_paths();
-  const PolicyConfig& policy = config.policy;
-  auto build_plan = [&policy](CausalLM& model, int world, int rank) {
-    return run_policy(find_policy(policy, model.config().model_type), model,
-                      {.world_size = world, .rank = rank, .training = true, .options = policy.options});
+  config.require_data();
+  auto build_plan = [&config](CausalLM& model, int world, int rank) {
+    return run_configured_policy(config.policy, model, world, rank);
   };
   const TrainSummary s = train(config, build_plan);
   if (s.stop_signal != 0) return 128 + s.stop_signal;  // as if the signal had ended it, after the save
@@ -95,6 +94,7 @@ int run_export(const CommandLine& args) {
 int run_eval(const CommandLine& args) {
   const RunConfig config = load_run(args);  // [policy] validated too, though evaluation does not shard
   DataConfig data = config.data;
+  if (args.tokens.empty()) config.require_data();
   if (!args.tokens.empty()) {
     data.train = args.tokens;
     data.eval_fraction = 0;  // all of FILE

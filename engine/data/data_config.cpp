@@ -16,7 +16,6 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.packing = s.get_bool("packing", c.packing);
   c.train_on = s.get_choice("train_on", c.train_on, {{"all", TrainOn::all}, {"completion", TrainOn::completion}});
   s.finish();
-  if (c.train.empty()) s.fail("train", "required: the token file to train on");
   if (c.batch_size > kMaxBatchTokens / c.seq_len) {
     s.fail("batch_size", "a global batch of " + std::to_string(c.batch_size) + " x " + std::to_string(c.seq_len) +
                              " tokens is more than " + std::to_string(kMaxBatchTokens) + " (batch_size x seq_len)");

@@ -20,7 +20,7 @@ enum class TrainOn {
 };
 
 struct DataConfig {
-  std::string train;           // token file to train on
+  std::string train;           // token file to train on; "" for a run fed rows by its caller (Python)
   int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)
   int64_t batch_size = 8;      // sequences per micro-batch
   double eval_fraction = 0.0;  // share of the file's tail held out for evaluation

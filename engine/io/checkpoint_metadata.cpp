@@ -92,8 +92,10 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
     m.step = int_field(*meta, "", "step", 0, kMaxSteps);
     m.world_size = static_cast<int>(int_field(*meta, "", "world_size", 1, kMaxWorldSize));
     int_field(meta->at("optimizer"), "optimizer", "steps", 0, kMaxSteps);
-    int_field(meta->at("data"), "data", "epoch", 0, INT64_MAX);
-    int_field(meta->at("data"), "data", "window", 0, INT64_MAX);
+    if (!meta->at("data").is_null()) {  // null: saved by a run fed by its caller, with no data position
+      int_field(meta->at("data"), "data", "epoch", 0, INT64_MAX);
+      int_field(meta->at("data"), "data", "window", 0, INT64_MAX);
+    }
     parse_dtype(meta->at("model").at("dtype").get<std::string>());
     if (meta->contains("config_hash") && !meta->at("config_hash").is_string()) throw UserError("config_hash is not a string");
     if (meta->contains("client_state")) int_field(meta->at("client_state"), "client_state", "skipped_steps", 0, kMaxSteps);

@@ -38,6 +38,12 @@ struct DocumentStarts {
   torch::Tensor offsets;  // [S + 1] int64 offsets into the rows read one after another
 };
 
+// Asks forward for the final hidden states [B, T, C] in place of logits, for a caller that
+// applies the output head itself (chunked log-probabilities, which never hold [B, T, V]).
+struct FinalHidden {
+  DocumentStarts documents;  // as forward(input_ids, documents) takes them; undefined: none
+};
+
 class CausalLM : public Module {
  public:
   CausalLM(std::string class_name, ModelConfig config, std::vector<std::string> no_split)
@@ -53,6 +59,15 @@ class CausalLM : public Module {
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
     throw UserError(class_name() + " does not attend within packed documents: set [data] packing = false");
   }
+
+  // The final hidden states; the text decoders give them.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
+    throw UserError(class_name() + " does not give its hidden states apart from its logits");
+  }
+  // The output head's weight [V, C] as it is now (gathered while its unit computes), and
+  // whether the head carries a LoRA adapter, which the weight alone leaves out.
+  virtual torch::Tensor output_head_weight() const { throw UserError(class_name() + " has no output head to share"); }
+  virtual bool output_head_adapted() const { return false; }
 
   // Mixture-of-experts models: what their MoE layers routed in the last forward.
   virtual RoutingLog* routing() const { return nullptr; }

@@ -152,4 +152,9 @@ torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const Doc
   return (*lm_head_)((*model_)(input_ids, to_device(documents.offsets, input_ids.device())));
 }
 
+torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
+  if (!ask.documents.offsets.defined()) return (*model_)(input_ids);
+  return (*model_)(input_ids, to_device(ask.documents.offsets, input_ids.device()));
+}
+
 }  // namespace fsdpp

@@ -46,6 +46,10 @@ void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOption
   }
 }
 
+at::Tensor merged_lora_weight(const at::Tensor& base, const at::Tensor& a, const at::Tensor& b, const LoraPlan& lora) {
+  return base.to(at::kDouble) + at::matmul(b.to(at::kDouble), a.to(at::kDouble)) * (lora.alpha / static_cast<double>(lora.rank));
+}
+
 bool is_adapter_parameter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }

@@ -12,6 +12,10 @@ namespace fsdpp {
 // the path at fault.
 void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOptions& opts);
 
+// A target's weight [out, in] with its adapter merged in: base + B A × alpha / rank, in
+// float64 so the merge adds no rounding of its own (factors A [rank, in], B [out, rank]).
+at::Tensor merged_lora_weight(const at::Tensor& base, const at::Tensor& a, const at::Tensor& b, const LoraPlan& lora);
+
 // Whether a parameter name is an adapter's ("...q_proj.lora_A.weight").
 bool is_adapter_parameter(const std::string& name);
 // An adapter parameter's name in PEFT's adapter_model.safetensors, and back.

@@ -80,10 +80,8 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
     const std::string module = spec.name.substr(0, spec.name.rfind('.'));
     if (lora && spec.name.ends_with(".weight") &&
         std::find(lora->targets.begin(), lora->targets.end(), module) != lora->targets.end()) {
-      // In float64, so the merge adds no rounding of its own.
-      const auto a = checkpoint.read_full(std::string(kPrefix) + module + ".lora_A.weight").to(at::kDouble);  // [r, in]
-      const auto b = checkpoint.read_full(std::string(kPrefix) + module + ".lora_B.weight").to(at::kDouble);  // [out, r]
-      tensor = tensor.to(at::kDouble) + at::matmul(b, a) * (lora->alpha / static_cast<double>(lora->rank));
+      tensor = merged_lora_weight(tensor, checkpoint.read_full(std::string(kPrefix) + module + ".lora_A.weight"),
+                                  checkpoint.read_full(std::string(kPrefix) + module + ".lora_B.weight"), *lora);
     }
     writer.write(spec.name, tensor);
     ++summary.tensors;

@@ -53,7 +53,8 @@ std::string settings_of(const fs::path& checkpoint) {
 
 RunIdentity RunIdentity::of(const RunConfig& config) {
   return {fs::absolute(config.model.path).lexically_normal().string(),
-          fs::absolute(config.data.train).lexically_normal().string(), fsdpp::config_hash(config)};
+          config.data.train.empty() ? "" : fs::absolute(config.data.train).lexically_normal().string(),
+          fsdpp::config_hash(config)};
 }
 
 void check_out_dir(const RunConfig& config) {

@@ -8,6 +8,7 @@
 #include "distributed/dist_env.h"
 #include "fsdp/fsdp_state.h"
 #include "io/sharded_checkpoint.h"
+#include "loss/chunked_logprobs.h"
 #include "loss/next_token_loss.h"
 #include "models/registry.h"
 #include "run/out_dir.h"
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -73,7 +75,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   const DistEnv env = DistEnv::from_environment();
   // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
   // leaving mid-rendezvous would make the others report a lost connection instead.
-  rows_ = rows_per_rank(config, env.world_size);
+  if (!config.data.train.empty()) rows_ = rows_per_rank(config, env.world_size);
   check_out_dir(config);
   comm_ = init_distributed(env, config.parallel);
   device_ = comm_->device();
@@ -95,7 +97,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   }
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);
-  batches_ = open_batches(config.data, model_config);
+  if (!config.data.train.empty()) batches_ = open_batches(config.data, model_config);
   config.experts.check_model(model_config, config.file.string());
   // The policy reads a skeleton of the model (no memory): its units shard the run, one rank
   // or many, and its LoRA declaration puts adapters on the model before its values load.
@@ -122,6 +124,10 @@ void Run::shard(const Plan& plan) {
   model.train();
   const int rank = comm_->rank();
   const ResolvedPlan resolved = resolve_plan(plan, model, comm_->size(), config_.model.dtype);
+  // A tied head's weight is the embedding's, named by the path that reaches it first.
+  const std::string head = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const auto& root_params = resolved.units.back().params;
+  head_in_root_ = std::any_of(root_params.begin(), root_params.end(), [&](const auto& p) { return p.name == head; });
   if (rank == 0) {
     const std::string constants = resolved.constant_param_bytes == 0 ? "" : " (" +
         std::to_string(resolved.constant_param_bytes) + " B of them frozen, held in their compute dtype)";
@@ -146,6 +152,7 @@ void Run::shard(const Plan& plan) {
 
 StepFigures Run::step(double lr, bool stop_requested) {
   const TrainConfig& tc = config_.train;
+  config_.require_data();
   optimizer_->zero_grad();
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
   const int64_t step_targets = batches_->draw_step(tc.grad_accum);
@@ -184,8 +191,49 @@ StepFigures Run::step(double lr, bool stop_requested) {
   return figures;
 }
 
+at::Tensor Run::forward(const at::Tensor& input_ids, const DocumentStarts& documents) {
+  const at::Tensor input = to_device(input_ids, device_);
+  return documents.offsets.defined() ? model()(input, documents) : model()(input);
+}
+
+UpdateFigures Run::apply_gradients(double lr, double divisor) {
+  const auto groups = fsdp_->grad_groups();
+  if (divisor != 1.0) {
+    at::NoGradGuard no_grad;
+    for (const auto& group : groups) {
+      for (const auto& param : group.params) {
+        if (param.grad().defined()) param.grad().div_(divisor);
+      }
+    }
+  }
+  const GradClip clip = clip_by_norm(groups, config_.train.clip_grad_norm);
+  fsdp_->reshard_all();  // the next forward must gather the updated shards
+  optimizer_->step(lr, clip);
+  const double norm = clip.norm.to(at::kCPU).item<double>();
+  return {.grad_norm = norm, .stepped = std::isfinite(norm)};
+}
+
+void Run::zero_grad() { optimizer_->zero_grad(); }
+
+at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                         const DocumentStarts& documents) {
+  if (!head_in_root_) {
+    throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
+                    "[policy.options] fused_linear_logprob = true");
+  }
+  if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
+  const at::Tensor input = to_device(input_ids, device_);
+  const at::Tensor hidden = model()(input, FinalHidden{documents});  // [B, T, C]
+  const int64_t rows = hidden.size(0), tokens = hidden.size(1);
+  // About 64 MiB of float32 logits live at a time.
+  const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
+  const at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
+                                           to_device(targets, device_).reshape({-1}), temperature, chunk);
+  return flat.view({rows, tokens});
+}
+
 std::optional<EvalResult> Run::evaluate() {
-  if (!batches_->can_evaluate()) return std::nullopt;
+  if (!batches_ || !batches_->can_evaluate()) return std::nullopt;
   return batches_->evaluate(model(), config_.train.eval_batches * config_.data.batch_size, comm_.get());
 }
 

@@ -22,6 +22,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdpp {
@@ -48,6 +50,12 @@ struct ResumePoint {
   ClientState state;
 };
 
+// What applying the caller's gradients did (Run::apply_gradients), the same on every rank.
+struct UpdateFigures {
+  double grad_norm = 0.0;  // global, after the division and before clipping
+  bool stepped = false;    // false: the norm was not finite and the update was skipped
+};
+
 // A step's figures, the same on every rank.
 struct StepFigures {
   double loss = 0.0;       // the mean over the step's targets on every rank
@@ -72,6 +80,28 @@ class Run {
   // One optimizer step at learning rate `lr` over this rank's rows of the step's micro-batches;
   // `stop_requested`: this rank caught a stop signal, which every rank then learns of.
   StepFigures step(double lr, bool stop_requested);
+  // For a caller that brings its own rows and loss (the Python API), the step in three parts.
+  // The logits [B, T, V] of `input_ids` [B, T] (documents packed into the rows when
+  // `documents` has offsets), with autograd through the units' hooks: a backward from them
+  // reduce-scatters each unit's gradient into its shards, summed over the ranks.
+  at::Tensor forward(const at::Tensor& input_ids, const DocumentStarts& documents);
+  // Applies the gradients the caller's backward calls left: divided by `divisor` (the world
+  // size averages them over the data-parallel ranks), clipped by one global norm, and AdamW
+  // at `lr`; skipped as a whole when the norm is not finite.
+  UpdateFigures apply_gradients(double lr, double divisor);
+  // Per-token log-probabilities [B, T] of `targets` [B, T] int64 after `input_ids` at
+  // `temperature`, from the final hidden states a chunk of tokens at a time, never holding
+  // [B, T, V] logits (loss/chunked_logprobs.h); differentiable as forward is. The output head
+  // must sit in the root unit, which keeps it gathered from forward through backward
+  // ([policy.options] fused_linear_logprob = true).
+  at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                      const DocumentStarts& documents);
+  // Drops every gradient, for the next backward calls to start afresh.
+  void zero_grad();
+  // Unit `unit`'s weights (of units(), in application order) gathered whole, as (HF name,
+  // tensor in `dtype`), LoRA adapters merged into their targets: the names and values
+  // fsdpp export (--merge-lora) writes. A collective: every rank asks for the same unit.
+  std::vector<std::pair<std::string, at::Tensor>> full_weights(size_t unit, at::ScalarType dtype);
   // Held-out evaluation over [train] eval_batches micro-batches (a collective); none where the
   // data holds nothing out.
   std::optional<EvalResult> evaluate();
@@ -122,6 +152,7 @@ class Run {
   std::optional<ExpertBalance> experts_;  // mixture-of-experts models
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
   std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
+  bool head_in_root_ = false;             // the output head's weight belongs to the root unit
 };
 
 }  // namespace fsdpp

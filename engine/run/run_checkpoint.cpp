@@ -36,6 +36,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A checkpoint's data position carries over only to the same stream of windows.
+void check_data_position(const json& saved, const json& data, const std::string& where) {
+  if (saved.is_null()) {
+    throw UserError(where + ": cannot resume this run's data: the checkpoint was saved by a run fed by its caller, "
+                            "with no data position");
+  }
+  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed", "shuffle"}) {
+    if (saved.value(key, json()) != data.value(key, json())) {
+      throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
+                      saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
+                      " (the same window index would name different tokens)");
+    }
+  }
+}
+
 // The moments are saved as "<moment>/<name>" next to "model/<name>".
 constexpr const char* kMoments[] = {"exp_avg", "exp_avg_sq"};
 
@@ -208,10 +223,13 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
     meta["model"]["lora"] = *loaded_.lora;
     meta["model"]["base"] = *base_;  // rank 0's, which alone writes the metadata
   }
-  const auto position = batches_->order().position();
-  meta["data"] = batches_->identity();
-  meta["data"]["epoch"] = position.epoch;
-  meta["data"]["window"] = position.window;
+  meta["data"] = nullptr;  // a run fed by its caller has no data position
+  if (batches_) {
+    const auto position = batches_->order().position();
+    meta["data"] = batches_->identity();
+    meta["data"]["epoch"] = position.epoch;
+    meta["data"]["window"] = position.window;
+  }
   meta["client_state"] = state;
   return meta;
 }
@@ -222,14 +240,7 @@ ResumePoint Run::resume() {
   const json& meta = checkpoint.metadata();
   const std::string where = checkpoint.dir().string();
   const json& saved = meta.at("data");
-  const json data = batches_->identity();
-  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed", "shuffle"}) {
-    if (saved.value(key, json()) != data.value(key, json())) {
-      throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
-                      saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
-                      " (the same window index would name different tokens)");
-    }
-  }
+  if (batches_) check_data_position(saved, batches_->identity(), where);
   if (meta.value("config_hash", "") != config_hash(config_)) {
     log_warn(where, ": written with other settings (", meta.value("config_hash", "?"), ", this run ",
              config_hash(config_), "); resuming anyway");
@@ -246,13 +257,15 @@ ResumePoint Run::resume() {
       state->step.fill_(adam_steps);
     }
   }
-  ShuffledOrder& order = batches_->order();
-  const auto window = saved.at("window").get<int64_t>();
-  if (window > static_cast<int64_t>(order.size())) {
-    throw UserError(where + "/metadata.json: data.window " + std::to_string(window) + " is outside an epoch of " +
-                    std::to_string(order.size()) + " windows");
+  if (batches_) {
+    ShuffledOrder& order = batches_->order();
+    const auto window = saved.at("window").get<int64_t>();
+    if (window > static_cast<int64_t>(order.size())) {
+      throw UserError(where + "/metadata.json: data.window " + std::to_string(window) + " is outside an epoch of " +
+                      std::to_string(order.size()) + " windows");
+    }
+    order.seek({saved.at("epoch").get<uint64_t>(), window});
   }
-  order.seek({saved.at("epoch").get<uint64_t>(), window});
   restore_rng(checkpoint);
   const ReadStats read = checkpoint.read_stats();
   const double rebuild_s = std::chrono::duration<double>(Clock::now() - built_from_).count();

@@ -136,11 +136,15 @@ void RunConfig::check_paths() const {
   };
   check("model", "path", model.path, false);
   if (!model.adapter.empty()) check("model", "adapter", model.adapter, true);
-  check("data", "train", data.train, false);
+  if (!data.train.empty()) check("data", "train", data.train, false);
   if (checkpoint.resume.kind == ResumeFrom::Kind::path) check("checkpoint", "resume", checkpoint.resume.path, false);
   if (policy.name.ends_with(".lua") || policy.name.find('/') != std::string::npos) {
     check("policy", "name", policy.name, false);
   }
+}
+
+void RunConfig::require_data() const {
+  if (data.train.empty()) throw UserError(source.where("data", "train") + ": [data] train: required: the token file to train on");
 }
 
 }  // namespace fsdpp

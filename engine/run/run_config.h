@@ -82,6 +82,8 @@ struct RunConfig {
   // and, for a relative path, the directory it resolves against. Apart from parse, which
   // reads text alone.
   void check_paths() const;
+  // A run that draws its own batches (fsdpp train, fsdpp eval) needs [data] train.
+  void require_data() const;
 };
 
 }  // namespace fsdpp

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The README's snippets as a reader copies them: its policy plans and takes its option, every
-# run file it names exists and plans, and every dtype the README and docs spell is one the
-# parser reads.
+# The README's snippets as a reader copies them: its policy plans and takes its option, its
+# Python steps a run, every run file it names exists and plans, and every dtype the README
+# and docs spell is one the parser reads.
 set -uo pipefail
-: "${FSDPP:?}" "${WORK:?}"
+: "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
 work="$WORK/readme"
 rm -rf "$work" && mkdir -p "$work"
 failures=0
@@ -19,6 +19,12 @@ if "$FSDPP" plan examples/tiny-llama.toml --world 4 --set "policy.name=\"$work/m
 else
   fail "the README policy does not plan: $(tail -1 "$work/plan.err")"
 fi
+
+# The ```python block: the fsdpp package driving a step of the default example.
+awk '/^```python$/ {inside = 1; next} /^```$/ {inside = 0} inside' README.md >"$work/readme.py"
+printf 'assert stepped and grad_norm > 0, (grad_norm, stepped)\n' >>"$work/readme.py"
+PYTHONPATH="$(dirname "$FSDPP")/python" OMP_NUM_THREADS=1 "$PYTHON" "$work/readme.py" >"$work/py.txt" 2>&1 ||
+  fail "the README's Python does not run: $(tail -1 "$work/py.txt")"
 
 # Every examples/*.toml the README names plans as it stands.
 for toml in $(grep -oE 'examples/[a-z0-9_-]+\.toml' README.md | sort -u); do

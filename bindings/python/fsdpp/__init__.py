@@ -1,0 +1,124 @@
+"""fsdpp from Python: the run the fsdpp binary trains, driven by a Python loop.
+
+    run = fsdpp.Run("examples/tiny-llama.toml", overrides={"train.out_dir": "runs/x"})
+    logits = run.model(input_ids)          # [B, T, V], autograd through the sharded units
+    loss = my_loss(logits)                 # any loss the loop computes
+    loss.backward()                        # reduce-scatters each unit's gradient
+    grad_norm, stepped = run.step()        # one global clip, AdamW, the run's schedule
+    run.zero_grad()
+
+A process is one rank: started by torchrun (or fsdpp launch), every rank builds its Run;
+started alone, it is a world of one. Errors in the run file, the policy or the inputs raise
+fsdpp.Error, one line naming the file and key. docs/python.md has the whole API.
+"""
+import json
+import os
+
+import torch  # LibTorch first: the extension links against the copy torch loads
+
+from fsdpp._fsdpp import Error
+from fsdpp._fsdpp import Run as _Run
+
+__all__ = ["Error", "Run"]
+
+
+def _toml_value(key, value):
+    """`value` as TOML text for the override `key`, as --set takes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (str, os.PathLike)):
+        return json.dumps(os.fspath(value))  # a JSON string is a TOML basic string
+    raise Error(f"overrides: {key}: expected a bool, int, float, str or path, got {type(value).__name__}")
+
+
+class Model:
+    """The sharded model: calling it runs forward with autograd through fsdpp's units."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def __call__(self, input_ids, position_ids=None, document_offsets=None):
+        """Logits [B, T, V] of `input_ids` [B, T] int64.
+
+        `document_offsets` [S + 1] int64: documents packed into the rows (offsets into the rows
+        read one after another); attention stays inside each and positions restart at each.
+        Positions are otherwise 0..T-1 in every row, so `position_ids` must be None.
+        """
+        if position_ids is not None:
+            raise Error("position_ids: positions are 0..T-1 in every row, or restart at each of "
+                        "document_offsets; explicit position_ids are not taken")
+        return self._run.forward(input_ids, document_offsets)
+
+    def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None):
+        """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
+        of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
+        temperature) at the targets, computed from the final hidden states a chunk of tokens at
+        a time, so [B, T, V] logits are never held. Its gradient is that of the full
+        computation. The policy must keep lm_head in the root unit
+        ([policy.options] fused_linear_logprob = true)."""
+        return self._run.logprobs(input_ids, targets, float(temperature), document_offsets)
+
+
+class Run:
+    """One rank's training run, built from a run file as `fsdpp train` builds it.
+
+    `overrides` maps dotted keys to values, as --set does for the binary:
+    {"train.out_dir": "runs/x", "policy.options.lora_rank": 8}. The run file's [data] is not
+    read: the loop brings its own rows. `grad_reduction` "mean" averages gradients over the
+    data-parallel ranks (as DDP and FSDP2 do); "sum" leaves them summed.
+    """
+
+    def __init__(self, toml_path, overrides=None, grad_reduction="mean"):
+        sets = [f"{key}={_toml_value(key, value)}" for key, value in (overrides or {}).items()]
+        self._run = _Run(os.fspath(toml_path), sets, grad_reduction)
+        self.model = Model(self._run)
+
+    def step(self):
+        """Applies the gradients of the backward calls since zero_grad: divided as grad_reduction
+        says, clipped by [train] clip_grad_norm over every rank, AdamW at the [scheduler]'s
+        learning rate. Returns (grad_norm, stepped); a norm that is not finite skips the update."""
+        return self._run.step()
+
+    def full_weights(self, dtype=torch.bfloat16):
+        """Yields (HF name, tensor) for every weight, gathered whole one unit at a time (every
+        rank must iterate alike: each unit's gather is a collective), LoRA adapters merged into
+        their targets: the names and values `fsdpp export` writes for this step, ready for an
+        inference engine's load_weights. Beyond the shards, one unit's weights are held at a time."""
+        if not isinstance(dtype, torch.dtype):
+            raise Error(f"full_weights: dtype must be a torch.dtype, got {dtype!r}")
+        name = str(dtype).removeprefix("torch.")
+        for unit in range(self._run.units):
+            yield from self._run.full_weights(unit, name)
+
+    def save(self):
+        """Saves the run at its step count as `fsdpp train` does: a sharded checkpoint under
+        [checkpoint] dir (set it with overrides={"checkpoint.dir": ...}; older ones rotate by
+        keep and max_gb). Every rank calls it. Returns the checkpoint's path, which a later
+        Run (or `fsdpp train`) resumes from with overrides={"checkpoint.resume": path}, at
+        any world size; `fsdpp export` turns it into a Hugging Face directory."""
+        return self._run.save()
+
+    def zero_grad(self):
+        """Drops the gradients, for the next backward calls to start afresh."""
+        self._run.zero_grad()
+
+    @property
+    def rank(self):
+        return self._run.rank
+
+    @property
+    def world_size(self):
+        return self._run.world_size
+
+    @property
+    def steps(self):
+        """Optimizer steps applied so far (a resumed run counts its checkpoint's)."""
+        return self._run.steps
+
+    @property
+    def device(self):
+        return torch.device(self._run.device)

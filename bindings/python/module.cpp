@@ -1,0 +1,197 @@
+// The Python extension _fsdpp: a Run driven from Python, one rank per process, for loops
+// that bring their own rows and loss (RL: log-probabilities, ratios, KL). It is the run the
+// binary builds, from the same run file and policies; fsdpp/__init__.py is its Python face.
+// Every UserError becomes fsdpp.Error, one line naming the file, key or rank.
+#include "bindings/lua/policy.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "io/sharded_checkpoint.h"
+#include "optim/lr_schedule.h"
+#include "run/run.h"
+
+#include <ATen/Parallel.h>
+#include <torch/python.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace fsdpp {
+
+namespace {
+
+// How gradients summed over the ranks become the step's: averaged (as DDP and FSDP2 do) or
+// left summed.
+enum class GradReduction { mean, sum };
+
+GradReduction grad_reduction_named(const std::string& name) {
+  if (name == "mean") return GradReduction::mean;
+  if (name == "sum") return GradReduction::sum;
+  throw UserError("grad_reduction: '" + name + "' is not one of mean, sum");
+}
+
+std::string shape_text(const at::Tensor& t) {
+  std::string text = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  return text + "]";
+}
+
+class PythonRun {
+ public:
+  PythonRun(const std::string& path, const std::vector<std::string>& overrides, const std::string& grad_reduction)
+      : config_(RunConfig::load(path, overrides)),
+        reduction_(grad_reduction_named(grad_reduction)),
+        schedule_(config_.scheduler, config_.optimizer.lr, config_.train.steps) {
+    config_.data.train.clear();  // the loop brings its own rows: [data] is not read
+    config_.check_paths();
+    if (config_.train.threads > 0) at::set_num_threads(static_cast<int>(config_.train.threads));
+    run_ = std::make_unique<Run>(config_, [this](CausalLM& model, int world, int rank) {
+      return run_configured_policy(config_.policy, model, world, rank);
+    });
+    const ResumePoint resumed = run_->resume();
+    steps_ = resumed.step;
+    skipped_steps_ = resumed.state.skipped_steps;
+  }
+
+  // Logits [B, T, V] of input_ids [B, T] int64 (documents packed into the rows from
+  // `document_offsets` [S + 1], offsets into the rows read one after another).
+  at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& document_offsets) {
+    check_input_ids(input_ids);
+    DocumentStarts documents;
+    if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
+    py::gil_scoped_release released;
+    return run_->forward(input_ids, documents);
+  }
+
+  // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
+  // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs).
+  at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                      const std::optional<at::Tensor>& document_offsets) {
+    check_input_ids(input_ids);
+    check_token_ids("targets", targets);
+    if (targets.sizes() != input_ids.sizes()) {
+      throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " + shape_text(targets));
+    }
+    if (!(temperature > 0 && std::isfinite(temperature))) {
+      std::ostringstream given;
+      given << temperature;
+      throw UserError("temperature: must be a positive number, got " + given.str());
+    }
+    DocumentStarts documents;
+    if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
+    py::gil_scoped_release released;
+    return run_->logprobs(input_ids, targets, temperature, documents);
+  }
+
+  // One optimizer step from the gradients the backward calls since zero_grad left:
+  // (global gradient norm before clipping, whether the update was applied).
+  py::tuple step() {
+    const double lr = schedule_.at(steps_ + 1);
+    const double divisor = reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0;
+    UpdateFigures figures;
+    {
+      py::gil_scoped_release released;
+      figures = run_->apply_gradients(lr, divisor);
+    }
+    if (figures.stepped) ++steps_;
+    else ++skipped_steps_;
+    return py::make_tuple(figures.grad_norm, figures.stepped);
+  }
+
+  // Unit `unit`'s weights gathered whole in `dtype` ("bfloat16", ...), LoRA merged.
+  std::vector<std::pair<std::string, at::Tensor>> full_weights(int64_t unit, const std::string& dtype) {
+    if (unit < 0 || unit >= units()) throw UserError("full_weights: no unit " + std::to_string(unit));
+    const at::ScalarType type = parse_dtype(dtype);
+    py::gil_scoped_release released;
+    return run_->full_weights(static_cast<size_t>(unit), type);
+  }
+
+  // Saves the run at its step count as the binary saves it: a sharded checkpoint under
+  // [checkpoint] dir (older ones rotated by keep and max_gb) that `fsdpp train` and `fsdpp
+  // export` read, and that [checkpoint] resume brings back at any world size. Returns its path.
+  std::string save() {
+    {
+      py::gil_scoped_release released;
+      run_->save(steps_, ClientState{.skipped_steps = skipped_steps_});
+    }
+    return checkpoint_path(config_.checkpoint.dir, steps_).string();
+  }
+
+  void zero_grad() { run_->zero_grad(); }
+  int64_t units() const { return static_cast<int64_t>(run_->units()); }
+  int rank() { return run_->comm().rank(); }
+  int world_size() { return run_->comm().size(); }
+  int64_t steps() const { return steps_; }
+  std::string device() const { return run_->device().str(); }
+  int64_t vocab_size() const { return run_->model().config().vocab_size; }
+
+ private:
+  void check_input_ids(const at::Tensor& ids) const { check_token_ids("input_ids", ids); }
+
+  // [batch, tokens] int64 ids of the model's vocabulary.
+  void check_token_ids(const std::string& what, const at::Tensor& ids) const {
+    if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {
+      throw UserError(what + ": expected a [batch, tokens] int64 tensor, got " +
+                      std::string(c10::toString(ids.scalar_type())) + " " + shape_text(ids));
+    }
+    if (ids.numel() == 0) throw UserError(what + ": empty " + shape_text(ids));
+    const int64_t vocab = vocab_size();
+    const int64_t low = ids.min().item<int64_t>(), high = ids.max().item<int64_t>();
+    if (low < 0 || high >= vocab) {
+      throw UserError(what + ": token ids must be in [0, " + std::to_string(vocab) + "), got " +
+                      std::to_string(low < 0 ? low : high));
+    }
+  }
+
+  static at::Tensor checked_offsets(const at::Tensor& offsets, const at::Tensor& ids) {
+    const at::Tensor host = offsets.to(at::kCPU);
+    if (host.dim() != 1 || host.scalar_type() != at::kLong || host.numel() < 2) {
+      throw UserError("document_offsets: expected a [documents + 1] int64 tensor, got " +
+                      std::string(c10::toString(host.scalar_type())) + " " + shape_text(host));
+    }
+    const bool rising = host.numel() < 2 || (host.slice(0, 1) > host.slice(0, 0, -1)).all().item<bool>();
+    if (host[0].item<int64_t>() != 0 || host[-1].item<int64_t>() != ids.numel() || !rising) {
+      throw UserError("document_offsets: must rise from 0 to the " + std::to_string(ids.numel()) +
+                      " tokens of input_ids " + shape_text(ids));
+    }
+    return host;
+  }
+
+  RunConfig config_;
+  GradReduction reduction_;
+  LrSchedule schedule_;
+  std::unique_ptr<Run> run_;
+  int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
+  int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
+};
+
+}  // namespace
+
+}  // namespace fsdpp
+
+PYBIND11_MODULE(_fsdpp, m) {
+  using fsdpp::PythonRun;
+  m.doc() = "fsdpp's Run, driven from Python (see the fsdpp package)";
+  py::register_exception<fsdpp::UserError>(m, "Error");
+  py::class_<PythonRun>(m, "Run")
+      .def(py::init<const std::string&, const std::vector<std::string>&, const std::string&>(), py::arg("path"),
+           py::arg("overrides"), py::arg("grad_reduction"))
+      .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("document_offsets") = py::none())
+      .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature") = 1.0,
+           py::arg("document_offsets") = py::none())
+      .def("step", &PythonRun::step)
+      .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
+      .def("save", &PythonRun::save)
+      .def("zero_grad", &PythonRun::zero_grad)
+      .def_property_readonly("units", &PythonRun::units)
+      .def_property_readonly("rank", &PythonRun::rank)
+      .def_property_readonly("world_size", &PythonRun::world_size)
+      .def_property_readonly("steps", &PythonRun::steps)
+      .def_property_readonly("device", &PythonRun::device)
+      .def_property_readonly("vocab_size", &PythonRun::vocab_size);
+}

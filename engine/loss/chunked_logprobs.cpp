@@ -1,0 +1,73 @@
+// Chunked log-probabilities as an autograd function of the hidden states and the head.
+#include "loss/chunked_logprobs.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+namespace fsdpp {
+
+namespace {
+
+// The dtype log-softmax runs in: float32, or float64 for a float64 model.
+at::ScalarType wide(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
+
+struct ChunkedLogprobs : public torch::autograd::Function<ChunkedLogprobs> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& targets, double temperature, int64_t chunk) {
+    const int64_t n = hidden.size(0);
+    at::Tensor logprobs = at::empty({n}, hidden.options().dtype(wide(hidden.scalar_type())));  // [N]
+    at::Tensor lse = at::empty_like(logprobs);                                                  // [N]
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t length = std::min(chunk, n - begin);
+      const at::Tensor logits = chunk_logits(hidden.narrow(0, begin, length), weight, temperature);  // [n, V]
+      const at::Tensor chunk_lse = logits.logsumexp(-1);
+      lse.narrow(0, begin, length).copy_(chunk_lse);
+      logprobs.narrow(0, begin, length)
+          .copy_(logits.gather(-1, targets.narrow(0, begin, length).unsqueeze(-1)).squeeze(-1) - chunk_lse);
+    }
+    ctx->save_for_backward({hidden, weight, targets, lse});
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+    return logprobs;
+  }
+
+  // d logprob / d logits = onehot(target) - softmax, over each chunk's recomputed logits.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
+    const double temperature = ctx->saved_data["temperature"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const at::Tensor grad = grads[0];  // [N]
+    at::Tensor grad_hidden = at::empty_like(hidden);
+    at::Tensor grad_weight = at::zeros(weight.sizes(), weight.options().dtype(wide(weight.scalar_type())));
+    for (int64_t begin = 0; begin < hidden.size(0); begin += chunk) {
+      const int64_t length = std::min(chunk, hidden.size(0) - begin);
+      const at::Tensor h = hidden.narrow(0, begin, length);
+      at::Tensor d_logits = (chunk_logits(h, weight, temperature) - lse.narrow(0, begin, length).unsqueeze(-1)).exp_();
+      d_logits.neg_().scatter_add_(-1, targets.narrow(0, begin, length).unsqueeze(-1),
+                                   at::ones({length, 1}, d_logits.options()));
+      d_logits.mul_(grad.narrow(0, begin, length).unsqueeze(-1) / temperature);  // [n, V]
+      grad_hidden.narrow(0, begin, length).copy_(d_logits.to(weight.scalar_type()).mm(weight));
+      grad_weight.addmm_(d_logits.t(), h.to(grad_weight.scalar_type()));
+    }
+    return {grad_hidden, grad_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // [n, C] x [V, C] -> [n, V] logits over the temperature, widened for the softmax.
+  static at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& weight, double temperature) {
+    at::Tensor logits = h.mm(weight.t()).to(wide(h.scalar_type()));
+    return temperature == 1.0 ? logits : logits.div_(temperature);
+  }
+};
+
+}  // namespace
+
+at::Tensor chunked_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                            double temperature, int64_t chunk_tokens) {
+  return ChunkedLogprobs::apply(hidden, weight, targets, temperature, chunk_tokens);
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,293 @@
+"""fsdpp.Run driven from Python, against transformers + torch.optim.AdamW in one process.
+
+The same model (transformers-saved Llamas, untied and tied), the same rows and the same
+Python loss, for 5 steps in float64, at world 1 (in this process) and world 2 (two processes
+started by torchrun, each rank taking half of every batch, gradients averaged over the
+ranks). Two losses as RL loops write them: a clipped ratio on log-probabilities taken from
+run.model's logits, and a DPO-style margin on run.model.logprobs (chunked, at a
+temperature), which the reference takes from log_softmax of its full logits.
+- Against transformers: the first step's loss and gradient norm within 1e-6 relative
+  (transformers computes its rotary tables in float32 whatever the model's dtype), and each
+  later step's loss within 1e-3 relative: AdamW moves a weight by about the learning rate
+  whatever its gradient's size, so the tables' rounding grows over steps, while a wrong
+  learning rate, sign or average moves the second step's loss by 1e-1.
+- World 2 against world 1: losses, gradient norms and the full weights within 1e-10, and
+  full_weights names every weight of the transformers model (its tied lm_head aside).
+Then the bad uses: each raises one fsdpp.Error naming what is wrong, and the interpreter
+lives on.
+
+usage: check_python_run.py FIXTURE_DIR WORK_DIR
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+
+STEPS, ROWS, TOKENS = 5, 4, 12
+FIRST_STEP_BOUND, LATER_STEPS_BOUND = 1e-6, 1e-3  # relative, against transformers
+FLOAT64_BOUND = 1e-10                             # world 2 against world 1
+TEMPERATURE = 0.9
+
+
+def write_run_file(work, model_dir):
+    path = os.path.join(work, "run.toml")
+    with open(path, "w") as f:
+        f.write(f"""[model]
+path = "{model_dir}"
+dtype = "float64"
+[optimizer]
+lr = 1e-2
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+[scheduler]
+kind = "constant"
+[train]
+steps = {STEPS}
+clip_grad_norm = 1.0
+threads = 1
+out_dir = "{work}/out"
+reuse_out_dir = true
+""")
+    return path
+
+
+def batches(vocab):
+    """Per step: token rows [ROWS, TOKENS + 1], advantages and old-log-prob offsets [ROWS, TOKENS]."""
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randint(vocab, (ROWS, TOKENS + 1), generator=g),
+             torch.randn(ROWS, TOKENS, generator=g, dtype=torch.float64),
+             0.1 * torch.randn(ROWS, TOKENS, generator=g, dtype=torch.float64)) for _ in range(STEPS)]
+
+
+def clipped_ratio_loss(logp, advantages, offsets):
+    """PPO's clipped objective over every predicted token's log-prob [B, T]. The old log-probs
+    are ln(1/101), a fresh model's over the fixtures' 101 tokens, moved by `offsets`: the
+    ratios spread around 1, some clipped."""
+    ratio = torch.exp(logp - (offsets - math.log(101)))
+    return -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).mean()
+
+
+def margin_loss(logp, advantages, offsets):
+    """DPO's loss over row pairs (chosen, rejected): the sequences' log-prob sums against a
+    reference's, which the offsets stand for."""
+    sums = (logp - offsets).sum(-1)  # [B]
+    return -torch.nn.functional.logsigmoid(0.5 * (sums[0::2] - sums[1::2])).mean()
+
+
+# loss name -> (loss, whether log-probs come from run.model.logprobs at TEMPERATURE)
+LOSSES = {"clipped-ratio": (clipped_ratio_loss, False), "dpo-margin": (margin_loss, True)}
+
+
+def full_logprobs(logits, ids, temperature=1.0):
+    return torch.log_softmax(logits.double() / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T]
+
+
+def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=None, save=False):
+    """This rank's ((losses, grad norms) over `steps`, full weights after them, the checkpoint
+    saved after them when `save`), each rank taking its rows of every batch."""
+    import fsdpp
+    loss_of, chunked = LOSSES[loss_name]
+    run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": chunked, **(overrides or {})})
+    assert (run.rank, run.world_size, run.steps) == (rank, world, steps.start), (run.rank, run.world_size, run.steps)
+    losses, norms = [], []
+    per_rank = ROWS // world
+    for ids, advantages, offsets in batches(run._run.vocab_size)[steps.start:steps.stop]:
+        mine = ids[rank * per_rank:(rank + 1) * per_rank]
+        if chunked:
+            logp = run.model.logprobs(mine[:, :-1], mine[:, 1:], temperature=TEMPERATURE)
+        else:
+            logp = full_logprobs(run.model(mine[:, :-1]), mine)
+        rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        loss = loss_of(logp, advantages[rows], offsets[rows])
+        loss.backward()
+        norm, stepped = run.step()
+        assert stepped
+        run.zero_grad()
+        losses.append(loss.item())
+        norms.append(norm)
+    assert run.steps == steps.stop
+    # Every rank iterates: each unit's gather is a collective.
+    weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+    return (losses, norms), weights, run.save() if save else None
+
+
+def train_reference(model_dir, vocab, loss_name):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    loss_of, chunked = LOSSES[loss_name]
+    temperature = TEMPERATURE if chunked else 1.0
+    losses, norms = [], []
+    for ids, advantages, offsets in batches(vocab):
+        # Two halves, each its own mean, averaged: what two ranks' averaged gradients give.
+        halves = [slice(0, ROWS // 2), slice(ROWS // 2, ROWS)]
+        loss = sum(loss_of(full_logprobs(model(ids[h, :-1]).logits, ids[h], temperature), advantages[h], offsets[h])
+                   for h in halves) / 2
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return (losses, norms), {name: t.detach() for name, t in model.state_dict().items()}
+
+
+def relative_gap(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare_transformers(name, got, want):
+    """(losses, norms) against transformers': the first step's both, the later losses."""
+    (losses, norms), (want_losses, want_norms) = got, want
+    first = max(relative_gap(losses[0], want_losses[0]), relative_gap(norms[0], want_norms[0]))
+    later = max(relative_gap(a, b) for a, b in zip(losses[1:], want_losses[1:]))
+    ok = first <= FIRST_STEP_BOUND and later <= LATER_STEPS_BOUND
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: losses {losses[0]:.6f} .. {losses[-1]:.6f}; against transformers, "
+          f"first step {first:.1e} (bound {FIRST_STEP_BOUND:.0e}), later losses {later:.1e} "
+          f"(bound {LATER_STEPS_BOUND:.0e}), relative")
+    return ok
+
+
+def compare_worlds(name, got, want):
+    """(losses, norms) and full weights at world 2 against world 1's."""
+    (figures, weights), (want_figures, want_weights) = got, want
+    gap = max(max(abs(a - b) for a, b in zip(g, w)) for g, w in zip(figures, want_figures))
+    same_names = set(weights) == set(want_weights)
+    weight_gap = max((weights[k] - want_weights[k]).abs().max().item() for k in weights if k in want_weights)
+    ok = same_names and max(gap, weight_gap) <= FLOAT64_BOUND
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: losses and norms {gap:.1e}, {len(weights)} full weights "
+          f"{weight_gap:.1e} from world 1's (bound {FLOAT64_BOUND:.0e})")
+    return ok
+
+
+def compare_names(name, got, want):
+    """full_weights' names against the transformers model's: a tied model's lm_head.weight is
+    its embedding's, which the export leaves out too."""
+    ok = set(got) <= set(want) and set(want) - set(got) <= {"lm_head.weight"}
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: full_weights names {len(got)} tensors, "
+          f"{'each' if ok else 'NOT each'} a weight of the transformers model")
+    return ok
+
+
+def save_resume_export(run_file, loss_name, work, one, torchrun):
+    """World 1 trains 3 steps and saves; fsdpp export of that checkpoint equals full_weights
+    bitwise; world 2 resumes it for the last 2 steps and ends where world 1 did in one go."""
+    from safetensors.torch import load_file
+    _, weights, saved = train_fsdpp(run_file, loss_name, 0, 1, steps=range(3), save=True)
+    exported = os.path.join(work, "exported")
+    subprocess.run([os.environ["FSDPP"], "export", saved, exported, "--dtype", "float64"], check=True, timeout=120,
+                   stderr=subprocess.DEVNULL)
+    export = load_file(os.path.join(exported, "model.safetensors"))
+    same = set(export) == set(weights) and all(torch.equal(export[k], weights[k]) for k in weights)
+    print(f"{'ok  ' if same else 'FAIL'} {loss_name}: fsdpp export of the step-3 checkpoint saved from Python "
+          f"{'equals' if same else 'DIFFERS from'} full_weights, {len(export)} tensors")
+    out = os.path.join(work, "resumed.json")
+    subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--rank", run_file, loss_name, out,
+                    saved], check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ranks = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    losses = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
+    tail = (one[0][0][3:], one[0][1][3:])
+    resumed = compare_worlds(f"{loss_name}, resumed at world 2 after 3 steps at world 1",
+                             ((losses, ranks[0]["norms"]), torch.load(f"{out}.0.pt")), (tail, one[1]))
+    return same and resumed
+
+
+def bad_uses(run_file):
+    """Each bad use raises fsdpp.Error with its one-line message; the interpreter goes on."""
+    import fsdpp
+    run = fsdpp.Run(run_file)
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    cases = [
+        ("float input_ids", lambda: run.model(ids.float()),
+         "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
+        ("1-D input_ids", lambda: run.model(ids[0]), "input_ids: expected a [batch, tokens] int64 tensor, got Long [5]"),
+        ("a token outside the vocabulary", lambda: run.model(ids + 10_000), "input_ids: token ids must be in [0, "),
+        ("explicit position_ids", lambda: run.model(ids, position_ids=ids), "position_ids: positions are 0..T-1"),
+        ("document offsets that do not cover the rows",
+         lambda: run.model(ids, document_offsets=torch.tensor([0, 4])), "document_offsets: must rise from 0 to the 10"),
+        ("a misspelt run-file key", lambda: fsdpp.Run(run_file, {"train.stpes": 3}),
+         "--set train.stpes=3: [train] stpes: unknown key; did you mean 'steps'?"),
+        ("an override of no TOML type", lambda: fsdpp.Run(run_file, {"train.steps": [3]}),
+         "overrides: train.steps: expected a bool, int, float, str or path, got list"),
+        ("a policy option the policy lacks", lambda: fsdpp.Run(run_file, {"policy.options.lora_rnak": 8}),
+         "[policy.options] lora_rnak: the policy policies/llama.lua has no such option; did you mean 'lora_rank'?"),
+        ("an unknown grad_reduction", lambda: fsdpp.Run(run_file, grad_reduction="avg"),
+         "grad_reduction: 'avg' is not one of mean, sum"),
+        ("logprobs with lm_head in a unit of its own", lambda: run.model.logprobs(ids, ids),
+         "logprobs: the output head must stay in the root unit, gathered until backward: set "
+         "[policy.options] fused_linear_logprob = true"),
+        ("logprobs of targets shaped apart", lambda: run.model.logprobs(ids, ids[:, :3]),
+         "targets: expected the shape of input_ids [2, 5], got [2, 3]"),
+        ("logprobs at temperature 0", lambda: run.model.logprobs(ids, ids, temperature=0),
+         "temperature: must be a positive number, got 0"),
+    ]
+    ok = True
+    for name, call, expected in cases:
+        try:
+            call()
+            message = "no error"
+        except fsdpp.Error as e:
+            message = str(e)
+        good = expected in message and "\n" not in message
+        ok = ok and good
+        print(f"{'ok  ' if good else 'FAIL'} {name}: {message}")
+    # The run still trains after all of that.
+    logits = run.model(ids)
+    logits.sum().backward()
+    norm, stepped = run.step()
+    ok = ok and stepped and norm > 0
+    return ok
+
+
+def main():
+    if sys.argv[1] == "--rank":  # one of torchrun's processes
+        run_file, loss_name, out = sys.argv[2:5]
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        resume = {"checkpoint.resume": sys.argv[5]} if len(sys.argv) > 5 else {}
+        steps = range(3, STEPS) if resume else range(STEPS)
+        (losses, norms), weights, _ = train_fsdpp(run_file, loss_name, rank, world, steps, resume)
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump({"losses": losses, "norms": norms}, f)
+        torch.save(weights, f"{out}.{rank}.pt")
+        return 0
+    fixtures, work = sys.argv[1], sys.argv[2]
+    ok = True
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    for model, loss_name in [("llama_untied", "clipped-ratio"), ("llama_untied", "dpo-margin"),
+                             ("llama_tied_rope3", "dpo-margin")]:
+        case = f"{model}-{loss_name}"
+        os.makedirs(os.path.join(work, case), exist_ok=True)
+        model_dir = os.path.join(fixtures, model)
+        run_file = write_run_file(os.path.join(work, case), model_dir)
+        vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+        want, want_weights = train_reference(model_dir, vocab, loss_name)
+        # World 1: this very process, as a plain script would run it. Its rows are the whole
+        # batch, whose mean loss equals the mean of the two halves' (equal sizes).
+        one = train_fsdpp(run_file, loss_name, 0, 1)[:2]
+        ok &= compare_transformers(f"{case}, world 1 in this process", one[0], want)
+        ok &= compare_names(f"{case}", one[1], want_weights)
+        out = os.path.join(work, case, "world2.json")
+        subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--rank", run_file, loss_name, out],
+                       check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        ranks = [json.load(open(f"{out}.{r}")) for r in range(2)]
+        # Each rank's loss is its half's mean; the step's loss is their average.
+        losses = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
+        ok &= ranks[0]["norms"] == ranks[1]["norms"]
+        two = (losses, ranks[0]["norms"])
+        ok &= compare_transformers(f"{case}, world 2 under torchrun", two, want)
+        for r in range(2):
+            ok &= compare_worlds(f"{case}, world 2 rank {r}", (two, torch.load(f"{out}.{r}.pt")), one)
+        if model == "llama_untied":
+            ok &= save_resume_export(run_file, loss_name, os.path.join(work, case), one, torchrun)
+    ok &= bad_uses(run_file)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
