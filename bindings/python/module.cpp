@@ -122,6 +122,24 @@ class PythonRun {
     return checkpoint_path(config_.checkpoint.dir, steps_).string();
   }
 
+  // Moves the named state ("params", "grads", "optimizer") off the device until reload().
+  void offload(const std::vector<std::string>& what) {
+    Run::Offloaded moved;
+    for (const auto& name : what) {
+      if (name == "params") moved.params = true;
+      else if (name == "grads") moved.grads = true;
+      else if (name == "optimizer") moved.optimizer = true;
+      else throw UserError("offload: '" + name + "' is not one of params, grads, optimizer");
+    }
+    py::gil_scoped_release released;
+    run_->offload(moved);
+  }
+
+  void reload() {
+    py::gil_scoped_release released;
+    run_->reload();
+  }
+
   void zero_grad() { run_->zero_grad(); }
   int64_t units() const { return static_cast<int64_t>(run_->units()); }
   int rank() { return run_->comm().rank(); }
@@ -187,6 +205,8 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def("step", &PythonRun::step)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
       .def("save", &PythonRun::save)
+      .def("offload", &PythonRun::offload, py::arg("what"))
+      .def("reload", &PythonRun::reload)
       .def("zero_grad", &PythonRun::zero_grad)
       .def_property_readonly("units", &PythonRun::units)
       .def_property_readonly("rank", &PythonRun::rank)

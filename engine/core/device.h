@@ -32,6 +32,15 @@ struct DeviceMemory {
   double allocated_gb = 0, reserved_gb = 0;
 };
 std::optional<DeviceMemory> device_peak_memory(c10::Device device);
+// Bytes the device's caching allocator holds for tensors now; none on the CPU.
+std::optional<int64_t> device_memory_in_use(c10::Device device);
+// Returns the device memory the caching allocator holds but no tensor uses to the driver, for
+// another process to allocate (nothing to do on the CPU).
+void release_cached_memory(c10::Device device);
+// A copy of `t` on `device`, in pinned memory when `device` is the host of a GPU run
+// (`pinned`), so copies back run beside the compute.
+at::Tensor moved_to(const at::Tensor& t, c10::Device device, bool pinned);
+
 // The process's peak resident memory in GB.
 double host_peak_memory_gb();
 

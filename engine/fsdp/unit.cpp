@@ -4,6 +4,7 @@
 // gradient arriving means this unit's backward is next (pre-backward: gather again).
 #include "fsdp/unit.h"
 
+#include "core/device.h"
 #include "fsdp/fsdp_state.h"
 
 #include <ATen/ATen.h>
@@ -215,6 +216,32 @@ void FsdpUnit::for_each_full_value(const std::function<void(const std::string&, 
     const at::Tensor full = by_rank.narrow(1, column, p.shard_numel()).reshape({-1}).narrow(0, 0, p.numel());
     visit(p.name, full.view(p.param.sizes()));
     offset += p.shard_numel();
+  }
+}
+
+void FsdpUnit::move_shards(c10::Device device, bool pinned) {
+  TORCH_CHECK(!unsharded_ && !gathered_.defined() && !reduce_.pending(), "unit ", name_, ": moved while in use");
+  at::NoGradGuard no_grad;
+  cast_shard_ = at::Tensor();
+  post_forward_slice_ = at::Tensor();
+  reduced_grads_ = at::Tensor();
+  masters_ = moved_to(masters_, device, pinned);
+  if (constants_.defined()) constants_ = moved_to(constants_, device, pinned);
+  const int64_t held = masters_.numel();
+  int64_t offset = 0;  // in the unit's shard [T]: the masters' M, then the constants
+  for (auto& p : params_) {
+    // set_data keeps each tensor itself: the optimizer's groups and state map hold them.
+    p.local.set_data(offset < held ? masters_.narrow(0, offset, p.shard_numel())
+                                   : constants_.narrow(0, offset - held, p.shard_numel()));
+    p.owned.set_data(p.local.narrow(0, 0, p.owned.numel()).view(p.owned.sizes()));
+    offset += p.shard_numel();
+  }
+}
+
+void FsdpUnit::move_grads(c10::Device device, bool pinned) {
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (p.owned.grad().defined()) p.owned.mutable_grad() = moved_to(p.owned.grad(), device, pinned);
   }
 }
 

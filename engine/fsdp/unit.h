@@ -73,6 +73,15 @@ class FsdpUnit {
   // (a frozen parameter's compute-dtype shard where it has none), gathered over the shard
   // group, whatever dtype the unit computes in. A collective over the shard group.
   void for_each_full_value(const std::function<void(const std::string&, const at::Tensor&)>& visit) const;
+  // Between the phases of a loop that lends the device to another engine (resharded, no
+  // backward in flight): moves the unit's shards, or its owned gradients, to `device` (pinned
+  // when `pinned` and the host), each parameter keeping its tensor, so the optimizer's hold
+  // on it stands; drops the buffers a step keeps for the next one.
+  void move_shards(c10::Device device, bool pinned);
+  void move_grads(c10::Device device, bool pinned);
+  // Where the shards live while the run trains: the host when offloaded by the plan, else the
+  // compute device.
+  c10::Device home() const { return options_.copy_stream ? c10::Device(at::kCPU) : options_.device; }
 
  private:
   void install_hooks();

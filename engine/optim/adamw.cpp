@@ -1,6 +1,7 @@
 // AdamW and gradient clipping.
 #include "optim/adamw.h"
 
+#include "core/device.h"
 #include "distributed/comm.h"
 
 #include <ATen/ATen.h>
@@ -72,6 +73,19 @@ std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const 
   if (it == where_.end()) return std::nullopt;
   const auto [i, j] = it->second;
   return ParamState{state_[i].exp_avg[j], state_[i].exp_avg_sq[j], state_[i].steps[j]};
+}
+
+void AdamW::move_state(std::optional<c10::Device> device, bool pinned) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    for (size_t j = 0; j < groups_[i].params.size(); ++j) {
+      const c10::Device to = device.value_or(groups_[i].params[j].device());
+      for (auto* state : {&state_[i].exp_avg, &state_[i].exp_avg_sq, &state_[i].steps}) {
+        // set_data keeps each tensor itself, as state_of's readers and checkpoints hold it.
+        (*state)[j].set_data(moved_to((*state)[j], to, pinned));
+      }
+    }
+  }
 }
 
 void AdamW::zero_grad() {

@@ -42,6 +42,10 @@ class AdamW {
   void step(double lr, const GradClip& clip = {});
   // Drops every gradient (the next backward makes fresh ones).
   void zero_grad();
+  // Moves the moments and step counts to `device` (pinned when `pinned` and the host), or,
+  // with no device, each next to its parameter: between the phases of a loop that lends the
+  // device to another engine.
+  void move_state(std::optional<c10::Device> device, bool pinned);
   const std::vector<Group>& groups() const { return groups_; }
 
   // The moments and step count of `param` (one of the groups' tensors); nullopt for a tensor

@@ -192,11 +192,13 @@ StepFigures Run::step(double lr, bool stop_requested) {
 }
 
 at::Tensor Run::forward(const at::Tensor& input_ids, const DocumentStarts& documents) {
+  check_loaded("forward", /*params_only=*/true);
   const at::Tensor input = to_device(input_ids, device_);
   return documents.offsets.defined() ? model()(input, documents) : model()(input);
 }
 
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
+  check_loaded("step");
   const auto groups = fsdp_->grad_groups();
   if (divisor != 1.0) {
     at::NoGradGuard no_grad;
@@ -217,6 +219,7 @@ void Run::zero_grad() { optimizer_->zero_grad(); }
 
 at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                          const DocumentStarts& documents) {
+  check_loaded("logprobs", /*params_only=*/true);
   if (!head_in_root_) {
     throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
                     "[policy.options] fused_linear_logprob = true");

@@ -98,6 +98,19 @@ class Run {
                       const DocumentStarts& documents);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
+  // What offload() moves off the device.
+  struct Offloaded {
+    bool params = false, grads = false, optimizer = false;
+    std::string names() const;  // "params, optimizer"
+  };
+  // Between the phases of a loop that lends the device to another engine (run/run_phases.cpp):
+  // moves the parameter shards, their gradients and the optimizer's state, as `what` says, to
+  // host memory (pinned on a GPU) and hands the device memory they held back to the driver;
+  // reload() brings them back where they train, bitwise as they were. In between,
+  // apply_gradients and save refuse, and forward, logprobs and full_weights do while the
+  // parameters are away.
+  void offload(const Offloaded& what);
+  void reload();
   // Unit `unit`'s weights (of units(), in application order) gathered whole, as (HF name,
   // tensor in `dtype`), LoRA adapters merged into their targets: the names and values
   // fsdpp export (--merge-lora) writes. A collective: every rank asks for the same unit.
@@ -153,6 +166,11 @@ class Run {
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
   std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
+  std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()
+
+  // A UserError naming `what` while the run is offloaded (while its parameters are, with
+  // `params_only`: a forward needs nothing else).
+  void check_loaded(const char* what, bool params_only = false) const;
 };
 
 }  // namespace fsdpp

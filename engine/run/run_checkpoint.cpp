@@ -101,6 +101,7 @@ std::string config_hash(const RunConfig& config) {
 bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
 
 void Run::save(int64_t step, const ClientState& state) {
+  check_loaded("save");
   const fs::path root = config_.checkpoint.dir;
   const fs::path final_dir = checkpoint_path(root, step);
   if (fs::exists(final_dir)) {  // the same on every rank: a step is saved once

@@ -5,7 +5,7 @@ towards the better of each prompt's samples.
 
 Each step: PROMPTS prompts ("spell qfip backwards" in the model's chat template), SAMPLES
 completions each, sampled token by token at temperature 1 with plain forward passes of
-run.model (no serving engine); a reward per completion (1 for the exact answer, else half
+run.model (no serving engine), the optimizer's state offloaded meanwhile; a reward per completion (1 for the exact answer, else half
 the share of characters in place); advantages the rewards less their prompt's mean, over
 their prompt's spread; then UPDATES clipped-ratio updates on run.model.logprobs of the
 completion tokens, against the sampling policy's log-probs. Prints the mean reward of each
@@ -82,7 +82,11 @@ def main():
     rewards = []
     for step in range(1, args.steps + 1):
         words, prompts = step_batch(tok, rng)
+        # Sampling needs the weights alone: the optimizer's state leaves the device meanwhile,
+        # as it would for a serving engine's memory.
+        run.offload(("grads", "optimizer"))
         ids, completions, mask = sample(run, prompts, new_tokens=6, end=end)
+        run.reload()
         answers = [tok.decode(c[m], skip_special_tokens=True).strip() for c, m in zip(completions, mask)]
         scores = torch.tensor([reward(a, words[i // SAMPLES]) for i, a in enumerate(answers)])  # [rows]
         groups = scores.view(PROMPTS, SAMPLES)

@@ -102,6 +102,19 @@ class Run:
         any world size; `fsdpp export` turns it into a Hugging Face directory."""
         return self._run.save()
 
+    def offload(self, what=("params", "grads", "optimizer")):
+        """Moves the named state off the device, to host memory (pinned on a GPU), and hands the
+        device memory it held back to the driver: for a serving engine beside the trainer to
+        use while it samples. Until reload(), step and save raise fsdpp.Error, and so do the
+        model, logprobs and full_weights while the params are away. Every rank calls it."""
+        if isinstance(what, str):
+            what = (what,)
+        self._run.offload(list(what))
+
+    def reload(self):
+        """Brings back what offload() moved, bitwise as it was, where the run trains."""
+        self._run.reload()
+
     def zero_grad(self):
         """Drops the gradients, for the next backward calls to start afresh."""
         self._run.zero_grad()

@@ -198,6 +198,53 @@ def save_resume_export(run_file, loss_name, work, one, torchrun):
     return same and resumed
 
 
+def offload_round_trip(run_file):
+    """A step, a backward, offload of everything, reload, the step: bitwise what the same
+    calls give with no offload between; and while offloaded, each use raises fsdpp.Error."""
+    import fsdpp
+    ids, advantages, offsets = batches(101)[0]
+
+    def train(offload_between):
+        run = fsdpp.Run(run_file)
+        figures = []
+        for step in range(2):
+            loss = clipped_ratio_loss(full_logprobs(run.model(ids[:, :-1]), ids), advantages, offsets)
+            loss.backward()  # the gradients are held across the offload
+            if offload_between and step == 1:
+                run.offload()
+                refused = []
+                for name, call in [("forward", lambda: run.model(ids)), ("step", run.step),
+                                   ("full_weights", lambda: next(run.full_weights())), ("save", run.save),
+                                   ("offload", run.offload)]:
+                    try:
+                        call()
+                        refused.append(f"{name}: no error")
+                    except fsdpp.Error as e:
+                        refused.append(str(e))
+                run.reload()
+            figures.append((loss.item(),) + run.step())
+            run.zero_grad()
+        weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+        return figures, weights, refused if offload_between else None
+
+    plain, plain_weights, _ = train(False)
+    moved, moved_weights, refused = train(True)
+    same = plain == moved and all(torch.equal(plain_weights[k], moved_weights[k]) for k in plain_weights)
+    print(f"{'ok  ' if same else 'FAIL'} offload and reload between backward and step: the step and the weights "
+          f"{'bitwise' if same else 'NOT'} as with no offload")
+    expected = ["forward: the run's params, grads, optimizer are offloaded; call reload() first",
+                "step: the run's params, grads, optimizer are offloaded; call reload() first",
+                "full_weights: the run's params, grads, optimizer are offloaded; call reload() first",
+                "save: the run's params, grads, optimizer are offloaded; call reload() first",
+                "offload: the run's params, grads, optimizer are offloaded already; reload() first"]
+    ok = same
+    for got, want in zip(refused, expected):
+        good = got == want
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} while offloaded: {got}")
+    return ok
+
+
 def bad_uses(run_file):
     """Each bad use raises fsdpp.Error with its one-line message; the interpreter goes on."""
     import fsdpp
@@ -217,6 +264,8 @@ def bad_uses(run_file):
          "overrides: train.steps: expected a bool, int, float, str or path, got list"),
         ("a policy option the policy lacks", lambda: fsdpp.Run(run_file, {"policy.options.lora_rnak": 8}),
          "[policy.options] lora_rnak: the policy policies/llama.lua has no such option; did you mean 'lora_rank'?"),
+        ("offloading what a run has not", lambda: run.offload("weights"),
+         "offload: 'weights' is not one of params, grads, optimizer"),
         ("an unknown grad_reduction", lambda: fsdpp.Run(run_file, grad_reduction="avg"),
          "grad_reduction: 'avg' is not one of mean, sum"),
         ("logprobs with lm_head in a unit of its own", lambda: run.model.logprobs(ids, ids),
@@ -285,6 +334,7 @@ def main():
             ok &= compare_worlds(f"{case}, world 2 rank {r}", (two, torch.load(f"{out}.{r}.pt")), one)
         if model == "llama_untied":
             ok &= save_resume_export(run_file, loss_name, os.path.join(work, case), one, torchrun)
+    ok &= offload_round_trip(run_file)
     ok &= bad_uses(run_file)
     return 0 if ok else 1
 

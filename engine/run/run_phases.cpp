@@ -1,0 +1,85 @@
+// What a loop that alternates training with inference (RL, an engine beside the trainer on
+// the same device) asks of the run between its phases: the state moved off the device and
+// back, and the weights handed out whole, one unit at a time, gathered from the masters (a
+// collective), LoRA adapters merged into their targets as fsdpp export --merge-lora merges
+// them, so the names and values are the export's.
+#include "run/run.h"
+
+#include "core/device.h"
+#include "core/error.h"
+#include "fsdp/fsdp_state.h"
+#include "models/lora.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+namespace fsdpp {
+
+std::string Run::Offloaded::names() const {
+  std::string text;
+  for (auto [moved, name] : {std::pair{params, "params"}, {grads, "grads"}, {optimizer, "optimizer"}}) {
+    if (moved) text += (text.empty() ? "" : ", ") + std::string(name);
+  }
+  return text;
+}
+
+void Run::offload(const Offloaded& what) {
+  if (offloaded_) throw UserError("offload: the run's " + offloaded_->names() + " are offloaded already; reload() first");
+  fsdp_->reshard_all();
+  // Pinned on a GPU run, so the copies back run at full speed.
+  const bool pinned = device_.is_cuda();
+  for (const auto& unit : fsdp_->units()) {
+    if (what.params) unit->move_shards(at::kCPU, pinned);
+    if (what.grads) unit->move_grads(at::kCPU, pinned);
+  }
+  if (what.optimizer) optimizer_->move_state(c10::Device(at::kCPU), pinned);
+  offloaded_ = what;
+  release_cached_memory(device_);
+}
+
+void Run::reload() {
+  if (!offloaded_) return;
+  const bool pinned = device_.is_cuda();
+  for (const auto& unit : fsdp_->units()) {
+    if (offloaded_->params) unit->move_shards(unit->home(), pinned);
+    if (offloaded_->grads) unit->move_grads(unit->home(), pinned);
+  }
+  if (offloaded_->optimizer) optimizer_->move_state(std::nullopt, pinned);  // beside the shards again
+  offloaded_.reset();
+}
+
+void Run::check_loaded(const char* what, bool params_only) const {
+  if (offloaded_ && (offloaded_->params || !params_only)) {
+    throw UserError(std::string(what) + ": the run's " + offloaded_->names() + " are offloaded; call reload() first");
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Run::full_weights(size_t unit, at::ScalarType dtype) {
+  check_loaded("full_weights", /*params_only=*/true);
+  const auto& units = fsdp_->units();
+  TORCH_CHECK(unit < units.size(), "full_weights: unit ", unit, " of ", units.size());
+  std::vector<std::pair<std::string, at::Tensor>> gathered;
+  units[unit]->for_each_full_value([&](const std::string& name, const at::Tensor& t) { gathered.emplace_back(name, t); });
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  const auto& lora = loaded_.lora;
+  if (!lora) {
+    for (auto& [name, t] : gathered) weights.emplace_back(name, t.to(dtype));
+    return weights;
+  }
+  // A target's factors are its children, so they share its unit.
+  std::map<std::string, at::Tensor> by_name(gathered.begin(), gathered.end());
+  for (const auto& [name, t] : gathered) {
+    if (is_adapter_parameter(name)) continue;
+    const std::string module = name.substr(0, name.rfind('.'));
+    const auto a = by_name.find(module + ".lora_A.weight"), b = by_name.find(module + ".lora_B.weight");
+    if (name.ends_with(".weight") && a != by_name.end() && b != by_name.end()) {
+      weights.emplace_back(name, merged_lora_weight(t, a->second, b->second, *lora).to(dtype));
+    } else {
+      weights.emplace_back(name, t.to(dtype));
+    }
+  }
+  return weights;
+}
+
+}  // namespace fsdpp
