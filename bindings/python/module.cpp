@@ -131,6 +131,9 @@ class PythonRun {
       else if (name == "optimizer") moved.optimizer = true;
       else throw UserError("offload: '" + name + "' is not one of params, grads, optimizer");
     }
+    if (!moved.params && !moved.grads && !moved.optimizer) {
+      throw UserError("offload: name at least one of params, grads, optimizer");
+    }
     py::gil_scoped_release released;
     run_->offload(moved);
   }

@@ -266,6 +266,7 @@ def bad_uses(run_file):
          "[policy.options] lora_rnak: the policy policies/llama.lua has no such option; did you mean 'lora_rank'?"),
         ("offloading what a run has not", lambda: run.offload("weights"),
          "offload: 'weights' is not one of params, grads, optimizer"),
+        ("offloading nothing", lambda: run.offload(()), "offload: name at least one of params, grads, optimizer"),
         ("an unknown grad_reduction", lambda: fsdpp.Run(run_file, grad_reduction="avg"),
          "grad_reduction: 'avg' is not one of mean, sum"),
         ("logprobs with lm_head in a unit of its own", lambda: run.model.logprobs(ids, ids),
