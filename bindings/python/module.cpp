@@ -3,6 +3,7 @@
 // binary builds, from the same run file and policies; fsdpp/__init__.py is its Python face.
 // Every UserError becomes fsdpp.Error, one line naming the file, key or rank.
 #include "bindings/lua/policy.h"
+#include "core/cpu_kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/sharded_checkpoint.h"
@@ -61,7 +62,7 @@ class PythonRun {
   // Logits [B, T, V] of input_ids [B, T] int64 (documents packed into the rows from
   // `document_offsets` [S + 1], offsets into the rows read one after another).
   at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& document_offsets) {
-    check_input_ids(input_ids);
+    check_token_ids("input_ids", input_ids);
     DocumentStarts documents;
     if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
     py::gil_scoped_release released;
@@ -72,7 +73,7 @@ class PythonRun {
   // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs).
   at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                       const std::optional<at::Tensor>& document_offsets) {
-    check_input_ids(input_ids);
+    check_token_ids("input_ids", input_ids);
     check_token_ids("targets", targets);
     if (targets.sizes() != input_ids.sizes()) {
       throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " + shape_text(targets));
@@ -152,8 +153,6 @@ class PythonRun {
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
 
  private:
-  void check_input_ids(const at::Tensor& ids) const { check_token_ids("input_ids", ids); }
-
   // [batch, tokens] int64 ids of the model's vocabulary.
   void check_token_ids(const std::string& what, const at::Tensor& ids) const {
     if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {
@@ -162,7 +161,8 @@ class PythonRun {
     }
     if (ids.numel() == 0) throw UserError(what + ": empty " + shape_text(ids));
     const int64_t vocab = vocab_size();
-    const int64_t low = ids.min().item<int64_t>(), high = ids.max().item<int64_t>();
+    const at::Tensor range = at::stack({ids.min(), ids.max()}).cpu();  // one wait for the device
+    const int64_t low = range[0].item<int64_t>(), high = range[1].item<int64_t>();
     if (low < 0 || high >= vocab) {
       throw UserError(what + ": token ids must be in [0, " + std::to_string(vocab) + "), got " +
                       std::to_string(low < 0 ? low : high));
@@ -175,7 +175,7 @@ class PythonRun {
       throw UserError("document_offsets: expected a [documents + 1] int64 tensor, got " +
                       std::string(c10::toString(host.scalar_type())) + " " + shape_text(host));
     }
-    const bool rising = host.numel() < 2 || (host.slice(0, 1) > host.slice(0, 0, -1)).all().item<bool>();
+    const bool rising = (host.slice(0, 1) > host.slice(0, 0, -1)).all().item<bool>();
     if (host[0].item<int64_t>() != 0 || host[-1].item<int64_t>() != ids.numel() || !rising) {
       throw UserError("document_offsets: must rise from 0 to the " + std::to_string(ids.numel()) +
                       " tokens of input_ids " + shape_text(ids));
@@ -197,6 +197,9 @@ class PythonRun {
 
 PYBIND11_MODULE(_fsdpp, m) {
   using fsdpp::PythonRun;
+  // The binary's CPU-kernel cap, set at import, before the loop runs a kernel: where the CPU
+  // advertises AMX without enabling it, a bf16 product would end the interpreter.
+  fsdpp::cap_cpu_kernels();
   m.doc() = "fsdpp's Run, driven from Python (see the fsdpp package)";
   py::register_exception<fsdpp::UserError>(m, "Error");
   py::class_<PythonRun>(m, "Run")

@@ -61,14 +61,19 @@ std::optional<std::string> needed_onednn_cap() {
   return fault ? std::optional<std::string>(kOnednnIsaBelowAmx) : std::nullopt;
 }
 
-void settle_cpu_kernels(char** argv) {
-  if (std::getenv(kCheckedVariable) != nullptr) return;
+bool cap_cpu_kernels() {
+  if (std::getenv(kCheckedVariable) != nullptr) return false;
   const auto cap = needed_onednn_cap();
   ::setenv(kCheckedVariable, "1", 1);
-  if (!cap) return;
+  if (!cap) return false;
   log_warn("bf16 matrix kernels fault on this CPU (it advertises AMX without enabling it); oneDNN is capped at ",
            *cap, " (", kOnednnIsaVariable, ")");
   ::setenv(kOnednnIsaVariable, cap->c_str(), 1);
+  return true;
+}
+
+void settle_cpu_kernels(char** argv) {
+  if (!cap_cpu_kernels()) return;
   ::execv("/proc/self/exe", argv);
   // Not re-executed: the cap may still take effect, since oneDNN reads it on first use.
 }

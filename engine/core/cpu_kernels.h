@@ -25,9 +25,13 @@ bool bf16_products_run();
 // or when the environment already sets a cap. Costs a read of /proc/cpuinfo where nothing
 // advertises AMX.
 std::optional<std::string> needed_onednn_cap();
-// Settles the cap before any kernel runs, once per process tree: when one is needed, logs
-// one warning, sets it and re-executes `argv` (this function then does not return). A
-// process it has checked marks the environment, so launched ranks inherit the answer.
+// Settles the cap in this process, once per process tree: when one is needed, logs one
+// warning and sets it, returning true. It holds if no oneDNN kernel has run yet (oneDNN reads
+// the cap on first use), as in a Python process importing the fsdpp package. A process it
+// has checked marks the environment, so launched ranks inherit the answer.
+bool cap_cpu_kernels();
+// The same before any kernel runs, and when a cap was set, re-executes `argv` with it (this
+// function then does not return), so that nothing can have read the environment before.
 void settle_cpu_kernels(char** argv);
 
 }  // namespace fsdpp
