@@ -26,9 +26,17 @@ printf 'assert stepped and grad_norm > 0, (grad_norm, stepped)\n' >>"$work/readm
 PYTHONPATH="$(dirname "$FSDPP")/python" OMP_NUM_THREADS=1 "$PYTHON" "$work/readme.py" >"$work/py.txt" 2>&1 ||
   fail "the README's Python does not run: $(tail -1 "$work/py.txt")"
 
-# Every examples/*.toml the README names plans as it stands.
+# Every examples/*.toml the README names plans as it stands. The chat examples' model is made
+# by scripts/make_sft_example.py, as scripts/sft_example.sh makes it on a fresh machine.
 for toml in $(grep -oE 'examples/[a-z0-9_-]+\.toml' README.md | sort -u); do
-  "$FSDPP" plan "$toml" --world 2 >/dev/null 2>"$work/err.txt" || fail "$toml: $(tail -1 "$work/err.txt")"
+  model_set=()
+  if grep -q '^path = "data/sft/model"' "$toml"; then
+    [ -d "$work/sft/model" ] || "$PYTHON" scripts/make_sft_example.py "$work/sft" >/dev/null 2>&1 ||
+      fail "scripts/make_sft_example.py does not make the chat examples' model"
+    model_set=(--set "model.path=\"$work/sft/model\"")
+  fi
+  "$FSDPP" plan "$toml" --world 2 "${model_set[@]}" >/dev/null 2>"$work/err.txt" ||
+    fail "$toml: $(tail -1 "$work/err.txt")"
 done
 
 # Every quoted word of the README, docs/ and examples/ that names a floating-point dtype.
