@@ -14,6 +14,7 @@
 #include <torch/python.h>
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -112,15 +113,29 @@ class PythonRun {
     return run_->full_weights(static_cast<size_t>(unit), type);
   }
 
-  // Saves the run at its step count as the binary saves it: a sharded checkpoint under
-  // [checkpoint] dir (older ones rotated by keep and max_gb) that `fsdpp train` and `fsdpp
-  // export` read, and that [checkpoint] resume brings back at any world size. Returns its path.
-  std::string save() {
+  // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
+  // (none: [checkpoint] dir; older ones rotated by keep and max_gb) that `fsdpp train` and
+  // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.
+  // Returns its path.
+  std::string save(const std::optional<std::string>& root) {
+    if (root && root->empty()) throw UserError("save: the directory is an empty path");
+    const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
     {
       py::gil_scoped_release released;
-      run_->save(steps_, ClientState{.skipped_steps = skipped_steps_});
+      run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir);
     }
-    return checkpoint_path(config_.checkpoint.dir, steps_).string();
+    return checkpoint_path(dir, steps_).string();
+  }
+
+  // Replaces the parameters, the optimizer's state and the step count with the checkpoint's.
+  void load(const std::string& path) {
+    ResumePoint point;
+    {
+      py::gil_scoped_release released;
+      point = run_->load(path);
+    }
+    steps_ = point.step;
+    skipped_steps_ = point.state.skipped_steps;
   }
 
   // Moves the named state ("params", "grads", "optimizer") off the device until reload().
@@ -210,7 +225,8 @@ PYBIND11_MODULE(_fsdpp, m) {
            py::arg("document_offsets") = py::none())
       .def("step", &PythonRun::step)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
-      .def("save", &PythonRun::save)
+      .def("save", &PythonRun::save, py::arg("root") = py::none())
+      .def("load", &PythonRun::load, py::arg("path"))
       .def("offload", &PythonRun::offload, py::arg("what"))
       .def("reload", &PythonRun::reload)
       .def("zero_grad", &PythonRun::zero_grad)

@@ -118,9 +118,16 @@ class Run {
   // Held-out evaluation over [train] eval_batches micro-batches (a collective); none where the
   // data holds nothing out.
   std::optional<EvalResult> evaluate();
-  // Saves step `step` as a sharded checkpoint under [checkpoint] dir and rotates older ones (a
-  // collective). A step already saved is left as it is.
-  void save(int64_t step, const ClientState& state);
+  // Saves step `step` as a sharded checkpoint under `root` ([checkpoint] dir for the training
+  // loop) and rotates older ones there by [checkpoint] keep and max_gb (a collective). A step
+  // already saved is left as it is.
+  void save(int64_t step, const ClientState& state, const std::filesystem::path& root);
+  // Replaces the parameters, the optimizer's state and the generator with those of the
+  // checkpoint at `dir`, saved at any world size or mesh (a collective): for a caller that keeps
+  // its run built between uses. A checkpoint that does not fit this run (another architecture,
+  // other adapters or base) is refused on every rank before anything is read; a file that fails
+  // to read mid-way is refused on every rank too, leaving the run partly loaded.
+  ResumePoint load(const std::filesystem::path& dir);
   // The run's product after step `step`: the model as an HF directory, or a LoRA run's adapter
   // in PEFT's layout (a collective: each unit gathered in turn, rank 0 writing).
   void export_final(int64_t step);
@@ -140,16 +147,22 @@ class Run {
   void shard(const Plan& plan);
   // Saving (run/run_checkpoint.cpp): whether checkpoints hold a parameter's rows (all but a
   // LoRA run's frozen base); this rank's file, [bytes, checksum, microseconds from `start` to
-  // its commit]; rank 0's metadata and commit, returning the older checkpoints it removed.
+  // its commit]; rank 0's metadata and commit into `root`, returning the older checkpoints it removed.
   bool saves(const ShardRows& shard) const;
   at::Tensor write_rank_file(const std::filesystem::path& staging, const std::vector<ShardRows>& shards,
                              std::chrono::steady_clock::time_point start) const;
   nlohmann::json metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
                           const at::Tensor& files, const at::Tensor& rows) const;
   std::vector<std::filesystem::path> commit(nlohmann::json meta, const std::filesystem::path& staging,
+                                            const std::filesystem::path& root,
                                             const std::filesystem::path& final_dir) const;
-  // Each rank's CPU generator from the checkpoint (rank r % the saved world's at another size).
+  // AdamW's moments and step count from the checkpoint, and each rank's CPU generator (rank
+  // r % the saved world's at another size).
+  void restore_optimizer(const ShardedCheckpoint& checkpoint);
   void restore_rng(const ShardedCheckpoint& checkpoint) const;
+  // UserError unless the checkpoint holds every tensor this run trains, at its full shape, and
+  // the same adapters on the same base.
+  void check_fits(const ShardedCheckpoint& checkpoint) const;
 
   const RunConfig& config_;
   const std::chrono::steady_clock::time_point built_from_;  // when the build began, for the resume's log

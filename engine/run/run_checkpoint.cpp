@@ -24,6 +24,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 
@@ -100,9 +101,8 @@ std::string config_hash(const RunConfig& config) {
 
 bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
 
-void Run::save(int64_t step, const ClientState& state) {
+void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   check_loaded("save");
-  const fs::path root = config_.checkpoint.dir;
   const fs::path final_dir = checkpoint_path(root, step);
   if (fs::exists(final_dir)) {  // the same on every rank: a step is saved once
     // Beside another run ([train] reuse_out_dir), its checkpoint of this step is not ours.
@@ -135,7 +135,7 @@ void Run::save(int64_t step, const ClientState& state) {
 
   if (rank == 0) {
     const auto removed = commit(metadata(step, state, shards, files.view({-1, 3}), rows.view({comm_->size(), -1, 2})),
-                                staging, final_dir);
+                                staging, root, final_dir);
     log_saved(step, final_dir, files.view({-1, 3}), std::chrono::duration<double>(Clock::now() - start).count(),
               removed.size());
   }
@@ -170,7 +170,8 @@ at::Tensor Run::write_rank_file(const fs::path& staging, const std::vector<Shard
                      static_cast<int64_t>(seconds * 1e6)}, at::kLong);
 }
 
-std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::path& final_dir) const {
+std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::path& root,
+                                  const fs::path& final_dir) const {
   const json& raw = model().config().raw ? *model().config().raw : json::object();
   const std::string config_text = raw.dump(2) + "\n";
   write_file_atomically(staging / "config.json", config_text.data(), config_text.size());
@@ -183,8 +184,8 @@ std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::
   fsync_directory(staging);
   failpoint("checkpoint-before-commit");
   fs::rename(staging, final_dir);
-  fsync_directory(config_.checkpoint.dir);
-  return rotate_checkpoints(config_.checkpoint.dir, config_.checkpoint.keep,
+  fsync_directory(root);
+  return rotate_checkpoints(root, config_.checkpoint.keep,
                             static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9));
 }
 
@@ -246,18 +247,8 @@ ResumePoint Run::resume() {
     log_warn(where, ": written with other settings (", meta.value("config_hash", "?"), ", this run ",
              config_hash(config_), "); resuming anyway");
   }
-  at::NoGradGuard no_grad;
   const ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
-  const auto adam_steps = static_cast<double>(meta.at("optimizer").at("steps").get<int64_t>());
-  for (auto& s : fsdp_->shard_rows()) {
-    if (auto state = optimizer_->state_of(s.rows)) {
-      for (int m = 0; m < 2; ++m) {
-        at::Tensor rows = moment(*state, m);  // shares the state's storage: read in place
-        checkpoint.read_rows(std::string(kMoments[m]) + "/" + s.name, rows, s.first_row);
-      }
-      state->step.fill_(adam_steps);
-    }
-  }
+  restore_optimizer(checkpoint);
   if (batches_) {
     ShuffledOrder& order = batches_->order();
     const auto window = saved.at("window").get<int64_t>();
@@ -267,7 +258,6 @@ ResumePoint Run::resume() {
     }
     order.seek({saved.at("epoch").get<uint64_t>(), window});
   }
-  restore_rng(checkpoint);
   const ReadStats read = checkpoint.read_stats();
   const double rebuild_s = std::chrono::duration<double>(Clock::now() - built_from_).count();
   log_info("resume: rank ", comm_->rank(), " read ", read.bytes, " bytes of ", where, " (saved at world ",
@@ -275,6 +265,89 @@ ResumePoint Run::resume() {
            static_cast<double>(read.bytes) / std::max(read.seconds, 1e-9) / 1e9, " GB/s; ", rebuild_s,
            " s to rebuild the run); continuing after step ", point.step);
   return point;
+}
+
+ResumePoint Run::load(const fs::path& dir) {
+  check_loaded("load");
+  if (!ShardedCheckpoint::is_checkpoint(dir)) {
+    throw UserError("load: " + dir.string() + " is not a complete checkpoint (no metadata.json with its " +
+                    kMetadataChecksumFile + ")");
+  }
+  const ShardedCheckpoint checkpoint = ShardedCheckpoint::open(dir);
+  try {
+    check_fits(checkpoint);  // alike on every rank: read from the metadata and the base's files
+  } catch (const UserError& e) {
+    throw UserError(std::string("load: ") + e.what());
+  }
+  // Each rank reads its own rows of other ranks' files: one rank's failure (a corrupt file)
+  // is made every rank's, so that none goes on to a collective the others never reach.
+  std::string failure;
+  try {
+    at::NoGradGuard no_grad;
+    for (auto& s : fsdp_->shard_rows()) {
+      if (checkpoint.contains("model/" + s.name)) checkpoint.read_rows("model/" + s.name, s.rows, s.first_row);
+    }
+    restore_optimizer(checkpoint);
+  } catch (const UserError& e) {
+    failure = e.what();
+  }
+  at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
+  comm_->all_reduce_sum(failed);
+  if (!failure.empty()) throw UserError("load: " + failure + " (the run is now partly loaded)");
+  if (failed.item<int64_t>() > 0) {
+    throw UserError("load: " + dir.string() + ": another rank could not read its rows (its error names the file); "
+                    "the run is now partly loaded");
+  }
+  fsdp_->reshard_all();  // cast shards kept from before hold the old values
+  const json& meta = checkpoint.metadata();
+  return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+}
+
+void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
+  const std::string where = checkpoint.dir().string();
+  const json saved = checkpoint.metadata().value("model", json::object());
+  const json saved_lora = saved.value("lora", json()), lora = loaded_.lora ? json(*loaded_.lora) : json();
+  if (saved_lora != lora) {
+    throw UserError(where + ": holds " + (saved_lora.is_null() ? "no LoRA adapters" : "the LoRA adapters " + saved_lora.dump()) +
+                    ", where this run has " + (lora.is_null() ? "none" : lora.dump()));
+  }
+  const std::vector<ShardRows> shards = fsdp_->shard_rows();
+  for (const auto& key : checkpoint.keys("model/")) {
+    const std::string name = key.substr(sizeof("model/") - 1);
+    if (std::none_of(shards.begin(), shards.end(), [&](const ShardRows& s) { return s.name == name; })) {
+      throw UserError(where + ": holds a tensor '" + name + "' that this run's model has not (another architecture)");
+    }
+  }
+  for (const auto& s : shards) {
+    const std::string key = "model/" + s.name;
+    if (!checkpoint.contains(key)) {
+      // An adapter-only checkpoint leaves its frozen base out, which must then be this run's.
+      if (saves(s) || !saved.contains("base")) throw UserError(where + ": holds no tensor '" + s.name + "'");
+      continue;
+    }
+    if (checkpoint.record(key).shape != s.full_shape) {
+      throw UserError(where + ": tensor '" + s.name + "' is " + c10::str(c10::IntArrayRef(checkpoint.record(key).shape)) +
+                      " there but " + c10::str(c10::IntArrayRef(s.full_shape)) + " in this run (another architecture)");
+    }
+  }
+  if (saved.contains("base")) {
+    saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed), where);
+  }
+}
+
+void Run::restore_optimizer(const ShardedCheckpoint& checkpoint) {
+  at::NoGradGuard no_grad;
+  const auto adam_steps = static_cast<double>(checkpoint.metadata().at("optimizer").at("steps").get<int64_t>());
+  for (auto& s : fsdp_->shard_rows()) {
+    if (auto state = optimizer_->state_of(s.rows)) {
+      for (int m = 0; m < 2; ++m) {
+        at::Tensor rows = moment(*state, m);  // shares the state's storage: read in place
+        checkpoint.read_rows(std::string(kMoments[m]) + "/" + s.name, rows, s.first_row);
+      }
+      state->step.fill_(adam_steps);
+    }
+  }
+  restore_rng(checkpoint);
 }
 
 void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {

@@ -125,7 +125,7 @@ void after_step(Run& run, int64_t step, bool stopping, MetricsSink* metrics, con
   }
   const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
   const bool last = config.checkpoint.save_final && step == tc.steps;
-  if (periodic || last || stopping) run.save(step, state);
+  if (periodic || last || stopping) run.save(step, state, config.checkpoint.dir);
 }
 
 }  // namespace

@@ -94,13 +94,22 @@ class Run:
         for unit in range(self._run.units):
             yield from self._run.full_weights(unit, name)
 
-    def save(self):
-        """Saves the run at its step count as `fsdpp train` does: a sharded checkpoint under
-        [checkpoint] dir (set it with overrides={"checkpoint.dir": ...}; older ones rotate by
-        keep and max_gb). Every rank calls it. Returns the checkpoint's path, which a later
-        Run (or `fsdpp train`) resumes from with overrides={"checkpoint.resume": path}, at
-        any world size; `fsdpp export` turns it into a Hugging Face directory."""
-        return self._run.save()
+    def save(self, dir=None):
+        """Saves the run at its step count as `fsdpp train` does: a sharded checkpoint
+        step-NNNNNNNN under `dir` (None: the run file's [checkpoint] dir); older ones there
+        rotate by [checkpoint] keep and max_gb. Every rank calls it. Returns the checkpoint's
+        path, which load() reads back into a built Run, and a later Run (or `fsdpp train`)
+        resumes from with overrides={"checkpoint.resume": path}, at any world size;
+        `fsdpp export` turns it into a Hugging Face directory."""
+        return self._run.save(None if dir is None else os.fspath(dir))
+
+    def load(self, path):
+        """Replaces the parameters, the optimizer's state and the step count with those of the
+        checkpoint at `path` (one save() returned, or `fsdpp train` wrote), saved at any world
+        size: each rank reads its rows of the current sharding. Every rank calls it. A
+        checkpoint of another architecture, other adapters or another base raises fsdpp.Error
+        before anything is read."""
+        self._run.load(os.fspath(path))
 
     def offload(self, what=("params", "grads", "optimizer")):
         """Moves the named state off the device, to host memory (pinned on a GPU), and hands the

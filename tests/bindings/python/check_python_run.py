@@ -21,6 +21,7 @@ usage: check_python_run.py FIXTURE_DIR WORK_DIR
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,14 +33,14 @@ FLOAT64_BOUND = 1e-10                             # world 2 against world 1
 TEMPERATURE = 0.9
 
 
-def write_run_file(work, model_dir):
+def write_run_file(work, model_dir, dtype="float64", lr=1e-2):
     path = os.path.join(work, "run.toml")
     with open(path, "w") as f:
         f.write(f"""[model]
 path = "{model_dir}"
-dtype = "float64"
+dtype = "{dtype}"
 [optimizer]
-lr = 1e-2
+lr = {lr}
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
@@ -86,12 +87,15 @@ def full_logprobs(logits, ids, temperature=1.0):
     return torch.log_softmax(logits.double() / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T]
 
 
-def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=None, save=False):
+def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=None, save=None, load=None):
     """This rank's ((losses, grad norms) over `steps`, full weights after them, the checkpoint
-    saved after them when `save`), each rank taking its rows of every batch."""
+    saved after them under the directory `save` names), each rank taking its rows of every
+    batch; with `load`, a checkpoint loaded into the built run first."""
     import fsdpp
     loss_of, chunked = LOSSES[loss_name]
     run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": chunked, **(overrides or {})})
+    if load:
+        run.load(load)
     assert (run.rank, run.world_size, run.steps) == (rank, world, steps.start), (run.rank, run.world_size, run.steps)
     losses, norms = [], []
     per_rank = ROWS // world
@@ -112,7 +116,7 @@ def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=
     assert run.steps == steps.stop
     # Every rank iterates: each unit's gather is a collective.
     weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
-    return (losses, norms), weights, run.save() if save else None
+    return (losses, norms), weights, run.save(save) if save else None
 
 
 def train_reference(model_dir, vocab, loss_name):
@@ -177,9 +181,13 @@ def compare_names(name, got, want):
 
 def save_resume_export(run_file, loss_name, work, one, torchrun):
     """World 1 trains 3 steps and saves; fsdpp export of that checkpoint equals full_weights
-    bitwise; world 2 resumes it for the last 2 steps and ends where world 1 did in one go."""
+    bitwise; a world-1 run resumed from it by its run file's [checkpoint] resume, and a world-2
+    run that loads it with run.load, each train the last 2 steps and end where world 1 did in
+    one go."""
     from safetensors.torch import load_file
-    _, weights, saved = train_fsdpp(run_file, loss_name, 0, 1, steps=range(3), save=True)
+    _, weights, saved = train_fsdpp(run_file, loss_name, 0, 1, steps=range(3), save=os.path.join(work, "saved"))
+    placed = saved == os.path.join(work, "saved", "step-00000003")
+    print(f"{'ok  ' if placed else 'FAIL'} {loss_name}: run.save(dir) returned {saved}")
     exported = os.path.join(work, "exported")
     subprocess.run([os.environ["FSDPP"], "export", saved, exported, "--dtype", "float64"], check=True, timeout=120,
                    stderr=subprocess.DEVNULL)
@@ -187,15 +195,18 @@ def save_resume_export(run_file, loss_name, work, one, torchrun):
     same = set(export) == set(weights) and all(torch.equal(export[k], weights[k]) for k in weights)
     print(f"{'ok  ' if same else 'FAIL'} {loss_name}: fsdpp export of the step-3 checkpoint saved from Python "
           f"{'equals' if same else 'DIFFERS from'} full_weights, {len(export)} tensors")
-    out = os.path.join(work, "resumed.json")
+    tail = (one[0][0][3:], one[0][1][3:])
+    resumed = compare_worlds(f"{loss_name}, resumed at world 1 after 3 steps",
+                             train_fsdpp(run_file, loss_name, 0, 1, range(3, STEPS), {"checkpoint.resume": saved})[:2],
+                             (tail, one[1]))
+    out = os.path.join(work, "loaded.json")
     subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--rank", run_file, loss_name, out,
                     saved], check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     ranks = [json.load(open(f"{out}.{r}")) for r in range(2)]
     losses = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"])]
-    tail = (one[0][0][3:], one[0][1][3:])
-    resumed = compare_worlds(f"{loss_name}, resumed at world 2 after 3 steps at world 1",
-                             ((losses, ranks[0]["norms"]), torch.load(f"{out}.0.pt")), (tail, one[1]))
-    return same and resumed
+    loaded = compare_worlds(f"{loss_name}, loaded by run.load at world 2 after 3 steps at world 1",
+                            ((losses, ranks[0]["norms"]), torch.load(f"{out}.0.pt")), (tail, one[1]))
+    return placed and same and resumed and loaded
 
 
 def offload_round_trip(run_file):
@@ -245,11 +256,15 @@ def offload_round_trip(run_file):
     return ok
 
 
-def bad_uses(run_file):
-    """Each bad use raises fsdpp.Error with its one-line message; the interpreter goes on."""
+def bad_uses(run_file, other_model_dir, work):
+    """Each bad use of the run of `run_file` (the tied model's) raises fsdpp.Error with its
+    one-line message; the interpreter goes on."""
     import fsdpp
     run = fsdpp.Run(run_file)
     ids = torch.zeros(2, 5, dtype=torch.long)
+    shutil.rmtree(os.path.join(work, "other"), ignore_errors=True)  # a rerun's
+    os.makedirs(os.path.join(work, "other"))
+    other = fsdpp.Run(write_run_file(os.path.join(work, "other"), other_model_dir)).save(os.path.join(work, "other"))
     cases = [
         ("float input_ids", lambda: run.model(ids.float()),
          "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
@@ -276,6 +291,11 @@ def bad_uses(run_file):
          "targets: expected the shape of input_ids [2, 5], got [2, 3]"),
         ("logprobs at temperature 0", lambda: run.model.logprobs(ids, ids, temperature=0),
          "temperature: must be a positive number, got 0"),
+        ("loading a directory that holds no checkpoint", lambda: run.load(work),
+         f"load: {work} is not a complete checkpoint (no metadata.json with its metadata.crc32c)"),
+        ("loading an untied model's checkpoint into a tied one", lambda: run.load(other),
+         f"load: {other}: holds a tensor 'lm_head.weight' that this run's model has not (another architecture)"),
+        ("saving to an empty path", lambda: run.save(""), "save: the directory is an empty path"),
     ]
     ok = True
     for name, call, expected in cases:
@@ -299,9 +319,9 @@ def main():
     if sys.argv[1] == "--rank":  # one of torchrun's processes
         run_file, loss_name, out = sys.argv[2:5]
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        resume = {"checkpoint.resume": sys.argv[5]} if len(sys.argv) > 5 else {}
-        steps = range(3, STEPS) if resume else range(STEPS)
-        (losses, norms), weights, _ = train_fsdpp(run_file, loss_name, rank, world, steps, resume)
+        load = sys.argv[5] if len(sys.argv) > 5 else None
+        steps = range(3, STEPS) if load else range(STEPS)
+        (losses, norms), weights, _ = train_fsdpp(run_file, loss_name, rank, world, steps, load=load)
         with open(f"{out}.{rank}", "w") as f:
             json.dump({"losses": losses, "norms": norms}, f)
         torch.save(weights, f"{out}.{rank}.pt")
@@ -336,7 +356,7 @@ def main():
         if model == "llama_untied":
             ok &= save_resume_export(run_file, loss_name, os.path.join(work, case), one, torchrun)
     ok &= offload_round_trip(run_file)
-    ok &= bad_uses(run_file)
+    ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     return 0 if ok else 1
 
 
