@@ -67,7 +67,7 @@ class PythonRun {
     DocumentStarts documents;
     if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
     py::gil_scoped_release released;
-    return run_->forward(input_ids, documents);
+    return run_->forward(input_ids, documents, grad_divisor());
   }
 
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
@@ -87,18 +87,17 @@ class PythonRun {
     DocumentStarts documents;
     if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
     py::gil_scoped_release released;
-    return run_->logprobs(input_ids, targets, temperature, documents);
+    return run_->logprobs(input_ids, targets, temperature, documents, grad_divisor());
   }
 
   // One optimizer step from the gradients the backward calls since zero_grad left:
   // (global gradient norm before clipping, whether the update was applied).
   py::tuple step() {
     const double lr = schedule_.at(steps_ + 1);
-    const double divisor = reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0;
     UpdateFigures figures;
     {
       py::gil_scoped_release released;
-      figures = run_->apply_gradients(lr, divisor);
+      figures = run_->apply_gradients(lr, grad_divisor());
     }
     if (figures.stepped) ++steps_;
     else ++skipped_steps_;
@@ -168,6 +167,9 @@ class PythonRun {
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
 
  private:
+  // What step() divides the gradients summed over the ranks by.
+  double grad_divisor() { return reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0; }
+
   // [batch, tokens] int64 ids of the model's vocabulary.
   void check_token_ids(const std::string& what, const at::Tensor& ids) const {
     if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {

@@ -28,7 +28,7 @@ ExpertBalance::ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, 
       bias_names_(std::move(bias_names)),
       micro_batches_(micro_batches) {}
 
-at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm) {
+at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm, double gradient_scale) {
   // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
   // and the router rows, all as float64 (counts are exact in it far past any batch). The
   // sums stay on the routers' device until then: one transfer, not one per layer.
@@ -52,7 +52,8 @@ at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm) {
   step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
   aux_sum_ += (global_counts * global.narrow(0, L * E, E)).sum().item<double>() * static_cast<double>(E) /
               (global_rows * global_rows);
-  return add_load_balancing_loss(log, global_counts, global_rows, coefficient_ / static_cast<double>(micro_batches_));
+  const double weight = coefficient_ / static_cast<double>(micro_batches_);
+  return add_load_balancing_loss(log, global_counts, global_rows, weight * gradient_scale) / gradient_scale;
 }
 
 void ExpertBalance::update_routing_bias(ShardedView& view) const {

@@ -38,8 +38,10 @@ class ExpertBalance {
 
   // Adds the micro-batch's weighted load-balancing loss, divided over the step's
   // micro-batches, to its coming backward; returns this rank's share of its value (0-dim, no
-  // grad). A collective over `comm`.
-  at::Tensor micro_batch_loss(RoutingLog& log, Comm& comm);
+  // grad). A collective over `comm`. The shares' gradients sum over the ranks to the loss's;
+  // `gradient_scale` multiplies them for a caller that divides the summed gradients after
+  // (by the world size, to average them).
+  at::Tensor micro_batch_loss(RoutingLog& log, Comm& comm, double gradient_scale = 1.0);
   // After the optimizer step: moves each routing bias by bias_update_rate toward balance, in
   // this rank's rows of `view`, from the step's counts over every rank (so every rank moves
   // its rows alike).

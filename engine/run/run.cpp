@@ -191,10 +191,17 @@ StepFigures Run::step(double lr, bool stop_requested) {
   return figures;
 }
 
-at::Tensor Run::forward(const at::Tensor& input_ids, const DocumentStarts& documents) {
+at::Tensor Run::forward(const at::Tensor& input_ids, const DocumentStarts& documents, double grad_divisor) {
   check_loaded("forward", /*params_only=*/true);
   const at::Tensor input = to_device(input_ids, device_);
-  return documents.offsets.defined() ? model()(input, documents) : model()(input);
+  at::Tensor logits = documents.offsets.defined() ? model()(input, documents) : model()(input);
+  balance_experts(grad_divisor);
+  return logits;
+}
+
+void Run::balance_experts(double grad_divisor) {
+  // Sampling runs without autograd, and may run a different number of forwards on each rank.
+  if (experts_ && at::GradMode::is_enabled()) experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor);
 }
 
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
@@ -212,13 +219,17 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
   fsdp_->reshard_all();  // the next forward must gather the updated shards
   optimizer_->step(lr, clip);
   const double norm = clip.norm.to(at::kCPU).item<double>();
+  if (experts_) {
+    if (std::isfinite(norm)) experts_->update_routing_bias(*fsdp_);
+    experts_->finish_step();
+  }
   return {.grad_norm = norm, .stepped = std::isfinite(norm)};
 }
 
 void Run::zero_grad() { optimizer_->zero_grad(); }
 
 at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                         const DocumentStarts& documents) {
+                         const DocumentStarts& documents, double grad_divisor) {
   check_loaded("logprobs", /*params_only=*/true);
   if (!head_in_root_) {
     throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
@@ -227,6 +238,7 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
   if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
   const at::Tensor input = to_device(input_ids, device_);
   const at::Tensor hidden = model()(input, FinalHidden{documents});  // [B, T, C]
+  balance_experts(grad_divisor);
   const int64_t rows = hidden.size(0), tokens = hidden.size(1);
   // About 64 MiB of float32 logits live at a time.
   const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);

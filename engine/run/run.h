@@ -83,11 +83,16 @@ class Run {
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
   // The logits [B, T, V] of `input_ids` [B, T] (documents packed into the rows when
   // `documents` has offsets), with autograd through the units' hooks: a backward from them
-  // reduce-scatters each unit's gradient into its shards, summed over the ranks.
-  at::Tensor forward(const at::Tensor& input_ids, const DocumentStarts& documents);
+  // reduce-scatters each unit's gradient into its shards, summed over the ranks. With
+  // autograd on, a mixture-of-experts model's routing is then summed over the ranks (a
+  // collective): its load-balancing loss joins the coming backward, weighted by
+  // `grad_divisor` (what apply_gradients will divide by) to survive that division, and its
+  // counts join the step's for the routing-bias update.
+  at::Tensor forward(const at::Tensor& input_ids, const DocumentStarts& documents, double grad_divisor);
   // Applies the gradients the caller's backward calls left: divided by `divisor` (the world
   // size averages them over the data-parallel ranks), clipped by one global norm, and AdamW
-  // at `lr`; skipped as a whole when the norm is not finite.
+  // at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts model's
+  // routing biases then move as the step's routing asks ([experts] bias_update_rate).
   UpdateFigures apply_gradients(double lr, double divisor);
   // Per-token log-probabilities [B, T] of `targets` [B, T] int64 after `input_ids` at
   // `temperature`, from the final hidden states a chunk of tokens at a time, never holding
@@ -95,7 +100,7 @@ class Run {
   // must sit in the root unit, which keeps it gathered from forward through backward
   // ([policy.options] fused_linear_logprob = true).
   at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                      const DocumentStarts& documents);
+                      const DocumentStarts& documents, double grad_divisor);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.
@@ -181,6 +186,8 @@ class Run {
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
   std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()
 
+  // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward).
+  void balance_experts(double grad_divisor);
   // A UserError naming `what` while the run is offloaded (while its parameters are, with
   // `params_only`: a forward needs nothing else).
   void check_loaded(const char* what, bool params_only = false) const;
