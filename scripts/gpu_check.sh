@@ -16,7 +16,10 @@
 #                         scripts/bench_fsdp.py on the GPU, fsdpp against PyTorch's
 #                         fully_shard: the 1B Llama plain, with activation checkpointing,
 #                         offloaded, and the 1.4B Qwen3-MoE (all four unless named)
-#   gpu_check.sh all      the four in turn
+#   gpu_check.sh python   the Python package on the GPU (tests/bindings/python/
+#                         check_offload_device.py): offload() hands the device memory back,
+#                         reload() brings the state back bitwise, full_weights' peak bounded
+#   gpu_check.sh all      units, parity and bench in turn
 # parity and bench build first when build-gpu/fsdpp is missing, and make the corpus when
 # data/licenses.tok is. Logs go to $OUT when it is set, else to build-gpu/.
 set -euo pipefail
@@ -58,7 +61,7 @@ build() {
     -DProtobuf_INCLUDE_DIR="$prefix/usr/include" -DProtobuf_LIBRARY="$lib/libprotobuf.so" \
     -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc" -DCLI11_DIR="$prefix/usr/share/cmake/CLI11" \
     -DCatch2_DIR="$prefix/usr/lib/cmake/Catch2"
-  ninja -C build-gpu -j "$(nproc)" fsdpp fsdpp_tests
+  ninja -C build-gpu -j "$(nproc)" fsdpp fsdpp_tests fsdpp_python
   readelf -d "$fsdpp" | grep -q 'NEEDED.*libtorch_cuda' || { echo "gpu_check: $fsdpp does not link libtorch_cuda" >&2; exit 1; }
 }
 
@@ -111,11 +114,19 @@ bench() {
   done
 }
 
+# The package from build-gpu/ where this machine built it, else from a carried build/.
+python_api() {
+  local package="$root/build-gpu/python"
+  [ -d "$package/fsdpp" ] || package="$root/build/python"
+  PYTHONPATH="$package" OMP_NUM_THREADS=8 "$python" tests/bindings/python/check_offload_device.py "$out/python-work"
+}
+
 case "${1:-}" in
   build) build 2>&1 | tee "$out/build.log" ;;
   units) units 2>&1 | tee "$out/units.log" ;;
   parity) parity 2>&1 | tee "$out/parity.log" ;;
   bench) shift; bench "$@" 2>&1 | tee "$out/bench.log" ;;
+  python) python_api 2>&1 | tee "$out/python.log" ;;
   all) { units; parity; bench; } 2>&1 | tee "$out/all.log" ;;
-  *) echo "usage: gpu_check.sh build|units|parity|bench|all" >&2; exit 2 ;;
+  *) echo "usage: gpu_check.sh build|units|parity|bench|python|all" >&2; exit 2 ;;
 esac
