@@ -85,25 +85,25 @@ def run_fsdpp(args, tmp, gpu):
     return out_dir, peaks
 
 
-def run_torch(args, tmp, gpu):
-    out_dir = os.path.join(tmp, "pytorch")
+def run_torch(args, tmp, gpu, compiled=False):
+    out_dir = os.path.join(tmp, "pytorch-compiled" if compiled else "pytorch")
     port = free_port()
     procs, logs = [], []
     for rank in range(args.world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        logs.append(os.path.join(tmp, f"pytorch-rank{rank}.log"))
+        logs.append(os.path.join(out_dir + f"-rank{rank}.log"))
         cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", "--config", args.config,
                "--steps", str(args.steps), "--threads", str(args.threads), "--out-dir", out_dir,
                "--init-dir", args.init_dir, "--device", args.device]
         if args.param_dtype:
             cmd += ["--param-dtype", args.param_dtype]
         cmd += ["--activation-checkpoint"] * args.activation_checkpoint + ["--offload"] * args.offload
-        cmd += ["--profile-step", str(args.profile_step)]
+        cmd += ["--profile-step", str(args.profile_step)] + ["--compile"] * compiled
         if args.lora_rank:
             cmd += ["--lora-rank", str(args.lora_rank), "--adapter-dir", args.adapter_dir]
         procs.append(start(cmd, logs[-1], env))
-    peaks = supervise("pytorch fully_shard", procs,
+    peaks = supervise("pytorch fully_shard" + " compiled" * compiled, procs,
                       lambda: {r: p.pid for r, p in enumerate(procs)}, logs, args.world, gpu)
     return out_dir, peaks
 
@@ -166,9 +166,13 @@ def bench(args):
     tmp = tempfile.mkdtemp(prefix="fsdpp-bench-fsdp-")  # kept on failure for its logs
     args.init_dir, n_params, hf_config = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
     if args.lora_rank:
-        args.adapter_dir = write_initial_adapter(args.init_dir, args.lora_rank, os.path.join(tmp, "initial-adapter"))
+        args.adapter_dir = write_initial_adapter(args.init_dir, args.lora_rank, args.lora_targets.split(","),
+                                                 os.path.join(tmp, "initial-adapter"))
     results = {}
-    for name, run in (("fsdpp", run_fsdpp), ("pytorch", run_torch)):
+    engines = [("fsdpp", run_fsdpp), ("pytorch", run_torch)]
+    if args.compile:
+        engines.append(("compiled", lambda a, t, g: run_torch(a, t, g, compiled=True)))
+    for name, run in engines:
         print(f"running {name} at world {args.world} on {gpu.name if gpu else 'the CPU'} ({args.steps} steps, "
               f"{args.threads} thread(s) per rank, compute in {args.param_dtype or get(cfg, 'model.dtype', 'float32')}"
               f"{f', LoRA rank {args.lora_rank}' if args.lora_rank else ', every parameter trained'})...", flush=True)
@@ -195,10 +199,15 @@ def bench(args):
               + f"{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
     f, t = results["fsdpp"], results["pytorch"]
     print()
-    print(f"step time ratio (fsdpp / pytorch fully_shard): {f['step_s'] / t['step_s']:.2f}x")
-    for rank in ranks:
-        print(f"peak {memory.split()[0]} ratio rank {rank} (fsdpp / pytorch fully_shard): "
-              f"{f['memory'][rank] / t['memory'][rank]:.2f}x")
+    for peer, title in (("pytorch", "pytorch fully_shard"), ("compiled", "fully_shard + compiled layers")):
+        if peer not in results:
+            continue
+        p = results[peer]
+        print(f"step time ratio (fsdpp / {title}): {f['step_s'] / p['step_s']:.2f}x; tokens/s ratio "
+              f"{f['tokens_per_s'] / p['tokens_per_s']:.2f}x")
+        for rank in ranks:
+            print(f"peak {memory.split()[0]} ratio rank {rank} (fsdpp / {title}): "
+                  f"{f['memory'][rank] / p['memory'][rank]:.2f}x")
     if gpu:
         flops = flops_per_token(n_params, hf_config, seq_len)
         for name, r in results.items():
@@ -209,9 +218,11 @@ def bench(args):
     # different work.
     print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
           f"grad norm: fsdpp {f['first_grad_norm']:.6f}, pytorch fully_shard {t['first_grad_norm']:.6f}")
-    check_trained_alike(f["losses"], t["losses"],
-                        BF16_LOSS_TOLERANCE if args.param_dtype == "bfloat16" else LOSS_TOLERANCE,
-                        moe=routed_experts(hf_config) > 0)
+    for peer in ("pytorch", "compiled"):
+        if peer in results:
+            check_trained_alike(f["losses"], results[peer]["losses"],
+                                BF16_LOSS_TOLERANCE if args.param_dtype == "bfloat16" else LOSS_TOLERANCE,
+                                moe=routed_experts(hf_config) > 0)
 
 
 if __name__ == "__main__":
@@ -240,5 +251,10 @@ if __name__ == "__main__":
                                   "help": "train LoRA adapters of this rank on the attention projections, the base "
                                           "frozen: fsdpp from a PEFT adapter, the peer with peft (default: full "
                                           "fine-tuning)"}),
+                 ("--lora-targets", {"default": "q_proj,k_proj,v_proj,o_proj",
+                                     "help": "comma-separated modules the adapters go on (default: %(default)s)"}),
+                 ("--compile", {"action": "store_true",
+                                "help": "also run the peer with each decoder layer torch.compile'd before "
+                                        "fully_shard (torchtitan's recipe)"}),
                  ("--adapter-dir", {"help": argparse.SUPPRESS}),
              ])

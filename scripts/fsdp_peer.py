@@ -23,12 +23,7 @@ def load_config(path, steps):
 # ---------------------------------------------------------------- PyTorch FSDP2 worker
 
 
-# LoRA targets of the benchmark's adapters: the attention projections (the shipped policies'
-# default lora_targets).
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
-def write_initial_adapter(init_dir, rank, out_dir):
+def write_initial_adapter(init_dir, rank, targets, out_dir):
     """A fresh PEFT adapter on the initial model (B zero, A as peft draws it), which both
     engines start from: the same initial A makes their losses comparable step by step."""
     import torch
@@ -37,12 +32,12 @@ def write_initial_adapter(init_dir, rank, out_dir):
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
-    get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)).save_pretrained(out_dir)
+    get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets)).save_pretrained(out_dir)
     return out_dir
 
 
 def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_checkpoint=False, offload=False,
-                        adapter_dir=None):
+                        adapter_dir=None, compile_layers=False):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -73,6 +68,8 @@ def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_ch
     # The plan of fsdpp's shipped policies (policies/lib/fsdp.lua): a unit per layer, the
     # embedding and lm_head (one unit when tied), the root keeping the rest gathered.
     for layer in base.model.layers:
+        if compile_layers:  # torchtitan's recipe: each decoder layer compiled, then sharded
+            layer.compile()
         fully_shard(layer, reshard_after_forward=True, **options)
     if hf_config.tie_word_embeddings:
         fully_shard([base.model.embed_tokens, base.lm_head], reshard_after_forward=True, **options)
@@ -113,7 +110,7 @@ def torch_worker(args):
         sampler = WindowSampler(tokens[:len(tokens) - held_out], seq_len)
 
         model = build_sharded_model(cfg, world, args.init_dir, args.device, args.param_dtype,
-                                    args.activation_checkpoint, args.offload, args.adapter_dir)
+                                    args.activation_checkpoint, args.offload, args.adapter_dir, args.compile)
         if file_vocab > model.config.vocab_size:
             raise BenchError(f"token file vocab {file_vocab} exceeds model vocab "
                              f"{model.config.vocab_size}")

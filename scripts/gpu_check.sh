@@ -12,10 +12,14 @@
 #   gpu_check.sh parity   trains tests/assets/fsdp-llama.toml on the GPU (fp32, fp32 with
 #                         offloaded masters, bf16 compute) and compares each with a CPU run
 #                         whose bound comes from the CPU's own measured rounding noise
-#   gpu_check.sh bench [plain|checkpoint|offload|moe ...]
+#   gpu_check.sh bench [plain|checkpoint|offload|moe|SHAPE ...]
 #                         scripts/bench_fsdp.py on the GPU, fsdpp against PyTorch's
 #                         fully_shard: the 1B Llama plain, with activation checkpointing,
-#                         offloaded, and the 1.4B Qwen3-MoE (all four unless named)
+#                         offloaded, and the 1.4B Qwen3-MoE (all four unless named). A SHAPE
+#                         (llama-3.2-1b, llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b)
+#                         runs examples/SHAPE-gpu.toml against fully_shard eager and with
+#                         each decoder layer compiled; qwen3-8b trains LoRA adapters of rank
+#                         16 on the attention and MLP projections
 #   gpu_check.sh python   the Python package on the GPU (tests/bindings/python/
 #                         check_offload_device.py): offload() hands the device memory back,
 #                         reload() brings the state back bitwise, full_weights' peak bounded
@@ -94,7 +98,7 @@ parity() {
     --set 'policy.options.param_dtype="bfloat16"'
 }
 
-# bench [plain] [checkpoint] [offload] [moe]: the variants to run (default: all four).
+# bench [plain] [checkpoint] [offload] [moe] [SHAPE]: the variants to run (default: the first four).
 bench() {
   inputs
   local variant flag config variants=("$@")
@@ -106,7 +110,11 @@ bench() {
       checkpoint) flag=--activation-checkpoint ;;
       offload) flag=--offload ;;
       moe) flag="" config=examples/qwen3-moe-gpu.toml ;;
-      *) echo "gpu_check: unknown bench variant '$variant' (plain, checkpoint, offload, moe)" >&2; exit 2 ;;
+      llama-3.2-1b|llama-3.2-3b|qwen3-4b|qwen3-30b-a3b-4l) flag=--compile config="examples/$variant-gpu.toml" ;;
+      qwen3-8b) flag="--compile --lora-rank 16 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+                config=examples/qwen3-8b-gpu.toml ;;
+      *) echo "gpu_check: unknown bench variant '$variant' (plain, checkpoint, offload, moe, llama-3.2-1b," \
+              "llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b)" >&2; exit 2 ;;
     esac
     echo "== bench $variant"
     PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config "$config" \
