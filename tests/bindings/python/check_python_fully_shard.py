@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from check_python_run import LOSSES, ROWS, STEPS, TEMPERATURE, batches, full_logprobs, write_run_file
+from check_python_run import (LOSSES, ROWS, STEPS, TEMPERATURE, backward_and_step, batches, full_logprobs,
+                              write_run_file)
 
 BOUND = 1e-5  # float32: see above
 LR, WEIGHT_DECAY, BETAS, CLIP = 1e-4, 0.1, (0.9, 0.95), 1.0  # the run file's, LR ours
@@ -40,21 +41,16 @@ def fsdpp_worker(run_file, loss_name, out):
     import fsdpp
     loss_of, chunked = LOSSES[loss_name]
     run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": chunked})
-    figures = []
+    losses, norms = [], []
     for ids, advantages, offsets in batches(101):
         ids, advantages, offsets = rank_rows(run.rank, run.world_size, ids, advantages, offsets)
         if chunked:
             logp = run.model.logprobs(ids[:, :-1], ids[:, 1:], temperature=TEMPERATURE)
         else:
             logp = full_logprobs(run.model(ids[:, :-1]), ids)
-        loss = loss_of(logp.double(), advantages, offsets)
-        loss.backward()
-        norm, stepped = run.step()
-        assert stepped
-        run.zero_grad()
-        figures.append((loss.item(), norm))
+        backward_and_step(run, loss_of(logp.double(), advantages, offsets), losses, norms)
     weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float32)}
-    torch.save({"figures": figures, "weights": weights}, f"{out}.{run.rank}.pt")
+    torch.save({"figures": list(zip(losses, norms)), "weights": weights}, f"{out}.{run.rank}.pt")
 
 
 def peer_worker(model_dir, loss_name, out):

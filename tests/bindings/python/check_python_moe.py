@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from check_python_run import ROWS, batches, compare_transformers, compare_worlds, write_run_file
+from check_python_run import ROWS, backward_and_step, batches, compare_transformers, compare_worlds, write_run_file
 
 STEPS = 3
 BIAS_RATE = 1e-3
@@ -38,13 +38,7 @@ def train_fsdpp(run_file, model, rank, world):
     per_rank = ROWS // world
     for ids, _, _ in batches(101)[:STEPS]:
         mine = ids[rank * per_rank:(rank + 1) * per_rank]
-        loss = cross_entropy(run.model(mine[:, :-1]), mine)
-        loss.backward()
-        norm, stepped = run.step()
-        assert stepped
-        run.zero_grad()
-        losses.append(loss.item())
-        norms.append(norm)
+        backward_and_step(run, cross_entropy(run.model(mine[:, :-1]), mine), losses, norms)
     return (losses, norms), {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
 
 

@@ -87,6 +87,17 @@ def full_logprobs(logits, ids, temperature=1.0):
     return torch.log_softmax(logits.double() / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T]
 
 
+def backward_and_step(run, loss, losses, norms):
+    """A loop's step: backward, run.step() (which must apply the update), zero_grad; the loss
+    and the gradient norm appended to `losses` and `norms`."""
+    loss.backward()
+    norm, stepped = run.step()
+    assert stepped
+    run.zero_grad()
+    losses.append(loss.item())
+    norms.append(norm)
+
+
 def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=None, save=None, load=None):
     """This rank's ((losses, grad norms) over `steps`, full weights after them, the checkpoint
     saved after them under the directory `save` names), each rank taking its rows of every
@@ -106,13 +117,7 @@ def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=
         else:
             logp = full_logprobs(run.model(mine[:, :-1]), mine)
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        loss = loss_of(logp, advantages[rows], offsets[rows])
-        loss.backward()
-        norm, stepped = run.step()
-        assert stepped
-        run.zero_grad()
-        losses.append(loss.item())
-        norms.append(norm)
+        backward_and_step(run, loss_of(logp, advantages[rows], offsets[rows]), losses, norms)
     assert run.steps == steps.stop
     # Every rank iterates: each unit's gather is a collective.
     weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
