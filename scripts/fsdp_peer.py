@@ -4,6 +4,7 @@
 # per rank, writing a metrics.jsonl in fsdpp's format. bench_fsdp.py starts it as
 # `bench_fsdp.py --torch-worker`.
 import json
+import math
 import os
 import time
 
@@ -87,6 +88,19 @@ def build_sharded_model(cfg, world, init_dir, device, param_dtype, activation_ch
     return model
 
 
+def loss_scaler(cfg, param_dtype, device):
+    """For float16 compute, PyTorch's ShardedGradScaler with the run file's [loss_scale]
+    settings (fsdpp's defaults where absent), as a fully_shard user trains in float16; else
+    none."""
+    if param_dtype != "float16" or get(cfg, "loss_scale.mode", "auto") == "off":
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    return ShardedGradScaler(device=device, init_scale=float(get(cfg, "loss_scale.init_scale", 65536.0)),
+                             growth_factor=float(get(cfg, "loss_scale.growth_factor", 2.0)),
+                             backoff_factor=float(get(cfg, "loss_scale.backoff_factor", 0.5)),
+                             growth_interval=int(get(cfg, "loss_scale.growth_interval", 2000)))
+
+
 def torch_worker(args):
     import torch
     import torch.distributed as dist
@@ -117,6 +131,7 @@ def torch_worker(args):
         model.train()
         balanced = (getattr(model.config, "router_aux_loss_coef", None) or 0) > 0  # Qwen3-MoE
         params = [p for p in model.parameters() if p.requires_grad]  # a LoRA run's frozen base has no state
+        scaler = loss_scaler(cfg, args.param_dtype, args.device)
         opt = torch.optim.AdamW(
             [{"params": [p for p in params if p.ndim >= 2],
               "weight_decay": float(get(cfg, "optimizer.weight_decay", 0.0))},
@@ -124,7 +139,11 @@ def torch_worker(args):
             lr=float(get(cfg, "optimizer.lr")),
             betas=(float(get(cfg, "optimizer.beta1", 0.9)),
                    float(get(cfg, "optimizer.beta2", 0.999))),
-            eps=float(get(cfg, "optimizer.eps", 1e-8)), fused=True)  # fsdpp's AdamW is fused too
+            eps=float(get(cfg, "optimizer.eps", 1e-8)),
+            # fsdpp's AdamW is fused too; the fused kernel fails beside ShardedGradScaler in
+            # torch 2.11 (its found_inf has a shape the step counts do not), so a scaled run
+            # takes the multi-tensor one.
+            fused=scaler is None, foreach=scaler is not None)
 
         steps = int(get(cfg, "train.steps"))
         accum = int(get(cfg, "train.grad_accum", 1))
@@ -158,9 +177,12 @@ def torch_worker(args):
                 if balanced:  # the load-balancing loss transformers adds in training, over all ranks as fsdpp's
                     loss = loss + model.config.router_aux_loss_coef * global_load_balancing_loss(
                         out.router_logits, model.config.num_experts_per_tok) / accum
-                loss.backward()
+                (scaler.scale(loss) if scaler else loss).backward()
                 loss_sum += loss.detach().double()
             dist.all_reduce(loss_sum)  # fsdpp reports the global loss the same way
+            scale = scaler.get_scale() if scaler else None
+            if scaler:
+                scaler.unscale_(opt)
             if clip > 0:
                 norm = torch.nn.utils.clip_grad_norm_(params, clip)
             else:
@@ -168,7 +190,11 @@ def torch_worker(args):
             if isinstance(norm, DTensor):
                 norm = norm.full_tensor()
             grad_norm = norm.item()
-            opt.step()
+            if scaler:
+                scaler.step(opt)  # skipped where the gradients overflowed on any rank
+                scaler.update()
+            else:
+                opt.step()
             if profiler is not None:
                 if args.device == "cuda":
                     torch.cuda.synchronize()
@@ -178,10 +204,15 @@ def torch_worker(args):
                 profiler = None
             now = time.perf_counter()
             if metrics:
-                metrics.write(json.dumps({
-                    "step": step, "loss": loss_sum.item(), "lr": lr, "grad_norm": grad_norm,
-                    "tokens_per_s": step_tokens / (now - step_begin), "elapsed_s": now - begin,
-                    "tokens": step * step_tokens}) + "\n")
+                record = {"step": step, "loss": loss_sum.item(), "lr": lr,
+                          "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+                          "tokens_per_s": step_tokens / (now - step_begin), "elapsed_s": now - begin,
+                          "tokens": step * step_tokens}
+                if scaler:
+                    record["loss_scale"] = scale
+                if not math.isfinite(grad_norm):
+                    record["skipped"] = True
+                metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
         if metrics:
             metrics.close()

@@ -163,6 +163,7 @@ class PythonRun {
   int rank() { return run_->comm().rank(); }
   int world_size() { return run_->comm().size(); }
   int64_t steps() const { return steps_; }
+  std::optional<double> loss_scale() const { return run_->loss_scale(); }
   std::string device() const { return run_->device().str(); }
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
 
@@ -236,6 +237,7 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def_property_readonly("rank", &PythonRun::rank)
       .def_property_readonly("world_size", &PythonRun::world_size)
       .def_property_readonly("steps", &PythonRun::steps)
+      .def_property_readonly("loss_scale", &PythonRun::loss_scale)
       .def_property_readonly("device", &PythonRun::device)
       .def_property_readonly("vocab_size", &PythonRun::vocab_size);
 }

@@ -30,7 +30,7 @@ std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
       {"host_peak_gb", host_peak_gb}};
   for (const auto& [key, value] : {std::pair{"mfu", mfu}, {"device_allocated_gb", device_allocated_gb},
                                    {"device_reserved_gb", device_reserved_gb}, {"aux_loss", aux_loss},
-                                   {"expert_load", expert_load}}) {
+                                   {"expert_load", expert_load}, {"loss_scale", loss_scale}}) {
     if (value) f.emplace_back(key, *value);
   }
   return f;

@@ -30,6 +30,7 @@ struct StepMetrics {
   std::optional<double> device_reserved_gb;
   std::optional<double> aux_loss;             // a MoE model's load-balancing loss, unweighted
   std::optional<double> expert_load;          // busiest expert's tokens / its layer's mean, worst layer
+  std::optional<double> loss_scale;           // what the loss was multiplied by (float16 compute)
   bool skipped = false;      // the update was skipped (non-finite gradient norm)
 
   // Every figure by its JSONL key, in order; the optional ones only when measured.

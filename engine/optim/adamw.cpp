@@ -124,7 +124,7 @@ c10::Device norm_device(const std::vector<GradGroup>& groups) {
 
 }  // namespace
 
-GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm) {
+GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm, double loss_scale) {
   at::NoGradGuard no_grad;
   const c10::Device home = norm_device(groups);
   at::Tensor square_total = at::zeros({1}, at::TensorOptions(at::kDouble).device(home));
@@ -143,14 +143,14 @@ GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm) {
     square_total += square_sum;
   }
   GradClip clip;
-  clip.norm = square_total.sqrt();
+  clip.norm = loss_scale == 1.0 ? square_total.sqrt() : square_total.sqrt() / loss_scale;
   clip.non_finite = clip.norm.isfinite().logical_not().to(at::kFloat).reshape({});
   if (max_norm > 0) {
     // A norm of nan compares false and divides by 1; the update is skipped anyway.
-    clip.divisor = at::where(clip.norm > max_norm, (clip.norm + 1e-6) / max_norm, at::ones_like(clip.norm))
-                       .to(at::kFloat)
-                       .reshape({});
+    clip.divisor = at::where(clip.norm > max_norm, (clip.norm + 1e-6) / max_norm, at::ones_like(clip.norm));
   }
+  if (loss_scale != 1.0) clip.divisor = clip.divisor.defined() ? clip.divisor * loss_scale : at::full_like(clip.norm, loss_scale);
+  if (clip.divisor.defined()) clip.divisor = clip.divisor.to(at::kFloat).reshape({});
   return clip;
 }
 

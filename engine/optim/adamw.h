@@ -20,8 +20,8 @@ namespace fsdpp {
 // the host. A default GradClip clips nothing.
 struct GradClip {
   at::Tensor norm;        // [1] double: the global norm before clipping
-  at::Tensor divisor;     // [] float: (norm + 1e-6) / max_norm above max_norm, else 1; undefined
-                          // when clipping is off (max_norm 0)
+  at::Tensor divisor;     // [] float: (norm + 1e-6) / max_norm above max_norm, else 1, times the
+                          // loss scale; undefined when neither clips nor scales
   at::Tensor non_finite;  // [] float: 1 when the norm is inf or nan, else 0
 };
 
@@ -72,7 +72,8 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
 // shard group (disjoint shards; replicas hold equal ones and are not counted twice), then
 // over groups; the same on every rank. The sums stay on a GPU when any gradient is on one, so
 // the host can read the norm once the whole step is queued (offloaded gradients' share is
-// summed on the host and waits for them).
-GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm);
+// summed on the host and waits for them). Gradients of a loss multiplied by `loss_scale`
+// (optim/loss_scale.h) give the norm over that scale, and a divisor that removes it too.
+GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm, double loss_scale = 1.0);
 
 }  // namespace fsdpp

@@ -15,6 +15,7 @@
 #include "run/run_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,20 @@ namespace fsdpp {
 namespace {
 
 using nlohmann::json;
+
+// `t` as it is, whose gradient backward multiplies by `factor`: a caller's loss that is not
+// multiplied by the loss scale gets its gradient scaled at the model's float32 outputs,
+// before a cast to float16 could flush it to zero.
+struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, double factor) {
+    ctx->saved_data["factor"] = factor;
+    return t.view_as(t);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->saved_data["factor"].toDouble(), at::Tensor()};
+  }
+};
 
 // Rank r trains rows [r * rows, (r + 1) * rows) of every global micro-batch.
 int64_t rows_per_rank(const RunConfig& config, int world) {
@@ -105,6 +120,15 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   shard(build_plan(*skeleton, comm_->size(), rank));
   optimizer_ = std::make_unique<AdamW>(decay_groups(fsdp_->sharded_parameters(), config.optimizer.weight_decay),
                                        config.optimizer);
+  using LossScaleMode = LossScaleConfig::Mode;
+  const LossScaleMode scaling = config.loss_scale.mode;
+  if (scaling == LossScaleMode::dynamic || (scaling == LossScaleMode::automatic && computes_float16_)) {
+    scaler_.emplace(config.loss_scale);
+    if (rank == 0) log_info("loss scale: dynamic, from ", scaler_->scale(), " ([loss_scale])");
+  } else if (computes_float16_ && rank == 0) {
+    log_warn("loss scale: off with units computing in float16 ([loss_scale] mode = \"off\"): small gradients "
+             "flush to zero");
+  }
   if (const auto& moe = model().config().moe) {
     experts_.emplace(*moe, config.experts, routing_bias_names(model()), config.train.grad_accum);
   }
@@ -128,6 +152,8 @@ void Run::shard(const Plan& plan) {
   const std::string head = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   const auto& root_params = resolved.units.back().params;
   head_in_root_ = std::any_of(root_params.begin(), root_params.end(), [&](const auto& p) { return p.name == head; });
+  computes_float16_ = std::any_of(resolved.units.begin(), resolved.units.end(),
+                                  [](const auto& unit) { return unit.compute_dtype == at::kHalf; });
   if (rank == 0) {
     const std::string constants = resolved.constant_param_bytes == 0 ? "" : " (" +
         std::to_string(resolved.constant_param_bytes) + " B of them frozen, held in their compute dtype)";
@@ -154,6 +180,7 @@ StepFigures Run::step(double lr, bool stop_requested) {
   const TrainConfig& tc = config_.train;
   config_.require_data();
   optimizer_->zero_grad();
+  const double scale = scaler_ ? scaler_->scale() : 1.0;
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
   const int64_t step_targets = batches_->draw_step(tc.grad_accum);
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
@@ -168,14 +195,14 @@ StepFigures Run::step(double lr, bool stop_requested) {
     // Dividing by the step's global target count makes the gradient summed over ranks and
     // micro-batches that of the mean loss over the whole step.
     auto loss = next_token_loss_sum(batch.logits(model()), batch.target) / static_cast<double>(step_targets);
-    if (experts_) loss = loss + experts_->micro_batch_loss(*model().routing(), *comm_);
-    loss.backward();
+    if (experts_) loss = loss + experts_->micro_batch_loss(*model().routing(), *comm_, scale);
+    (scaler_ ? loss * scale : loss).backward();
     loss_sum += loss.detach().to(at::kDouble);
   }
   // The loss sum carries the stop request too, so every rank learns of the same one.
   at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
   comm_->all_reduce_sum(reduced);
-  const GradClip clip = clip_by_norm(fsdp_->grad_groups(), tc.clip_grad_norm);
+  const GradClip clip = clip_by_norm(fsdp_->grad_groups(), tc.clip_grad_norm, scale);
   fsdp_->reshard_all();  // the next forward must gather the updated shards
   optimizer_->step(lr, clip);
   // The step's one wait for the device, with all of it queued: reading the loss and the norm
@@ -184,6 +211,10 @@ StepFigures Run::step(double lr, bool stop_requested) {
   const at::Tensor read = at::cat({reduced, clip.norm.to(reduced.device())}).to(at::kCPU);  // [3]
   const auto value = read.accessor<double, 1>();
   StepFigures figures{.loss = value[kLoss], .grad_norm = value[kGradNorm], .stopping = value[kStopVotes] > 0};
+  if (scaler_) {
+    figures.loss_scale = scale;
+    scaler_->update(std::isfinite(figures.grad_norm));
+  }
   if (experts_) {
     if (std::isfinite(figures.grad_norm)) experts_->update_routing_bias(*fsdp_);
     figures.experts = experts_->finish_step();
@@ -196,12 +227,19 @@ at::Tensor Run::forward(const at::Tensor& input_ids, const DocumentStarts& docum
   const at::Tensor input = to_device(input_ids, device_);
   at::Tensor logits = documents.offsets.defined() ? model()(input, documents) : model()(input);
   balance_experts(grad_divisor);
-  return logits;
+  return scaled_output(logits);
 }
 
 void Run::balance_experts(double grad_divisor) {
   // Sampling runs without autograd, and may run a different number of forwards on each rank.
-  if (experts_ && at::GradMode::is_enabled()) experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor);
+  if (experts_ && at::GradMode::is_enabled()) {
+    experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
+  }
+}
+
+at::Tensor Run::scaled_output(const at::Tensor& output) const {
+  if (!scaler_ || !at::GradMode::is_enabled()) return output;
+  return ScaleGradient::apply(output.to(at::kFloat), scaler_->scale());
 }
 
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
@@ -215,10 +253,11 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
       }
     }
   }
-  const GradClip clip = clip_by_norm(groups, config_.train.clip_grad_norm);
+  const GradClip clip = clip_by_norm(groups, config_.train.clip_grad_norm, scaler_ ? scaler_->scale() : 1.0);
   fsdp_->reshard_all();  // the next forward must gather the updated shards
   optimizer_->step(lr, clip);
   const double norm = clip.norm.to(at::kCPU).item<double>();
+  if (scaler_) scaler_->update(std::isfinite(norm));
   if (experts_) {
     if (std::isfinite(norm)) experts_->update_routing_bias(*fsdp_);
     experts_->finish_step();
@@ -244,7 +283,7 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
   const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
   const at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
                                            to_device(targets, device_).reshape({-1}), temperature, chunk);
-  return flat.view({rows, tokens});
+  return scaled_output(flat.view({rows, tokens}));
 }
 
 std::optional<EvalResult> Run::evaluate() {

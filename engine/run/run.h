@@ -62,6 +62,7 @@ struct StepFigures {
   double grad_norm = 0.0;  // global, before clipping; not finite: the update was skipped
   bool stopping = false;   // some rank was asked to stop (SIGTERM or SIGINT)
   std::optional<ExpertLoad> experts;  // a mixture-of-experts model's routing figures
+  std::optional<double> loss_scale;   // what the step's loss was multiplied by (float16 compute)
 };
 
 class Run {
@@ -143,6 +144,8 @@ class Run {
   CausalLM& model() { return *loaded_.model; }
   const CausalLM& model() const { return *loaded_.model; }
   int64_t parameters() const { return parameters_; }  // the whole model's, before sharding
+  // The scale the next step's loss is multiplied by; none where the loss is not scaled.
+  std::optional<double> loss_scale() const { return scaler_ ? std::optional(scaler_->scale()) : std::nullopt; }
   size_t units() const;
   Batches& batches() { return *batches_; }
 
@@ -161,9 +164,10 @@ class Run {
   std::vector<std::filesystem::path> commit(nlohmann::json meta, const std::filesystem::path& staging,
                                             const std::filesystem::path& root,
                                             const std::filesystem::path& final_dir) const;
-  // AdamW's moments and step count from the checkpoint, and each rank's CPU generator (rank
-  // r % the saved world's at another size).
+  // AdamW's moments and step count from the checkpoint, the loss scale, and each rank's CPU
+  // generator (rank r % the saved world's at another size).
   void restore_optimizer(const ShardedCheckpoint& checkpoint);
+  void restore_loss_scale(const ShardedCheckpoint& checkpoint);
   void restore_rng(const ShardedCheckpoint& checkpoint) const;
   // UserError unless the checkpoint holds every tensor this run trains, at its full shape, and
   // the same adapters on the same base.
@@ -182,12 +186,17 @@ class Run {
   std::unique_ptr<AdamW> optimizer_;
   std::optional<ExpertBalance> experts_;  // mixture-of-experts models
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
+  bool computes_float16_ = false;         // some unit computes in float16
+  std::optional<LossScaler> scaler_;      // float16 compute's loss scale ([loss_scale])
   std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
   std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()
 
   // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward).
   void balance_experts(double grad_divisor);
+  // A caller's model output, in float32 with its gradient multiplied by the loss scale when
+  // there is one (with autograd on): the caller's loss need not be scaled.
+  at::Tensor scaled_output(const at::Tensor& output) const;
   // A UserError naming `what` while the run is offloaded (while its parameters are, with
   // `params_only`: a forward needs nothing else).
   void check_loaded(const char* what, bool params_only = false) const;

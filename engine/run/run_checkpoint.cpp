@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 
 namespace fsdpp {
@@ -233,6 +234,9 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
     meta["data"]["window"] = position.window;
   }
   meta["client_state"] = state;
+  if (scaler_) {
+    meta["loss_scale"] = {{"scale", scaler_->state().scale}, {"growth_tracker", scaler_->state().growth_tracker}};
+  }
   return meta;
 }
 
@@ -347,7 +351,25 @@ void Run::restore_optimizer(const ShardedCheckpoint& checkpoint) {
       state->step.fill_(adam_steps);
     }
   }
+  restore_loss_scale(checkpoint);
   restore_rng(checkpoint);
+}
+
+void Run::restore_loss_scale(const ShardedCheckpoint& checkpoint) {
+  if (!scaler_) return;
+  const json saved = checkpoint.metadata().value("loss_scale", json());
+  if (saved.is_null()) {  // saved by a run that did not scale its loss
+    if (comm_->rank() == 0) log_info("loss scale: ", checkpoint.dir().string(), " holds none; starting from ", scaler_->scale());
+    return;
+  }
+  const json scale = saved.is_object() ? saved.value("scale", json()) : json();
+  const json tracker = saved.is_object() ? saved.value("growth_tracker", json()) : json();
+  if (!scale.is_number() || !(scale.get<double>() > 0) || !std::isfinite(scale.get<double>()) ||
+      !tracker.is_number_integer() || tracker.get<int64_t>() < 0) {
+    throw UserError(checkpoint.dir().string() + "/metadata.json: loss_scale must hold a positive finite scale and a "
+                    "growth_tracker >= 0, got " + saved.dump());
+  }
+  scaler_->restore({.scale = scale.get<double>(), .growth_tracker = tracker.get<int64_t>()});
 }
 
 void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {

@@ -66,6 +66,7 @@ constexpr std::pair<const char*, SectionParser> kSections[] = {
     {"model", [](ConfigSection& s, RunConfig& r) { r.model = ModelSourceConfig::from_section(s); }},
     {"data", [](ConfigSection& s, RunConfig& r) { r.data = DataConfig::from_section(s); }},
     {"optimizer", [](ConfigSection& s, RunConfig& r) { r.optimizer = OptimizerConfig::from_section(s); }},
+    {"loss_scale", [](ConfigSection& s, RunConfig& r) { r.loss_scale = LossScaleConfig::from_section(s); }},
     {"scheduler", [](ConfigSection& s, RunConfig& r) { r.scheduler = ScheduleConfig::from_section(s); }},
     {"train", [](ConfigSection& s, RunConfig& r) { r.train = TrainConfig::from_section(s); }},
     {"checkpoint", [](ConfigSection& s, RunConfig& r) { r.checkpoint = CheckpointConfig::from_section(s, r.model.dtype); }},

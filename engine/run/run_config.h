@@ -9,6 +9,7 @@
 #include "io/model_source_config.h"
 #include "loss/experts_config.h"
 #include "metrics/metrics_config.h"
+#include "optim/loss_scale.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer_config.h"
 
@@ -66,6 +67,7 @@ struct RunConfig {
   ModelSourceConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
+  LossScaleConfig loss_scale;
   ScheduleConfig scheduler;
   TrainConfig train;
   CheckpointConfig checkpoint;

@@ -162,6 +162,12 @@ expect "no command" "no command given" --
 expect "a user error in launched ranks" "fsdpp: error: rank " ": --set optimizer.lr=inf: [optimizer] lr" \
   -- launch --nproc-per-node 2 -- train "$work/ok.toml" --set optimizer.lr=inf
 
+# float16's loss scale.
+expect "a loss-scale mode misspelt" "[loss_scale] mode: 'dynmaic' is not one of auto, dynamic, off" \
+  -- train "$work/ok.toml" --set 'loss_scale.mode="dynmaic"'
+expect "a loss scale that does not grow" "[loss_scale] growth_factor: must be above 1, got 1" \
+  -- train "$work/ok.toml" --set loss_scale.growth_factor=1
+
 # Mixture-of-experts settings and configs.
 expect "routing-bias update for a model without routing biases" "ok.toml: [experts] bias_update_rate" "model_type 'llama'" \
   -- train "$work/ok.toml" --set experts.bias_update_rate=0.001

@@ -142,5 +142,12 @@ class Run:
         return self._run.steps
 
     @property
+    def loss_scale(self):
+        """The scale float16 compute multiplies the gradients by ([loss_scale]); None where the
+        run does not scale. The loop's loss needs no scaling of its own: the model's outputs
+        are float32 and carry the scale into backward, and step() divides it out."""
+        return self._run.loss_scale
+
+    @property
     def device(self):
         return torch.device(self._run.device)

@@ -1,0 +1,49 @@
+// Dynamic loss scaling, for units that compute in float16. float16 holds magnitudes from about
+// 6e-8 to 65504: gradients of a mean loss fall below the bottom of that range, so the step's
+// loss is multiplied by a scale before backward, and AdamW's fused update divides it out
+// again together with the clip. A step whose gradients overflowed (a global norm that is not
+// finite, the same on every rank) is skipped and the scale backs off; after growth_interval
+// finite steps in a row it grows. Its state is two numbers, alike on every rank, which
+// checkpoints keep (so they carry over to any world size).
+#pragma once
+
+#include <cstdint>
+
+namespace fsdpp {
+
+class ConfigSection;
+
+// The [loss_scale] section.
+struct LossScaleConfig {
+  enum class Mode { automatic, dynamic, off };
+  Mode mode = Mode::automatic;     // "auto": dynamic where any unit computes in float16; "dynamic"; "off"
+  double init_scale = 65536.0;     // the first step's scale (2^16)
+  double growth_factor = 2.0;      // the scale's factor after growth_interval finite steps in a row
+  double backoff_factor = 0.5;     // its factor after a step whose gradients were not finite
+  int64_t growth_interval = 2000;  // finite steps in a row before the scale grows
+
+  static LossScaleConfig from_section(ConfigSection& section);
+};
+
+// Where the scale stands: the scale itself and the finite steps since it last changed.
+struct LossScaleState {
+  double scale = 65536.0;
+  int64_t growth_tracker = 0;
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScaleConfig& config) : config_(config), state_{.scale = config.init_scale} {}
+
+  double scale() const { return state_.scale; }
+  // After a step: backs off when its gradients were not finite, else counts toward growth.
+  void update(bool finite);
+  const LossScaleState& state() const { return state_; }
+  void restore(const LossScaleState& state) { state_ = state; }
+
+ private:
+  LossScaleConfig config_;
+  LossScaleState state_;
+};
+
+}  // namespace fsdpp
