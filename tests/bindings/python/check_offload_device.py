@@ -9,12 +9,16 @@ then offload() of everything:
 - reload(), then the step: the step's figures and every weight bitwise those of the same
   calls with no offload between;
 - full_weights in bfloat16 raises the allocator's peak by at most the largest unit gathered
-  in float32 plus its bfloat16 copy, and 64 MiB.
+  in float32 plus its bfloat16 copy, and 64 MiB;
+- the decoder's q and k, laid out as its projections leave them, take the fused RoPE kernel
+  on the GPU: the first step's autograd graph holds it on every layer and no `flip` of the
+  composed fallback (counted on the CPU too, where the fallback is the path).
 Without a GPU it runs the same calls on the CPU with examples/models/tiny-llama (the memory
 figures are then the host's and are not judged).
 
 usage: check_offload_device.py WORK_DIR   (scripts/gpu_check.sh python runs it on a GPU)
 """
+import json
 import os
 import sys
 import time
@@ -26,8 +30,12 @@ import fsdpp
 GIB = 1 << 30
 
 
+def model_dir(cuda):
+    return "examples/models/llama-1b" if cuda else "examples/models/tiny-llama"
+
+
 def run_file(work, cuda):
-    model = "examples/models/llama-1b" if cuda else "examples/models/tiny-llama"
+    model = model_dir(cuda)
     path = os.path.join(work, "run.toml")
     with open(path, "w") as f:
         f.write(f'[model]\npath = "{os.path.abspath(model)}"\ninit_seed = 1\n[optimizer]\nlr = 1e-4\n'
@@ -37,13 +45,30 @@ def run_file(work, cuda):
     return path
 
 
+def autograd_nodes(t):
+    """The names of every node of t's autograd graph."""
+    seen, pending, names = set(), [t.grad_fn], []
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(node.name())
+        pending.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
 def train(path, ids, offload_between):
     """Two steps, the second's gradients held across an offload when asked: the figures, the
-    weights after, and the memory measurements."""
+    weights after, and the measurements (memory; the first step's RoPE nodes)."""
     run = fsdpp.Run(path)
     figures, measured = [], {}
     for step in range(2):
         logits = run.model(ids[:, :-1])
+        if step == 0:
+            names = autograd_nodes(logits)
+            measured["fused_rotary"] = sum("FusedRotary" in n for n in names)
+            measured["flips"] = sum(n.startswith("FlipBackward") for n in names)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten().to(logits.device))
         loss.backward()
         del logits
@@ -106,6 +131,11 @@ def main():
           f"and {len(plain_weights)} weights {'bitwise' if same else 'NOT'} as with no offload; offload "
           f"{m['offload_s']:.2f} s, reload {m['reload_s']:.2f} s")
     ok = same
+    layers = json.load(open(os.path.join(model_dir(cuda), "config.json")))["num_hidden_layers"]
+    fused = m["fused_rotary"] == 2 * layers and m["flips"] == 0
+    ok &= fused or not cuda
+    print(f"{'ok  ' if fused or not cuda else 'FAIL'} RoPE: {m['fused_rotary']} fused rotations and {m['flips']} flips "
+          f"in the first step's graph ({'on the GPU: q and k of ' + str(layers) + ' layers fused' if cuda else 'on the CPU: the composed path'})")
     if cuda:
         (reserved0, used0), (reserved1, used1) = m["before"], m["after"]
         fell = reserved1 < 0.05 * reserved0 or reserved1 < GIB
