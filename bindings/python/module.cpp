@@ -60,20 +60,21 @@ class PythonRun {
     skipped_steps_ = resumed.state.skipped_steps;
   }
 
-  // Logits [B, T, V] of input_ids [B, T] int64 (documents packed into the rows from
-  // `document_offsets` [S + 1], offsets into the rows read one after another).
-  at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& document_offsets) {
+  // Logits [B, T, V] of input_ids [B, T] int64 (RoPE positions from `position_ids` [B, T];
+  // documents packed into the rows from `document_offsets` [S + 1], offsets into the rows
+  // read one after another).
+  at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
+                     const std::optional<at::Tensor>& document_offsets) {
     check_token_ids("input_ids", input_ids);
-    DocumentStarts documents;
-    if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
+    const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
     py::gil_scoped_release released;
-    return run_->forward(input_ids, documents, grad_divisor());
+    return run_->forward(input_ids, layout, grad_divisor());
   }
 
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
   // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs).
   at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                      const std::optional<at::Tensor>& document_offsets) {
+                      const std::optional<at::Tensor>& position_ids, const std::optional<at::Tensor>& document_offsets) {
     check_token_ids("input_ids", input_ids);
     check_token_ids("targets", targets);
     if (targets.sizes() != input_ids.sizes()) {
@@ -84,10 +85,9 @@ class PythonRun {
       given << temperature;
       throw UserError("temperature: must be a positive number, got " + given.str());
     }
-    DocumentStarts documents;
-    if (document_offsets) documents.offsets = checked_offsets(*document_offsets, input_ids);
+    const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
     py::gil_scoped_release released;
-    return run_->logprobs(input_ids, targets, temperature, documents, grad_divisor());
+    return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor());
   }
 
   // One optimizer step from the gradients the backward calls since zero_grad left:
@@ -187,6 +187,23 @@ class PythonRun {
     }
   }
 
+  static RowLayout checked_layout(const at::Tensor& ids, const std::optional<at::Tensor>& position_ids,
+                                  const std::optional<at::Tensor>& document_offsets) {
+    RowLayout layout;
+    if (document_offsets) layout.offsets = checked_offsets(*document_offsets, ids);
+    if (position_ids) {
+      const at::Tensor& positions = *position_ids;
+      if (positions.sizes() != ids.sizes() || positions.scalar_type() != at::kLong) {
+        throw UserError("position_ids: expected an int64 tensor shaped as input_ids " + shape_text(ids) + ", got " +
+                        std::string(c10::toString(positions.scalar_type())) + " " + shape_text(positions));
+      }
+      const int64_t lowest = positions.min().item<int64_t>();
+      if (lowest < 0) throw UserError("position_ids: positions must be >= 0, got " + std::to_string(lowest));
+      layout.positions = positions;
+    }
+    return layout;
+  }
+
   static at::Tensor checked_offsets(const at::Tensor& offsets, const at::Tensor& ids) {
     const at::Tensor host = offsets.to(at::kCPU);
     if (host.dim() != 1 || host.scalar_type() != at::kLong || host.numel() < 2) {
@@ -223,9 +240,10 @@ PYBIND11_MODULE(_fsdpp, m) {
   py::class_<PythonRun>(m, "Run")
       .def(py::init<const std::string&, const std::vector<std::string>&, const std::string&>(), py::arg("path"),
            py::arg("overrides"), py::arg("grad_reduction"))
-      .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("document_offsets") = py::none())
-      .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature") = 1.0,
+      .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("position_ids") = py::none(),
            py::arg("document_offsets") = py::none())
+      .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature") = 1.0,
+           py::arg("position_ids") = py::none(), py::arg("document_offsets") = py::none())
       .def("step", &PythonRun::step)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
       .def("save", &PythonRun::save, py::arg("root") = py::none())

@@ -9,13 +9,13 @@ namespace fsdpp {
 struct MicroBatch {
   at::Tensor input;          // [rows, T] int64
   at::Tensor target;         // [rows, T] int64, kIgnoredTarget where nothing is predicted
-  DocumentStarts documents;  // where packed documents begin (undefined offsets: one per row)
+  RowLayout layout;          // where packed documents begin (undefined offsets: one per row)
   VisionInputs vision;       // the rows' images and videos, in row order (none for text)
 
   // The batch's logits [rows, T, V] from `model` (the batch already on its device).
   at::Tensor logits(CausalLM& model) const {
     if (!vision.empty()) return model(input, vision);
-    if (documents.offsets.defined()) return model(input, documents);
+    if (!layout.empty()) return model(input, layout);
     return model(input);
   }
 };

@@ -176,7 +176,7 @@ MicroBatch PackedDocuments::assemble(const std::vector<const PackedRow*>& rows) 
   offsets.push_back(count * T);
   MicroBatch batch{input, target, {}, {}};
   // Rows of one document each attend causally already, so they go as plain rows.
-  if (config_.packing) batch.documents.offsets = at::tensor(offsets, at::kLong);
+  if (config_.packing) batch.layout.offsets = at::tensor(offsets, at::kLong);
   return batch;
 }
 

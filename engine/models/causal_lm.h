@@ -32,16 +32,21 @@ struct VisionInputs {
   }
 };
 
-// Where the documents packed into a batch's rows begin (models/document_attention.h): attention
-// stays inside each document and positions restart at each.
-struct DocumentStarts {
-  torch::Tensor offsets;  // [S + 1] int64 offsets into the rows read one after another
+// How tokens sit in a batch's rows: where the documents packed into them begin
+// (models/document_attention.h: attention stays inside each document, and positions restart
+// at each), and the RoPE positions, where the caller chose them.
+struct RowLayout {
+  torch::Tensor offsets;    // [S + 1] int64 offsets into the rows read one after another; undefined:
+                            // one sequence per row
+  torch::Tensor positions;  // [B, T] int64; undefined: each token's distance from its document's start
+
+  bool empty() const { return !offsets.defined() && !positions.defined(); }
 };
 
 // Asks forward for the final hidden states [B, T, C] in place of logits, for a caller that
 // applies the output head itself (chunked log-probabilities, which never hold [B, T, V]).
 struct FinalHidden {
-  DocumentStarts documents;  // as forward(input_ids, documents) takes them; undefined: none
+  RowLayout layout;  // as forward(input_ids, layout) takes it
 };
 
 class CausalLM : public Module {
@@ -55,9 +60,11 @@ class CausalLM : public Module {
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
     throw UserError(class_name() + " takes no images or videos");
   }
-  // With several documents packed into each row; the text decoders take them.
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
-    throw UserError(class_name() + " does not attend within packed documents: set [data] packing = false");
+  // With several documents packed into each row, or positions of the caller's choosing; the
+  // text decoders take them.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) {
+    throw UserError(class_name() + " does not attend within packed documents or take chosen positions: set "
+                    "[data] packing = false");
   }
 
   // The final hidden states; the text decoders give them.

@@ -148,13 +148,21 @@ torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids) {
   return (*lm_head_)((*model_)(input_ids));
 }
 
-torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const DocumentStarts& documents) {
-  return (*lm_head_)((*model_)(input_ids, to_device(documents.offsets, input_ids.device())));
+torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const RowLayout& layout) {
+  return (*lm_head_)(hidden(input_ids, layout));
 }
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
-  if (!ask.documents.offsets.defined()) return (*model_)(input_ids);
-  return (*model_)(input_ids, to_device(ask.documents.offsets, input_ids.device()));
+  return hidden(input_ids, ask.layout);
+}
+
+torch::Tensor DecoderCausalLM::hidden(const torch::Tensor& input_ids, const RowLayout& layout) {
+  const auto documents = to_device(layout.offsets, input_ids.device());
+  if (layout.positions.defined()) {
+    // Chosen positions take the path of embeddings made apart, as a vision model's do.
+    return (*model_)((*model_->embed_tokens)(input_ids), to_device(layout.positions, input_ids.device()), documents);
+  }
+  return documents.defined() ? (*model_)(input_ids, documents) : (*model_)(input_ids);
 }
 
 }  // namespace fsdpp

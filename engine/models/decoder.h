@@ -110,13 +110,16 @@ class DecoderCausalLM : public CausalLM {
   DecoderCausalLM(const DecoderFamily& family, const ModelConfig& config,
                   const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& input_ids) override;
-  torch::Tensor forward(const torch::Tensor& input_ids, const DocumentStarts& documents) override;
+  torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
   torch::Tensor output_head_weight() const override { return lm_head_->weight; }
   bool output_head_adapted() const override { return lm_head_->has_adapter(); }
   RoutingLog* routing() const override { return model_->routing(); }
 
  private:
+  // The final hidden states [B, T, C] of input_ids laid out as `layout` says.
+  torch::Tensor hidden(const torch::Tensor& input_ids, const RowLayout& layout);
+
   std::shared_ptr<DecoderModel> model_;
   std::shared_ptr<Linear> lm_head_;
 };

@@ -222,10 +222,10 @@ StepFigures Run::step(double lr, bool stop_requested) {
   return figures;
 }
 
-at::Tensor Run::forward(const at::Tensor& input_ids, const DocumentStarts& documents, double grad_divisor) {
+at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
   check_loaded("forward", /*params_only=*/true);
   const at::Tensor input = to_device(input_ids, device_);
-  at::Tensor logits = documents.offsets.defined() ? model()(input, documents) : model()(input);
+  at::Tensor logits = layout.empty() ? model()(input) : model()(input, layout);
   balance_experts(grad_divisor);
   return scaled_output(logits);
 }
@@ -268,7 +268,7 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
 void Run::zero_grad() { optimizer_->zero_grad(); }
 
 at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                         const DocumentStarts& documents, double grad_divisor) {
+                         const RowLayout& layout, double grad_divisor) {
   check_loaded("logprobs", /*params_only=*/true);
   if (!head_in_root_) {
     throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
@@ -276,7 +276,7 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
   }
   if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
   const at::Tensor input = to_device(input_ids, device_);
-  const at::Tensor hidden = model()(input, FinalHidden{documents});  // [B, T, C]
+  const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]
   balance_experts(grad_divisor);
   const int64_t rows = hidden.size(0), tokens = hidden.size(1);
   // About 64 MiB of float32 logits live at a time.

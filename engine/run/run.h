@@ -82,14 +82,14 @@ class Run {
   // `stop_requested`: this rank caught a stop signal, which every rank then learns of.
   StepFigures step(double lr, bool stop_requested);
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
-  // The logits [B, T, V] of `input_ids` [B, T] (documents packed into the rows when
-  // `documents` has offsets), with autograd through the units' hooks: a backward from them
+  // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
+  // documents, chosen positions), with autograd through the units' hooks: a backward from them
   // reduce-scatters each unit's gradient into its shards, summed over the ranks. With
   // autograd on, a mixture-of-experts model's routing is then summed over the ranks (a
   // collective): its load-balancing loss joins the coming backward, weighted by
   // `grad_divisor` (what apply_gradients will divide by) to survive that division, and its
   // counts join the step's for the routing-bias update.
-  at::Tensor forward(const at::Tensor& input_ids, const DocumentStarts& documents, double grad_divisor);
+  at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor);
   // Applies the gradients the caller's backward calls left: divided by `divisor` (the world
   // size averages them over the data-parallel ranks), clipped by one global norm, and AdamW
   // at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts model's
@@ -101,7 +101,7 @@ class Run {
   // must sit in the root unit, which keeps it gathered from forward through backward
   // ([policy.options] fused_linear_logprob = true).
   at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                      const DocumentStarts& documents, double grad_divisor);
+                      const RowLayout& layout, double grad_divisor);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.

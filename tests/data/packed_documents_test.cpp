@@ -66,7 +66,7 @@ TEST_CASE("best fit, longest first: long documents cut into rows, every target k
   CHECK(batches.draw_step(1) == targets);
   CHECK(batches.padding_share() == Approx(3.0 / 32));
   const MicroBatch b = batches.rows(0, 2, 2);  // rows [3 + 5], [2 + 4 + padding]
-  CHECK(torch::equal(b.documents.offsets, torch::tensor({0, 3, 8, 8 + 2, 8 + 6, 16}, torch::kLong)));
+  CHECK(torch::equal(b.layout.offsets, torch::tensor({0, 3, 8, 8 + 2, 8 + 6, 16}, torch::kLong)));
   // Row 2 holds tokens 7..9 (document 1) and 10..14 (document 2).
   CHECK(torch::equal(b.input[0], torch::tensor({7, 8, 9, 10, 11, 12, 13, 14}, torch::kLong)));
   CHECK(torch::equal(b.target[0], torch::tensor({8, 9, -100, 11, 12, 13, 14, -100}, torch::kLong)));
@@ -85,7 +85,7 @@ TEST_CASE("without packing each document has a padded row, and a longer one is r
   CHECK(batches.order().size() == 3);
   CHECK(batches.draw_step(1) == 6 + 2 + 8);
   const MicroBatch b = batches.rows(0, 0, 3);
-  CHECK(!b.documents.offsets.defined());  // plain causal rows
+  CHECK(!b.layout.offsets.defined());  // plain causal rows
   CHECK(torch::equal(b.input[1], torch::tensor({7, 8, 9, 0, 0, 0, 0, 0}, torch::kLong)));
   CHECK(torch::equal(b.target[2], torch::tensor({11, 12, 13, 14, 15, 16, 17, 18}, torch::kLong)));
   config.seq_len = 7;

@@ -84,7 +84,7 @@ Gradients gradients(CausalLM& model, const std::function<at::Tensor()>& loss) {
 // A loss over every position: the rows hold no padding, so the packed rows' loss is the sum
 // of each document's alone.
 at::Tensor packed_loss(CausalLM& model, const at::Tensor& ids) {
-  return model(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)}).to(at::kDouble).square().sum();
+  return model(ids, RowLayout{at::tensor(kOffsets, at::kLong)}).to(at::kDouble).square().sum();
 }
 
 at::Tensor documents_alone_loss(CausalLM& model, const at::Tensor& ids) {
@@ -175,7 +175,7 @@ TEST_CASE("a packed Llama gives each document the logits and parameter gradients
   const auto twin = float64_twin(llama.config, model);
 
   SECTION("logits") {
-    const auto packed = model(ids, DocumentStarts{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
+    const auto packed = model(ids, RowLayout{at::tensor(kOffsets, at::kLong)});  // [B, T, V]
     CHECK(backward_runs(packed, "FlashAttentionBackward0") == where->flash());
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> alone;  // each document's logits [L, V] computed alone

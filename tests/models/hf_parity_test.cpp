@@ -136,7 +136,7 @@ TEST_CASE("packed documents give what each document gives alone through transfor
   auto [model, reference] = load_fixture(model_name);
 
   auto ids = reference->tensor("packed.input_ids");  // [R, T]
-  auto logits = (*model)(ids, DocumentStarts{reference->tensor("packed.offsets")});  // [R, T, V]
+  auto logits = (*model)(ids, RowLayout{reference->tensor("packed.offsets")});  // [R, T, V]
   // Padding positions have no reference; the documents' positions are all the rest.
   auto expected = reference->tensor("packed.logits");
   auto in_document = expected.abs().sum(-1) > 0;  // [R, T]

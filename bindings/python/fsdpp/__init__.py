@@ -44,23 +44,21 @@ class Model:
     def __call__(self, input_ids, position_ids=None, document_offsets=None):
         """Logits [B, T, V] of `input_ids` [B, T] int64.
 
-        `document_offsets` [S + 1] int64: documents packed into the rows (offsets into the rows
-        read one after another); attention stays inside each and positions restart at each.
-        Positions are otherwise 0..T-1 in every row, so `position_ids` must be None.
+        `position_ids` [B, T] int64: each token's RoPE position (None: 0..T-1 in every row, or
+        each token's distance from its document's start). `document_offsets` [S + 1] int64:
+        documents packed into the rows (offsets into the rows read one after another);
+        attention stays inside each. Attention is otherwise causal over the whole row.
         """
-        if position_ids is not None:
-            raise Error("position_ids: positions are 0..T-1 in every row, or restart at each of "
-                        "document_offsets; explicit position_ids are not taken")
-        return self._run.forward(input_ids, document_offsets)
+        return self._run.forward(input_ids, position_ids, document_offsets)
 
-    def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None):
+    def logprobs(self, input_ids, targets, temperature=1.0, position_ids=None, document_offsets=None):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
         of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
         temperature) at the targets, computed from the final hidden states a chunk of tokens at
         a time, so [B, T, V] logits are never held. Its gradient is that of the full
         computation. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true)."""
-        return self._run.logprobs(input_ids, targets, float(temperature), document_offsets)
+        return self._run.logprobs(input_ids, targets, float(temperature), position_ids, document_offsets)
 
 
 class Run:

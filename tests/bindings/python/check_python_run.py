@@ -261,6 +261,28 @@ def offload_round_trip(run_file):
     return ok
 
 
+def chosen_positions(run_file, model_dir):
+    """Logits and log-probabilities at positions the loop chose (a left-padded row's: its
+    padding at 0, its tokens from 0; and a row starting at 40) equal transformers' given the
+    same position_ids, within 1e-6 relative (its rotary tables are float32)."""
+    import fsdpp
+    from transformers import AutoModelForCausalLM
+    run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    ids = torch.randint(101, (2, TOKENS + 1), generator=torch.Generator().manual_seed(3))
+    positions = torch.stack([torch.cat([torch.zeros(4, dtype=torch.long), torch.arange(TOKENS - 4)]),
+                             torch.arange(40, 40 + TOKENS)])  # [2, T]
+    want = reference(ids[:, :-1], position_ids=positions).logits.detach()
+    got = run.model(ids[:, :-1], position_ids=positions).detach()
+    logp = run.model.logprobs(ids[:, :-1], ids[:, 1:], position_ids=positions).detach()
+    gap = max(((got - want).norm() / want.norm()).item(),
+              ((logp - full_logprobs(want, ids)).norm() / full_logprobs(want, ids).norm()).item())
+    ok = gap <= FIRST_STEP_BOUND
+    print(f"{'ok  ' if ok else 'FAIL'} chosen position_ids: logits and logprobs {gap:.1e} from transformers' "
+          f"(bound {FIRST_STEP_BOUND:.0e}, relative)")
+    return ok
+
+
 def bad_uses(run_file, other_model_dir, work):
     """Each bad use of the run of `run_file` (the tied model's) raises fsdpp.Error with its
     one-line message; the interpreter goes on."""
@@ -275,7 +297,9 @@ def bad_uses(run_file, other_model_dir, work):
          "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
         ("1-D input_ids", lambda: run.model(ids[0]), "input_ids: expected a [batch, tokens] int64 tensor, got Long [5]"),
         ("a token outside the vocabulary", lambda: run.model(ids + 10_000), "input_ids: token ids must be in [0, "),
-        ("explicit position_ids", lambda: run.model(ids, position_ids=ids), "position_ids: positions are 0..T-1"),
+        ("position_ids shaped apart from input_ids", lambda: run.model(ids, position_ids=ids[:, :3]),
+         "position_ids: expected an int64 tensor shaped as input_ids [2, 5], got Long [2, 3]"),
+        ("a negative position", lambda: run.model(ids, position_ids=ids - 1), "position_ids: positions must be >= 0, got -1"),
         ("document offsets that do not cover the rows",
          lambda: run.model(ids, document_offsets=torch.tensor([0, 4])), "document_offsets: must rise from 0 to the 10"),
         ("a misspelt run-file key", lambda: fsdpp.Run(run_file, {"train.stpes": 3}),
@@ -360,6 +384,7 @@ def main():
             ok &= compare_worlds(f"{case}, world 2 rank {r}", (two, torch.load(f"{out}.{r}.pt")), one)
         if model == "llama_untied":
             ok &= save_resume_export(run_file, loss_name, os.path.join(work, case), one, torchrun)
+    ok &= chosen_positions(run_file, os.path.join(fixtures, "llama_tied_rope3"))
     ok &= offload_round_trip(run_file)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     return 0 if ok else 1
