@@ -24,8 +24,17 @@
 #                         check_offload_device.py): offload() hands the device memory back,
 #                         reload() brings the state back bitwise, full_weights' peak bounded
 #   gpu_check.sh all      units, parity and bench in turn
-# parity and bench build first when build-gpu/fsdpp is missing, and make the corpus when
-# data/licenses.tok is. Logs go to $OUT when it is set, else to build-gpu/.
+#   gpu_check.sh session [SHAPE ...]
+#                         what one lent GPU session runs, each step under its own deadline so
+#                         that a slow one cannot spend the rest: units, python, then bench of
+#                         each SHAPE named (default: llama-3.2-1b and qwen3-30b-a3b-4l)
+# Binaries come from build-gpu/ when this machine built them, else from a carried build/ (a
+# CPU machine's build links CUDA and NCCL too: strip build/fsdpp and build/tests/fsdpp_tests,
+# carry them with build/python, .gpu-deps/ and data/, and link the checkout's absolute path
+# to the copy, since the RUNPATH and test paths are absolute); the libraries of .gpu-deps/,
+# of python3's torch and of its CUDA wheels are put on LD_LIBRARY_PATH. units, parity and
+# bench build first when neither holds the binaries, and make the corpus when
+# data/licenses.tok is missing. Logs go to $OUT when it is set, else to build-gpu/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -33,10 +42,13 @@ out="${OUT:-$root/build-gpu}"
 mkdir -p "$out"
 prefix="${FSDPP_GPU_PREFIX:-/tmp/fsdpp-gpu-deps}"
 lib="$prefix/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}"
 python="$(command -v python3)"
-fsdpp="$root/build-gpu/fsdpp"
-unit_tests="$root/build-gpu/tests/fsdpp_tests"
+site="$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null || true)"
+export LD_LIBRARY_PATH="$lib${site:+:$site/torch/lib:$site/nvidia/cu13/lib}:${LD_LIBRARY_PATH:-}"
+binaries="$root/build-gpu"
+[ ! -x "$binaries/fsdpp" ] && [ -x "$root/build/fsdpp" ] && binaries="$root/build"
+fsdpp="$binaries/fsdpp"
+unit_tests="$binaries/tests/fsdpp_tests"
 
 # dpkg -x where the image has dpkg, else the same by hand: a .deb is an ar archive whose
 # data.tar.* holds the files.
@@ -52,10 +64,17 @@ unpack() {
   rm -rf "$tmp"
 }
 
-build() {
+# The Debian packages' headers and libraries, unpacked once into the private prefix.
+deps() {
+  [ -d "$lib" ] && return
   compgen -G ".gpu-deps/*.deb" >/dev/null || { echo "gpu_check: no .gpu-deps/*.deb (run scripts/gpu_deps.sh first)" >&2; exit 2; }
   mkdir -p "$prefix"
   for f in .gpu-deps/*.deb; do unpack "$f"; done
+}
+
+build() {
+  deps
+  binaries="$root/build-gpu" fsdpp="$root/build-gpu/fsdpp" unit_tests="$root/build-gpu/tests/fsdpp_tests"
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON -DFSDPP_FUZZ=OFF -DFSDPP_REQUIRE_GPU=ON \
     -DFSDPP_PYTHON="$python" -DFSDPP_VENV="$("$python" -c 'import sys; print(sys.prefix)')" \
     -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include -isystem $prefix/usr/include/x86_64-linux-gnu" \
@@ -70,13 +89,15 @@ build() {
 }
 
 inputs() {
+  deps
   [ -x "$fsdpp" ] || build
   [ -f data/licenses.tok ] || bash scripts/make_corpus.sh
   touch data/licenses.tok  # newer than its tool, so make_corpus keeps a carried corpus
 }
 
 units() {
-  build
+  deps
+  [ -x "$unit_tests" ] || build
   FSDPP_REQUIRE_GPU_TESTS=1 OMP_NUM_THREADS=1 "$unit_tests" "[gpu]"
 }
 
@@ -122,11 +143,26 @@ bench() {
   done
 }
 
-# The package from build-gpu/ where this machine built it, else from a carried build/.
+# The package beside the binaries.
 python_api() {
-  local package="$root/build-gpu/python"
-  [ -d "$package/fsdpp" ] || package="$root/build/python"
-  PYTHONPATH="$package" OMP_NUM_THREADS=8 "$python" tests/bindings/python/check_offload_device.py "$out/python-work"
+  deps
+  PYTHONPATH="$binaries/python" OMP_NUM_THREADS=8 "$python" tests/bindings/python/check_offload_device.py "$out/python-work"
+}
+
+# session [SHAPE ...]: each step its own process under a deadline, its log under $out; a step
+# that fails or runs out of time is reported and the next one runs.
+session() {
+  local shapes=("$@") step name limit
+  ((${#shapes[@]})) || shapes=(llama-3.2-1b qwen3-30b-a3b-4l)
+  deps
+  for step in units:150 python:150 $(printf 'bench-%s:240 ' "${shapes[@]}"); do
+    name="${step%%:*}" limit="${step##*:}"
+    echo "== $(date +%T) $name (deadline $limit s)"
+    # bench-SHAPE runs `bench SHAPE`
+    if ! timeout "$limit" bash "$0" ${name/-/ } >"$out/session-$name.log" 2>&1; then
+      echo "gpu_check: $name failed or ran out of time"
+    fi
+  done
 }
 
 case "${1:-}" in
@@ -135,6 +171,7 @@ case "${1:-}" in
   parity) parity 2>&1 | tee "$out/parity.log" ;;
   bench) shift; bench "$@" 2>&1 | tee "$out/bench.log" ;;
   python) python_api 2>&1 | tee "$out/python.log" ;;
+  session) shift; session "$@" 2>&1 | tee "$out/session.log" ;;
   all) { units; parity; bench; } 2>&1 | tee "$out/all.log" ;;
-  *) echo "usage: gpu_check.sh build|units|parity|bench|python|all" >&2; exit 2 ;;
+  *) echo "usage: gpu_check.sh build|units|parity|bench|python|session|all" >&2; exit 2 ;;
 esac
