@@ -27,7 +27,8 @@
 #   gpu_check.sh session [SHAPE ...]
 #                         what one lent GPU session runs, each step under its own deadline so
 #                         that a slow one cannot spend the rest: units, python, then bench of
-#                         each SHAPE named (default: llama-3.2-1b and qwen3-30b-a3b-4l)
+#                         each SHAPE named (default: llama-3.2-1b), within one 600 s call for
+#                         one shape (90 + 120 + 180 s each)
 # Binaries come from build-gpu/ when this machine built them, else from a carried build/ (a
 # CPU machine's build links CUDA and NCCL too: strip build/fsdpp and build/tests/fsdpp_tests,
 # carry them with build/python, .gpu-deps/ and data/, and link the checkout's absolute path
@@ -45,8 +46,11 @@ lib="$prefix/usr/lib/x86_64-linux-gnu"
 python="$(command -v python3)"
 site="$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null || true)"
 export LD_LIBRARY_PATH="$lib${site:+:$site/torch/lib:$site/nvidia/cu13/lib}:${LD_LIBRARY_PATH:-}"
+# A carried build/ only where it links CUDA.
 binaries="$root/build-gpu"
-[ ! -x "$binaries/fsdpp" ] && [ -x "$root/build/fsdpp" ] && binaries="$root/build"
+if [ ! -x "$binaries/fsdpp" ] && [ -x "$root/build/fsdpp" ] && readelf -d "$root/build/fsdpp" | grep -q 'NEEDED.*libtorch_cuda'; then
+  binaries="$root/build"
+fi
 fsdpp="$binaries/fsdpp"
 unit_tests="$binaries/tests/fsdpp_tests"
 
@@ -97,7 +101,7 @@ inputs() {
 
 units() {
   deps
-  [ -x "$unit_tests" ] || build
+  [ "$binaries" = "$root/build" ] || build  # incremental where this machine builds
   FSDPP_REQUIRE_GPU_TESTS=1 OMP_NUM_THREADS=1 "$unit_tests" "[gpu]"
 }
 
@@ -152,17 +156,20 @@ python_api() {
 # session [SHAPE ...]: each step its own process under a deadline, its log under $out; a step
 # that fails or runs out of time is reported and the next one runs.
 session() {
-  local shapes=("$@") step name limit
-  ((${#shapes[@]})) || shapes=(llama-3.2-1b qwen3-30b-a3b-4l)
+  local shapes=("$@") step name limit failed=0
+  ((${#shapes[@]})) || shapes=(llama-3.2-1b)
   deps
-  for step in units:150 python:150 $(printf 'bench-%s:240 ' "${shapes[@]}"); do
+  for step in units:90 python:120 $(printf 'bench-%s:180 ' "${shapes[@]}"); do
     name="${step%%:*}" limit="${step##*:}"
     echo "== $(date +%T) $name (deadline $limit s)"
-    # bench-SHAPE runs `bench SHAPE`
-    if ! timeout "$limit" bash "$0" ${name/-/ } >"$out/session-$name.log" 2>&1; then
-      echo "gpu_check: $name failed or ran out of time"
+    # bench-SHAPE runs `bench SHAPE`. A run told to stop finishes its step and saves: KILL
+    # follows 15 s later, so that nothing holds the GPU when the next step starts.
+    if ! timeout -k 15 "$limit" bash "$root/scripts/gpu_check.sh" ${name/-/ } >"$out/session-$name.log" 2>&1; then
+      echo "gpu_check: $name failed or ran out of time (its log: $out/session-$name.log)"
+      failed=1
     fi
   done
+  return "$failed"
 }
 
 case "${1:-}" in

@@ -119,6 +119,12 @@ class PythonRun {
   std::string save(const std::optional<std::string>& root) {
     if (root && root->empty()) throw UserError("save: the directory is an empty path");
     const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
+    // The binary leaves a step saved twice as it is; here a load() may have rewound the step
+    // count under a directory that holds the older checkpoint of that step.
+    if (std::filesystem::exists(checkpoint_path(dir, steps_))) {
+      throw UserError("save: " + checkpoint_path(dir, steps_).string() + " exists already; save to another "
+                      "directory or remove it");
+    }
     {
       py::gil_scoped_release released;
       run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir);

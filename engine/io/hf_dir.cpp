@@ -131,7 +131,8 @@ BaseIdentity BaseIdentity::of(const std::filesystem::path& path, uint64_t init_s
   }
   for (const auto& name : weights.names()) {
     const auto& file = weights.file_of(name).path();
-    base.files[file.filename().string()] = checksum(file);
+    const std::string key = file.filename().string();
+    if (!base.files.contains(key)) base.files[key] = checksum(file);  // a file holds many tensors
   }
   return base;
 }

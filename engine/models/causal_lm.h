@@ -63,8 +63,8 @@ class CausalLM : public Module {
   // With several documents packed into each row, or positions of the caller's choosing; the
   // text decoders take them.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) {
-    throw UserError(class_name() + " does not attend within packed documents or take chosen positions: set "
-                    "[data] packing = false");
+    throw UserError(class_name() + " takes neither packed documents nor chosen positions (a run file: set [data] "
+                    "packing = false)");
   }
 
   // The final hidden states; the text decoders give them.

@@ -134,6 +134,12 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const to
   return (*norm_)(h);
 }
 
+torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, const torch::Tensor& documents,
+                                    const AtPositions& at) {
+  // Embedded inside this module's forward, where a unit holding the embedding has gathered it.
+  return forward((*embed_tokens)(input_ids), to_device(at.position_ids, input_ids.device()), documents);
+}
+
 DecoderCausalLM::DecoderCausalLM(const DecoderFamily& family, const ModelConfig& c,
                                  const torch::TensorOptions& opts)
     : CausalLM(family.prefix + "ForCausalLM", c, {family.prefix + "DecoderLayer"}) {
@@ -158,10 +164,7 @@ torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const Fin
 
 torch::Tensor DecoderCausalLM::hidden(const torch::Tensor& input_ids, const RowLayout& layout) {
   const auto documents = to_device(layout.offsets, input_ids.device());
-  if (layout.positions.defined()) {
-    // Chosen positions take the path of embeddings made apart, as a vision model's do.
-    return (*model_)((*model_->embed_tokens)(input_ids), to_device(layout.positions, input_ids.device()), documents);
-  }
+  if (layout.positions.defined()) return (*model_)(input_ids, documents, AtPositions{layout.positions});
   return documents.defined() ? (*model_)(input_ids, documents) : (*model_)(input_ids);
 }
 

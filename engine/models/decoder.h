@@ -78,6 +78,11 @@ class DecoderLayer : public Module {
   std::shared_ptr<FeedForward> mlp_;  // an MLP, or a MoE layer's experts
 };
 
+// RoPE positions a caller chose for the tokens of a forward.
+struct AtPositions {
+  torch::Tensor position_ids;  // [B, T] int64
+};
+
 // The transformer body ("LlamaModel"): embeddings, layers, final norm.
 class DecoderModel : public Module {
  public:
@@ -91,6 +96,8 @@ class DecoderModel : public Module {
   // positions: inputs_embeds [B, T, C], position_ids [3, B, T], documents as above -> [B, T, C].
   torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& documents);
+  // input_ids [B, T] at the caller's positions, documents as above -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& documents, const AtPositions& at);
 
   std::shared_ptr<Embedding> embed_tokens;
   // The MoE layers' routing in the last forward; null for dense models.

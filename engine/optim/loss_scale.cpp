@@ -25,7 +25,8 @@ void LossScaler::update(bool finite) {
     state_.growth_tracker = 0;
     return;
   }
-  if (++state_.growth_tracker == config_.growth_interval) {
+  // At or past: a run may resume with a shorter interval than its checkpoint's count.
+  if (++state_.growth_tracker >= config_.growth_interval) {
     state_.scale *= config_.growth_factor;
     state_.growth_tracker = 0;
   }

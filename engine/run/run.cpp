@@ -30,17 +30,21 @@ namespace {
 
 using nlohmann::json;
 
-// `t` as it is, whose gradient backward multiplies by `factor`: a caller's loss that is not
-// multiplied by the loss scale gets its gradient scaled at the model's float32 outputs,
-// before a cast to float16 could flush it to zero.
+// A copy of `t` in `dtype` whose gradient backward multiplies by `factor` before casting it
+// back to t's dtype: a caller's loss that is not multiplied by the loss scale gets its
+// gradient scaled in float32, before the cast to float16 could flush it to zero. A copy, not
+// a view, so that the caller may change it in place.
 struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, double factor) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, at::ScalarType dtype,
+                            double factor) {
     ctx->saved_data["factor"] = factor;
-    return t.view_as(t);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(t.scalar_type());
+    return t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {grads[0] * ctx->saved_data["factor"].toDouble(), at::Tensor()};
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {(grads[0] * ctx->saved_data["factor"].toDouble()).to(dtype), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -239,7 +243,8 @@ void Run::balance_experts(double grad_divisor) {
 
 at::Tensor Run::scaled_output(const at::Tensor& output) const {
   if (!scaler_ || !at::GradMode::is_enabled()) return output;
-  return ScaleGradient::apply(output.to(at::kFloat), scaler_->scale());
+  const at::ScalarType dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat : output.scalar_type();
+  return ScaleGradient::apply(output, dtype, scaler_->scale());
 }
 
 UpdateFigures Run::apply_gradients(double lr, double divisor) {

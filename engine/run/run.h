@@ -88,7 +88,8 @@ class Run {
   // autograd on, a mixture-of-experts model's routing is then summed over the ranks (a
   // collective): its load-balancing loss joins the coming backward, weighted by
   // `grad_divisor` (what apply_gradients will divide by) to survive that division, and its
-  // counts join the step's for the routing-bias update.
+  // counts join the step's for the routing-bias update. That gradient lives in one buffer the
+  // next forward with autograd refills: each forward's backward must come before it.
   at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor);
   // Applies the gradients the caller's backward calls left: divided by `divisor` (the world
   // size averages them over the data-parallel ranks), clipped by one global norm, and AdamW
@@ -172,6 +173,11 @@ class Run {
   // UserError unless the checkpoint holds every tensor this run trains, at its full shape, and
   // the same adapters on the same base.
   void check_fits(const ShardedCheckpoint& checkpoint) const;
+  // Runs `work` on every rank (a collective): where it fails on any, every rank raises one
+  // UserError, "`what`: " and the failing rank's own message, or "`what`: `subject`: another
+  // rank failed" on the others, ending in `after`.
+  void on_every_rank(const std::string& what, const std::string& subject, const std::string& after,
+                     const std::function<void()>& work);
 
   const RunConfig& config_;
   const std::chrono::steady_clock::time_point built_from_;  // when the build began, for the resume's log
@@ -194,8 +200,8 @@ class Run {
 
   // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward).
   void balance_experts(double grad_divisor);
-  // A caller's model output, in float32 with its gradient multiplied by the loss scale when
-  // there is one (with autograd on): the caller's loss need not be scaled.
+  // A caller's model output, with autograd on and a loss scale, as a copy in float32 (float64
+  // stays) whose gradient is multiplied by the scale: the caller's loss need not be scaled.
   at::Tensor scaled_output(const at::Tensor& output) const;
   // A UserError naming `what` while the run is offloaded (while its parameters are, with
   // `params_only`: a forward needs nothing else).

@@ -277,34 +277,41 @@ ResumePoint Run::load(const fs::path& dir) {
     throw UserError("load: " + dir.string() + " is not a complete checkpoint (no metadata.json with its " +
                     kMetadataChecksumFile + ")");
   }
-  const ShardedCheckpoint checkpoint = ShardedCheckpoint::open(dir);
-  try {
-    check_fits(checkpoint);  // alike on every rank: read from the metadata and the base's files
-  } catch (const UserError& e) {
-    throw UserError(std::string("load: ") + e.what());
-  }
-  // Each rank reads its own rows of other ranks' files: one rank's failure (a corrupt file)
-  // is made every rank's, so that none goes on to a collective the others never reach.
-  std::string failure;
-  try {
+  // Each rank opens the checkpoint and reads its own rows of other ranks' files: one rank's
+  // failure (a file missing on its node, a corrupt one) is made every rank's, so that none
+  // goes on to a collective the others never reach.
+  std::optional<ShardedCheckpoint> checkpoint;
+  on_every_rank("load", dir.string(), "", [&] {
+    checkpoint.emplace(ShardedCheckpoint::open(dir));
+    check_fits(*checkpoint);
+  });
+  on_every_rank("load", dir.string(), " (the run is now partly loaded)", [&] {
     at::NoGradGuard no_grad;
     for (auto& s : fsdp_->shard_rows()) {
-      if (checkpoint.contains("model/" + s.name)) checkpoint.read_rows("model/" + s.name, s.rows, s.first_row);
+      if (checkpoint->contains("model/" + s.name)) checkpoint->read_rows("model/" + s.name, s.rows, s.first_row);
     }
-    restore_optimizer(checkpoint);
-  } catch (const UserError& e) {
-    failure = e.what();
+    restore_optimizer(*checkpoint);
+  });
+  fsdp_->reshard_all();  // cast shards kept from before hold the old values
+  const json& meta = checkpoint->metadata();
+  return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+}
+
+void Run::on_every_rank(const std::string& what, const std::string& subject, const std::string& after,
+                        const std::function<void()>& work) {
+  std::string failure;
+  try {
+    work();
+  } catch (const UserError& e) {  // names its file already
+    failure = what + ": " + e.what();
+  } catch (const std::exception& e) {  // c10::Error's text runs on with a backtrace
+    const std::string text = e.what();
+    failure = what + ": " + subject + ": " + text.substr(0, text.find('\n'));
   }
   at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
   comm_->all_reduce_sum(failed);
-  if (!failure.empty()) throw UserError("load: " + failure + " (the run is now partly loaded)");
-  if (failed.item<int64_t>() > 0) {
-    throw UserError("load: " + dir.string() + ": another rank could not read its rows (its error names the file); "
-                    "the run is now partly loaded");
-  }
-  fsdp_->reshard_all();  // cast shards kept from before hold the old values
-  const json& meta = checkpoint.metadata();
-  return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+  if (!failure.empty()) throw UserError(failure + after);
+  if (failed.item<int64_t>() > 0) throw UserError(what + ": " + subject + ": another rank failed (its error says why)" + after);
 }
 
 void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
@@ -334,7 +341,7 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
                       " there but " + c10::str(c10::IntArrayRef(s.full_shape)) + " in this run (another architecture)");
     }
   }
-  if (saved.contains("base")) {
+  if (saved.contains("base") && comm_->rank() == 0) {  // rank 0 reads the base's files; load makes its answer all ranks'
     saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed), where);
   }
 }

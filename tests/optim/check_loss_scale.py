@@ -95,7 +95,7 @@ def python_loop(toml, init_dir, out):
     for _ in range(STEPS):
         window = torch.from_numpy(sampler.take(12))  # [12, 33]
         scale = run.loss_scale
-        logits = run.model(window[:, :-1])
+        logits = run.model(window[:, :-1]).div_(1.0)  # changed in place, as a loop's temperature does
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
         loss.backward()
         norm, stepped = run.step()

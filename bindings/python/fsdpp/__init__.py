@@ -51,7 +51,7 @@ class Model:
         """
         return self._run.forward(input_ids, position_ids, document_offsets)
 
-    def logprobs(self, input_ids, targets, temperature=1.0, position_ids=None, document_offsets=None):
+    def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
         of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
         temperature) at the targets, computed from the final hidden states a chunk of tokens at

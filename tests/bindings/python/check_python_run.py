@@ -190,6 +190,7 @@ def save_resume_export(run_file, loss_name, work, one, torchrun):
     run that loads it with run.load, each train the last 2 steps and end where world 1 did in
     one go."""
     from safetensors.torch import load_file
+    shutil.rmtree(os.path.join(work, "saved"), ignore_errors=True)  # a rerun's: save refuses a step saved already
     _, weights, saved = train_fsdpp(run_file, loss_name, 0, 1, steps=range(3), save=os.path.join(work, "saved"))
     placed = saved == os.path.join(work, "saved", "step-00000003")
     print(f"{'ok  ' if placed else 'FAIL'} {loss_name}: run.save(dir) returned {saved}")
@@ -325,6 +326,8 @@ def bad_uses(run_file, other_model_dir, work):
         ("loading an untied model's checkpoint into a tied one", lambda: run.load(other),
          f"load: {other}: holds a tensor 'lm_head.weight' that this run's model has not (another architecture)"),
         ("saving to an empty path", lambda: run.save(""), "save: the directory is an empty path"),
+        ("saving a step saved already", lambda: run.save(os.path.dirname(other)),
+         f"save: {other} exists already; save to another directory or remove it"),
     ]
     ok = True
     for name, call, expected in cases:
