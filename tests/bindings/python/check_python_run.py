@@ -284,6 +284,28 @@ def chosen_positions(run_file, model_dir):
     return ok
 
 
+def corrupt_load_at_world_2(run_file, work, torchrun):
+    """A world-2 checkpoint whose rank-1 file is corrupt, loaded at world 2: rank 1 alone reads
+    that file, and both ranks raise fsdpp.Error, rank 1 naming the file and rank 0 saying
+    another rank failed, rather than rank 0 waiting for rank 1 in a collective."""
+    shutil.rmtree(os.path.join(work, "corrupt"), ignore_errors=True)
+    out = os.path.join(work, "corrupt", "error")
+    launch = [torchrun, "--standalone", "--nproc-per-node", "2", __file__]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(launch + ["--save-at-world-2", run_file, os.path.join(work, "corrupt")], check=True, timeout=300, env=env)
+    checkpoint = os.path.join(work, "corrupt", "step-00000000")
+    with open(os.path.join(checkpoint, "rank-00001.safetensors"), "r+b") as f:
+        f.seek(-64, os.SEEK_END)
+        f.write(bytes(64))
+    subprocess.run(launch + ["--load", run_file, checkpoint, out], check=True, timeout=300, env=env)
+    errors = [open(f"{out}.{r}").read() for r in range(2)]
+    ok = (f"load: {checkpoint}/rank-00001.safetensors" in errors[1] and "checksum" in errors[1] and
+          errors[0] == f"load: {checkpoint}: another rank failed (its error says why) (the run is now partly loaded)")
+    for r, message in enumerate(errors):
+        print(f"{'ok  ' if ok else 'FAIL'} a corrupt rank-1 file loaded at world 2, rank {r}: {message}")
+    return ok
+
+
 def bad_uses(run_file, other_model_dir, work):
     """Each bad use of the run of `run_file` (the tied model's) raises fsdpp.Error with its
     one-line message; the interpreter goes on."""
@@ -348,6 +370,20 @@ def bad_uses(run_file, other_model_dir, work):
 
 
 def main():
+    if sys.argv[1] == "--save-at-world-2":  # torchrun's processes: a world-2 checkpoint of step 0
+        import fsdpp
+        fsdpp.Run(sys.argv[2]).save(sys.argv[3])
+        return 0
+    if sys.argv[1] == "--load":  # torchrun's processes: each rank's error loading a checkpoint
+        import fsdpp
+        run = fsdpp.Run(sys.argv[2])
+        try:
+            run.load(sys.argv[3])
+            message = "no error"
+        except fsdpp.Error as e:
+            message = str(e)
+        open(f"{sys.argv[4]}.{run.rank}", "w").write(message)
+        return 0
     if sys.argv[1] == "--rank":  # one of torchrun's processes
         run_file, loss_name, out = sys.argv[2:5]
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -388,6 +424,7 @@ def main():
         if model == "llama_untied":
             ok &= save_resume_export(run_file, loss_name, os.path.join(work, case), one, torchrun)
     ok &= chosen_positions(run_file, os.path.join(fixtures, "llama_tied_rope3"))
+    ok &= corrupt_load_at_world_2(run_file, work, torchrun)
     ok &= offload_round_trip(run_file)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     return 0 if ok else 1
