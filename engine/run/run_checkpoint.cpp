@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <unordered_set>
 
 namespace fsdpp {
 
@@ -323,9 +324,11 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
                     ", where this run has " + (lora.is_null() ? "none" : lora.dump()));
   }
   const std::vector<ShardRows> shards = fsdp_->shard_rows();
+  std::unordered_set<std::string> names;  // a MoE model holds tens of thousands of tensors
+  for (const auto& s : shards) names.insert(s.name);
   for (const auto& key : checkpoint.keys("model/")) {
     const std::string name = key.substr(sizeof("model/") - 1);
-    if (std::none_of(shards.begin(), shards.end(), [&](const ShardRows& s) { return s.name == name; })) {
+    if (!names.contains(name)) {
       throw UserError(where + ": holds a tensor '" + name + "' that this run's model has not (another architecture)");
     }
   }
