@@ -124,9 +124,11 @@ def lr_at(step, cfg):
     return min_lr + (peak - min_lr) * shape
 
 
-def write_initial_model(cfg, out_dir):
+def write_initial_model(cfg, out_dir, layers=None):
     """Saves the config's model, freshly initialised by transformers, as an HF directory;
-    returns the directory, the count of distinct parameters and the HF config.
+    returns the directory, the count of distinct parameters and the HF config. `layers`
+    keeps the first that many decoder layers of the config (a real model's widths at a depth
+    a CPU runs).
 
     Both engines then start from these weights, so their losses agree from the first step
     and any gap in the curves is the engines', not their initialisers'.
@@ -139,6 +141,12 @@ def write_initial_model(cfg, out_dir):
         hf_config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise BenchError(f"cannot load model config {path}: {str(e).splitlines()[0]}")
+    if layers is not None:
+        if not 1 <= layers <= hf_config.num_hidden_layers:
+            raise BenchError(f"--layers {layers}: {path} has {hf_config.num_hidden_layers} layers")
+        hf_config.num_hidden_layers = layers
+        if getattr(hf_config, "layer_types", None):  # one entry per layer (transformers 5)
+            hf_config.layer_types = hf_config.layer_types[:layers]
     torch.manual_seed(int(get(cfg, "model.init_seed", 0)))
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     model.save_pretrained(out_dir)  # safetensors by default

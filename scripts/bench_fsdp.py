@@ -66,6 +66,10 @@ def run_fsdpp(args, tmp, gpu):
         sets.append('policy.options.offload="cpu"')
     if args.profile_step:
         sets.append(f"metrics.profile_step={args.profile_step}")
+    if args.count_step:
+        sets.append(f"metrics.count_step={args.count_step}")
+    sets += [f"data.{key}={value}" for key, value in (("seq_len", args.seq_len), ("batch_size", args.batch_size))
+             if value is not None]
     if args.lora_rank:
         sets.append(f"model.adapter={json.dumps(args.adapter_dir)}")  # the adapter's config declares the LoRA
     cmd = [args.fsdpp, "launch", "--nproc-per-node", str(args.world), "--", "train", args.config]
@@ -99,13 +103,44 @@ def run_torch(args, tmp, gpu, compiled=False):
         if args.param_dtype:
             cmd += ["--param-dtype", args.param_dtype]
         cmd += ["--activation-checkpoint"] * args.activation_checkpoint + ["--offload"] * args.offload
-        cmd += ["--profile-step", str(args.profile_step)] + ["--compile"] * compiled
+        # Kernels torch.compile generates are no ATen operators: the compiled peer is not counted.
+        cmd += ["--profile-step", str(args.profile_step), "--count-step", str(0 if compiled else args.count_step)]
+        cmd += ["--compile"] * compiled
+        for flag, value in (("--seq-len", args.seq_len), ("--batch-size", args.batch_size)):
+            if value is not None:
+                cmd += [flag, str(value)]
         if args.lora_rank:
             cmd += ["--lora-rank", str(args.lora_rank), "--adapter-dir", args.adapter_dir]
         procs.append(start(cmd, logs[-1], env))
     peaks = supervise("pytorch fully_shard" + " compiled" * compiled, procs,
                       lambda: {r: p.pid for r, p in enumerate(procs)}, logs, args.world, gpu)
     return out_dir, peaks
+
+
+def read_op_counts(out_dir, step):
+    """Rank 0's count of `step` (engine/metrics/op_count.h), as both engines write it."""
+    path = os.path.join(out_dir, f"ops-step-{step}-rank-0.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"cannot read the operator count {path}: {e}")
+
+
+def print_op_counts(results, step):
+    """The counted step's kernels and the bytes of the kernels other than products and
+    attention, per engine and as fsdpp's ratio, then fsdpp's operators by bytes."""
+    print(f"\nstep {step}, rank 0: {'kernels':>9}{'products':>10}{'attention':>11}{'other':>8}{'other MiB':>11}")
+    for name in ("fsdpp", "pytorch"):
+        c = results[name]["ops"]
+        print(f"{name:<17}{c['kernels']:>9}{c['matmul_kernels']:>10}{c['attention_kernels']:>11}"
+              f"{c['other_kernels']:>8}{c['other_bytes'] / 2**20:>11.1f}")
+    f, p = results["fsdpp"]["ops"], results["pytorch"]["ops"]
+    print(f"kernel ratio (fsdpp / pytorch fully_shard): {f['kernels'] / p['kernels']:.2f}x; other bytes ratio "
+          f"{f['other_bytes'] / max(p['other_bytes'], 1):.2f}x")
+    top = sorted(f["ops"].items(), key=lambda kv: -kv[1]["bytes"])[:12]
+    print("fsdpp's operators by bytes: " + ", ".join(
+        f"{name.split('::')[-1]} {v['calls']}x {v['bytes'] / 2**20:.1f} MiB" for name, v in top))
 
 
 def idle_expert_parameters(hf_config):
@@ -146,15 +181,21 @@ def bench(args):
                          "or pass --fsdpp")
     if args.steps <= args.warmup_steps + 1:
         raise BenchError(f"--steps must be greater than {args.warmup_steps + 1}")
-    if not 0 <= args.profile_step <= args.steps:
-        raise BenchError(f"--profile-step must be within the {args.steps} steps (0: none)")
+    for flag, step in (("--profile-step", args.profile_step), ("--count-step", args.count_step)):
+        if not 0 <= step <= args.steps:
+            raise BenchError(f"{flag} must be within the {args.steps} steps (0: none)")
+    for flag, value in (("--seq-len", args.seq_len), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise BenchError(f"{flag} must be at least 1")
     if args.threads < 1:
         raise BenchError("--threads must be at least 1")
     if args.world is None:
         args.world = 1 if args.device == "cuda" else 2
     if args.device == "cuda" and args.world != 1:
         raise BenchError("--device cuda runs one rank on the one GPU (--world 1)")
-    cfg = load_config(args.config, args.steps)
+    cfg = load_config(args.config, args.steps, args.seq_len, args.batch_size)
+    # The run file's compute dtype, for the peer as for fsdpp, unless the command line says.
+    args.param_dtype = args.param_dtype or get(cfg, "policy.options.param_dtype", None)
     data = get(cfg, "data.train")
     if not os.path.isfile(data):
         raise BenchError(f"token file {data} not found (scripts/make_corpus.sh builds the default)")
@@ -164,7 +205,7 @@ def bench(args):
     memory = "GPU MiB" if gpu else "RSS MiB"
 
     tmp = tempfile.mkdtemp(prefix="fsdpp-bench-fsdp-")  # kept on failure for its logs
-    args.init_dir, n_params, hf_config = write_initial_model(cfg, os.path.join(tmp, "initial-model"))
+    args.init_dir, n_params, hf_config = write_initial_model(cfg, os.path.join(tmp, "initial-model"), args.layers)
     if args.lora_rank:
         args.adapter_dir = write_initial_adapter(args.init_dir, args.lora_rank, args.lora_targets.split(","),
                                                  os.path.join(tmp, "initial-adapter"))
@@ -187,6 +228,8 @@ def bench(args):
             if args.trace_dir:
                 os.makedirs(args.trace_dir, exist_ok=True)
                 shutil.copy(trace, os.path.join(args.trace_dir, f"{name}-step-{args.profile_step}.json"))
+        if args.count_step and name != "compiled":
+            results[name]["ops"] = read_op_counts(out_dir, args.count_step)
     shutil.rmtree(tmp, ignore_errors=True)
 
     ranks = sorted(results["fsdpp"]["memory"])
@@ -208,6 +251,8 @@ def bench(args):
         for rank in ranks:
             print(f"peak {memory.split()[0]} ratio rank {rank} (fsdpp / {title}): "
                   f"{f['memory'][rank] / p['memory'][rank]:.2f}x")
+    if args.count_step:
+        print_op_counts(results, args.count_step)
     if gpu:
         flops = flops_per_token(n_params, hf_config, seq_len)
         for name, r in results.items():
@@ -223,7 +268,7 @@ def bench(args):
     for peer in ("pytorch", "compiled"):
         if peer in results:
             check_trained_alike(f["losses"], results[peer]["losses"],
-                                HALF_LOSS_TOLERANCE if args.param_dtype else LOSS_TOLERANCE,
+                                HALF_LOSS_TOLERANCE if args.param_dtype in ("bfloat16", "float16") else LOSS_TOLERANCE,
                                 moe=routed_experts(hf_config) > 0)
 
 
@@ -238,8 +283,9 @@ if __name__ == "__main__":
                  ("--device", {"choices": ["cpu", "cuda"], "default": "cpu",
                                "help": "where both engines compute (default: %(default)s)"}),
                  ("--world", {"type": int, "help": "ranks per engine (default: 2 on the CPU, 1 on a GPU)"}),
-                 ("--param-dtype", {"choices": ["bfloat16", "float16"],
-                                    "help": "compute dtype over fp32 masters, fp32 reductions (default: the model's)"}),
+                 ("--param-dtype", {"choices": ["bfloat16", "float16", "float32"],
+                                    "help": "compute dtype over fp32 masters, fp32 reductions (default: the run "
+                                            "file's policy option, else the model's)"}),
                  ("--activation-checkpoint", {"action": "store_true",
                                               "help": "both engines recompute each decoder layer in backward"}),
                  ("--offload", {"action": "store_true",
@@ -247,6 +293,14 @@ if __name__ == "__main__":
                  ("--profile-step", {"type": int, "default": 0,
                                      "help": "trace this step in both engines and summarise where its GPU time went"}),
                  ("--trace-dir", {"help": "keep the --profile-step traces here as ENGINE-step-N.json"}),
+                 ("--count-step", {"type": int, "default": 0,
+                                   "help": "count this step's kernels and the bytes the ones other than matrix "
+                                           "products and attention move, in both engines (any device)"}),
+                 ("--layers", {"type": int,
+                               "help": "keep the model's first N decoder layers (its widths at a depth a CPU "
+                                       "runs; default: all)"}),
+                 ("--seq-len", {"type": int, "help": "tokens per row (default: the run file's)"}),
+                 ("--batch-size", {"type": int, "help": "rows per step (default: the run file's)"}),
                  ("--peak-tflops", {"type": float, "default": 989.0,
                                     "help": "the GPU's dense bf16 peak for MFU (default: %(default)s, H100/H200 SXM)"}),
                  ("--lora-rank", {"type": int, "default": 0,

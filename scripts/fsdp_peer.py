@@ -12,9 +12,14 @@ from bench_common import (BenchError, WindowSampler, experts_kernel, get, global
                           read_toml, read_tokens)
 
 
-def load_config(path, steps):
+def load_config(path, steps, seq_len=None, batch_size=None):
+    """The run file as both engines run it: `steps` steps, windows in file order, and the
+    sequence length and batch size given (the file's where None)."""
     cfg = read_toml(path)
     cfg.setdefault("train", {})["steps"] = steps
+    for key, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        if value is not None:
+            cfg.setdefault("data", {})[key] = value
     # Windows in file order: the two engines shuffle with different generators, and the
     # same batches are what makes their losses comparable step by step.
     cfg.setdefault("data", {})["shuffle"] = False
@@ -108,7 +113,7 @@ def torch_worker(args):
     from torch.distributed.tensor import DTensor
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cfg = load_config(args.config, args.steps)
+    cfg = load_config(args.config, args.steps, args.seq_len, args.batch_size)
     torch.set_num_threads(args.threads)
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -155,8 +160,11 @@ def torch_worker(args):
             metrics = open(os.path.join(args.out_dir, "metrics.jsonl"), "w")
 
         begin = time.perf_counter()
-        profiler = None
+        profiler = counter = None
         for step in range(1, steps + 1):
+            if step == args.count_step:  # fsdpp's own counter, as [metrics] count_step runs it
+                import fsdpp
+                counter = fsdpp.count_ops().__enter__()
             if step == args.profile_step:
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if args.device == "cuda":
@@ -195,6 +203,12 @@ def torch_worker(args):
                 scaler.update()
             else:
                 opt.step()
+            if counter is not None:
+                counter.__exit__(None, None, None)
+                os.makedirs(args.out_dir, exist_ok=True)
+                with open(os.path.join(args.out_dir, f"ops-step-{step}-rank-{rank}.json"), "w") as f:
+                    json.dump(counter.counts, f)
+                counter = None
             if profiler is not None:
                 if args.device == "cuda":
                     torch.cuda.synchronize()

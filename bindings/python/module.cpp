@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/sharded_checkpoint.h"
+#include "metrics/op_count.h"
 #include "optim/lr_schedule.h"
 #include "run/run.h"
 
@@ -264,4 +265,7 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def_property_readonly("loss_scale", &PythonRun::loss_scale)
       .def_property_readonly("device", &PythonRun::device)
       .def_property_readonly("vocab_size", &PythonRun::vocab_size);
+  py::class_<fsdpp::OpCounter>(m, "OpCounter")
+      .def(py::init<>())
+      .def("stop", [](fsdpp::OpCounter& counter) { return counter.stop().json(); });
 }

@@ -165,6 +165,13 @@ at::Tensor FsdpUnit::compute_shard(bool backward_follows) {
   const auto options = compute_options(params_.front().param.scalar_type());
   // Constants alone, already where the unit computes: the gather reads their buffer itself.
   if (masters_.numel() == 0 && constants_.device() == options_.device) return constants_;
+  // A group of one computing in the masters' dtype where they live: the parameters view the
+  // masters themselves, which change only in the optimizer's step, after the backward that
+  // reads them.
+  if (comm_->size() == 1 && constants_.numel() == 0 && masters_.scalar_type() == options.dtype().toScalarType() &&
+      masters_.device() == options_.device) {
+    return masters_;
+  }
   // One copy (and cast) of the masters and one of the constants. Offloaded, they cross from
   // pinned host memory on the copy stream, holding up neither the host nor the compute.
   at::Tensor flat = at::empty({flat_numel_}, options);  // [T]
@@ -335,6 +342,16 @@ void FsdpUnit::post_backward() {
     grads.push_back(grad.defined() ? grad.contiguous().view({p.rows, p.row_numel})
                                    : at::zeros({p.rows, p.row_numel}, p.param.options()));
   }
+  if (world == 1 && replicate_group_->size() == 1 && grads.front().scalar_type() == options_.reduce_dtype) {
+    // Nothing to sum and nothing to cast: each gradient is its parameter's whole shard.
+    size_t next = 0;
+    for (auto& p : params_) {
+      if (!p.param.requires_grad()) break;
+      if (p.shard_numel() > 0) accumulate_shard(p, grads[next++].view(p.owned.sizes()));
+    }
+    reshard();
+    return;
+  }
   at::Tensor scattered_in = at::empty({world, reduced_numel_}, compute_options(options_.reduce_dtype));  // [W, R]
   at::_chunk_cat_out(scattered_in, grads, /*dim=*/0, /*num_chunks=*/world);
   if (world == 1) {
@@ -374,30 +391,34 @@ void FsdpUnit::accumulate_reduced() {
   int64_t offset = 0;
   for (auto& p : params_) {
     if (!p.param.requires_grad()) break;
-    // A view of this backward's fresh buffer (a new tensor when the reduction ran in
-    // another dtype or the masters live elsewhere), so a first gradient needs no copy.
-    at::Tensor shard = reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()).to(p.owned.scalar_type());
-    if (shard.device() == p.owned.device()) {
-      if (p.owned.grad().defined()) {
-        p.owned.mutable_grad().add_(shard);
-      } else {
-        p.owned.mutable_grad() = shard;
-      }
-    } else {
-      // Offloaded: into pinned host memory on the copy stream, holding up neither the host nor
-      // the compute. The state waits for the copies before anything reads them, then adds
-      // each to a gradient already there.
-      at::Tensor host = at::empty(p.owned.sizes(), p.owned.options().pinned_memory(true));
-      beside_compute([&] { host.copy_(shard, /*non_blocking=*/true); }, {shard});
-      if (p.owned.grad().defined()) {
-        host_grad_sums_.emplace_back(p.owned.grad(), host);
-      } else {
-        p.owned.mutable_grad() = host;
-      }
-    }
+    accumulate_shard(p, reduced_grads_.narrow(0, offset, p.owned_rows * p.row_numel).view(p.owned.sizes()));
     offset += p.shard_numel();
   }
   reduced_grads_ = at::Tensor();
+}
+
+void FsdpUnit::accumulate_shard(ShardedParam& p, const at::Tensor& reduced) {
+  // The fresh buffer itself (a new tensor when the reduction ran in another dtype or the
+  // masters live elsewhere), so a first gradient needs no copy.
+  const at::Tensor shard = reduced.to(p.owned.scalar_type());
+  if (shard.device() == p.owned.device()) {
+    if (p.owned.grad().defined()) {
+      p.owned.mutable_grad().add_(shard);
+    } else {
+      p.owned.mutable_grad() = shard;
+    }
+    return;
+  }
+  // Offloaded: into pinned host memory on the copy stream, holding up neither the host nor
+  // the compute. The state waits for the copies before anything reads them, then adds each
+  // to a gradient already there.
+  at::Tensor host = at::empty(p.owned.sizes(), p.owned.options().pinned_memory(true));
+  beside_compute([&] { host.copy_(shard, /*non_blocking=*/true); }, {shard});
+  if (p.owned.grad().defined()) {
+    host_grad_sums_.emplace_back(p.owned.grad(), host);
+  } else {
+    p.owned.mutable_grad() = host;
+  }
 }
 
 void FsdpUnit::add_host_gradients() {

@@ -87,6 +87,8 @@ class FsdpUnit {
   void install_hooks();
   void keep_post_forward_slice();
   void accumulate_reduced();  // reduced_grads_ -> the owned shards' .grad
+  // Sums one parameter's reduced gradient [owned sizes] into its owned shard's .grad.
+  void accumulate_shard(ShardedParam& p, const at::Tensor& reduced);
   void fill_params(const at::Tensor& gathered);  // [S * T] rank-major shards -> module tensors
   void free_params();
   at::Tensor compute_shard(bool backward_follows);  // [T] what this rank contributes to a gather

@@ -13,6 +13,7 @@ MetricsConfig MetricsConfig::from_section(ConfigSection& s) {
   c.progress = s.get_choice(
       "progress", c.progress, {{"auto", Progress::on_terminal}, {"always", Progress::always}, {"never", Progress::never}});
   c.profile_step = s.get_int("profile_step", c.profile_step, 0, kMaxSteps);  // 0: off
+  c.count_step = s.get_int("count_step", c.count_step, 0, kMaxSteps);        // 0: off
   s.finish();
   return c;
 }

@@ -21,6 +21,7 @@ struct MetricsConfig {
   double peak_tflops = 0.0;        // one rank's device's dense peak TFLOP/s at the compute dtype, for MFU; 0: no MFU
   Progress progress = Progress::on_terminal;  // "auto", "always" or "never"
   int64_t profile_step = 0;        // > 0: trace that step into <train.out_dir>/profile-step-N-rank-R.json
+  int64_t count_step = 0;          // > 0: count that step's kernels and bytes into <train.out_dir>/ops-step-N-rank-R.json
 
   static MetricsConfig from_section(ConfigSection& section);
 };

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "data/data.h"
 #include "metrics/metrics.h"
+#include "metrics/op_count.h"
 #include "metrics/step_profiler.h"
 #include "optim/lr_schedule.h"
 
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 
 namespace fsdpp {
 
@@ -100,6 +102,19 @@ void save_profile(StepProfiler& profiler, Run& run, int64_t step) {
   log_info("profile: step ", step, " traced to ", trace.string());
 }
 
+// Writes the counted step's kernels and bytes, per operator, and logs the totals.
+void save_op_counts(const OpCounts& counts, Run& run, int64_t step) {
+  const auto path = std::filesystem::path(run.config().train.out_dir) /
+                    ("ops-step-" + std::to_string(step) + "-rank-" + std::to_string(run.comm().rank()) + ".json");
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path) << counts.json() << '\n';
+  if (run.comm().rank() != 0) return;
+  log_info("ops: step ", step, " launched ", counts.kernels, " kernels (", counts.matmul_kernels,
+           " matrix products, ", counts.attention_kernels, " attention); the other ", counts.other_kernels(),
+           " read and wrote ",
+           std::round(static_cast<double>(counts.other_bytes) / (1 << 20) * 10) / 10, " MiB; per operator in ", path.string());
+}
+
 // A step's figures for the log; counts a skipped update in `summary`.
 StepMetrics step_metrics(int64_t step, double lr, const StepFigures& f, TrainSummary& summary, int rank) {
   StepMetrics m{.step = step, .loss = f.loss, .lr = lr, .grad_norm = f.grad_norm, .loss_scale = f.loss_scale};
@@ -152,10 +167,13 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const auto start = Clock::now();
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     if (step == config.metrics.profile_step) profiler.start();
+    std::optional<OpCounter> counter;
+    if (step == config.metrics.count_step) counter.emplace();
     const auto step_start = Clock::now();
     const double lr = schedule.at(step);
     const StepFigures f = run.step(lr, stop_signal != 0);
     StepMetrics m = step_metrics(step, lr, f, summary, rank);
+    if (counter) save_op_counts(counter->stop(), run, step);
     if (profiler.active()) save_profile(profiler, run, step);
     measure(m, run, first_step, start, step_start, step_flops);
     if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # [metrics] profile_step = N traces step N into <out_dir>/profile-step-N-rank-R.json: a
 # Chrome trace holding the step's operators (and, on a GPU, its kernels), which
-# scripts/profile_summary.py reads. A negative step is refused naming the key.
+# scripts/profile_summary.py reads; count_step = N counts its kernels and bytes into
+# <out_dir>/ops-step-N-rank-R.json. A negative step is refused naming the key.
 set -euo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -26,4 +27,43 @@ else
   code=$?
 fi
 [ "$code" = 2 ] && grep -q "profile_step" "$out/err" || { echo "exit $code: $(cat "$out/err")" >&2; exit 1; }
-echo "profile_step: a traced step, and a bad value refused with exit 2"
+# [metrics] count_step = N counts step N's kernels on every rank (engine/metrics/op_count.h).
+count="$WORK/count-step"
+rm -rf "$count"
+"$FSDPP" launch --nproc-per-node 2 -- train examples/tiny-llama.toml --set train.steps=3 --set train.threads=1 \
+  --set metrics.count_step=2 --set "train.out_dir=\"$count\"" --set checkpoint.save_final=false \
+  --set metrics.progress=never 2>"$count.log"
+grep -q "ops: step 2 launched [0-9]* kernels" "$count.log" || { cat "$count.log" >&2; exit 1; }
+python3 - "$count" <<'PY'
+import json, sys
+for rank in (0, 1):
+    c = json.load(open(f"{sys.argv[1]}/ops-step-2-rank-{rank}.json"))
+    ops = c["ops"]
+    # The step's products, attention both ways, AdamW and the reduce-scatter's copy-in.
+    for op in ("aten::mm", "aten::_fused_adamw_", "aten::_chunk_cat"):
+        assert op in ops, f"rank {rank}: {op} missing from the count of step 2"
+    assert c["matmul_kernels"] == sum(ops[o]["calls"] for o in ops if o in ("aten::mm", "aten::addmm"))
+    assert c["attention_kernels"] == 8, c["attention_kernels"]  # 4 layers, forward and backward
+    assert c["kernels"] == sum(v["calls"] for v in ops.values())
+    assert c["other_kernels"] == c["kernels"] - c["matmul_kernels"] - c["attention_kernels"]
+    assert not any(o.startswith("c10d::") or o in ("aten::view", "aten::empty", "aten::linear") for o in ops)
+print(f"count_step: step 2 counted on both ranks, {c['kernels']} kernels on rank 1")
+PY
+# A group of one copies nothing around its collectives: in float32 the parameters view their
+# masters, and each gradient becomes its shard's as it is.
+"$FSDPP" train examples/tiny-llama.toml --set train.steps=2 --set train.threads=1 --set metrics.count_step=2 \
+  --set "train.out_dir=\"$count/one\"" --set checkpoint.save_final=false --set metrics.progress=never 2>/dev/null
+python3 - "$count/one/ops-step-2-rank-0.json" <<'PY'
+import json, sys
+ops = json.load(open(sys.argv[1]))["ops"]
+copies = {o: ops[o] for o in ("aten::_chunk_cat", "aten::copy_") if o in ops}
+assert not copies, f"a world of one copied around its collectives: {copies}"
+print("count_step: a world of one in float32 copies no parameter or gradient")
+PY
+if "$FSDPP" train examples/tiny-llama.toml --set metrics.count_step=-1 2>"$count/err"; then
+  echo "a negative count_step was accepted" >&2; exit 1
+else
+  code=$?
+fi
+[ "$code" = 2 ] && grep -q "count_step" "$count/err" || { echo "exit $code: $(cat "$count/err")" >&2; exit 1; }
+echo "profile_step and count_step: a traced step, a counted one, and bad values refused with exit 2"

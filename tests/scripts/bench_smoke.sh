@@ -8,8 +8,9 @@ bash scripts/make_corpus.sh >/dev/null
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # bench_fsdp.py twice: dense with the compiled peer too, and a Qwen3-MoE whose peer adds the
-# load-balancing loss over every rank, as fsdpp does.
-for bench in "bench_fsdp.py --compile" "bench_fsdp.py --config examples/tiny-qwen3-moe.toml" bench_train.py bench_moe.sh \
+# load-balancing loss over every rank, as fsdpp does, with both engines' kernels counted.
+for bench in "bench_fsdp.py --compile" "bench_fsdp.py --config examples/tiny-qwen3-moe.toml --count-step 2" \
+             bench_train.py bench_moe.sh \
              bench_lora.sh bench_packing.py bench_checkpoint.py bench_plan.sh; do
   read -r -a args <<<"$bench"
   case ${args[0]} in

@@ -17,9 +17,10 @@ import os
 import torch  # LibTorch first: the extension links against the copy torch loads
 
 from fsdpp._fsdpp import Error
+from fsdpp._fsdpp import OpCounter as _OpCounter
 from fsdpp._fsdpp import Run as _Run
 
-__all__ = ["Error", "Run"]
+__all__ = ["Error", "Run", "count_ops"]
 
 
 def _toml_value(key, value):
@@ -149,3 +150,24 @@ class Run:
     @property
     def device(self):
         return torch.device(self._run.device)
+
+
+class count_ops:
+    """Counts the kernels the code inside `with` launches, fsdpp's or any other PyTorch code's,
+    as `[metrics] count_step` counts a step of the binary (engine/metrics/op_count.h):
+
+        with fsdpp.count_ops() as counted:
+            train_step()
+        counted.counts["kernels"], counted.counts["other_bytes"], counted.counts["ops"]
+
+    One count at a time in a process; nothing else may run operators on another thread when it
+    starts or stops."""
+
+    def __enter__(self):
+        self.counts = None
+        self._counter = _OpCounter()
+        return self
+
+    def __exit__(self, *exc):
+        self.counts = json.loads(self._counter.stop())
+        return False

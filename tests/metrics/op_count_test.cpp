@@ -1,0 +1,92 @@
+// The kernel count: what a backend runs is counted once, at the operator it receives; views,
+// allocations and the parts of composed operators are not; bytes are each distinct tensor an
+// operator reads or writes, at its size.
+#include "core/error.h"
+#include "metrics/op_count.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+using namespace fsdpp;
+
+namespace {
+
+int64_t calls_of(const OpCounts& c, const std::string& op) {
+  const auto it = c.by_op.find(op);
+  return it == c.by_op.end() ? 0 : it->second.calls;
+}
+
+}  // namespace
+
+TEST_CASE("op count: a composed operator counts as the kernels it runs, views as none", "[metrics]") {
+  const auto x = torch::randn({64, 256});  // [N, C], 64 KiB
+  const auto w = torch::randn({32, 256});
+  OpCounter counter;
+  const auto y = at::linear(x, w);          // t (a view) and mm
+  const auto half = x.to(at::kBFloat16);    // _to_copy, not its copy_ inside
+  const auto moved = x.t().contiguous();    // a view, then one clone
+  const auto mean = x.pow(2).mean(-1);      // pow, then mean (not the fill_ it starts from)
+  const auto flat = x.view({-1}).narrow(0, 0, 16);  // views only
+  const OpCounts c = counter.stop();
+
+  CHECK(c.kernels == 5);
+  CHECK(c.matmul_kernels == 1);
+  CHECK(calls_of(c, "aten::mm") == 1);
+  CHECK(calls_of(c, "aten::_to_copy") == 1);
+  CHECK(calls_of(c, "aten::copy_") == 0);
+  CHECK(calls_of(c, "aten::clone") == 1);
+  CHECK(calls_of(c, "aten::mean") == 1);
+  CHECK(calls_of(c, "aten::fill_") == 0);
+  CHECK(calls_of(c, "aten::linear") == 0);
+  CHECK(calls_of(c, "aten::view") == 0);
+  const int64_t x_bytes = 64 * 256 * 4;
+  // _to_copy reads x and writes half its size; clone and pow read and write x's size; mean
+  // reads pow's result and writes 64 floats. mm's bytes are the product's, not the rest's.
+  CHECK(c.by_op.at("aten::_to_copy").bytes == x_bytes + x_bytes / 2);
+  CHECK(c.by_op.at("aten::clone").bytes == 2 * x_bytes);
+  CHECK(c.other_bytes == (x_bytes + x_bytes / 2) + 2 * x_bytes + 2 * x_bytes + (x_bytes + 64 * 4));
+}
+
+TEST_CASE("op count: an in-place operator's tensor counts once; backward's kernels count too", "[metrics]") {
+  auto a = torch::randn({1000});
+  const auto b = torch::randn({1000});
+  auto w = torch::randn({1000}, torch::requires_grad());
+  OpCounter counter;
+  a.add_(b);  // reads a and b, writes a: two tensors
+  (w * b).sum().backward();
+  const OpCounts c = counter.stop();
+  CHECK(c.by_op.at("aten::add_").calls == 1);
+  CHECK(c.by_op.at("aten::add_").bytes == 2 * 1000 * 4);
+  // Forward mul and sum; backward the loss's seed gradient (ones_like), the sum's gradient
+  // expanded (a view) and multiplied by b, which becomes w.grad as it is (a first gradient).
+  CHECK(calls_of(c, "aten::mul") == 2);
+  CHECK(calls_of(c, "aten::sum") == 1);
+  CHECK(calls_of(c, "aten::ones_like") == 1);
+  CHECK(c.kernels == 5);
+}
+
+TEST_CASE("op count: one count at a time, each from zero, written as JSON", "[metrics]") {
+  const auto x = torch::randn({8});
+  std::optional<OpCounter> first(std::in_place);
+  CHECK_THROWS_AS(OpCounter(), UserError);
+  const auto y = x + x;
+  const OpCounts one = first->stop();
+  first.reset();
+
+  OpCounter second;
+  const auto z = x * x;
+  const auto u = x * x;
+  const OpCounts two = second.stop();
+  CHECK(one.kernels == 1);
+  CHECK(calls_of(one, "aten::add") == 1);
+  CHECK(two.kernels == 2);
+  CHECK(calls_of(two, "aten::add") == 0);
+
+  const auto json = nlohmann::json::parse(two.json());
+  CHECK(json["kernels"] == 2);
+  CHECK(json["other_kernels"] == 2);
+  CHECK(json["other_bytes"] == 2 * (8 * 4 + 8 * 4));  // per call: x once (read twice), the product
+  CHECK(json["ops"]["aten::mul"]["calls"] == 2);
+}
