@@ -195,7 +195,7 @@ def bench(args):
         raise BenchError("--device cuda runs one rank on the one GPU (--world 1)")
     cfg = load_config(args.config, args.steps, args.seq_len, args.batch_size)
     # The run file's compute dtype, for the peer as for fsdpp, unless the command line says.
-    args.param_dtype = args.param_dtype or get(cfg, "policy.options.param_dtype", None)
+    args.param_dtype = args.param_dtype or cfg.get("policy", {}).get("options", {}).get("param_dtype")
     data = get(cfg, "data.train")
     if not os.path.isfile(data):
         raise BenchError(f"token file {data} not found (scripts/make_corpus.sh builds the default)")
