@@ -8,8 +8,6 @@
 #include "loss/cross_entropy_kernel.h"
 #include "models/kernel_element.h"
 
-#include <ATen/record_function.h>
-
 #include <torch/csrc/autograd/custom_function.h>
 #endif
 
@@ -29,8 +27,8 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const auto t = targets.contiguous();
     const auto row_options = x.options().dtype(at::kFloat);
     auto loss = at::empty({x.size(0)}, row_options), lse = at::empty({x.size(0)}, row_options);
-    const std::vector<c10::IValue> reads{x, t}, writes{loss, lse};  // for the kernel count (metrics/op_count)
-    RECORD_FUNCTION_WITH_INPUTS_OUTPUTS("fsdpp::cross_entropy_forward", &reads, writes);
+    at::RecordFunction record(at::RecordScope::FUNCTION);
+    if (record.isActive()) describe_kernel(record, "fsdpp::cross_entropy_forward", {x, t}, {loss, lse});
     kernels::cross_entropy_forward(*kernel_element(x), x.get_device(), x.const_data_ptr(), t.const_data_ptr<int64_t>(),
                                    kIgnoredTarget, loss.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>(),
                                    x.size(0), x.size(1));
@@ -44,8 +42,10 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const auto& x = saved[0];
     const auto grad_loss = grads[0].to(at::kFloat).contiguous();  // [N]; a sum's gradient arrives expanded
     auto grad = at::empty_like(x);
-    const std::vector<c10::IValue> reads{x, saved[1], saved[2], grad_loss}, writes{grad};
-    RECORD_FUNCTION_WITH_INPUTS_OUTPUTS("fsdpp::cross_entropy_backward", &reads, writes);
+    at::RecordFunction record(at::RecordScope::FUNCTION);
+    if (record.isActive()) {
+      describe_kernel(record, "fsdpp::cross_entropy_backward", {x, saved[1], saved[2], grad_loss}, {grad});
+    }
     kernels::cross_entropy_backward(*kernel_element(x), x.get_device(), x.const_data_ptr(),
                                     saved[1].const_data_ptr<int64_t>(), kIgnoredTarget,
                                     saved[2].const_data_ptr<float>(), grad_loss.const_data_ptr<float>(),

@@ -7,7 +7,6 @@
 #ifdef FSDPP_CUDA_KERNELS
 #include "models/kernel_element.h"
 
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #endif
 
@@ -24,8 +23,8 @@ struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const auto g = gate.contiguous(), u = up.contiguous();
     auto out = at::empty_like(g);
-    const std::vector<c10::IValue> reads{g, u}, writes{out};  // for the kernel count (metrics/op_count)
-    RECORD_FUNCTION_WITH_INPUTS_OUTPUTS("fsdpp::swiglu_forward", &reads, writes);
+    at::RecordFunction record(at::RecordScope::FUNCTION);
+    if (record.isActive()) describe_kernel(record, "fsdpp::swiglu_forward", {g, u}, {out});
     kernels::swiglu_forward(*kernel_element(g), g.get_device(), g.const_data_ptr(), u.const_data_ptr(),
                             out.mutable_data_ptr(), g.numel());
     ctx->save_for_backward({g, u});
@@ -36,8 +35,10 @@ struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
     const auto saved = ctx->get_saved_variables();
     const auto dy = grads[0].contiguous();
     auto grad_gate = at::empty_like(saved[0]), grad_up = at::empty_like(saved[1]);
-    const std::vector<c10::IValue> reads{dy, saved[0], saved[1]}, writes{grad_gate, grad_up};
-    RECORD_FUNCTION_WITH_INPUTS_OUTPUTS("fsdpp::swiglu_backward", &reads, writes);
+    at::RecordFunction record(at::RecordScope::FUNCTION);
+    if (record.isActive()) {
+      describe_kernel(record, "fsdpp::swiglu_backward", {dy, saved[0], saved[1]}, {grad_gate, grad_up});
+    }
     kernels::swiglu_backward(*kernel_element(dy), dy.get_device(), dy.const_data_ptr(), saved[0].const_data_ptr(),
                              saved[1].const_data_ptr(), grad_gate.mutable_data_ptr(), grad_up.mutable_data_ptr(),
                              dy.numel());
@@ -57,8 +58,8 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
                              .in_strides = {in.stride(0), in.stride(1), in.stride(2)},
                              .out_strides = {out.stride(0), out.stride(1), out.stride(2)},
                              .table_per_sequence = cos.dim() == 3};
-  const std::vector<c10::IValue> reads{in, cos, sin}, writes{out};
-  RECORD_FUNCTION_WITH_INPUTS_OUTPUTS("fsdpp::rotary", &reads, writes);
+  at::RecordFunction record(at::RecordScope::FUNCTION);
+  if (record.isActive()) describe_kernel(record, "fsdpp::rotary", {in, cos, sin}, {out});
   kernels::rotary(*kernel_element(in), in.get_device(), in.const_data_ptr(), cos.const_data_ptr<float>(),
                   sin.const_data_ptr<float>(), out.mutable_data_ptr(), shape, transpose);
   return out;

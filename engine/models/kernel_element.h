@@ -1,12 +1,15 @@
 // Which element type of the fused CUDA kernels (models/fused_kernels.h) a tensor holds: one
-// for float32, bf16 and fp16 in GPU memory, none for anything else.
+// for float32, bf16 and fp16 in GPU memory, none for anything else; and how a launch of one
+// is named to operator observers.
 #pragma once
 
 #include "models/fused_kernels.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 
 #include <optional>
+#include <vector>
 
 namespace fsdpp {
 
@@ -22,6 +25,22 @@ inline std::optional<kernels::Element> kernel_element(const at::Tensor& t) {
     default:
       return std::nullopt;
   }
+}
+
+// Names a fused kernel's launch, with the tensors it reads and writes, to whatever observes
+// operators (the kernel count of metrics/op_count, the profiler): at the call site,
+//   at::RecordFunction record(at::RecordScope::FUNCTION);
+//   if (record.isActive()) describe_kernel(record, "fsdpp::rotary", {x, cos, sin}, {out});
+// so that the lists are built only while something observes. Observers read the inputs as
+// the record begins, inside this call.
+inline void describe_kernel(at::RecordFunction& record, const char* name, const std::vector<c10::IValue>& reads,
+                            const std::vector<c10::IValue>& writes) {
+  if (record.needsInputs()) {
+    record.before(name, &reads);
+  } else {
+    record.before(name);
+  }
+  if (record.needsOutputs()) record.setOutputs(writes);
 }
 
 }  // namespace fsdpp
