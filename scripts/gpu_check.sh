@@ -142,7 +142,8 @@ bench() {
               "llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b)" >&2; exit 2 ;;
     esac
     echo "== bench $variant"
-    PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config "$config" \
+    # The package beside the binaries counts the peer's kernels (--count-step).
+    PYTHONPATH="$binaries/python" PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config "$config" \
       --device cuda --param-dtype bfloat16 --steps 25 --threads 8 --count-step 2 $flag
   done
 }
