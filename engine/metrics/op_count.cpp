@@ -127,7 +127,10 @@ void add_tensor_bytes(c10::ArrayRef<c10::IValue> values, Call& call) {
   auto add = [&](const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return;
     const int64_t size = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-    const TensorKey key{t.const_data_ptr(), size};
+    // The address from the storage itself: data_ptr() checks the tensor and may throw, which an
+    // observer must not (a parameter between gathers has elements but no memory).
+    const auto* first = static_cast<const char*>(t.storage().data()) + t.storage_offset() * t.element_size();
+    const TensorKey key{first, size};
     if (std::find(call.seen.begin(), call.seen.end(), key) != call.seen.end()) return;
     call.seen.push_back(key);
     call.bytes += size;
