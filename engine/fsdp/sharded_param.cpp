@@ -11,17 +11,12 @@ namespace fsdpp {
 
 namespace {
 
-// Swaps the storage's memory for a fresh block of `nbytes` from its own allocator (the
-// device's caching allocator on a GPU), or for none. The old contents are dropped: callers
-// refill the block before reading it.
-void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
+// Drops the storage's memory: the parameter keeps its tensor, which autograd may have
+// saved, and no longer holds or views any values.
+void release_storage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  if (nbytes == 0) {
-    storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  } else {
-    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
-  }
-  storage->set_nbytes(nbytes);
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
 }
 
 }  // namespace
@@ -69,31 +64,21 @@ ShardedParam::ShardedParam(std::string name_, at::Tensor param_, int rank, int w
   owned.requires_grad_(param.requires_grad());
 }
 
-void ShardedParam::alloc_full() {
-  if (is_full()) return;
-  set_storage_bytes(param, static_cast<size_t>(world * shard_numel()) * param.element_size());
-}
-
-at::Tensor ShardedParam::padded_full() const {
-  // variable_data() shares storage under a fresh version counter: a write through the view
-  // is not taken by autograd for a change of the tensors it saved from the parameter.
-  return param.variable_data().as_strided({world, shard_numel()}, {shard_numel(), 1}, 0);
-}
-
 void ShardedParam::view_full(const at::Tensor& buffer, int64_t offset) {
-  TORCH_CHECK(world == 1 && buffer.scalar_type() == param.scalar_type() && buffer.device() == param.device() &&
-                  offset + numel() <= buffer.numel(),
-              "parameter ", name, ": cannot view elements [", offset, ", ", offset + numel(), ") of a ",
-              buffer.numel(), "-element ", buffer.scalar_type(), " buffer at world ", world);
-  if (numel() == 0) return;  // nothing to view, and nothing free_full() would end
+  const int64_t length = world * shard_numel();
+  TORCH_CHECK(buffer.scalar_type() == param.scalar_type() && buffer.device() == param.device() &&
+                  offset + length <= buffer.numel(),
+              "parameter ", name, ": cannot view elements [", offset, ", ", offset + length, ") of a ",
+              buffer.numel(), "-element ", buffer.scalar_type(), " buffer");
+  if (length == 0) return;  // nothing to view, and nothing free_full() would end
   c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
   void* first = static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size();
   storage->set_data_ptr_noswap(at::DataPtr(first, param.device()));  // no deleter: buffer owns it
-  storage->set_nbytes(static_cast<size_t>(numel()) * param.element_size());
+  storage->set_nbytes(static_cast<size_t>(length) * param.element_size());
 }
 
 void ShardedParam::free_full() {
-  if (param.storage().nbytes() > 0) set_storage_bytes(param, 0);
+  if (param.storage().nbytes() > 0) release_storage(param);
 }
 
 bool ShardedParam::is_full() const { return is_allocated(param); }

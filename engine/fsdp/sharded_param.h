@@ -2,8 +2,8 @@
 // ceil(rows / world) per rank, the trailing ranks padded, so every rank's padded shard has
 // the same size and the rank-major concatenation of all shards is the full tensor followed
 // by padding. The module keeps its own parameter tensor as the unsharded view; its storage
-// holds the gathered values only while the unit is unsharded (freed to 0 bytes otherwise),
-// so tensors autograd saved in forward stay valid across a free and re-gather.
+// views the unit's gathered values only while the unit is unsharded (0 bytes otherwise), so
+// tensors autograd saved in forward stay valid across a free and re-gather.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -54,16 +54,10 @@ struct ShardedParam {
 
   int64_t shard_numel() const { return padded_rows * row_numel; }
   int64_t numel() const { return rows * row_numel; }
-  // [world, shard_numel()] over param's allocated storage: the gathered shards, padding included.
-  at::Tensor padded_full() const;
-  // Gives param its full storage back, or releases it, on whatever device param lives; the
-  // values are the caller's to fill. The storage holds world * shard_numel() elements, the
-  // rank-major shards with their padding, so one batched copy can fill every parameter of a
-  // unit from its gathered buffer; param views the first numel() of them.
-  void alloc_full();
-  // In a group of one rank instead: param views numel() elements of `buffer` (param's dtype and
-  // device) from element `offset`, owning none of them; `buffer` must outlive the view, which
-  // free_full() ends.
+  // param views world * shard_numel() elements of `buffer` (param's dtype and device) from
+  // element `offset`, owning none of them: the rank-major shards with their padding, so the
+  // first numel() are the full parameter. `buffer` must outlive the view, which free_full()
+  // ends; the values are the caller's to fill.
   void view_full(const at::Tensor& buffer, int64_t offset);
   void free_full();
   bool is_full() const;

@@ -253,7 +253,8 @@ void FsdpUnit::move_grads(c10::Device device, bool pinned) {
 }
 
 void FsdpUnit::fill_params(const at::Tensor& gathered) {
-  if (comm_->size() == 1) {
+  const int world = comm_->size();
+  if (world == 1) {
     // One rank's shard is every parameter end to end, unpadded: the parameters view it in
     // place instead of copying it (a kept cast shard then serves backward with no copy at all).
     viewed_ = gathered;
@@ -264,15 +265,20 @@ void FsdpUnit::fill_params(const at::Tensor& gathered) {
     }
     return;
   }
-  // Rank-major shards concatenate to the full tensor followed by padding, which is how each
-  // parameter's storage is laid out: one batched copy splits the gathered columns into them.
-  const at::Tensor by_rank = gathered.view({comm_->size(), flat_numel_});  // [S, T]
+  // Rank-major shards concatenate to the full tensor followed by padding: one batched copy
+  // splits the gathered columns into each parameter's region of one buffer. One buffer, in
+  // the unit's order, lays parameters of one shape built one after another (a MoE layer's
+  // experts) at one stride, where a grouped product reads them in place.
+  viewed_ = at::empty({world * flat_numel_}, gathered.options());
+  const at::Tensor by_rank = gathered.view({world, flat_numel_});  // [S, T]
   std::vector<at::Tensor> outs;
   std::vector<int64_t> widths;
+  int64_t offset = 0;
   for (auto& p : params_) {
-    p.alloc_full();
-    outs.push_back(p.padded_full());
+    p.view_full(viewed_, offset);
+    outs.push_back(viewed_.narrow(0, offset, world * p.shard_numel()).view({world, p.shard_numel()}));
     widths.push_back(p.shard_numel());
+    offset += world * p.shard_numel();
   }
   at::split_with_sizes_copy_out(outs, by_rank, widths, /*dim=*/1);
 }

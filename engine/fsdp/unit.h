@@ -111,7 +111,8 @@ class FsdpUnit {
   bool unsharded_ = false;
   at::Tensor gathered_;            // [S * T] filled by gather_
   at::Tensor cast_shard_;          // [T] compute_shard() kept from forward for backward
-  at::Tensor viewed_;              // [T] a group of one: what the unsharded parameters view
+  at::Tensor viewed_;              // what the unsharded parameters view: the gathered [T] in a
+                                   // group of one, else [S * T] with each parameter's shards together
   CommWork gather_;
   std::optional<c10::Event> copied_;  // the copy stream's fill of gathered_'s source, not yet waited for
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward

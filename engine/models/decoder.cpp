@@ -8,6 +8,7 @@
 #include "models/joint_projection.h"
 #include "models/latent_attention.h"
 #include "models/moe.h"
+#include "models/residual_norm.h"
 
 #include <ATen/ATen.h>
 
@@ -93,8 +94,9 @@ DecoderLayer::DecoderLayer(const DecoderFamily& family, const ModelConfig& c, in
 
 torch::Tensor DecoderLayer::forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
                                     const torch::Tensor& scope) {
-  auto h = x + (*self_attn_)((*input_layernorm_)(x), cos_sin, scope);
-  return h + (*mlp_)((*post_attention_layernorm_)(h));
+  const auto attended = (*self_attn_)((*input_layernorm_)(x), cos_sin, scope);  // [B, T, C]
+  const auto [h, normed] = add_then_norm(x, attended, *post_attention_layernorm_);
+  return h + (*mlp_)(normed);
 }
 
 DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,

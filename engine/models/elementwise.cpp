@@ -78,10 +78,12 @@ struct FusedRotary : public torch::autograd::Function<FusedRotary> {
   }
 };
 
-// Whether the rotary kernel takes x [B, H, T, D] with these tables.
+// Whether the rotary kernel takes x [B, H, T, D] with these tables: float32 ones, or tables
+// a unit cast to its compute dtype with the rest of its inputs (bf16 or fp16), which widen to
+// float32 exactly.
 bool rotary_kernel_takes(const at::Tensor& x, const at::Tensor& cos_sin) {
   if (!kernel_element(x) || x.dim() != 4 || x.size(3) % 2 != 0) return false;
-  if (cos_sin.scalar_type() != at::kFloat || cos_sin.device() != x.device() || cos_sin.size(0) != 2) return false;
+  if (!kernel_element(cos_sin) || cos_sin.device() != x.device() || cos_sin.size(0) != 2) return false;
   const auto tables = cos_sin.sizes();
   if (tables.size() == 3) return tables[1] == x.size(2) && tables[2] == x.size(3);
   return tables.size() == 4 && tables[1] == x.size(0) && tables[2] == x.size(2) && tables[3] == x.size(3);
@@ -102,7 +104,10 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos_sin) {
 #ifdef FSDPP_CUDA_KERNELS
-  if (rotary_kernel_takes(x, cos_sin)) return FusedRotary::apply(x, cos_sin[0].contiguous(), cos_sin[1].contiguous());
+  if (rotary_kernel_takes(x, cos_sin)) {
+    const auto tables = cos_sin.to(at::kFloat);  // [2, T, D] or [2, B, T, D]
+    return FusedRotary::apply(x, tables[0].contiguous(), tables[1].contiguous());
+  }
 #endif
   const int64_t half = x.size(-1) / 2;
   auto cos = cos_sin[0].to(x.scalar_type());  // [T, D] or [B, T, D]

@@ -1,7 +1,7 @@
-// CUDA kernels for the elementwise steps of a decoder layer that ATen runs as several
-// memory-bound passes: SwiGLU and RoPE, forward and backward, one pass each. Plain pointers
-// and sizes, so the CUDA sources (fused_kernels.cu) include no ATen and models/elementwise
-// includes no CUDA. Every launch goes on the current stream of `device`; element math is
+// CUDA kernels for the steps of a decoder layer that ATen runs as several memory-bound
+// passes: SwiGLU and RoPE (fused_kernels.cu), and the residual add with the RMSNorm after it
+// (norm_kernels.cu), forward and backward. Plain pointers and sizes, so the CUDA sources
+// include no ATen and their callers include no CUDA. Every launch goes on the current stream of `device`; element math is
 // float32, rounded once to the element type.
 #pragma once
 
@@ -30,5 +30,26 @@ struct RotaryShape {
 // the gradient of x from the gradient of out).
 void rotary(Element element, int device, const void* x, const float* cos, const float* sin, void* out,
             const RotaryShape& shape, bool transpose);
+
+// The widest row the residual RMSNorm kernels take: the backward keeps a float32 partial of
+// the weight's gradient per column in shared memory.
+constexpr int64_t kMaxNormWidth = 8192;
+
+// Rows of `width` contiguous elements (width <= kMaxNormWidth): sum = x + delta, rounded to
+// the element type; out = sum * rstd * weight, rounded once, with rstd = 1 / sqrt(mean(sum²) +
+// eps) in float32, also written to `rstd` [rows] for backward.
+void add_rms_norm_forward(Element element, int device, const void* x, const void* delta, const void* weight,
+                          void* sum, void* out, float* rstd, int64_t rows, int64_t width, float eps);
+
+// How many rows of float32 partial sums of the weight's gradient the backward writes.
+int add_rms_norm_backward_blocks(int device, int64_t rows);
+
+// The gradient of the sum from the output's `grad_out`, plus `grad_sum` (what the sum receives
+// besides through the norm; null for none), rounded once into `grad_x` (which is also delta's).
+// When `weight_partials` is given ([add_rms_norm_backward_blocks(), width] float32), block b
+// writes there Σ grad_out * sum * rstd over its rows: the weight's gradient is their sum.
+void add_rms_norm_backward(Element element, int device, const void* grad_out, const void* grad_sum,
+                           const void* sum, const void* weight, const float* rstd, void* grad_x,
+                           float* weight_partials, int64_t rows, int64_t width);
 
 }  // namespace fsdpp::kernels

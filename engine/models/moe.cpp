@@ -19,18 +19,42 @@ namespace {
 constexpr int64_t kGroupedAlignmentBytes = 16;
 constexpr int64_t kGroupedAlignmentRows = 16;
 
+// The experts' weights, each [out, in], as one [E, out, in] tensor for a grouped product.
+// Where they lie one stride apart, as a unit's gathered buffer lays out the experts of a
+// layer, it views them where they are: a view that owns nothing, so it serves only while
+// `weights` hold their memory, for the one product it is made for. Elsewhere (experts gathered
+// by units of their own, a model without FSDP) they are stacked into a copy.
+at::Tensor expert_weights(at::TensorList weights) {
+  const at::Tensor& first = weights[0];
+  const auto address = [](const at::Tensor& w) { return reinterpret_cast<std::intptr_t>(w.data_ptr()); };
+  const std::intptr_t step = weights.size() > 1 ? address(weights[1]) - address(first) : 0;
+  bool in_place = step >= 0 && step % kGroupedAlignmentBytes == 0 && address(first) % kGroupedAlignmentBytes == 0;
+  for (size_t e = 0; e < weights.size() && in_place; ++e) {
+    const at::Tensor& w = weights[e];
+    in_place = w.is_contiguous() && w.sizes() == first.sizes() && w.scalar_type() == first.scalar_type() &&
+               w.device() == first.device() && address(w) == address(first) + static_cast<std::intptr_t>(e) * step;
+  }
+  if (!in_place) return at::stack(weights);
+  const int64_t stride = step / static_cast<std::intptr_t>(first.element_size());
+  return at::for_blob(first.data_ptr(), {static_cast<int64_t>(weights.size()), first.size(0), first.size(1)})
+      .strides({stride, first.size(1), 1})
+      .options(first.options())
+      .target_device(first.device())
+      .make_tensor();
+}
+
 // One projection of every expert at once: x [P, in] in groups ending at `offsets` [E], group e
-// times weights[e] [out, in] transposed -> [P, out]. The stacked weights [E, out, in] exist
-// only while a product runs: backward stacks them again from the experts' own tensors, which
-// FSDP frees after forward and gathers again for backward as it does any layer's weights (a
-// stack kept for backward would hold every expert unsharded in between).
+// times weights[e] [out, in] transposed -> [P, out]. Backward reads the weights again from the
+// experts' own tensors, which FSDP frees after forward and gathers again for backward as it
+// does any layer's weights (a stack kept for backward would hold every expert unsharded in
+// between).
 struct GroupedProjection : public torch::autograd::Function<GroupedProjection> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& offsets,
                             at::TensorList weights) {
     std::vector<at::Tensor> saved{x, offsets};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
-    return at::_grouped_mm(x, at::stack(weights).transpose(1, 2), offsets);  // [P, out]
+    return at::_grouped_mm(x, expert_weights(weights).transpose(1, 2), offsets);  // [P, out]
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -40,7 +64,7 @@ struct GroupedProjection : public torch::autograd::Function<GroupedProjection> {
     const std::vector<at::Tensor> weights(saved.begin() + 2, saved.end());
     const auto grad = grads[0].contiguous();  // [P, out]
     torch::autograd::variable_list result(2 + weights.size());
-    if (ctx->needs_input_grad(0)) result[0] = at::_grouped_mm(grad, at::stack(weights), offsets);  // [P, in]
+    if (ctx->needs_input_grad(0)) result[0] = at::_grouped_mm(grad, expert_weights(weights), offsets);  // [P, in]
     // Frozen experts (a LoRA run's base) need no weight gradients: the product is skipped
     // when no expert needs one.
     bool any_weight = false;

@@ -1,7 +1,7 @@
 // SwiGLU and RoPE: the composed ops against transformers' formulas on the host, and the fused
 // CUDA kernels against those formulas in float64, values and gradients, in float32 and bf16,
-// from aligned and unaligned memory, with shared and per-sequence tables and q laid out as
-// its projection leaves it.
+// from aligned and unaligned memory, with shared and per-sequence tables (float32, or cast to
+// the compute dtype as a unit casts its inputs) and q laid out as its projection leaves it.
 #include "models/elementwise.h"
 
 #include "tensor_checks.h"
@@ -97,7 +97,10 @@ TEST_CASE("the fused RoPE kernel gives transformers' rotation and its gradient",
   const auto dtype = GENERATE(at::kFloat, at::kBFloat16, at::kHalf);
   const bool per_sequence = GENERATE(false, true);
   const std::string layout = GENERATE("projected", "contiguous", "narrowed");
-  INFO(dtype << (per_sequence ? ", per-sequence tables" : ", shared tables") << ", " << layout << " x");
+  // float32 tables, or tables in the compute dtype, as a unit's cast of its inputs leaves them.
+  const bool tables_cast = GENERATE(false, true);
+  INFO(dtype << (per_sequence ? ", per-sequence tables" : ", shared tables") << (tables_cast ? " (cast)" : "") << ", "
+             << layout << " x");
   at::manual_seed(7);
   const int64_t B = 2, H = 5, T = 37, D = 64;  // 5,920 pairs: many blocks of threads
   // Tables of independent values, so a kernel mixing up the halves' entries shows.
@@ -117,7 +120,7 @@ TEST_CASE("the fused RoPE kernel gives transformers' rotation and its gradient",
   }();
   const auto cpu_tables = tables.to(dtype).to(at::kDouble);  // rounded as transformers rounds them
   auto composed = [&](const std::vector<at::Tensor>& in) { return rotate_half_reference(in[0], cpu_tables); };
-  const auto gpu_tables = tables.cuda();
+  const auto gpu_tables = tables.to(at::TensorOptions(tables_cast ? dtype : at::kFloat).device(at::kCUDA));
   auto fused = [&](const std::vector<at::Tensor>& in) { return apply_rotary(in[0], gpu_tables); };
   const auto expected = run(composed, {values.clone()}, weights);
   const auto actual = run(fused, {x_on_gpu.detach()}, weights.cuda());

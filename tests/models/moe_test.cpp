@@ -1,8 +1,11 @@
 // Expert compute: all experts in one grouped product give what one product per expert gives
 // (the path the engine takes when experts cannot be grouped), on the CPU and, when the test
 // runs on one, the GPU, whose bf16 product is a grouped GEMM kernel. Experts that receive no
-// token get zero gradients from the grouped product, as every rank must reduce them.
+// token get zero gradients from the grouped product, as every rank must reduce them. Experts
+// whose weights lie one stride apart in one buffer, as a unit's gathered buffer lays them, are
+// read where they lie rather than stacked into a copy.
 #include "core/module_tree.h"
+#include "metrics/op_count.h"
 #include "models/moe.h"
 #include "models/registry.h"
 #include "tensor_checks.h"
@@ -12,12 +15,22 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <optional>
 
 using namespace fsdpp;
 
 namespace {
 
 constexpr const char* kExperts = "model.layers.0.mlp.experts.";
+
+// One Qwen3-MoE layer of 8 experts, each token routed to 2.
+ModelConfig small_moe_config() {
+  return ModelConfig::from_json(
+      {{"model_type", "qwen3_moe"}, {"vocab_size", 50}, {"hidden_size", 32}, {"intermediate_size", 40},
+       {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
+       {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 24}, {"norm_topk_prob", true}},
+      "moe_test");
+}
 
 struct Pass {
   at::Tensor logits;                          // [B, T, V] in float32
@@ -34,6 +47,28 @@ Pass forward_backward(CausalLM& model, const at::Tensor& ids) {
     if (p.tensor.grad().defined()) pass.grads[p.name] = p.tensor.grad().to(at::kFloat);
   }
   return pass;
+}
+
+// Moves the experts' weights into one buffer, in the order the model registers them (a unit's
+// order), with `gap` elements left after the first expert's: 0 lays every expert's projection
+// one stride from the last expert's, as a unit's gathered buffer does.
+at::Tensor lay_out_experts(CausalLM& model, int64_t gap) {
+  std::vector<at::Tensor> weights;
+  for (const auto& p : unique_named_parameters(model)) {
+    if (p.name.starts_with(kExperts)) weights.push_back(p.tensor);
+  }
+  int64_t total = gap;
+  for (const auto& w : weights) total += w.numel();
+  at::Tensor buffer = at::empty({total}, weights.front().options());
+  int64_t offset = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    at::NoGradGuard no_grad;
+    at::Tensor region = buffer.narrow(0, offset, weights[i].numel()).view(weights[i].sizes());
+    region.copy_(weights[i]);
+    weights[i].set_data(region);
+    offset += weights[i].numel() + (i == 2 ? gap : 0);  // after expert 0's gate, up and down
+  }
+  return buffer;
 }
 
 // Both paths round the same products, in another order of sums. In float32 the bound is
@@ -103,11 +138,7 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
   // tokens give some expert more rows than one 16-row block of the grouped product.
   const int64_t tokens = GENERATE(3, 64);
   INFO(device << " " << dtype << ", " << tokens << " tokens");
-  const auto config = ModelConfig::from_json(
-      {{"model_type", "qwen3_moe"}, {"vocab_size", 50}, {"hidden_size", 32}, {"intermediate_size", 40},
-       {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 8},
-       {"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 24}, {"norm_topk_prob", true}},
-      "moe_test");
+  const auto config = small_moe_config();
   auto model = build_model(config, torch::TensorOptions().dtype(dtype).device(device));
   init_parameters(*model, /*seed=*/11, /*std=*/0.2);
   at::manual_seed(tokens);
@@ -141,5 +172,50 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
     CHECK(idle_experts >= 2);
   } else {
     CHECK(counts.max().item<int64_t>() > 16);
+  }
+}
+
+TEST_CASE("experts one stride apart run their grouped product in place, with the values of a stacked copy",
+          "[models][gpu]") {
+  const bool on_gpu = GENERATE(false, true);
+  if (on_gpu && !gpu_half_runs()) return;
+  const c10::Device device = on_gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  const auto dtype = on_gpu ? at::kBFloat16 : GENERATE(at::kFloat, at::kBFloat16);
+  INFO(device << " " << dtype);
+  const auto config = small_moe_config();
+  auto model = build_model(config, torch::TensorOptions().dtype(dtype).device(device));
+  init_parameters(*model, /*seed=*/5, /*std=*/0.2);
+  at::manual_seed(5);
+  const auto ids = at::randint(0, 50, {2, 32}, at::TensorOptions(at::kLong).device(device));  // [B, T]
+
+  // 8 elements (16 or 32 bytes) after the first expert: the others no longer lie one stride
+  // from it, and their weights are stacked.
+  const at::Tensor uneven = lay_out_experts(*model, /*gap=*/8);
+  std::optional<OpCounter> counter(std::in_place);
+  const Pass stacked = forward_backward(*model, ids);
+  const OpCounts stacked_counts = counter->stop();
+  counter.reset();
+
+  const at::Tensor even = lay_out_experts(*model, /*gap=*/0);
+  counter.emplace();
+  const Pass in_place = forward_backward(*model, ids);
+  const OpCounts in_place_counts = counter->stop();
+
+  REQUIRE(stacked.grouped);
+  REQUIRE(in_place.grouped);
+  // Each of the three projections stacks its weights in forward and again in backward for
+  // its input's gradient (the weights' own gradients read no weight): six stacks, or none
+  // (besides the rotary tables' one).
+  const auto stacks = [](const OpCounts& counts) {
+    return counts.by_op.count("aten::stack") ? counts.by_op.at("aten::stack").calls : 0;
+  };
+  CHECK(stacks(stacked_counts) - stacks(in_place_counts) == 6);
+  CHECK(in_place_counts.other_bytes < stacked_counts.other_bytes);
+  // The same products of the same operands.
+  CHECK(at::equal(in_place.logits, stacked.logits));
+  REQUIRE(in_place.grads.size() == stacked.grads.size());
+  for (const auto& [name, grad] : stacked.grads) {
+    INFO("gradient of " << name);
+    CHECK(at::equal(in_place.grads.at(name), grad));
   }
 }
