@@ -60,6 +60,24 @@ copies = {o: ops[o] for o in ("aten::_chunk_cat", "aten::copy_") if o in ops}
 assert not copies, f"a world of one copied around its collectives: {copies}"
 print("count_step: a world of one in float32 copies no parameter or gradient")
 PY
+# A MoE layer's experts in one unit at world 2 lie one stride apart in its gathered buffer:
+# their grouped products read them in place, with no stack of their weights either way.
+moe=tests/assets/models/fsdp-qwen3-moe-grouped
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "model.path=\"$moe\"" \
+  --set data.seq_len=8 --set 'policy.options.param_dtype="float32"' --set 'policy.options.experts="unit"' \
+  --set train.steps=2 --set train.threads=1 --set metrics.count_step=2 --set "train.out_dir=\"$count/moe\"" \
+  --set checkpoint.save_final=false --set metrics.progress=never 2>"$count/moe.log" || { cat "$count/moe.log" >&2; exit 1; }
+python3 - "$count/moe/ops-step-2-rank-0.json" "$moe/config.json" <<'PY'
+import json, sys
+ops = json.load(open(sys.argv[1]))["ops"]
+config = json.load(open(sys.argv[2]))
+assert ops.get("aten::_grouped_mm", {}).get("calls", 0) > 0, "the experts did not run grouped"
+# One projection of every expert stacked would move its weights twice (read and written).
+one_stack = 2 * config["num_experts"] * config["moe_intermediate_size"] * config["hidden_size"] * 4
+stacked = ops.get("aten::stack", {}).get("bytes", 0)
+assert stacked < one_stack, f"{stacked} bytes stacked, where one stack of an expert projection is {one_stack}"
+print(f"count_step: grouped experts at world 2 read in place ({stacked} bytes stacked in all)")
+PY
 if "$FSDPP" train examples/tiny-llama.toml --set metrics.count_step=-1 2>"$count/err"; then
   echo "a negative count_step was accepted" >&2; exit 1
 else
