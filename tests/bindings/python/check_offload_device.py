@@ -12,7 +12,8 @@ then offload() of everything:
   in float32 plus its bfloat16 copy, and 64 MiB;
 - the decoder's q and k, laid out as its projections leave them, take the fused RoPE kernel
   on the GPU: the first step's autograd graph holds it on every layer and no `flip` of the
-  composed fallback (counted on the CPU too, where the fallback is the path).
+  composed fallback (counted on the CPU too, where the fallback is the path); and each
+  layer's first residual add and RMSNorm run as one fused kernel (none on the CPU).
 Without a GPU it runs the same calls on the CPU with examples/models/tiny-llama (the memory
 figures are then the host's and are not judged).
 
@@ -69,6 +70,7 @@ def train(path, ids, offload_between):
             names = autograd_nodes(logits)
             measured["fused_rotary"] = sum("FusedRotary" in n for n in names)
             measured["flips"] = sum(n.startswith("FlipBackward") for n in names)
+            measured["fused_norms"] = sum("FusedAddRMSNorm" in n for n in names)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten().to(logits.device))
         loss.backward()
         del logits
@@ -136,6 +138,11 @@ def main():
     ok &= fused or not cuda
     print(f"{'ok  ' if fused or not cuda else 'FAIL'} RoPE: {m['fused_rotary']} fused rotations and {m['flips']} flips "
           f"in the first step's graph ({'on the GPU: q and k of ' + str(layers) + ' layers fused' if cuda else 'on the CPU: the composed path'})")
+    # Each layer's first residual add and the RMSNorm after it: one fused kernel on the GPU.
+    norms = m["fused_norms"] == (layers if cuda else 0)
+    ok &= norms
+    print(f"{'ok  ' if norms else 'FAIL'} residual RMSNorm: {m['fused_norms']} fused in the first step's graph "
+          f"(expected {layers if cuda else 0}: {'one per layer' if cuda else 'none on the CPU'})")
     if cuda:
         (reserved0, used0), (reserved1, used1) = m["before"], m["after"]
         fell = reserved1 < 0.05 * reserved0 or reserved1 < GIB
