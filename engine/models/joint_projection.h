@@ -1,7 +1,7 @@
 // Several projections of one input as one matrix product, where their weights lie end to end
-// in memory: attention's q_proj, k_proj and v_proj in a unit whose parameters view one
-// buffer (a shard group of one, as on a single GPU), or wherever an allocator happened to
-// place them so. One product instead of three runs the small key and value products at the
+// in memory: attention's q_proj, k_proj and v_proj in a unit's gathered buffer, where no
+// padding of a shard separates them (always in a shard group of one, as on a single GPU), or
+// wherever an allocator happened to place them so. One product instead of three runs the small key and value products at the
 // width of the query's, and backward gets the input's gradient from one product where it
 // would sum three; the numbers differ from three products by rounding alone. Anywhere else
 // (weights apart, adapters, biases, hooks on a projection) each module computes alone.

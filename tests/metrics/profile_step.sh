@@ -53,12 +53,17 @@ PY
 # masters, and each gradient becomes its shard's as it is.
 "$FSDPP" train examples/tiny-llama.toml --set train.steps=2 --set train.threads=1 --set metrics.count_step=2 \
   --set "train.out_dir=\"$count/one\"" --set checkpoint.save_final=false --set metrics.progress=never 2>/dev/null
-python3 - "$count/one/ops-step-2-rank-0.json" <<'PY'
+python3 - "$count/one/ops-step-2-rank-0.json" "$count/ops-step-2-rank-0.json" <<'PY'
 import json, sys
-ops = json.load(open(sys.argv[1]))["ops"]
+one, two = (json.load(open(path)) for path in sys.argv[1:])
+ops = one["ops"]
 copies = {o: ops[o] for o in ("aten::_chunk_cat", "aten::copy_") if o in ops}
 assert not copies, f"a world of one copied around its collectives: {copies}"
-print("count_step: a world of one in float32 copies no parameter or gradient")
+# The tiny model's rows split evenly over 2 ranks, so no padding separates q, k and v in the
+# unit's gathered buffer: they run as one product at world 2 as at world 1.
+assert two["matmul_kernels"] == one["matmul_kernels"], (two["matmul_kernels"], one["matmul_kernels"])
+print("count_step: a world of one in float32 copies no parameter or gradient; "
+      f"{one['matmul_kernels']} matrix products at worlds 1 and 2")
 PY
 # A MoE layer's experts in one unit at world 2 lie one stride apart in its gathered buffer:
 # their grouped products read them in place, with no stack of their weights either way.
