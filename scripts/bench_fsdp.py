@@ -31,6 +31,7 @@ from rank_processes import GpuMemory, children, free_port, rank_of, start, super
 
 WARMUP_STEPS = 5  # steps left out of the step-time median (allocation, thread start-up)
 HALF_LOSS_TOLERANCE = 2e-2  # bf16 or fp16 compute: the engines' kernels round differently
+FP8_LOSS_TOLERANCE = 1e-2  # float8 products against fsdpp's own bf16, same weights and batches
 
 
 # ---------------------------------------------------------------- measurement
@@ -50,9 +51,10 @@ def summarise(path, tokens_per_step, warmup_steps):
             "final_loss": records[-1]["loss"], "first_grad_norm": records[0]["grad_norm"]}
 
 
-def run_fsdpp(args, tmp, gpu):
-    out_dir = os.path.join(tmp, "fsdpp")
-    log = os.path.join(tmp, "fsdpp.log")
+def run_fsdpp(args, tmp, gpu, fp8=False):
+    name = "fsdpp-fp8" if fp8 else "fsdpp"
+    out_dir = os.path.join(tmp, name)
+    log = os.path.join(tmp, f"{name}.log")
     sets = [f"train.steps={args.steps}", f"train.threads={args.threads}",
             f'parallel.device="{args.device}"',
             f"train.out_dir={json.dumps(out_dir)}",  # a JSON string is a valid TOML string
@@ -64,6 +66,8 @@ def run_fsdpp(args, tmp, gpu):
         sets.append("policy.options.activation_checkpoint=true")
     if args.offload:
         sets.append('policy.options.offload="cpu"')
+    if fp8:
+        sets.append('policy.options.compute="fp8"')
     if args.profile_step:
         sets.append(f"metrics.profile_step={args.profile_step}")
     if args.count_step:
@@ -193,6 +197,8 @@ def bench(args):
         args.world = 1 if args.device == "cuda" else 2
     if args.device == "cuda" and args.world != 1:
         raise BenchError("--device cuda runs one rank on the one GPU (--world 1)")
+    if args.fp8 and args.device != "cuda":
+        raise BenchError("--fp8 needs --device cuda: float8 products run on GPUs of compute capability 9.0+")
     cfg = load_config(args.config, args.steps, args.seq_len, args.batch_size)
     # The run file's compute dtype, for the peer as for fsdpp, unless the command line says.
     args.param_dtype = args.param_dtype or cfg.get("policy", {}).get("options", {}).get("param_dtype")
@@ -211,6 +217,8 @@ def bench(args):
                                                  os.path.join(tmp, "initial-adapter"))
     results = {}
     engines = [("fsdpp", run_fsdpp), ("pytorch", run_torch)]
+    if args.fp8:
+        engines.insert(1, ("fsdpp-fp8", lambda a, t, g: run_fsdpp(a, t, g, fp8=True)))
     if args.compile:
         engines.append(("compiled", lambda a, t, g: run_torch(a, t, g, compiled=True)))
     for name, run in engines:
@@ -251,6 +259,10 @@ def bench(args):
         for rank in ranks:
             print(f"peak {memory.split()[0]} ratio rank {rank} (fsdpp / {title}): "
                   f"{f['memory'][rank] / p['memory'][rank]:.2f}x")
+    if args.fp8:
+        e = results["fsdpp-fp8"]
+        print(f"tokens/s ratio (fsdpp fp8 / fsdpp bf16): {e['tokens_per_s'] / f['tokens_per_s']:.2f}x; "
+              f"step time ratio {e['step_s'] / f['step_s']:.2f}x")
     if args.count_step:
         print_op_counts(results, args.count_step)
     if gpu:
@@ -265,6 +277,10 @@ def bench(args):
         return "skipped" if value is None else f"{value:.6f}"
     print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
           f"grad norm: fsdpp {norm(f['first_grad_norm'])}, pytorch fully_shard {norm(t['first_grad_norm'])}")
+    if args.fp8:
+        print("fsdpp fp8 against fsdpp bf16:")
+        check_trained_alike(f["losses"], results["fsdpp-fp8"]["losses"], FP8_LOSS_TOLERANCE,
+                            moe=routed_experts(hf_config) > 0)
     for peer in ("pytorch", "compiled"):
         if peer in results:
             check_trained_alike(f["losses"], results[peer]["losses"],
@@ -312,5 +328,9 @@ if __name__ == "__main__":
                  ("--compile", {"action": "store_true",
                                 "help": "also run the peer with each decoder layer torch.compile'd before "
                                         "fully_shard (torchtitan's recipe)"}),
+                 ("--fp8", {"action": "store_true",
+                            "help": "also run fsdpp with its layers' linear products in float8 "
+                                    "(policy option compute = \"fp8\"; bf16 compute, a GPU of compute "
+                                    "capability 9.0+) and compare it with fsdpp's bf16 run"}),
                  ("--adapter-dir", {"help": argparse.SUPPRESS}),
              ])

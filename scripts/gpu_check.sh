@@ -19,7 +19,10 @@
 #                         (llama-3.2-1b, llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b)
 #                         runs examples/SHAPE-gpu.toml against fully_shard eager and with
 #                         each decoder layer compiled; qwen3-8b trains LoRA adapters of rank
-#                         16 on the attention and MLP projections
+#                         16 on the attention and MLP projections. fp8 trains the 1B Llama
+#                         300 steps with fsdpp in bf16 and with its layers' products in
+#                         float8 (their final losses within 1%); SHAPE+fp8 adds that float8
+#                         run to a SHAPE's bench
 #   gpu_check.sh python   the Python package on the GPU (tests/bindings/python/
 #                         check_offload_device.py): offload() hands the device memory back,
 #                         reload() brings the state back bitwise, full_weights' peak bounded
@@ -130,21 +133,25 @@ bench() {
   ((${#variants[@]})) || variants=(plain checkpoint offload moe)
   for variant in "${variants[@]}"; do
     config=examples/llama-1b-gpu.toml
+    local fp8=""
+    # SHAPE+fp8: the shape, with fsdpp's float8 run beside its bf16 one.
+    [[ "$variant" == *+fp8 ]] && fp8=--fp8 variant="${variant%+fp8}"
     case "$variant" in
       plain) flag="" ;;
+      fp8) flag="--fp8 --steps 300" ;;
       checkpoint) flag=--activation-checkpoint ;;
       offload) flag=--offload ;;
       moe) flag="" config=examples/qwen3-moe-gpu.toml ;;
       llama-3.2-1b|llama-3.2-3b|qwen3-4b|qwen3-30b-a3b-4l) flag=--compile config="examples/$variant-gpu.toml" ;;
       qwen3-8b) flag="--compile --lora-rank 16 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
                 config=examples/qwen3-8b-gpu.toml ;;
-      *) echo "gpu_check: unknown bench variant '$variant' (plain, checkpoint, offload, moe, llama-3.2-1b," \
-              "llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b)" >&2; exit 2 ;;
+      *) echo "gpu_check: unknown bench variant '$variant' (plain, checkpoint, offload, moe, fp8, llama-3.2-1b," \
+              "llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b, each SHAPE+fp8)" >&2; exit 2 ;;
     esac
-    echo "== bench $variant"
-    # The package beside the binaries counts the peer's kernels (--count-step).
+    echo "== bench $variant${fp8:+ +fp8}"
+    # The package beside the binaries counts the peer's kernels (--count-step); a later --steps wins.
     PYTHONPATH="$binaries/python" PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config "$config" \
-      --device cuda --param-dtype bfloat16 --steps 25 --threads 8 --count-step 2 $flag
+      --device cuda --param-dtype bfloat16 --steps 25 --threads 8 --count-step 2 $flag $fp8
   done
 }
 

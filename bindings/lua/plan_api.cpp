@@ -17,7 +17,7 @@ namespace {
 const std::vector<std::string> kWrapOptions = {"reshard_after_forward", "precision", "offload", "mesh",
                                                "activation_checkpoint"};
 
-const std::vector<std::string> kPrecisionKeys = {"param", "reduce", "output"};
+const std::vector<std::string> kPrecisionKeys = {"param", "reduce", "output", "compute"};
 
 // A dtype a policy names.
 at::ScalarType policy_dtype(const std::string& name) {
@@ -26,6 +26,12 @@ at::ScalarType policy_dtype(const std::string& name) {
   } catch (const UserError& e) {
     throw ScriptError(std::string("precision: ") + e.what());
   }
+}
+
+// precision{compute = ...}: "fp8"; left out, products run in the param dtype.
+ProductPrecision policy_compute(const std::string& name) {
+  if (name == "fp8") return ProductPrecision::fp8;
+  throw ScriptError("precision: compute = '" + name + "' is not \"fp8\" (left out, products run in the param dtype)");
 }
 
 // Where offload() and wrap{offload = ...} put master shards.
@@ -79,13 +85,21 @@ int api_mesh(lua_State* L) {
 }
 
 int api_precision(lua_State* L) {
-  if (!lua_istable(L, 1)) throw ScriptError("precision expects a table: precision{param = ..., reduce = ..., output = ...}");
+  if (!lua_istable(L, 1)) {
+    throw ScriptError("precision expects a table: precision{param = ..., reduce = ..., output = ..., compute = ...}");
+  }
   check_keys(L, 1, kPrecisionKeys, "precision");
   lua_newtable(L);
   for (const auto& key : kPrecisionKeys) {
     raw_field(L, 1, key.c_str());
     if (!lua_isnil(L, -1)) {
-      lua_pushstring(L, dtype_name(policy_dtype(to_string_arg(L, -1, "precision"))).c_str());
+      const std::string value = to_string_arg(L, -1, "precision");
+      if (key == "compute") {
+        policy_compute(value);
+        lua_pushstring(L, value.c_str());
+      } else {
+        lua_pushstring(L, dtype_name(policy_dtype(value)).c_str());
+      }
       lua_setfield(L, -3, key.c_str());
     }
     lua_pop(L, 1);
@@ -132,6 +146,9 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
       if (!lua_isnil(L, -1)) *field = policy_dtype(to_string_arg(L, -1, "wrap: precision"));
       lua_pop(L, 1);
     }
+    raw_field(L, p, "compute");
+    if (!lua_isnil(L, -1)) unit.compute = policy_compute(to_string_arg(L, -1, "wrap: precision"));
+    lua_pop(L, 1);
   }
   lua_pop(L, 1);
   raw_field(L, table, "mesh");

@@ -5,6 +5,9 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include "core/dtype.h"
+#include "core/error.h"
+#include "models/fp8_product.h"
+#include "models/layers.h"
 
 #include <algorithm>
 
@@ -74,6 +77,24 @@ UnitShards lay_out_shards(const ResolvedUnit& unit, int rank, int world, const S
   return out;
 }
 
+// precision{compute = "fp8"}: the unit's Linear layers whose weights fit the FP8 matrix units
+// multiply in float8; adapters and the rest stay in the gathered dtype. Refused, naming the
+// unit, where the device has no such units.
+void use_fp8_products(const ResolvedUnit& unit, const at::Device& device) {
+  if (!fp8_products_run(device)) {
+    throw UserError(unit.declared.origin + ": unit " + unit.name + " declares precision compute = \"fp8\", which "
+                    "needs a GPU with FP8 matrix units (compute capability 9.0 or newer); this run computes on " +
+                    device.str());
+  }
+  for (const auto& p : unit.params) {
+    auto* linear = dynamic_cast<Linear*>(p.module);
+    if (linear != nullptr && p.local == "weight" && dynamic_cast<LoraFactor*>(linear) == nullptr &&
+        fp8_product_fits(linear->weight)) {
+      linear->fp8_products = true;
+    }
+  }
+}
+
 }  // namespace
 
 FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPlan& plan, const ShardFill& fill,
@@ -89,6 +110,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     }
     unit_mesh_.push_back(static_cast<size_t>(found - meshes_.begin()));
     const DeviceMesh& mesh = *found;
+    if (unit.declared.compute == ProductPrecision::fp8) use_fp8_products(unit, device);
     const bool offload = unit.declared.offload == Offload::cpu;
     offloaded_ = offloaded_ || (offload && !device.is_cpu());
     // Offloaded masters sit in page-locked memory when a device is in use, so copies to and

@@ -71,6 +71,10 @@ void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
   // k = shard frees everything, as true does (false on a one-rank shard still keeps it all).
   r.reshard_after_forward = k == r.mesh.shard && unit.reshard_after_forward != 1 ? kWholeShardGroup : k;
   r.compute_dtype = unit.param_dtype.value_or(model_dtype);
+  if (unit.compute == ProductPrecision::fp8 && r.compute_dtype != at::kBFloat16) {
+    throw UserError(where(unit) + ": precision compute = \"fp8\" needs param = \"bfloat16\" (float8 products "
+                    "take and give bf16), but the unit computes in " + dtype_name(r.compute_dtype));
+  }
   r.reduce_dtype = unit.reduce_dtype.value_or(master_dtype(model_dtype));
   for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
 }

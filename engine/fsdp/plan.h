@@ -25,12 +25,18 @@ enum class Offload { none, cpu };
 // shard group again (true).
 inline constexpr int kWholeShardGroup = 0;
 
+// How a unit's Linear layers multiply: in the dtype its parameters are gathered in, or in
+// float8 (e4m3) with one scale per row of each operand, on GPUs with FP8 matrix units
+// (models/fp8_product.h). Lua spells it precision{compute = "fp8"}.
+enum class ProductPrecision { param, fp8 };
+
 struct UnitPlan {
   std::vector<std::string> modules;                 // dotted paths; "" is the root
   int reshard_after_forward = kWholeShardGroup;     // ranks a backward gather spans (see above)
   std::optional<at::ScalarType> param_dtype;        // gather and compute in; none: the model's
   std::optional<at::ScalarType> reduce_dtype;       // gradient reduction; none: the masters'
   std::optional<at::ScalarType> output_dtype;       // cast outputs to; none: as computed
+  ProductPrecision compute = ProductPrecision::param;  // its Linear layers' products
   Offload offload = Offload::none;
   bool activation_checkpoint = false;
   MeshShape mesh;

@@ -32,6 +32,9 @@ std::string dtype_or(const std::optional<at::ScalarType>& dtype, const std::stri
 
 const char* offload_name(Offload offload) { return offload == Offload::cpu ? "cpu" : "none"; }
 
+// As precision{compute = ...} spells it; "param" where it was left out.
+const char* compute_name(ProductPrecision compute) { return compute == ProductPrecision::fp8 ? "fp8" : "param"; }
+
 // The declared options, one a line: those [policy.options] set marked, values aligned.
 void format_options(std::ostream& out, const std::vector<PolicyOption>& options) {
   if (options.empty()) return;
@@ -66,7 +69,8 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
     out
         << "    reshard_after_forward " << reshard_value(u).dump() << ", precision param "
         << dtype_or(p.param_dtype, "model") << " reduce " << dtype_name(u.reduce_dtype) << " output "
-        << dtype_or(p.output_dtype, "as computed") << ", offload " << offload_name(p.offload)
+        << dtype_or(p.output_dtype, "as computed") << (p.compute == ProductPrecision::fp8 ? ", compute fp8" : "")
+        << ", offload " << offload_name(p.offload)
         << ", activation_checkpoint " << (p.activation_checkpoint ? "true" : "false") << "\n";
   }
   if (const auto& lora = plan.lora) {
@@ -95,7 +99,8 @@ void to_json(nlohmann::json& j, const UnitPlan& u) {
   auto dtype = [](const std::optional<at::ScalarType>& d) { return d ? nlohmann::json(dtype_name(*d)) : nlohmann::json(); };
   j = {{"modules", u.modules}, {"reshard_after_forward", u.reshard_after_forward},
        {"param_dtype", dtype(u.param_dtype)}, {"reduce_dtype", dtype(u.reduce_dtype)},
-       {"output_dtype", dtype(u.output_dtype)}, {"offload", u.offload == Offload::cpu},
+       {"output_dtype", dtype(u.output_dtype)}, {"compute", compute_name(u.compute)},
+       {"offload", u.offload == Offload::cpu},
        {"activation_checkpoint", u.activation_checkpoint},
        {"mesh", {u.mesh.replicate, u.mesh.shard}}, {"origin", u.origin}};
 }
@@ -107,6 +112,7 @@ void from_json(const nlohmann::json& j, UnitPlan& u) {
   u = {.modules = j.at("modules").get<std::vector<std::string>>(),
        .reshard_after_forward = j.at("reshard_after_forward").get<int>(),
        .param_dtype = dtype("param_dtype"), .reduce_dtype = dtype("reduce_dtype"), .output_dtype = dtype("output_dtype"),
+       .compute = j.at("compute").get<std::string>() == "fp8" ? ProductPrecision::fp8 : ProductPrecision::param,
        .offload = j.at("offload").get<bool>() ? Offload::cpu : Offload::none,
        .activation_checkpoint = j.at("activation_checkpoint").get<bool>(),
        .mesh = {j.at("mesh").at(0).get<int>(), j.at("mesh").at(1).get<int>()},
@@ -153,7 +159,7 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                      {"expert_numel", u.expert_numel}, {"expert_numel_per_rank", u.expert_numel_per_rank},
                      {"expert_bytes_per_rank", u.expert_bytes_per_rank}, {"expert_bytes_gathered", u.expert_bytes_gathered},
                      {"precision", {{"param", dtype_or(p.param_dtype, "")}, {"reduce", dtype_name(u.reduce_dtype)},
-                                    {"output", dtype_or(p.output_dtype, "")}}},
+                                    {"output", dtype_or(p.output_dtype, "")}, {"compute", compute_name(p.compute)}}},
                      {"offload", offload_name(p.offload)}, {"activation_checkpoint", p.activation_checkpoint}});
   }
   return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"trainable_numel", plan.trainable_numel},

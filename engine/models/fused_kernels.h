@@ -1,6 +1,6 @@
 // CUDA kernels for the steps of a decoder layer that ATen runs as several memory-bound
-// passes: SwiGLU and RoPE (fused_kernels.cu), and the residual add with the RMSNorm after it
-// (norm_kernels.cu), forward and backward. Plain pointers and sizes, so the CUDA sources
+// passes: SwiGLU and RoPE (fused_kernels.cu), the residual add with the RMSNorm after it
+// (norm_kernels.cu), forward and backward, and float8's rowwise scaling (fp8_kernels.cu). Plain pointers and sizes, so the CUDA sources
 // include no ATen and their callers include no CUDA. Every launch goes on the current stream of `device`; element math is
 // float32, rounded once to the element type.
 #pragma once
@@ -51,5 +51,15 @@ int add_rms_norm_backward_blocks(int device, int64_t rows);
 void add_rms_norm_backward(Element element, int device, const void* grad_out, const void* grad_sum,
                            const void* sum, const void* weight, const float* rstd, void* grad_x,
                            float* weight_partials, int64_t rows, int64_t width);
+
+// Below this a row's largest magnitude counts as a row of zeros when scaled to float8: 448 over
+// it stays a finite float32 (2^108), where float32's smallest normal would overflow.
+constexpr float kSmallestFp8Amax = 1e-30f;
+
+// Each of `rows` contiguous rows of `width` elements times 2^k, the largest power of two that
+// keeps the row within ±448 (k = 0 for a row holding inf or nan), rounded to e4m3 into
+// `values` (one byte each, row-major); `inverse` [rows] gets 2^-k.
+void quantize_rows_fp8(Element element, int device, const void* x, void* values, float* inverse, int64_t rows,
+                       int64_t width);
 
 }  // namespace fsdpp::kernels

@@ -3,6 +3,8 @@
 // parameters view its gathered buffer in place (fsdp/unit.cpp), which is where they lie so.
 #include "models/joint_projection.h"
 
+#include "models/fp8_product.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -35,15 +37,23 @@ at::Tensor joined(at::TensorList weights) {
   return at::from_blob(const_cast<void*>(first.const_data_ptr()), {rows, first.size(1)}, first.options());
 }
 
-// x [..., in] times the joined weights transposed -> [..., Σ out]. Backward joins the weights
-// again from the parameters themselves, which FSDP frees after forward and gathers again for
-// backward as it does any layer's (a joined view kept for backward would outlive the memory).
+// x [..., in] times the joined weights transposed -> [..., Σ out]; with `fp8`, the product and
+// the input's gradient in float8 as Linear's own (models/fp8_product.h). Backward joins the
+// weights again from the parameters themselves, which FSDP frees after forward and gathers
+// again for backward as it does any layer's (a joined view kept for backward would outlive
+// the memory).
 struct JointProjection : public torch::autograd::Function<JointProjection> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, at::TensorList weights) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
+                            bool fp8) {
     std::vector<at::Tensor> saved{x};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
-    return at::matmul(x, joined(weights).t());  // [..., Σ out]
+    ctx->saved_data["fp8"] = fp8;
+    const at::Tensor weight = joined(weights);  // [Σ out, in]
+    if (!fp8) return at::matmul(x, weight.t());  // [..., Σ out]
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    return fp8_forward_product(x.reshape({-1, x.size(-1)}), weight).view(sizes);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -52,8 +62,13 @@ struct JointProjection : public torch::autograd::Function<JointProjection> {
     const at::Tensor& x = saved[0];
     const std::vector<at::Tensor> weights(saved.begin() + 1, saved.end());
     const at::Tensor& grad = grads[0];  // [..., Σ out]
-    torch::autograd::variable_list result(saved.size());
-    if (ctx->needs_input_grad(0)) result[0] = at::matmul(grad, joined(weights));  // [..., in]
+    torch::autograd::variable_list result(saved.size() + 1);  // the last, fp8's, none
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor weight = joined(weights);
+      result[0] = ctx->saved_data["fp8"].toBool()
+                      ? fp8_input_grad_product(grad.reshape({-1, grad.size(-1)}), weight).view(x.sizes())
+                      : at::matmul(grad, weight);  // [..., in]
+    }
     bool any_weight = false;
     for (size_t i = 0; i < weights.size(); ++i) any_weight = any_weight || ctx->needs_input_grad(1 + i);
     if (!any_weight) return result;
@@ -73,15 +88,20 @@ struct JointProjection : public torch::autograd::Function<JointProjection> {
 torch::Tensor joint_projection(const std::vector<const Linear*>& linears, const torch::Tensor& x) {
   std::vector<at::Tensor> weights;
   for (const Linear* linear : linears) {
-    // A hook, an adapter or a bias is the module's own forward to run.
-    if (!linear->calls_forward_alone() || linear->has_adapter() || linear->bias.defined()) return {};
+    // A hook, an adapter or a bias is the module's own forward to run; so is a product in
+    // another precision than the others'.
+    if (!linear->calls_forward_alone() || linear->has_adapter() || linear->bias.defined() ||
+        linear->fp8_products != linears.front()->fp8_products) {
+      return {};
+    }
     weights.push_back(linear->weight);
   }
   if (weights.empty() || !end_to_end(weights) || weights.front().scalar_type() != x.scalar_type() ||
       weights.front().device() != x.device() || weights.front().size(1) != x.size(-1)) {
     return {};
   }
-  return JointProjection::apply(x, at::TensorList(weights));
+  const bool fp8 = linears.front()->fp8_products && x.scalar_type() == at::kBFloat16;
+  return JointProjection::apply(x, at::TensorList(weights), fp8);
 }
 
 }  // namespace fsdpp

@@ -3,6 +3,8 @@
 // model normalises in float64.
 #include "models/layers.h"
 
+#include "models/fp8_product.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -26,7 +28,9 @@ Linear::Linear(torch::Tensor tied_weight) : Module("Linear") {
 }
 
 torch::Tensor Linear::forward(const torch::Tensor& x) {
-  auto out = at::linear(x, weight, bias);
+  auto out = fp8_products && x.scalar_type() == at::kBFloat16
+                 ? (bias.defined() ? fp8_linear(x, weight) + bias : fp8_linear(x, weight))
+                 : at::linear(x, weight, bias);
   if (!lora_A_) return out;
   const auto dropped = lora_dropout_ > 0 ? at::dropout(x, lora_dropout_, is_training()) : x;
   return out + (*lora_B_)((*lora_A_)(dropped)) * lora_scaling_;

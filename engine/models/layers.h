@@ -28,6 +28,9 @@ class Linear : public Module {
 
   torch::Tensor weight;  // [out, in]
   torch::Tensor bias;    // [out] or undefined
+  // Set by the unit that owns the weight when it declares precision{compute = "fp8"} and the
+  // weight fits (models/fp8_product.h): bf16 inputs then multiply in float8.
+  bool fp8_products = false;
 
  private:
   std::shared_ptr<LoraFactor> lora_A_, lora_B_;

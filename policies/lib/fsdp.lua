@@ -21,6 +21,8 @@ local unit = options{
   offload = {"cpu", "none", default = "none", doc = "where master shards live between uses"},
   param_dtype = {"dtype", doc = "gather and compute dtype; unset: the [model] dtype (masters stay float32)"},
   reduce_dtype = {"dtype", doc = "gradient reduction dtype; unset: the masters'"},
+  compute = {"fp8", doc = "layers' linear products in float8 (GPUs of compute capability 9.0+, "
+                          .. "param_dtype = \"bfloat16\"); unset: in param_dtype"},
 }
 
 -- Options shared by every unit of a plan (the engine needs one mesh for all of them).
@@ -38,6 +40,7 @@ function M.layer_options()
   return M.unit_options{
     reshard_after_forward = unit.reshard_after_forward,
     activation_checkpoint = unit.activation_checkpoint,
+    precision = precision{param = unit.param_dtype, reduce = unit.reduce_dtype, compute = unit.compute},
   }
 end
 

@@ -23,14 +23,17 @@ out_dir = "$work/out"
 TOML
 
 failures=0
-# expect NAME PATTERN... -- fsdpp ARGS...: every PATTERN must occur in the one stderr line.
+# expect NAME PATTERN... -- fsdpp ARGS...: every PATTERN must occur in the one stderr line
+# besides info lines.
 expect() {
   local name=$1; shift
   local patterns=()
   while [ "$1" != "--" ]; do patterns+=("$1"); shift; done
   shift
-  "$FSDPP" "$@" >"$work/out.txt" 2>"$work/err.txt"
+  "$FSDPP" "$@" >"$work/out.txt" 2>"$work/all-err.txt"
   local rc=$? lines
+  # A refusal made once the model is loaded follows the run's own info lines; nothing else may.
+  grep -vE '^[0-9]{2}:[0-9]{2}:[0-9]{2} info ' "$work/all-err.txt" >"$work/err.txt"
   lines=$(wc -l <"$work/err.txt")
   local ok=1
   [ "$rc" -eq 2 ] || ok=0
@@ -200,6 +203,15 @@ expect "policy option typo in the file" \
 expect "policy option typo in plan" "options.toml:12: [policy.options] ofload:" -- plan "$work/options.toml" --world 2
 expect "policy option value" "--set policy.options.shard_size=\"all\": [policy.options] shard_size: must be -1, an integer >= 1 or \"auto\", got \"all\"" \
   -- train "$work/ok.toml" --set 'policy.options.shard_size="all"'
+# Float8 products: refused where the run's device has no FP8 matrix units (every CPU), and
+# where the unit does not gather in bf16.
+expect "fp8 on a CPU" 'policies/llama.lua' 'declares precision compute = "fp8", which needs a GPU with FP8 matrix units' \
+  'this run computes on cpu' \
+  -- train "$work/ok.toml" --set 'policy.options.param_dtype="bf16"' --set 'policy.options.compute="fp8"'
+expect "fp8 over float32" 'policies/llama.lua' 'precision compute = "fp8" needs param = "bfloat16"' 'computes in float32' \
+  -- train "$work/ok.toml" --set 'policy.options.compute="fp8"'
+expect "fp8 misspelt" '[policy.options] compute: must be "fp8", got "fp9"' \
+  -- train "$work/ok.toml" --set 'policy.options.compute="fp9"'
 expect "policy option dtype" "--set policy.options.param_dtype=\"bf61\": [policy.options] param_dtype: must be a dtype (float32, bfloat16, float16, float64), got \"bf61\"" \
   -- train "$work/ok.toml" --set 'policy.options.param_dtype="bf61"'
 printf 'local opt = options{recompute = {"boolean", default = false}}\nwrap(ctx.model, {activation_checkpoint = opt.recompute})\n' \

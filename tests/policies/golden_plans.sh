@@ -43,6 +43,7 @@ golden llama-untied-reshard-2 llama tests/assets/models/fsdp-llama --set policy.
 golden qwen3 qwen3 tests/assets/models/tiny-qwen3
 golden mistral mistral tests/assets/models/tiny-mistral
 golden qwen2-unit-bf16 qwen2 tests/assets/models/tiny-qwen2 --set 'policy.options.param_dtype="bf16"'
+golden llama-fp8 llama tests/assets/models/fsdp-llama --set 'policy.options.param_dtype="bf16"' --set 'policy.options.compute="fp8"'
 golden qwen3-hsdp-offload qwen3 tests/assets/models/tiny-qwen3 --set policy.options.replicate=2 \
   --set 'policy.options.offload="cpu"'
 golden transformer_auto-qwen3-mlp transformer_auto tests/assets/models/tiny-qwen3 \

@@ -4,6 +4,7 @@
 #include "bindings/lua/policy.h"
 #include "core/error.h"
 #include "core/module_tree.h"
+#include "fsdp/plan_text.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "scratch_dir.h"
@@ -194,6 +195,32 @@ wrap({m:get("model.embed_tokens"), m:get("lm_head")}, {mesh = mesh{replicate = 2
   CHECK_THAT(plan.units[0].origin, Catch::EndsWith("api.lua:14"));
   auto resolved = resolve_plan(plan, *model, 8, at::kFloat);
   CHECK(resolved.units.size() == 5);  // the root added last
+}
+
+TEST_CASE("precision{compute = 'fp8'} reaches the plan, crosses processes and needs bf16", "[lua]") {
+  auto model = meta_model();
+  const auto script = write_policy("fp8.lua", R"(
+local layers = ctx.model:find{class = "LlamaDecoderLayer"}
+wrap(layers[1], {precision = precision{param = "bf16", compute = "fp8"}})
+wrap(layers[2], {precision = precision{compute = "fp8"}})
+)");
+  auto plan = run_policy(script, *model, {});
+  REQUIRE(plan.units.size() == 2);
+  CHECK(plan.units[0].compute == ProductPrecision::fp8);
+  CHECK(plan.units[0].param_dtype == at::kBFloat16);
+  // The plan comes back from the policy's process as text: compute survives the trip.
+  CHECK(deserialize_plan(serialize_plan(plan)).units[1].compute == ProductPrecision::fp8);
+  // The second unit gathers in the model's float32, which float8 products do not take.
+  CHECK_THROWS_WITH(resolve_plan(plan, *model, 1, at::kFloat),
+                    Catch::Contains("fp8.lua:4: precision compute = \"fp8\" needs param = \"bfloat16\"") &&
+                        Catch::Contains("computes in float32"));
+  const auto resolved = resolve_plan(plan, *model, 1, at::kBFloat16);
+  CHECK_THAT(format_plan(resolved, 1), Catch::Contains("output as computed, compute fp8, offload none"));
+  CHECK_THAT(plan_json(resolved, 1), Catch::Contains("\"compute\": \"fp8\""));
+  CHECK_THAT(error_of("precision{compute = 'fp16'}\n"),
+             Catch::Contains("escape.lua:1: precision: compute = 'fp16' is not \"fp8\""));
+  CHECK_THAT(error_of("wrap(ctx.model, {precision = {compute = 'int4'}})\n"),
+             Catch::Contains("escape.lua:1: precision: compute = 'int4' is not \"fp8\""));
 }
 
 TEST_CASE("editing a policy file changes the plan without rebuilding", "[lua]") {
