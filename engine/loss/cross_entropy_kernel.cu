@@ -14,8 +14,6 @@ namespace fsdpp::kernels {
 
 namespace {
 
-constexpr int kWarps = kThreads / 32;
-
 // A log-sum-exp in progress: the largest value seen and the sum of exp(value - max). A value
 // of -inf adds nothing; a NaN makes the sum NaN, as it makes ATen's.
 struct Running {
@@ -117,18 +115,6 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const 
     }
     *reinterpret_cast<Pack<T, N>*>(dx + first) = out;
   });
-}
-
-// Calls launch(width) with packs of 16 bytes of T when every row starts on a 16-byte boundary
-// (aligned pointers, a vocabulary of whole packs), else with single elements.
-template <typename T, typename Launch>
-void launch_rows(int64_t vocab, std::initializer_list<const void*> pointers, Launch launch) {
-  constexpr int kPack = 16 / sizeof(T);
-  if (vocab % kPack == 0 && pack_aligned(pointers)) {
-    launch(std::integral_constant<int, kPack>());
-  } else {
-    launch(std::integral_constant<int, 1>());
-  }
 }
 
 unsigned row_blocks(int64_t rows) {

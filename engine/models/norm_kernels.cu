@@ -15,28 +15,12 @@ namespace fsdpp::kernels {
 
 namespace {
 
-constexpr int kWarps = kThreads / 32;
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
 
 // The sum of every thread's `value`, in every thread. `scratch` holds kWarps floats.
-__device__ float block_sum(float value, float* scratch) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  __syncthreads();  // every thread has read the previous call's partials
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = value;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) total += scratch[w];
-  return total;
-}
-
-template <typename T, int N>
-__device__ Pack<T, N> load(const T* p) {
-  return *reinterpret_cast<const Pack<T, N>*>(p);
-}
-
-template <typename T, int N>
-__device__ void store(T* p, const Pack<T, N>& v) {
-  *reinterpret_cast<Pack<T, N>*>(p) = v;
-}
+__device__ float block_sum(float value, float* scratch) { return block_reduce(value, scratch, Sum()); }
 
 template <typename T, int N>
 __global__ void add_rms_norm_forward_kernel(const T* x, const T* delta, const T* weight, T* sum, T* out,
@@ -117,18 +101,6 @@ __global__ void add_rms_norm_backward_kernel(const T* grad_out, const T* grad_su
   for (int64_t c = threadIdx.x * N; c < width; c += kThreads * N) {
 #pragma unroll
     for (int i = 0; i < N; ++i) weight_partials[blockIdx.x * width + c + i] = weight_grad[i * packs + c / N];
-  }
-}
-
-// Calls launch(width) with packs of 16 bytes of T where every pointer is 16-byte aligned and
-// the rows are whole packs, else with single elements.
-template <typename T, typename Launch>
-void launch_rows(int64_t width, std::initializer_list<const void*> pointers, Launch launch) {
-  constexpr int kPack = 16 / sizeof(T);
-  if (pack_aligned(pointers) && width % kPack == 0) {
-    launch(std::integral_constant<int, kPack>());
-  } else {
-    launch(std::integral_constant<int, 1>());
   }
 }
 

@@ -6,6 +6,8 @@
 #include "data/evaluate.h"
 #include "fsdp/fsdp_state.h"
 #include "loss/next_token_loss.h"
+#include "models/fp8_product.h"
+#include "models/layers.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "tensor_checks.h"
@@ -294,4 +296,62 @@ TEST_CASE("a routing bias the run moves keeps its master when the rest of a froz
   }
   CHECK(biases == 1);
   CHECK(constants > 0);
+}
+
+TEST_CASE("layers that declare float8 products multiply in float8 on a GPU and follow bf16's loss and gradients",
+          "[fsdp][gpu]") {
+  if (!gpu_half_runs()) return;
+  const at::Device gpu(at::kCUDA, 0);
+  REQUIRE(fp8_products_run(gpu));
+  // Every width a multiple of 16, as the FP8 matrix units take them.
+  const auto config = ModelConfig::from_json(
+      {{"model_type", "llama"}, {"vocab_size", 64}, {"hidden_size", 64}, {"intermediate_size", 128},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+       {"tie_word_embeddings", false}},
+      "test");
+  auto sharded = [&](ProductPrecision compute) {
+    auto model = build_model(config, torch::TensorOptions());
+    init_parameters(*model, 5, 0.1);
+    Plan plan;
+    for (const auto& e : named_modules(*model)) {
+      if (e.module->class_name().ends_with("DecoderLayer")) {
+        plan.units.push_back({.modules = {e.path}, .param_dtype = at::kBFloat16, .compute = compute});
+      }
+    }
+    plan.units.push_back({.modules = {""}, .reshard_after_forward = 1, .param_dtype = at::kBFloat16});
+    auto state = std::make_unique<FsdpState>(*model, Comm::single(), resolve_plan(plan, *model, 1, at::kFloat),
+                                             ShardFill{}, gpu);
+    return std::pair{model, std::move(state)};
+  };
+  auto [fp8, fp8_state] = sharded(ProductPrecision::fp8);
+  auto [bf16, bf16_state] = sharded(ProductPrecision::param);
+  // The layers' projections multiply in float8; lm_head, in the root unit, does not.
+  int marked = 0;
+  for (const auto& e : named_modules(*fp8)) {
+    if (auto* linear = dynamic_cast<Linear*>(e.module)) {
+      INFO(e.path);
+      CHECK(linear->fp8_products == (e.path.find("layers.") != std::string::npos));
+      marked += linear->fp8_products ? 1 : 0;
+    }
+  }
+  CHECK(marked == 14);
+
+  const auto ids = torch::randint(0, 64, {4, 33}, torch::kLong).to(gpu);
+  auto loss_of = [&](CausalLM& model, bool expect_fp8) {
+    auto loss = next_token_loss_sum(model(ids.narrow(1, 0, 32)), ids.narrow(1, 1, 32)) / 128.0;
+    CHECK(backward_runs(loss, "Fp8Linear") == expect_fp8);
+    loss.backward();
+    return loss.item<double>();
+  };
+  // Float8's rounding, a few percent per product, against bf16's: the losses within 2%, the
+  // gradients within 15% of their norm, parameter by parameter.
+  const double expected = loss_of(*bf16, false);
+  CHECK(loss_of(*fp8, true) == Approx(expected).epsilon(0.02));
+  std::map<std::string, at::Tensor> bf16_grads;
+  for (const auto& p : bf16_state->sharded_parameters()) bf16_grads[p.name] = p.tensor.grad();
+  for (const auto& p : fp8_state->sharded_parameters()) {
+    INFO("gradient of " << p.name);
+    const auto reference = bf16_grads.at(p.name).to(at::kDouble);
+    CHECK((p.tensor.grad().to(at::kDouble) - reference).norm().item<double>() < 0.15 * reference.norm().item<double>());
+  }
 }
