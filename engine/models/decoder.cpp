@@ -56,8 +56,9 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
     q = (*q_norm_)(q);
     k = (*k_norm_)(k);
   }
-  q = apply_rotary(q.transpose(1, 2), cos_sin);  // [B, H, T, D]
-  k = apply_rotary(k.transpose(1, 2), cos_sin);  // [B, KV, T, D]
+  const auto tables = widened_rotary_tables(cos_sin);
+  q = apply_rotary(q.transpose(1, 2), tables);  // [B, H, T, D]
+  k = apply_rotary(k.transpose(1, 2), tables);  // [B, KV, T, D]
   v = v.transpose(1, 2);
   auto out = scoped_attention(q, k, v, scope);  // [B, H, T, D]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));

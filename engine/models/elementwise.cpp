@@ -102,6 +102,10 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return at::silu(gate) * up;
 }
 
+at::Tensor widened_rotary_tables(const at::Tensor& cos_sin) {
+  return cos_sin.is_cuda() ? cos_sin.to(at::kFloat) : cos_sin;
+}
+
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos_sin) {
 #ifdef FSDPP_CUDA_KERNELS
   if (rotary_kernel_takes(x, cos_sin)) {

@@ -13,5 +13,9 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 // Rotates q or k [B, H, T, D] by the tables [2, T, D] or [2, B, T, D] from RotaryEmbedding;
 // vision tokens [H, N, D] by tables [2, N, D].
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos_sin);
+// The tables as apply_rotary's GPU kernel reads them, float32, widened once for every tensor
+// they rotate (a unit computing in bf16 casts them to bf16; widening back is exact); on the
+// host, as they are.
+at::Tensor widened_rotary_tables(const at::Tensor& cos_sin);
 
 }  // namespace fsdpp

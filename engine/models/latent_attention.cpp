@@ -68,8 +68,9 @@ torch::Tensor LatentAttention::forward(const torch::Tensor& x, const torch::Tens
     q_rot = deinterleave(q_rot);
     k_rot = deinterleave(k_rot);
   }
-  q_rot = apply_rotary(q_rot, cos_sin);
-  k_rot = apply_rotary(k_rot, cos_sin).expand({B, heads_, T, rope});
+  const auto tables = widened_rotary_tables(cos_sin);
+  q_rot = apply_rotary(q_rot, tables);
+  k_rot = apply_rotary(k_rot, tables).expand({B, heads_, T, rope});
   const auto query = at::cat({q_pass, q_rot}, -1);  // [B, H, T, nope + rope]
   const auto key = at::cat({k_pass, k_rot}, -1);
   auto out = scoped_attention(query, key, value, scope, scale_);  // [B, H, T, v]

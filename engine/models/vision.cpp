@@ -60,8 +60,9 @@ torch::Tensor VisionAttention::forward(const torch::Tensor& x, const torch::Tens
                                        const torch::Tensor& cu_seqlens) {
   const int64_t n = x.size(0);
   auto qkv = (*qkv_)(x).view({n, 3, heads_, head_dim_}).permute({1, 2, 0, 3});  // [3, H, N, D]
-  auto q = apply_rotary(qkv[0], cos_sin).unsqueeze(0);                         // [1, H, N, D]
-  auto k = apply_rotary(qkv[1], cos_sin).unsqueeze(0);
+  const auto tables = widened_rotary_tables(cos_sin);
+  auto q = apply_rotary(qkv[0], tables).unsqueeze(0);                          // [1, H, N, D]
+  auto k = apply_rotary(qkv[1], tables).unsqueeze(0);
   auto v = qkv[2].unsqueeze(0);
   // Attention never crosses a frame: one SDPA per sequence of patches.
   std::vector<torch::Tensor> outs;
