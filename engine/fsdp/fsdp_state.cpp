@@ -8,8 +8,10 @@
 #include "core/error.h"
 #include "models/fp8_product.h"
 #include "models/layers.h"
+#include "models/moe.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace fsdpp {
 
@@ -77,10 +79,26 @@ UnitShards lay_out_shards(const ResolvedUnit& unit, int rank, int world, const S
   return out;
 }
 
+// The modules whose Linear layers keep bf16 products under precision{compute = "fp8"}: a
+// MoE layer's router, whose rounding in float8 would flip the experts tokens go to, and its
+// routed experts, whose grouped product runs in bf16 (one expert at a time they stay alike).
+std::unordered_set<const Module*> routing_modules(Module& root) {
+  std::unordered_set<const Module*> out;
+  for (const auto& e : named_modules(root)) {
+    const bool moe_block = dynamic_cast<MoeBlock*>(e.module) != nullptr;
+    if (!moe_block && !e.module->routed_experts()) continue;
+    for (const auto& inner : named_modules(*e.module)) {
+      if (e.module->routed_experts() || inner.path == "gate") out.insert(inner.module);
+    }
+  }
+  return out;
+}
+
 // precision{compute = "fp8"}: the unit's Linear layers whose weights fit the FP8 matrix units
-// multiply in float8; adapters and the rest stay in the gathered dtype. Refused, naming the
-// unit, where the device has no such units.
-void use_fp8_products(const ResolvedUnit& unit, const at::Device& device) {
+// multiply in float8; adapters, routing modules and the rest stay in the gathered dtype.
+// Refused, naming the unit, where the device has no such units.
+void use_fp8_products(const ResolvedUnit& unit, const at::Device& device,
+                      const std::unordered_set<const Module*>& keep_bf16) {
   if (!fp8_products_run(device)) {
     throw UserError(unit.declared.origin + ": unit " + unit.name + " declares precision compute = \"fp8\", which "
                     "needs a GPU with FP8 matrix units (compute capability 9.0 or newer); this run computes on " +
@@ -89,7 +107,7 @@ void use_fp8_products(const ResolvedUnit& unit, const at::Device& device) {
   for (const auto& p : unit.params) {
     auto* linear = dynamic_cast<Linear*>(p.module);
     if (linear != nullptr && p.local == "weight" && dynamic_cast<LoraFactor*>(linear) == nullptr &&
-        fp8_product_fits(linear->weight)) {
+        !keep_bf16.contains(linear) && fp8_product_fits(linear->weight)) {
       linear->fp8_products = true;
     }
   }
@@ -101,6 +119,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
                      at::Device device)
     : world_(std::move(world)), device_(device), copy_stream_(device) {
   const auto all = named_modules(root);
+  const auto keep_bf16 = routing_modules(root);
   for (const auto& unit : plan.units) {
     auto same = [&unit](const DeviceMesh& m) { return m.replicate == unit.mesh.replicate && m.shard == unit.mesh.shard; };
     auto found = std::find_if(meshes_.begin(), meshes_.end(), same);
@@ -110,7 +129,7 @@ FsdpState::FsdpState(Module& root, std::shared_ptr<Comm> world, const ResolvedPl
     }
     unit_mesh_.push_back(static_cast<size_t>(found - meshes_.begin()));
     const DeviceMesh& mesh = *found;
-    if (unit.declared.compute == ProductPrecision::fp8) use_fp8_products(unit, device);
+    if (unit.declared.compute == ProductPrecision::fp8) use_fp8_products(unit, device, keep_bf16);
     const bool offload = unit.declared.offload == Offload::cpu;
     offloaded_ = offloaded_ || (offload && !device.is_cpu());
     // Offloaded masters sit in page-locked memory when a device is in use, so copies to and

@@ -42,13 +42,27 @@ __global__ void quantize_rows_kernel(const T* x, __nv_fp8_storage_t* values, flo
     const int k = isfinite(amax) ? 9 - e - (m > 0.875f ? 1 : 0) : 0;
     const float scale = power_of_two(k);
     __nv_fp8_storage_t* out = values + row * width;
-    // Each thread reads back only the columns it read. No saturation: a finite row scaled is
-    // within ±448, and inf or NaN become e4m3's NaN, as ATen's conversion makes them.
+    // Each thread reads back only the columns it read. A finite row scaled is within ±448, so
+    // the hardware's saturating conversion (two at a time) rounds it as ATen's does; a row
+    // holding inf or nan takes the exact conversion, which makes them e4m3's NaN as ATen does.
+    const bool finite = isfinite(amax);
     for (int64_t c = threadIdx.x * N; c < width; c += kThreads * N) {
       const auto a = load<T, N>(in + c);
       Pack<__nv_fp8_storage_t, N> q;
+      if (finite && N % 2 == 0) {
 #pragma unroll
-      for (int i = 0; i < N; ++i) q.v[i] = __nv_cvt_float_to_fp8(widen(a.v[i]) * scale, __NV_NOSAT, __NV_E4M3);
+        for (int i = 0; i < N; i += 2) {
+          const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(
+              make_float2(widen(a.v[i]) * scale, widen(a.v[i + 1]) * scale), __NV_SATFINITE, __NV_E4M3);
+          q.v[i] = static_cast<__nv_fp8_storage_t>(pair & 0xff);  // the first value in the low byte
+          q.v[i + 1] = static_cast<__nv_fp8_storage_t>(pair >> 8);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          q.v[i] = __nv_cvt_float_to_fp8(widen(a.v[i]) * scale, finite ? __NV_SATFINITE : __NV_NOSAT, __NV_E4M3);
+        }
+      }
       store<__nv_fp8_storage_t, N>(out + c, q);
     }
     if (threadIdx.x == 0) inverse[row] = power_of_two(-k);

@@ -2,7 +2,8 @@
 // Each operand is scaled into e4m3's range with one power-of-two factor per row of the
 // product (per token of the input, per output feature of the weight), so the factors lie
 // outside the sum over the inner dimension: the GPU's FP8 matrix units (at::_scaled_mm)
-// accumulate in float32, apply both factors and round the result to bf16 once.
+// accumulate (the forward in their faster mode, the input's gradient in full float32), apply
+// both factors and round the result to bf16 once.
 //
 // The recipe: the forward product and the input's gradient run in float8; the weight's
 // gradient, whose sum runs over every token of the batch, runs in bf16, as does the rest of
@@ -27,8 +28,7 @@ struct Fp8Rows {
 // Scales each row of `x` [R, C] by the largest power of two that keeps it within ±448 and
 // rounds it to e4m3: one pass of a fused kernel on a GPU, ATen ops giving the same bits
 // elsewhere. Powers of two make scaling exact, so rounding to e4m3 is the only error. A row
-// of zeros keeps the factor 1 and restores to zeros, and a row holding inf or nan restores
-// to non-finite values.
+// of zeros restores to zeros, and a row holding inf or nan to non-finite values.
 Fp8Rows quantize_rows(const at::Tensor& x);
 
 // x [M, K] times weight [N, K] transposed -> [M, N] bf16; x scaled per row, weight per row.

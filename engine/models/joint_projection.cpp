@@ -100,7 +100,7 @@ torch::Tensor joint_projection(const std::vector<const Linear*>& linears, const 
       weights.front().device() != x.device() || weights.front().size(1) != x.size(-1)) {
     return {};
   }
-  const bool fp8 = linears.front()->fp8_products && x.scalar_type() == at::kBFloat16;
+  const bool fp8 = linears.front()->fp8_products && x.is_cuda() && x.scalar_type() == at::kBFloat16;
   return JointProjection::apply(x, at::TensorList(weights), fp8);
 }
 

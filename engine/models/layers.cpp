@@ -28,7 +28,7 @@ Linear::Linear(torch::Tensor tied_weight) : Module("Linear") {
 }
 
 torch::Tensor Linear::forward(const torch::Tensor& x) {
-  auto out = fp8_products && x.scalar_type() == at::kBFloat16
+  auto out = fp8_products && x.is_cuda() && x.scalar_type() == at::kBFloat16
                  ? (bias.defined() ? fp8_linear(x, weight) + bias : fp8_linear(x, weight))
                  : at::linear(x, weight, bias);
   if (!lora_A_) return out;

@@ -355,3 +355,32 @@ TEST_CASE("layers that declare float8 products multiply in float8 on a GPU and f
     CHECK((p.tensor.grad().to(at::kDouble) - reference).norm().item<double>() < 0.15 * reference.norm().item<double>());
   }
 }
+
+TEST_CASE("a MoE layer's router and routed experts keep bf16 products in a float8 unit", "[fsdp][gpu]") {
+  if (!gpu_half_runs()) return;
+  const at::Device gpu(at::kCUDA, 0);
+  REQUIRE(fp8_products_run(gpu));
+  // Widths in multiples of 16, so only the rule, not the shapes, keeps a layer in bf16.
+  const auto config = ModelConfig::from_json(
+      {{"model_type", "qwen3_moe"}, {"vocab_size", 64}, {"hidden_size", 64}, {"intermediate_size", 128},
+       {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+       {"num_experts", 16}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}, {"norm_topk_prob", true}},
+      "test");
+  auto model = build_model(config, torch::TensorOptions());
+  init_parameters(*model, 5, 0.1);
+  Plan plan;
+  plan.units.push_back({.modules = {"model.layers.0"}, .param_dtype = at::kBFloat16, .compute = ProductPrecision::fp8});
+  plan.units.push_back({.modules = {""}, .reshard_after_forward = 1, .param_dtype = at::kBFloat16});
+  FsdpState state(*model, Comm::single(), resolve_plan(plan, *model, 1, at::kFloat), ShardFill{}, gpu);
+  int fp8 = 0, bf16 = 0;
+  for (const auto& e : named_modules(*model)) {
+    auto* linear = dynamic_cast<Linear*>(e.module);
+    if (linear == nullptr || e.path.find("layers.0.") == std::string::npos) continue;
+    INFO(e.path);
+    const bool routing = e.path.ends_with("mlp.gate") || e.path.find(".experts.") != std::string::npos;
+    CHECK(linear->fp8_products == !routing);
+    (linear->fp8_products ? fp8 : bf16) += 1;
+  }
+  CHECK(fp8 == 4);             // q, k, v and o
+  CHECK(bf16 == 1 + 16 * 3);   // the router and every expert's three projections
+}

@@ -132,6 +132,8 @@ TEST_CASE("float8 products and the Linear's gradients on a GPU", "[models][gpu]"
   const auto grad = at::randn({300, 128}, bf16);
   const auto grad_in = fp8_input_grad_product(grad, weight);  // [300, 256]
   check_product(grad_in, restored(quantize_rows(grad)), restored(quantize_rows(weight.t().contiguous())).t());
+  const auto exact_in = grad.to(at::kDouble).mm(weight.to(at::kDouble));
+  CHECK((grad_in.to(at::kDouble) - exact_in).norm().item<double>() < 0.08 * exact_in.norm().item<double>());
 
   // The Linear's autograd: its forward and input gradient are those two products; the weight's
   // gradient is bf16's.
