@@ -63,7 +63,9 @@ int64_t rows_per_rank(const RunConfig& config, int world) {
 std::string precision_line(const ResolvedPlan& resolved, at::ScalarType masters) {
   std::vector<std::pair<std::string, int>> kinds;  // in the order units first show them
   for (const auto& unit : resolved.units) {
-    const std::string kind = "compute " + dtype_name(unit.compute_dtype) + ", reduce " + dtype_name(unit.reduce_dtype);
+    const std::string kind = "compute " + dtype_name(unit.compute_dtype) +
+                             (unit.declared.compute == ProductPrecision::fp8 ? " with float8 products" : "") +
+                             ", reduce " + dtype_name(unit.reduce_dtype);
     auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == kind; });
     if (it == kinds.end()) it = kinds.insert(kinds.end(), {kind, 0});
     ++it->second;
