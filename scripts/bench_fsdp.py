@@ -216,10 +216,10 @@ def bench(args):
         args.adapter_dir = write_initial_adapter(args.init_dir, args.lora_rank, args.lora_targets.split(","),
                                                  os.path.join(tmp, "initial-adapter"))
     results = {}
-    engines = [("fsdpp", run_fsdpp), ("pytorch", run_torch)]
+    engines = [("fsdpp", run_fsdpp)] + ([] if args.no_peer else [("pytorch", run_torch)])
     if args.fp8:
         engines.insert(1, ("fsdpp-fp8", lambda a, t, g: run_fsdpp(a, t, g, fp8=True)))
-    if args.compile:
+    if args.compile and not args.no_peer:
         engines.append(("compiled", lambda a, t, g: run_torch(a, t, g, compiled=True)))
     for name, run in engines:
         print(f"running {name} at world {args.world} on {gpu.name if gpu else 'the CPU'} ({args.steps} steps, "
@@ -248,7 +248,7 @@ def bench(args):
         print(f"{name:<10}{r['step_s']:>10.4f}{r['tokens_per_s']:>11.1f}"
               + "".join(f"{r['memory'][k]:>14.1f}" for k in ranks)
               + f"{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
-    f, t = results["fsdpp"], results["pytorch"]
+    f = results["fsdpp"]
     print()
     for peer, title in (("pytorch", "pytorch fully_shard"), ("compiled", "fully_shard + compiled layers")):
         if peer not in results:
@@ -263,7 +263,7 @@ def bench(args):
         e = results["fsdpp-fp8"]
         print(f"tokens/s ratio (fsdpp fp8 / fsdpp bf16): {e['tokens_per_s'] / f['tokens_per_s']:.2f}x; "
               f"step time ratio {e['step_s'] / f['step_s']:.2f}x")
-    if args.count_step:
+    if args.count_step and "pytorch" in results:
         print_op_counts(results, args.count_step)
     if gpu:
         flops = flops_per_token(n_params, hf_config, seq_len)
@@ -275,8 +275,10 @@ def bench(args):
     # different work.
     def norm(value):  # null where float16 gradients overflowed and the step was skipped
         return "skipped" if value is None else f"{value:.6f}"
-    print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
-          f"grad norm: fsdpp {norm(f['first_grad_norm'])}, pytorch fully_shard {norm(t['first_grad_norm'])}")
+    if "pytorch" in results:
+        t = results["pytorch"]
+        print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
+              f"grad norm: fsdpp {norm(f['first_grad_norm'])}, pytorch fully_shard {norm(t['first_grad_norm'])}")
     if args.fp8:
         print("fsdpp fp8 against fsdpp bf16:")
         check_trained_alike(f["losses"], results["fsdpp-fp8"]["losses"], FP8_LOSS_TOLERANCE,
@@ -332,5 +334,7 @@ if __name__ == "__main__":
                             "help": "also run fsdpp with its layers' linear products in float8 "
                                     "(policy option compute = \"fp8\"; bf16 compute, a GPU of compute "
                                     "capability 9.0+) and compare it with fsdpp's bf16 run"}),
+                 ("--no-peer", {"action": "store_true",
+                                "help": "run fsdpp alone (with --fp8, its bf16 and float8 runs), no PyTorch"}),
                  ("--adapter-dir", {"help": argparse.SUPPRESS}),
              ])

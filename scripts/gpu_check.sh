@@ -21,8 +21,8 @@
 #                         each decoder layer compiled; qwen3-8b trains LoRA adapters of rank
 #                         16 on the attention and MLP projections. fp8 trains the 1B Llama
 #                         300 steps with fsdpp in bf16 and with its layers' products in
-#                         float8 (their final losses within 1%); SHAPE+fp8 adds that float8
-#                         run to a SHAPE's bench
+#                         float8 (their final losses within 1%; no peer runs); SHAPE+fp8 adds
+#                         that float8 run to a SHAPE's bench
 #   gpu_check.sh python   the Python package on the GPU (tests/bindings/python/
 #                         check_offload_device.py): offload() hands the device memory back,
 #                         reload() brings the state back bitwise, full_weights' peak bounded
@@ -31,7 +31,7 @@
 #                         what one lent GPU session runs, each step under its own deadline so
 #                         that a slow one cannot spend the rest: units, python, then bench of
 #                         each SHAPE named (default: llama-3.2-1b), within one 600 s call for
-#                         one shape (90 + 120 + 180 s each)
+#                         one shape (90 + 120 + 180 s each; 240 s for fp8 and SHAPE+fp8)
 # Binaries come from build-gpu/ when this machine built them, else from a carried build/ (a
 # CPU machine's build links CUDA and NCCL too: strip build/fsdpp and build/tests/fsdpp_tests,
 # carry them with build/python, .gpu-deps/ and data/, and link the checkout's absolute path
@@ -138,7 +138,7 @@ bench() {
     [[ "$variant" == *+fp8 ]] && fp8=--fp8 variant="${variant%+fp8}"
     case "$variant" in
       plain) flag="" ;;
-      fp8) flag="--fp8 --steps 300" ;;
+      fp8) flag="--fp8 --no-peer --steps 300" ;;
       checkpoint) flag=--activation-checkpoint ;;
       offload) flag=--offload ;;
       moe) flag="" config=examples/qwen3-moe-gpu.toml ;;
@@ -167,7 +167,10 @@ session() {
   local shapes=("$@") step name limit failed=0
   ((${#shapes[@]})) || shapes=(llama-3.2-1b)
   deps
-  for step in units:90 python:120 $(printf 'bench-%s:180 ' "${shapes[@]}"); do
+  local steps=(units:90 python:120) shape
+  # A bench with a float8 run trains once more: 60 s more.
+  for shape in "${shapes[@]}"; do steps+=("bench-$shape:$([[ "$shape" == *fp8 ]] && echo 240 || echo 180)"); done
+  for step in "${steps[@]}"; do
     name="${step%%:*}" limit="${step##*:}"
     echo "== $(date +%T) $name (deadline $limit s)"
     # bench-SHAPE runs `bench SHAPE`. A run told to stop finishes its step and saves: KILL
