@@ -3,6 +3,7 @@
 // model normalises in float64.
 #include "models/layers.h"
 
+#include "models/embedding_rows.h"
 #include "models/fp8_product.h"
 
 #include <ATen/ATen.h>
@@ -66,7 +67,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOpt
   weight = register_parameter("weight", new_parameter({num_embeddings, dim}, opts));
 }
 
-torch::Tensor Embedding::forward(const torch::Tensor& ids) { return at::embedding(weight, ids); }
+torch::Tensor Embedding::forward(const torch::Tensor& ids) { return embedding_rows(weight, ids); }
 
 void Embedding::init_parameter(const std::string&, torch::Tensor& t, at::Generator& gen,
                                double std) {

@@ -56,7 +56,8 @@ class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& ids);  // [B, T] -> [B, T, C]
+  // [B, T] -> [B, T, C]; backward adds into weight.grad in place (models/embedding_rows.h).
+  torch::Tensor forward(const torch::Tensor& ids);
   void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
                       double std) override;
 

@@ -59,6 +59,9 @@ one, two = (json.load(open(path)) for path in sys.argv[1:])
 ops = one["ops"]
 copies = {o: ops[o] for o in ("aten::_chunk_cat", "aten::copy_") if o in ops}
 assert not copies, f"a world of one copied around its collectives: {copies}"
+# The tied embedding's backward adds its rows into lm_head's gradient: no [V, C] of its own.
+dense = [o for o in ops if "embedding_dense_backward" in o or o == "aten::embedding_backward"]
+assert not dense, f"the embedding's backward wrote a dense gradient: {dense}"
 # The tiny model's rows split evenly over 2 ranks, so no padding separates q, k and v in the
 # unit's gathered buffer: they run as one product at world 2 as at world 1.
 assert two["matmul_kernels"] == one["matmul_kernels"], (two["matmul_kernels"], one["matmul_kernels"])
