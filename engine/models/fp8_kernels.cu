@@ -37,15 +37,15 @@ __global__ void quantize_rows_kernel(const T* x, __nv_fp8_storage_t* values, flo
     amax = block_reduce(amax, scratch, MaxMagnitude());
     // amax = m * 2^e, m in [0.5, 1): the largest k with amax * 2^k <= 448 = 0.875 * 2^9. A row
     // of zeros counts as one of kSmallestFp8Amax; a non-finite row keeps the factor 1.
+    const bool finite = isfinite(amax);
     int e = 0;
     const float m = frexpf(fmaxf(amax, kSmallestFp8Amax), &e);
-    const int k = isfinite(amax) ? 9 - e - (m > 0.875f ? 1 : 0) : 0;
+    const int k = finite ? 9 - e - (m > 0.875f ? 1 : 0) : 0;
     const float scale = power_of_two(k);
     __nv_fp8_storage_t* out = values + row * width;
     // Each thread reads back only the columns it read. A finite row scaled is within ±448, so
     // the hardware's saturating conversion (two at a time) rounds it as ATen's does; a row
     // holding inf or nan takes the exact conversion, which makes them e4m3's NaN as ATen does.
-    const bool finite = isfinite(amax);
     for (int64_t c = threadIdx.x * N; c < width; c += kThreads * N) {
       const auto a = load<T, N>(in + c);
       Pack<__nv_fp8_storage_t, N> q;
