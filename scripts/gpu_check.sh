@@ -35,10 +35,13 @@
 # Binaries come from build-gpu/ when this machine built them, else from a carried build/ (a
 # CPU machine's build links CUDA and NCCL too: strip build/fsdpp and build/tests/fsdpp_tests,
 # carry them with build/python, .gpu-deps/ and data/, and link the checkout's absolute path
-# to the copy, since the RUNPATH and test paths are absolute); the libraries of .gpu-deps/,
-# of python3's torch and of its CUDA wheels are put on LD_LIBRARY_PATH. units, parity and
-# bench build first when neither holds the binaries, and make the corpus when
-# data/licenses.tok is missing. Logs go to $OUT when it is set, else to build-gpu/.
+# to the copy, since the RUNPATH and test paths are absolute). The Python module is built
+# for one Python version; where this machine's python3 is another (3.12 where the venv has
+# 3.11), configure the CPU build with -DFSDPP_EXTRA_PYTHONS=<a python3.12> so that build/python
+# holds a module for it too: python and the peers' counts (--count-step) import it. The
+# libraries of .gpu-deps/, of python3's torch and of its CUDA wheels are put on
+# LD_LIBRARY_PATH. units, parity and bench build first when neither holds the binaries, and
+# make the corpus when data/licenses.tok is missing. Logs go to $OUT when it is set, else to build-gpu/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

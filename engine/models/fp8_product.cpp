@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -25,13 +26,6 @@ Fp8Rows quantize_rows_composed(const at::Tensor& input) {
   const auto [mantissa, exponent] = at::frexp(amax.clamp_min(kernels::kSmallestFp8Amax));
   const auto k = at::where(amax.isfinite(), 9 - exponent - mantissa.gt(0.875).to(at::kInt), 0);  // [R, 1] int
   return {(x.to(at::kFloat) * power_of_two(k)).to(at::kFloat8_e4m3fn), power_of_two(-k)};
-}
-
-// The weight [N, K] scaled per column, as the right operand of a product over N: values
-// [N, K] laid out column-major (the layout _scaled_mm takes on the right), factors [1, K].
-Fp8Rows quantize_columns(const at::Tensor& weight) {
-  Fp8Rows t = quantize_rows(weight.t().contiguous());  // [K, N], [K, 1]
-  return {t.values.t(), t.inverse.t()};
 }
 
 // a [M, inner] row-major times b [inner, N] column-major, each with its factors, -> [M, N]
@@ -82,6 +76,27 @@ Fp8Rows quantize_rows(const at::Tensor& x) {
   }
 #endif
   return quantize_rows_composed(x);
+}
+
+Fp8Rows quantize_columns(const at::Tensor& weight) {
+#ifdef FSDPP_CUDA_KERNELS
+  if (const auto element = kernel_element(weight)) {
+    const auto x = weight.contiguous();  // [N, K]
+    // Each column's largest magnitude in one reduction (NaN wins, as in amax), then one pass
+    // that scales, rounds and transposes: no transposed bf16 copy.
+    const auto amax = at::linalg_vector_norm(x, std::numeric_limits<double>::infinity(), {0}, /*keepdim=*/false, at::kFloat);  // [K]
+    Fp8Rows t{at::empty({x.size(1), x.size(0)}, x.options().dtype(at::kFloat8_e4m3fn)),
+              at::empty({1, x.size(1)}, x.options().dtype(at::kFloat))};
+    at::RecordFunction record(at::RecordScope::FUNCTION);
+    if (record.isActive()) describe_kernel(record, "fsdpp::quantize_columns_fp8", {x, amax}, {t.values, t.inverse});
+    kernels::quantize_columns_fp8(*element, x.get_device(), x.const_data_ptr(), amax.const_data_ptr<float>(),
+                                  t.values.mutable_data_ptr(), t.inverse.mutable_data_ptr<float>(), x.size(0),
+                                  x.size(1));
+    return {t.values.t(), t.inverse};  // [N, K] column-major, [1, K]
+  }
+#endif
+  Fp8Rows t = quantize_rows_composed(weight.t().contiguous());  // [K, N], [K, 1]
+  return {t.values.t(), t.inverse.t()};
 }
 
 at::Tensor fp8_forward_product(const at::Tensor& x, const at::Tensor& weight) {

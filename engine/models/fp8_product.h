@@ -30,6 +30,10 @@ struct Fp8Rows {
 // elsewhere. Powers of two make scaling exact, so rounding to e4m3 is the only error. A row
 // of zeros restores to zeros, and a row holding inf or nan to non-finite values.
 Fp8Rows quantize_rows(const at::Tensor& x);
+// The same per column of `weight` [N, K], as the right operand of a product over N: values
+// [N, K] laid out column-major (the layout at::_scaled_mm takes on the right) and factors
+// [1, K]. On a GPU one reduction and one transposing pass, with the host's bits.
+Fp8Rows quantize_columns(const at::Tensor& weight);
 
 // x [M, K] times weight [N, K] transposed -> [M, N] bf16; x scaled per row, weight per row.
 at::Tensor fp8_forward_product(const at::Tensor& x, const at::Tensor& weight);

@@ -1,11 +1,12 @@
-// The fused SwiGLU and RoPE kernels (see fused_kernels.h). Both are bound by memory: SwiGLU
-// moves 16-byte packs per thread where every pointer allows it; RoPE gives each thread one
-// pair of rotated elements (d, d + dim/2), rows ordered heads-fastest, which is how q and k
-// lie in memory after their projection ([B, T, H, D] viewed as [B, H, T, D]).
+// The fused SwiGLU and RoPE kernels (see fused_kernels.h). Both are bound by memory and move
+// 16-byte packs per thread where every pointer allows it. RoPE gives a block each token, its
+// heads side by side, which is how q and k lie in memory after their projection ([B, T, H, D]
+// viewed as [B, H, T, D]).
 #include "models/fused_kernels.h"
 
 #include "models/kernel_common.cuh"
 
+#include <algorithm>
 #include <type_traits>
 
 namespace fsdpp::kernels {
@@ -62,33 +63,65 @@ __global__ void swiglu_backward_kernel(const T* grad, const T* gate, const T* up
   });
 }
 
-// The transpose of the rotation (out_lo = lo c_lo - hi s_lo, out_hi = hi c_hi + lo s_hi) is
-// the same rotation with s_lo' = -s_hi and s_hi' = -s_lo.
-template <typename T>
+// The table's N floats at p, rounded to T as transformers rounds its tables, then widened.
+template <typename T, int N>
+__device__ void load_table(const float* p, float (&v)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < N; k += 4) {
+      const auto q = load<float, 4>(p + k);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v[k + j] = widen(narrow_to<T>(q.v[j]));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = widen(narrow_to<T>(p[k]));
+  }
+}
+
+// A block per token (b, t), over all its heads: a thread rotates N pairs (d + k, d + k +
+// dim/2) of one head. The token's place in memory is found once per thread; the head and pair
+// come from 32-bit arithmetic. The transpose of the rotation (out_lo = lo c_lo - hi s_lo,
+// out_hi = hi c_hi + lo s_hi) is the same rotation with s_lo' = -s_hi and s_hi' = -s_lo.
+template <typename T, int N>
 __global__ void rotary_kernel(const T* x, const float* cos, const float* sin, T* out, RotaryShape shape,
                               bool transpose) {
-  const int64_t half = shape.dim / 2;
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= shape.batch * shape.tokens * shape.heads * half) return;
-  const int64_t d = index % half;
-  int64_t row = index / half;
-  const int64_t h = row % shape.heads;
-  row /= shape.heads;
-  const int64_t t = row % shape.tokens;
-  const int64_t b = row / shape.tokens;
-  const T* in = x + b * shape.in_strides[0] + h * shape.in_strides[1] + t * shape.in_strides[2];
-  T* to = out + b * shape.out_strides[0] + h * shape.out_strides[1] + t * shape.out_strides[2];
-  const int64_t table = (shape.table_per_sequence ? b * shape.tokens + t : t) * shape.dim;
-  const float c_lo = widen(narrow_to<T>(cos[table + d])), c_hi = widen(narrow_to<T>(cos[table + d + half]));
-  float s_lo = widen(narrow_to<T>(sin[table + d])), s_hi = widen(narrow_to<T>(sin[table + d + half]));
-  if (transpose) {
-    const float s = s_lo;
-    s_lo = -s_hi;
-    s_hi = -s;
+  const int64_t token = blockIdx.x;  // b * tokens + t
+  const int64_t b = token / shape.tokens, t = token % shape.tokens;
+  const int half = static_cast<int>(shape.dim / 2), packs = half / N;
+  const int64_t table = (shape.table_per_sequence ? token : t) * shape.dim;
+  const T* in_token = x + b * shape.in_strides[0] + t * shape.in_strides[2];
+  T* out_token = out + b * shape.out_strides[0] + t * shape.out_strides[2];
+  for (int i = threadIdx.x; i < shape.heads * packs; i += blockDim.x) {
+    const int h = i / packs, d = (i % packs) * N;
+    const T* in = in_token + h * shape.in_strides[1];
+    T* to = out_token + h * shape.out_strides[1];
+    const auto lo = load<T, N>(in + d), hi = load<T, N>(in + d + half);
+    float c_lo[N], c_hi[N], s_lo[N], s_hi[N];
+    load_table<T, N>(cos + table + d, c_lo);
+    load_table<T, N>(cos + table + d + half, c_hi);
+    load_table<T, N>(sin + table + d, s_lo);
+    load_table<T, N>(sin + table + d + half, s_hi);
+    Pack<T, N> out_lo, out_hi;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float sl = transpose ? -s_hi[k] : s_lo[k], sh = transpose ? -s_lo[k] : s_hi[k];
+      const float l = widen(lo.v[k]), r = widen(hi.v[k]);
+      out_lo.v[k] = narrow_to<T>(l * c_lo[k] - r * sl);
+      out_hi.v[k] = narrow_to<T>(r * c_hi[k] + l * sh);
+    }
+    store<T, N>(to + d, out_lo);
+    store<T, N>(to + d + half, out_hi);
   }
-  const float lo = widen(in[d]), hi = widen(in[d + half]);
-  to[d] = narrow_to<T>(lo * c_lo - hi * s_lo);
-  to[d + half] = narrow_to<T>(hi * c_hi + lo * s_hi);
+}
+
+// Whether every stride is a whole number of packs of N elements.
+template <int N>
+bool strides_in_packs(const RotaryShape& shape) {
+  for (int i = 0; i < 3; ++i) {
+    if (shape.in_strides[i] % N != 0 || shape.out_strides[i] % N != 0) return false;
+  }
+  return true;
 }
 
 // Calls launch(width, blocks) for packs of 16 bytes of T when every pointer is 16-byte
@@ -136,12 +169,25 @@ void swiglu_backward(Element element, int device, const void* grad, const void* 
 
 void rotary(Element element, int device, const void* x, const float* cos, const float* sin, void* out,
             const RotaryShape& shape, bool transpose) {
-  const int64_t pairs = shape.batch * shape.heads * shape.tokens * (shape.dim / 2);
-  if (pairs == 0) return;
+  const int64_t tokens = shape.batch * shape.tokens;
+  if (tokens == 0 || shape.heads == 0 || shape.dim == 0) return;
+  TORCH_CHECK(tokens <= std::numeric_limits<int32_t>::max(), "fused rotary: ", tokens, " tokens exceed one grid");
   launch_typed(element, device, [&](auto zero, cudaStream_t stream) {
     using T = decltype(zero);
-    rotary_kernel<T><<<blocks_for(pairs), kThreads, 0, stream>>>(static_cast<const T*>(x), cos, sin,
-                                                                 static_cast<T*>(out), shape, transpose);
+    auto launch = [&](auto width) {
+      constexpr int N = decltype(width)::value;
+      // A warp at least, as many threads as the token has packs at most.
+      const int64_t threads = std::min<int64_t>(kThreads, (shape.heads * (shape.dim / 2 / N) + 31) / 32 * 32);
+      rotary_kernel<T, N><<<static_cast<unsigned>(tokens), static_cast<unsigned>(threads), 0, stream>>>(
+          static_cast<const T*>(x), cos, sin, static_cast<T*>(out), shape, transpose);
+    };
+    // 16 bytes of T per load where the halves, the strides, the tables and every pointer allow.
+    constexpr int kPack = 16 / sizeof(T);
+    if ((shape.dim / 2) % kPack == 0 && strides_in_packs<kPack>(shape) && pack_aligned({x, out, cos, sin})) {
+      launch(std::integral_constant<int, kPack>());
+    } else {
+      launch(std::integral_constant<int, 1>());
+    }
   });
 }
 

@@ -62,4 +62,10 @@ constexpr float kSmallestFp8Amax = 1e-30f;
 void quantize_rows_fp8(Element element, int device, const void* x, void* values, float* inverse, int64_t rows,
                        int64_t width);
 
+// The same per column of x [rows, cols] (contiguous), given each column's largest magnitude
+// `amax` [cols] (float32): column c times its 2^k rounded to e4m3, written transposed into
+// `values` [cols, rows] (row-major), and 2^-k into `inverse` [cols].
+void quantize_columns_fp8(Element element, int device, const void* x, const float* amax, void* values, float* inverse,
+                          int64_t rows, int64_t cols);
+
 }  // namespace fsdpp::kernels

@@ -108,6 +108,39 @@ TEST_CASE("the GPU's fused rowwise scaling gives the host's bits", "[models][gpu
   CHECK(!back[1].isfinite().all().item<bool>());
 }
 
+TEST_CASE("the GPU's fused columnwise scaling gives the host's bits, transposed", "[models][gpu]") {
+  if (!gpu_half_runs()) return;
+  at::manual_seed(13);
+  for (const auto dtype : {at::kBFloat16, at::kFloat, at::kHalf}) {
+    // Within one tile, and across ragged tiles both ways.
+    for (const auto& shape : {std::vector<int64_t>{16, 48}, std::vector<int64_t>{300, 130}}) {
+      INFO("dtype " << dtype << ", weight " << at::IntArrayRef(shape));
+      // Columns from 2^-20 to 2^12, one of zeros, one holding inf and one nan.
+      const auto magnitudes = at::exp2(at::linspace(-20, 12, shape[1], at::kDouble)).unsqueeze(0);
+      auto weight = (at::randn(shape, at::kDouble) * magnitudes).to(dtype);
+      weight.select(1, 5).zero_();
+      weight[3][7] = std::numeric_limits<float>::infinity();
+      weight[shape[0] - 1][9] = std::numeric_limits<float>::quiet_NaN();
+      const Fp8Rows host = quantize_columns(weight);
+      const Fp8Rows gpu = quantize_columns(weight.cuda());
+      REQUIRE(gpu.values.is_cuda());
+      CHECK(gpu.values.sizes() == weight.sizes());
+      CHECK(gpu.values.t().is_contiguous());  // column-major, as _scaled_mm takes its right operand
+      CHECK(at::equal(gpu.inverse.cpu(), host.inverse));
+      // The bits of every finite column; the non-finite ones restore to non-finite values.
+      const auto finite = weight.isfinite().all(0).nonzero().squeeze(1);
+      const auto gpu_bits = gpu.values.t().cpu().view(at::kByte), host_bits = host.values.t().contiguous().view(at::kByte);
+      CHECK(at::equal(gpu_bits.index_select(0, finite), host_bits.index_select(0, finite)));
+      const auto back = restored(gpu).cpu();
+      CHECK(!back[3][7].isfinite().item<bool>());
+      CHECK(!back[shape[0] - 1][9].isfinite().item<bool>());
+      // And the host's columns are the rows of the transpose.
+      const Fp8Rows rows = quantize_rows(weight.t().contiguous());
+      CHECK(at::equal(host.values.t().contiguous().view(at::kByte), rows.values.view(at::kByte)));
+    }
+  }
+}
+
 TEST_CASE("float8 products and the Linear's gradients on a GPU", "[models][gpu]") {
   if (!gpu_half_runs()) return;
   const c10::Device gpu(c10::kCUDA);
