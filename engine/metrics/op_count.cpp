@@ -91,10 +91,13 @@ bool is_allocation(std::string_view name) {
          std::find(kNames.begin(), kNames.end(), name) != kNames.end();
 }
 
-// Composed of other operators in its dispatcher entry (CompositeImplicitAutograd).
+// Composed of other operators in its dispatcher entry (CompositeImplicitAutograd), whose
+// operators are counted instead. An operator with a kernel of its own for the CPU or a GPU
+// runs that one there (silu_backward has both: its composition serves other backends).
 bool is_composite(const c10::FunctionSchema& schema) {
   const auto op = c10::Dispatcher::singleton().findSchema({schema.name(), schema.overload_name()});
-  return op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  return op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+         !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) && !op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
 }
 
 // A kernel, unless inside one: one of the engine's recorded kernels, or an operator a backend

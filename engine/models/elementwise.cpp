@@ -4,45 +4,120 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #ifdef FSDPP_CUDA_KERNELS
 #include "models/kernel_element.h"
-
-#include <torch/csrc/autograd/custom_function.h>
 #endif
 
 namespace fsdpp {
 
 namespace {
 
-#ifdef FSDPP_CUDA_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Saves gate and up, where ATen's pair of ops would also keep silu(gate).
+// silu(gate) * up from the halves of a joint product [..., 2I], as ATen ops that round where
+// transformers rounds; backward writes both halves' gradients into one [..., 2I] tensor,
+// where autograd would join them in another copy.
+struct ComposedJoinedSwiGLU : public torch::autograd::Function<ComposedJoinedSwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    const int64_t width = gate_up.size(-1) / 2;
+    const auto gate = gate_up.narrow(-1, 0, width), up = gate_up.narrow(-1, width, width);
+    const auto activated = at::silu(gate);  // [..., I], kept as autograd would keep it
+    ctx->save_for_backward({gate_up, activated});
+    return activated * up;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &gate_up = saved[0], &activated = saved[1];
+    const auto& dy = grads[0];
+    const int64_t width = gate_up.size(-1) / 2;
+    auto grad = at::empty_like(gate_up, at::MemoryFormat::Contiguous);
+    auto grad_gate = grad.narrow(-1, 0, width), grad_up = grad.narrow(-1, width, width);
+    at::mul_out(grad_up, dy, activated);
+    at::silu_backward_out(grad_gate, dy * gate_up.narrow(-1, width, width), gate_up.narrow(-1, 0, width));
+    return {grad};
+  }
+};
+
+#ifdef FSDPP_CUDA_KERNELS
+
+// The fused SwiGLU over `rows` rows of `width` elements whose gate and up rows lie `stride`
+// apart in `sources` (the tensors it reads, gate's first); out [sizes], contiguous.
+at::Tensor swiglu_rows(const std::vector<at::Tensor>& sources, const void* gate, const void* up,
+                       at::IntArrayRef sizes, int64_t rows, int64_t width, int64_t stride) {
+  const at::Tensor& first = sources.front();
+  auto out = at::empty(sizes, first.options());
+  at::RecordFunction record(at::RecordScope::FUNCTION);
+  if (record.isActive()) describe_kernel(record, "fsdpp::swiglu_forward", {sources.begin(), sources.end()}, {out});
+  kernels::swiglu_forward(*kernel_element(first), first.get_device(), gate, up, out.mutable_data_ptr(), rows, width,
+                          stride);
+  return out;
+}
+
+// Its backward from the output's gradient `dy` (contiguous rows): gate's and up's gradients
+// written with their layout into `grads`.
+void swiglu_rows_backward(const at::Tensor& dy, const std::vector<at::Tensor>& sources, const void* gate,
+                          const void* up, const std::vector<at::Tensor>& grads, void* grad_gate, void* grad_up,
+                          int64_t rows, int64_t width, int64_t stride) {
+  std::vector<c10::IValue> reads{dy};
+  reads.insert(reads.end(), sources.begin(), sources.end());
+  at::RecordFunction record(at::RecordScope::FUNCTION);
+  if (record.isActive()) describe_kernel(record, "fsdpp::swiglu_backward", reads, {grads.begin(), grads.end()});
+  kernels::swiglu_backward(*kernel_element(dy), dy.get_device(), dy.const_data_ptr(), gate, up, grad_gate, grad_up,
+                           rows, width, stride);
+}
+
+// Gate and up apart, as one row of all their elements. Saves them, where ATen's pair of ops
+// would also keep silu(gate).
 struct FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     const auto g = gate.contiguous(), u = up.contiguous();
-    auto out = at::empty_like(g);
-    at::RecordFunction record(at::RecordScope::FUNCTION);
-    if (record.isActive()) describe_kernel(record, "fsdpp::swiglu_forward", {g, u}, {out});
-    kernels::swiglu_forward(*kernel_element(g), g.get_device(), g.const_data_ptr(), u.const_data_ptr(),
-                            out.mutable_data_ptr(), g.numel());
     ctx->save_for_backward({g, u});
-    return out;
+    return swiglu_rows({g, u}, g.const_data_ptr(), u.const_data_ptr(), g.sizes(), 1, g.numel(), g.numel());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
     const auto dy = grads[0].contiguous();
     auto grad_gate = at::empty_like(saved[0]), grad_up = at::empty_like(saved[1]);
-    at::RecordFunction record(at::RecordScope::FUNCTION);
-    if (record.isActive()) {
-      describe_kernel(record, "fsdpp::swiglu_backward", {dy, saved[0], saved[1]}, {grad_gate, grad_up});
-    }
-    kernels::swiglu_backward(*kernel_element(dy), dy.get_device(), dy.const_data_ptr(), saved[0].const_data_ptr(),
-                             saved[1].const_data_ptr(), grad_gate.mutable_data_ptr(), grad_up.mutable_data_ptr(),
-                             dy.numel());
+    const int64_t n = dy.numel();
+    swiglu_rows_backward(dy, saved, saved[0].const_data_ptr(), saved[1].const_data_ptr(), {grad_gate, grad_up},
+                         grad_gate.mutable_data_ptr(), grad_up.mutable_data_ptr(), 1, n, n);
     return {grad_gate, grad_up};
+  }
+};
+
+// `offset` elements into t's memory.
+const char* element_at(const at::Tensor& t, int64_t offset) {
+  return static_cast<const char*>(t.const_data_ptr()) + offset * t.element_size();
+}
+
+// Gate and up as the halves of each row of one joint product [..., 2I]: the kernels read them
+// in place, and backward writes both gradients into one [..., 2I] tensor, the joint product's
+// gradient as it is.
+struct FusedJoinedSwiGLU : public torch::autograd::Function<FusedJoinedSwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    const auto joined = gate_up.contiguous();
+    ctx->save_for_backward({joined});
+    const int64_t width = joined.size(-1) / 2;
+    auto sizes = joined.sizes().vec();
+    sizes.back() = width;
+    return swiglu_rows({joined}, joined.const_data_ptr(), element_at(joined, width), sizes,
+                       joined.numel() / (2 * width), width, 2 * width);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor()};
+    const at::Tensor joined = ctx->get_saved_variables()[0];
+    const auto dy = grads[0].contiguous();
+    const int64_t width = joined.size(-1) / 2;
+    auto grad = at::empty_like(joined);
+    auto* grad_gate = static_cast<char*>(grad.mutable_data_ptr());
+    swiglu_rows_backward(dy, {joined}, joined.const_data_ptr(), element_at(joined, width), {grad}, grad_gate,
+                         grad_gate + width * grad.element_size(), joined.numel() / (2 * width), width, 2 * width);
+    return {grad};
   }
 };
 
@@ -100,6 +175,15 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   }
 #endif
   return at::silu(gate) * up;
+}
+
+at::Tensor swiglu_joined(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.size(-1) > 0 && gate_up.size(-1) % 2 == 0, "swiglu_joined: no halves in a width of ",
+              gate_up.size(-1));
+#ifdef FSDPP_CUDA_KERNELS
+  if (kernel_element(gate_up)) return FusedJoinedSwiGLU::apply(gate_up);
+#endif
+  return ComposedJoinedSwiGLU::apply(gate_up);
 }
 
 at::Tensor widened_rotary_tables(const at::Tensor& cos_sin) {

@@ -9,6 +9,9 @@ namespace fsdpp {
 
 // silu(gate) * up, the gated MLP's inner activation (gate and up of one shape).
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+// The same from one joint product of gate_proj and up_proj [..., 2I]: gate the first I
+// columns of each row, up the last I -> [..., I].
+at::Tensor swiglu_joined(const at::Tensor& gate_up);
 
 // Rotates q or k [B, H, T, D] by the tables [2, T, D] or [2, B, T, D] from RotaryEmbedding;
 // vision tokens [H, N, D] by tables [2, N, D].

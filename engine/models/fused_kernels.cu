@@ -15,42 +15,50 @@ namespace {
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Thread t owns elements [t * N, t * N + N); the last thread's pack may run past n, and then
-// goes element by element.
+// Rows of `width` elements: thread t of a row's blocks owns columns [t * N, t * N + N) of
+// every row its block's grid row reaches; a pack that runs past the width goes element by
+// element.
 template <typename T, int N, typename Op>
-__device__ void for_each_pack(int64_t n, Op op) {
+__device__ void for_each_pack(int64_t rows, int64_t width, Op op) {
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * N;
-  if (first + N <= n) {
-    op(first, std::integral_constant<int, N>());
-  } else {
-    for (int64_t i = first; i < n; ++i) op(i, std::integral_constant<int, 1>());
+  if (first >= width) return;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    if (first + N <= width) {
+      op(row, first, std::integral_constant<int, N>());
+    } else {
+      for (int64_t c = first; c < width; ++c) op(row, c, std::integral_constant<int, 1>());
+    }
   }
 }
 
+// gate and up rows `stride` apart, out contiguous.
 template <typename T, int N>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t n) {
-  for_each_pack<T, N>(n, [&](int64_t at, auto width) {
-    constexpr int W = decltype(width)::value;
-    const auto g = *reinterpret_cast<const Pack<T, W>*>(gate + at);
-    const auto u = *reinterpret_cast<const Pack<T, W>*>(up + at);
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t rows, int64_t width,
+                                      int64_t stride) {
+  for_each_pack<T, N>(rows, width, [&](int64_t row, int64_t c, auto pack) {
+    constexpr int W = decltype(pack)::value;
+    const auto g = load<T, W>(gate + row * stride + c);
+    const auto u = load<T, W>(up + row * stride + c);
     Pack<T, W> o;
 #pragma unroll
     for (int i = 0; i < W; ++i) {
       const float x = widen(g.v[i]);
       o.v[i] = narrow_to<T>(x * sigmoid(x) * widen(u.v[i]));
     }
-    *reinterpret_cast<Pack<T, W>*>(out + at) = o;
+    store<T, W>(out + row * width + c, o);
   });
 }
 
+// grad contiguous; gate, up and their gradients rows `stride` apart.
 template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* grad, const T* gate, const T* up, T* grad_gate, T* grad_up,
-                                       int64_t n) {
-  for_each_pack<T, N>(n, [&](int64_t at, auto width) {
-    constexpr int W = decltype(width)::value;
-    const auto dy = *reinterpret_cast<const Pack<T, W>*>(grad + at);
-    const auto g = *reinterpret_cast<const Pack<T, W>*>(gate + at);
-    const auto u = *reinterpret_cast<const Pack<T, W>*>(up + at);
+                                       int64_t rows, int64_t width, int64_t stride) {
+  for_each_pack<T, N>(rows, width, [&](int64_t row, int64_t c, auto pack) {
+    constexpr int W = decltype(pack)::value;
+    const int64_t at = row * stride + c;
+    const auto dy = load<T, W>(grad + row * width + c);
+    const auto g = load<T, W>(gate + at);
+    const auto u = load<T, W>(up + at);
     Pack<T, W> dg, du;
 #pragma unroll
     for (int i = 0; i < W; ++i) {
@@ -58,8 +66,8 @@ __global__ void swiglu_backward_kernel(const T* grad, const T* gate, const T* up
       du.v[i] = narrow_to<T>(d * x * s);
       dg.v[i] = narrow_to<T>(d * widen(u.v[i]) * s * (1.0f + x * (1.0f - s)));
     }
-    *reinterpret_cast<Pack<T, W>*>(grad_gate + at) = dg;
-    *reinterpret_cast<Pack<T, W>*>(grad_up + at) = du;
+    store<T, W>(grad_gate + at, dg);
+    store<T, W>(grad_up + at, du);
   });
 }
 
@@ -124,36 +132,40 @@ bool strides_in_packs(const RotaryShape& shape) {
   return true;
 }
 
-// Calls launch(width, blocks) for packs of 16 bytes of T when every pointer is 16-byte
-// aligned, else for single elements.
+// Calls launch(width, blocks) for packs of 16 bytes of T where every pointer allows them and
+// every row starts on one (one row, or widths and strides of whole packs), else for single
+// elements; blocks spans a row, gridDim.y the rows.
 template <typename T, typename Launch>
-void launch_packed(int64_t n, std::initializer_list<const void*> pointers, Launch launch) {
+void launch_packed(int64_t rows, int64_t width, int64_t stride, std::initializer_list<const void*> pointers,
+                   Launch launch) {
   constexpr int kPack = 16 / sizeof(T);
-  if (pack_aligned(pointers)) {
-    launch(std::integral_constant<int, kPack>(), blocks_for((n + kPack - 1) / kPack));
+  const unsigned grid_rows = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
+  if (pack_aligned(pointers) && (rows == 1 || (width % kPack == 0 && stride % kPack == 0))) {
+    launch(std::integral_constant<int, kPack>(), dim3(blocks_for((width + kPack - 1) / kPack), grid_rows));
   } else {
-    launch(std::integral_constant<int, 1>(), blocks_for(n));
+    launch(std::integral_constant<int, 1>(), dim3(blocks_for(width), grid_rows));
   }
 }
 
 }  // namespace
 
-void swiglu_forward(Element element, int device, const void* gate, const void* up, void* out, int64_t n) {
-  if (n == 0) return;
+void swiglu_forward(Element element, int device, const void* gate, const void* up, void* out, int64_t rows,
+                    int64_t width, int64_t stride) {
+  if (rows == 0 || width == 0) return;
   launch_typed(element, device, [&](auto zero, cudaStream_t stream) {
     using T = decltype(zero);
     const auto* g = static_cast<const T*>(gate);
     const auto* u = static_cast<const T*>(up);
     auto* o = static_cast<T*>(out);
-    launch_packed<T>(n, {g, u, o}, [&](auto width, unsigned blocks) {
-      swiglu_forward_kernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(g, u, o, n);
+    launch_packed<T>(rows, width, stride, {g, u, o}, [&](auto pack, dim3 blocks) {
+      swiglu_forward_kernel<T, decltype(pack)::value><<<blocks, kThreads, 0, stream>>>(g, u, o, rows, width, stride);
     });
   });
 }
 
 void swiglu_backward(Element element, int device, const void* grad, const void* gate, const void* up,
-                     void* grad_gate, void* grad_up, int64_t n) {
-  if (n == 0) return;
+                     void* grad_gate, void* grad_up, int64_t rows, int64_t width, int64_t stride) {
+  if (rows == 0 || width == 0) return;
   launch_typed(element, device, [&](auto zero, cudaStream_t stream) {
     using T = decltype(zero);
     const auto* dy = static_cast<const T*>(grad);
@@ -161,8 +173,9 @@ void swiglu_backward(Element element, int device, const void* grad, const void* 
     const auto* u = static_cast<const T*>(up);
     auto* dg = static_cast<T*>(grad_gate);
     auto* du = static_cast<T*>(grad_up);
-    launch_packed<T>(n, {dy, g, u, dg, du}, [&](auto width, unsigned blocks) {
-      swiglu_backward_kernel<T, decltype(width)::value><<<blocks, kThreads, 0, stream>>>(dy, g, u, dg, du, n);
+    launch_packed<T>(rows, width, stride, {dy, g, u, dg, du}, [&](auto pack, dim3 blocks) {
+      swiglu_backward_kernel<T, decltype(pack)::value>
+          <<<blocks, kThreads, 0, stream>>>(dy, g, u, dg, du, rows, width, stride);
     });
   });
 }

@@ -11,11 +11,15 @@ namespace fsdpp::kernels {
 
 enum class Element { kFloat, kBFloat16, kHalf };
 
-// out = silu(gate) * up over n contiguous elements.
-void swiglu_forward(Element element, int device, const void* gate, const void* up, void* out, int64_t n);
-// The gradients of gate and up from the output's `grad`, all n contiguous elements.
+// out = silu(gate) * up over `rows` rows of `width` elements: gate's and up's rows lie
+// `stride` elements apart (width where each is contiguous; twice the width where they are the
+// halves of one joint product's rows), out's rows are contiguous.
+void swiglu_forward(Element element, int device, const void* gate, const void* up, void* out, int64_t rows,
+                    int64_t width, int64_t stride);
+// The gradients of gate and up from the output's `grad` (contiguous rows), written with
+// gate's and up's layout.
 void swiglu_backward(Element element, int device, const void* grad, const void* gate, const void* up,
-                     void* grad_gate, void* grad_up, int64_t n);
+                     void* grad_gate, void* grad_up, int64_t rows, int64_t width, int64_t stride);
 
 // A tensor [batch, heads, tokens, dim] rotated by float32 tables cos and sin of [tokens, dim]
 // (one for every sequence) or [batch, tokens, dim], both contiguous.

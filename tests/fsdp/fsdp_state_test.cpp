@@ -67,11 +67,11 @@ std::shared_ptr<CausalLM> tiny_lora() {
   return model;
 }
 
-// The loss of `model` on `ids` after its backward, and whether attention's q, k and v ran as
-// one product there (models/joint_projection.h).
+// The loss of `model` on `ids` after its backward, and whether attention's q, k and v and the
+// MLP's gate and up ran as joint products there (models/joint_projection.h).
 std::pair<double, bool> loss_and_joint(CausalLM& model, const at::Tensor& ids) {
   auto loss = next_token_loss_sum(model(ids.narrow(1, 0, 8)), ids.narrow(1, 1, 8)) / 24.0;
-  const bool joint = backward_runs(loss, "JointProjection");
+  const bool joint = backward_runs(loss, "JointProjection") && backward_runs(loss, "JoinedSwiGLU");
   loss.backward();
   return {loss.item<double>(), joint};
 }
@@ -93,13 +93,14 @@ TEST_CASE("a sharded model gives the plain model's loss and gradients", "[fsdp]"
     const auto [expected, plain_joint] = loss_and_joint(*plain, ids);
     const auto [loss, joint] = loss_and_joint(*sharded, ids);
     CHECK(loss == Approx(expected).epsilon(1e-6));
-    // q, k and v lie end to end in a unit of one rank; in the plain model each has its own.
+    // q, k and v, and gate and up, lie end to end in a unit of one rank; in the plain model
+    // each has its own storage.
     CHECK(joint);
     CHECK_FALSE(plain_joint);
     loss_of(*truth, ids);
   }
-  // Both round the same sums in float32, in other orders (the sharded model's q, k and v in
-  // one product): held to ten times the plain model's own distance from float64.
+  // Both round the same sums in float32, in other orders (the sharded model's joint
+  // products): held to ten times the plain model's own distance from float64.
   std::map<std::string, at::Tensor> plain_grads, true_grads;
   for (const auto& p : unique_named_parameters(*plain)) plain_grads[p.name] = p.tensor.grad();
   for (const auto& p : unique_named_parameters(*truth)) true_grads[p.name] = p.tensor.grad();

@@ -67,6 +67,17 @@ TEST_CASE("op count: an in-place operator's tensor counts once; backward's kerne
   CHECK(c.kernels == 5);
 }
 
+TEST_CASE("op count: an operator with a kernel of its own counts though it also has a composition", "[metrics]") {
+  // silu_backward runs its own CPU and GPU kernels; its composition serves other backends.
+  auto x = torch::randn({1000}, torch::requires_grad());
+  OpCounter counter;
+  torch::silu(x).sum().backward();
+  const OpCounts c = counter.stop();
+  CHECK(calls_of(c, "aten::silu_backward") == 1);
+  CHECK(calls_of(c, "aten::sigmoid") == 0);
+  CHECK(c.by_op.at("aten::silu_backward").bytes == 3 * 1000 * 4);  // the gradient and x read, one written
+}
+
 TEST_CASE("op count: one count at a time, each from zero, written as JSON", "[metrics]") {
   const auto x = torch::randn({8});
   std::optional<OpCounter> first(std::in_place);

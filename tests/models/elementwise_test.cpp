@@ -72,6 +72,24 @@ TEST_CASE("the composed RoPE is transformers' rotate_half", "[models]") {
   CHECK(relative_error(apply_rotary(vision, vision_tables), rotate_half_reference(vision, vision_tables)) < 1e-12);
 }
 
+TEST_CASE("SwiGLU from one joint product of gate and up is SwiGLU of its halves", "[models]") {
+  at::manual_seed(4);
+  const auto gate_up = at::randn({2, 5, 12}, at::kDouble);  // [B, T, 2I]
+  const auto dy = at::randn({2, 5, 6}, at::kDouble);
+  auto joined = gate_up.clone().requires_grad_(true);
+  auto gate = gate_up.narrow(-1, 0, 6).clone().requires_grad_(true), up = gate_up.narrow(-1, 6, 6).clone().requires_grad_(true);
+  const auto out = swiglu_joined(joined);
+  const auto expected = swiglu(gate, up);
+  // The same ATen ops, on strided halves where the reference's are contiguous (another of the
+  // host's kernels, so rounding alone may differ).
+  CHECK(relative_error(out, expected) < 1e-14);
+  CHECK(backward_runs(out, "JoinedSwiGLU"));
+  out.backward(dy);
+  expected.backward(dy);
+  CHECK(joined.grad().is_contiguous());
+  CHECK(relative_error(joined.grad(), at::cat({gate.grad(), up.grad()}, -1)) < 1e-14);
+}
+
 TEST_CASE("the fused SwiGLU kernel gives silu(gate) * up and its gradients", "[models][gpu]") {
   if (!gpu_half_runs()) return;
   const auto dtype = GENERATE(at::kFloat, at::kBFloat16, at::kHalf);
@@ -90,6 +108,25 @@ TEST_CASE("the fused SwiGLU kernel gives silu(gate) * up and its gradients", "[m
   const auto actual = run(fused, {on_gpu(gate, dtype, unaligned), on_gpu(up, dtype, unaligned)}, weights.cuda());
   check_close(actual, expected, dtype);
   CHECK(backward_runs(actual.out, "FusedSwiGLU"));
+}
+
+TEST_CASE("the fused SwiGLU kernel reads gate and up as the halves of a joint product's rows", "[models][gpu]") {
+  if (!gpu_half_runs()) return;
+  const auto dtype = GENERATE(at::kFloat, at::kBFloat16, at::kHalf);
+  // Halves of whole packs, and of ragged ones (I = 37: the up half starts off a pack).
+  const int64_t width = GENERATE(64, 37);
+  INFO(dtype << ", I = " << width);
+  at::manual_seed(6);
+  const auto gate_up = (at::randn({3, 70, 2 * width}, at::kDouble) * 2).to(dtype).to(at::kDouble);  // [B, T, 2I]
+  const auto weights = at::randn({3, 70, width}, at::kDouble).to(dtype).to(at::kDouble);
+  auto composed = [&](const std::vector<at::Tensor>& in) {
+    return at::silu(in[0].narrow(-1, 0, width)) * in[0].narrow(-1, width, width);
+  };
+  auto fused = [](const std::vector<at::Tensor>& in) { return swiglu_joined(in[0]); };
+  const auto expected = run(composed, {gate_up.clone()}, weights);
+  const auto actual = run(fused, {gate_up.to(at::TensorOptions(dtype).device(at::kCUDA))}, weights.cuda());
+  check_close(actual, expected, dtype);
+  CHECK(backward_runs(actual.out, "FusedJoinedSwiGLU"));
 }
 
 TEST_CASE("the fused RoPE kernel gives transformers' rotation and its gradient", "[models][gpu]") {
