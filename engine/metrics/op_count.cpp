@@ -191,7 +191,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   call.kernel = stack.kernels_open == 0 && is_kernel(fn) && !has_python_subclass(fn.inputs());
   if (call.kernel) {
     ++stack.kernels_open;
-    add_tensor_bytes(fn.inputs(), call);
+    // zeros_like and its kin read no element of their input, only its shape.
+    if (!std::string_view(fn.name()).ends_with("_like")) add_tensor_bytes(fn.inputs(), call);
   }
   return nullptr;
 }

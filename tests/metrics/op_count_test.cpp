@@ -78,6 +78,15 @@ TEST_CASE("op count: an operator with a kernel of its own counts though it also 
   CHECK(c.by_op.at("aten::silu_backward").bytes == 3 * 1000 * 4);  // the gradient and x read, one written
 }
 
+TEST_CASE("op count: zeros_like writes its result and reads nothing of its input", "[metrics]") {
+  const auto x = torch::randn({1000});
+  OpCounter counter;
+  const auto zeros = torch::zeros_like(x);
+  const OpCounts c = counter.stop();
+  CHECK(calls_of(c, "aten::zeros_like") == 1);
+  CHECK(c.by_op.at("aten::zeros_like").bytes == 1000 * 4);
+}
+
 TEST_CASE("op count: one count at a time, each from zero, written as JSON", "[metrics]") {
   const auto x = torch::randn({8});
   std::optional<OpCounter> first(std::in_place);
