@@ -47,6 +47,16 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device) {
   return staged.to(device, /*non_blocking=*/true);
 }
 
+void copy_cast(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.scalar_type() == src.scalar_type() || dst.device() == src.device()) {
+    dst.copy_(src, /*non_blocking=*/true);
+  } else if (src.is_cpu()) {
+    dst.copy_(src.to(dst.device(), /*non_blocking=*/true));
+  } else {
+    dst.copy_(src.to(dst.scalar_type()), /*non_blocking=*/true);
+  }
+}
+
 void synchronize_device(c10::Device device) {
   if (device.is_cpu()) return;
   c10::impl::VirtualGuardImpl guard(device.type());

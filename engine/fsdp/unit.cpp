@@ -173,13 +173,14 @@ at::Tensor FsdpUnit::compute_shard(bool backward_follows) {
     return masters_;
   }
   // One copy (and cast) of the masters and one of the constants. Offloaded, they cross from
-  // pinned host memory on the copy stream, holding up neither the host nor the compute.
+  // pinned host memory on the copy stream, in their own dtype, and are cast there: holding up
+  // neither the host nor the compute.
   at::Tensor flat = at::empty({flat_numel_}, options);  // [T]
   const int64_t held = masters_.numel();
   copied_ = beside_compute(
       [&] {
-        flat.narrow(0, 0, held).copy_(masters_, /*non_blocking=*/true);
-        flat.narrow(0, held, flat_numel_ - held).copy_(constants_, /*non_blocking=*/true);
+        copy_cast(flat.narrow(0, 0, held), masters_);
+        copy_cast(flat.narrow(0, held, flat_numel_ - held), constants_);
       },
       {flat});
   if (backward_follows && held > 0 && flat.scalar_type() != masters_.scalar_type()) cast_shard_ = flat;

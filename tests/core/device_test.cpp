@@ -37,3 +37,30 @@ TEST_CASE("a batch copied to a GPU neither waits for queued work nor reads the h
   CHECK(moved.device() == gpu);
   CHECK(at::equal(moved.cpu(), expected));
 }
+
+TEST_CASE("a copy that casts gives ATen's values on the CPU", "[core]") {
+  const at::Tensor src = at::randn({1000}, at::kFloat) * 1e3;  // [N]
+  const at::Tensor dst = at::empty({1000}, at::kBFloat16);
+  copy_cast(dst, src);
+  CHECK(at::equal(dst, src.to(at::kBFloat16)));
+}
+
+TEST_CASE("a copy that casts across the host boundary neither waits for queued work nor rounds differently",
+          "[core][gpu]") {
+  if (!gpu_half_runs()) return;
+  const bool to_gpu = GENERATE(true, false);
+  INFO((to_gpu ? "pinned float32 host to bf16 GPU" : "float32 GPU to pinned bf16 host"));
+  const c10::Device gpu(c10::kCUDA, 0);
+  const at::Tensor values = at::randn({1 << 22}, at::kFloat) * 1e3;  // [N]
+  const at::Tensor src = to_gpu ? values.pin_memory() : values.to(gpu);
+  const at::Tensor dst = to_gpu ? at::empty({1 << 22}, at::TensorOptions(at::kBFloat16).device(gpu))
+                                : at::empty({1 << 22}, at::TensorOptions(at::kBFloat16).pinned_memory(true));
+  at::Tensor busy = at::randn({4096, 4096}, at::TensorOptions(at::kFloat).device(gpu));
+  for (int i = 0; i < 32; ++i) busy = at::mm(busy, busy).tanh_();  // about 4 TFLOP queued
+  c10::Event queued(c10::kCUDA);
+  queued.record(c10::impl::VirtualGuardImpl(c10::kCUDA).getStream(gpu));
+  copy_cast(dst, src);
+  CHECK_FALSE(queued.query());  // a copy that waited would have let the queued work finish
+  synchronize_device(gpu);
+  CHECK(at::equal(dst.cpu(), values.to(at::kBFloat16)));  // the device rounds as the host does
+}
