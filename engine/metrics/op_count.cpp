@@ -12,12 +12,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -125,28 +127,67 @@ bool is_attention(std::string_view name) {
   return false;
 }
 
+// Adds `t`'s size to `call` unless the call has seen it, charging `charged` bytes of it when
+// given (the rows an index touches), else all of them.
+void add_tensor(const at::Tensor& t, Call& call, std::optional<int64_t> charged = std::nullopt) {
+  if (!t.defined() || !t.has_storage()) return;
+  const int64_t size = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  // The address from the storage itself: data_ptr() checks the tensor and may throw, which an
+  // observer must not (a parameter between gathers has elements but no memory).
+  const auto* first = static_cast<const char*>(t.storage().data()) + t.storage_offset() * t.element_size();
+  const TensorKey key{first, size};
+  if (std::find(call.seen.begin(), call.seen.end(), key) != call.seen.end()) return;
+  call.seen.push_back(key);
+  call.bytes += charged.value_or(size);
+}
+
 // Adds the sizes of the tensors in `values` that `call` has not seen yet.
 void add_tensor_bytes(c10::ArrayRef<c10::IValue> values, Call& call) {
-  auto add = [&](const at::Tensor& t) {
-    if (!t.defined() || !t.has_storage()) return;
-    const int64_t size = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-    // The address from the storage itself: data_ptr() checks the tensor and may throw, which an
-    // observer must not (a parameter between gathers has elements but no memory).
-    const auto* first = static_cast<const char*>(t.storage().data()) + t.storage_offset() * t.element_size();
-    const TensorKey key{first, size};
-    if (std::find(call.seen.begin(), call.seen.end(), key) != call.seen.end()) return;
-    call.seen.push_back(key);
-    call.bytes += size;
-  };
   for (const auto& v : values) {
     if (v.isTensor()) {
-      add(v.toTensor());
+      add_tensor(v.toTensor(), call);
     } else if (v.isList()) {  // tensor lists and lists of optional tensors
       for (const c10::IValue& item : v.toListRef()) {
-        if (item.isTensor()) add(item.toTensor());
+        if (item.isTensor()) add_tensor(item.toTensor(), call);
       }
     }
   }
+}
+
+// An operator that reads or writes the rows of a table that an index names, not the whole
+// table (an embedding's lookup, index_add_ adding rows into a gradient): where the table and
+// the index are among its arguments, and the argument holding the indexed dimension (none:
+// the first).
+struct IndexedTable {
+  std::string_view name;
+  size_t table, index;
+  std::optional<size_t> dim;
+};
+
+const IndexedTable* indexed_table(std::string_view name) {
+  static constexpr std::array<IndexedTable, 5> kOps = {{{"aten::embedding", 0, 1, std::nullopt},
+                                                        {"aten::index_select", 0, 2, 1},
+                                                        {"aten::index_add_", 0, 2, 1},
+                                                        {"aten::index_add", 0, 2, 1},
+                                                        {"aten::index_copy_", 0, 2, 1}}};
+  const auto it = std::find_if(kOps.begin(), kOps.end(), [&](const IndexedTable& op) { return op.name == name; });
+  return it == kOps.end() ? nullptr : &*it;
+}
+
+// Charges an indexed table the rows its index names (a row named twice, twice; never more
+// than the whole table), then the other arguments in full.
+void add_indexed_bytes(const IndexedTable& op, c10::ArrayRef<c10::IValue> inputs, Call& call) {
+  const bool readable = inputs.size() > std::max(op.table, op.index) && inputs[op.table].isTensor() &&
+                        inputs[op.index].isTensor() && (!op.dim || inputs[*op.dim].isInt());
+  if (readable) {
+    const at::Tensor& table = inputs[op.table].toTensor();
+    const int64_t dim = op.dim ? c10::maybe_wrap_dim(inputs[*op.dim].toInt(), std::max<int64_t>(table.dim(), 1)) : 0;
+    if (table.defined() && table.dim() > dim && table.size(dim) > 0) {
+      const int64_t row_bytes = table.numel() / table.size(dim) * static_cast<int64_t>(table.element_size());
+      add_tensor(table, call, std::min(inputs[op.index].toTensor().numel(), table.size(dim)) * row_bytes);
+    }
+  }
+  add_tensor_bytes(inputs, call);
 }
 
 void record_kernel(const at::RecordFunction& fn, Call& call, Tally& tally) {
@@ -192,7 +233,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (call.kernel) {
     ++stack.kernels_open;
     // zeros_like and its kin read no element of their input, only its shape.
-    if (!std::string_view(fn.name()).ends_with("_like")) add_tensor_bytes(fn.inputs(), call);
+    if (const IndexedTable* indexed = indexed_table(fn.name())) {
+      add_indexed_bytes(*indexed, fn.inputs(), call);
+    } else if (!std::string_view(fn.name()).ends_with("_like")) {
+      add_tensor_bytes(fn.inputs(), call);
+    }
   }
   return nullptr;
 }

@@ -87,6 +87,27 @@ TEST_CASE("op count: zeros_like writes its result and reads nothing of its input
   CHECK(c.by_op.at("aten::zeros_like").bytes == 1000 * 4);
 }
 
+TEST_CASE("op count: a lookup or an indexed add is charged the table's rows its index names", "[metrics]") {
+  const auto table = torch::randn({1000, 64});             // [V, C]
+  const auto columns = torch::randn({64, 1000});           // [C, V]
+  const auto index = torch::tensor({3, 7, 7, 999, 0});     // [n] int64, a row named twice
+  const auto rows = torch::randn({5, 64});                 // [n, C]
+  auto sums = torch::zeros({1000, 64});
+  const auto small = torch::randn({2, 64});                // [2, C]: named more often than it has rows
+  OpCounter counter;
+  const auto looked_up = at::embedding(table, index);      // [n, C]
+  const auto picked = columns.index_select(1, index);      // [C, n]
+  sums.index_add_(0, index, rows);
+  const auto repeated = small.index_select(0, torch::tensor({0, 1, 1, 0, 1}));
+  const OpCounts c = counter.stop();
+  const int64_t row = 64 * 4, index_bytes = 5 * 8;
+  CHECK(c.by_op.at("aten::embedding").bytes == 5 * row + index_bytes + 5 * row);  // rows read, index, result
+  // index_add_'s table is also its result: its rows once, the index, the added rows.
+  CHECK(c.by_op.at("aten::index_add_").bytes == 5 * row + index_bytes + 5 * row);
+  // Two index_selects: 5 columns of 64 and their result; then the whole 2-row table at most.
+  CHECK(c.by_op.at("aten::index_select").bytes == (5 * row + index_bytes + 5 * row) + (2 * row + index_bytes + 5 * row));
+}
+
 TEST_CASE("op count: one count at a time, each from zero, written as JSON", "[metrics]") {
   const auto x = torch::randn({8});
   std::optional<OpCounter> first(std::in_place);
