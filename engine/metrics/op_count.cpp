@@ -154,38 +154,57 @@ void add_tensor_bytes(c10::ArrayRef<c10::IValue> values, Call& call) {
   }
 }
 
-// An operator that reads or writes the rows of a table that an index names, not the whole
-// table (an embedding's lookup, index_add_ adding rows into a gradient): where the table and
-// the index are among its arguments, and the argument holding the indexed dimension (none:
-// the first).
-struct IndexedTable {
-  std::string_view name;
-  size_t table, index;
+// An argument an operator touches less of than its whole: the rows of a table an index names
+// (an embedding's lookup, index_add_ adding rows into a gradient), one element per index in
+// each row (nll_loss reading each row's target), or nothing but its shape (zeros_like, and
+// nll_loss_backward's input, whose gradient it writes whole). Where the argument and its
+// index are among the operator's inputs, and the one holding the indexed dimension (none: 0).
+struct PartialArgument {
+  enum class Touched { indexed_rows, one_per_index, shape_only };
+  std::string_view op;
+  Touched touched;
+  size_t arg, index = 0;
   std::optional<size_t> dim;
 };
 
-const IndexedTable* indexed_table(std::string_view name) {
-  static constexpr std::array<IndexedTable, 5> kOps = {{{"aten::embedding", 0, 1, std::nullopt},
-                                                        {"aten::index_select", 0, 2, 1},
-                                                        {"aten::index_add_", 0, 2, 1},
-                                                        {"aten::index_add", 0, 2, 1},
-                                                        {"aten::index_copy_", 0, 2, 1}}};
-  const auto it = std::find_if(kOps.begin(), kOps.end(), [&](const IndexedTable& op) { return op.name == name; });
+const PartialArgument* partial_argument(std::string_view name) {
+  using enum PartialArgument::Touched;
+  static constexpr std::array<PartialArgument, 7> kOps = {{{"aten::embedding", indexed_rows, 0, 1, std::nullopt},
+                                                           {"aten::index_select", indexed_rows, 0, 2, 1},
+                                                           {"aten::index_add_", indexed_rows, 0, 2, 1},
+                                                           {"aten::index_add", indexed_rows, 0, 2, 1},
+                                                           {"aten::index_copy_", indexed_rows, 0, 2, 1},
+                                                           {"aten::nll_loss_forward", one_per_index, 0, 1},
+                                                           {"aten::nll_loss_backward", shape_only, 1}}};
+  static constexpr PartialArgument kLike{"*_like", shape_only, 0};
+  if (name.ends_with("_like")) return &kLike;
+  const auto it = std::find_if(kOps.begin(), kOps.end(), [&](const PartialArgument& op) { return op.op == name; });
   return it == kOps.end() ? nullptr : &*it;
 }
 
-// Charges an indexed table the rows its index names (a row named twice, twice; never more
-// than the whole table), then the other arguments in full.
-void add_indexed_bytes(const IndexedTable& op, c10::ArrayRef<c10::IValue> inputs, Call& call) {
-  const bool readable = inputs.size() > std::max(op.table, op.index) && inputs[op.table].isTensor() &&
-                        inputs[op.index].isTensor() && (!op.dim || inputs[*op.dim].isInt());
-  if (readable) {
-    const at::Tensor& table = inputs[op.table].toTensor();
-    const int64_t dim = op.dim ? c10::maybe_wrap_dim(inputs[*op.dim].toInt(), std::max<int64_t>(table.dim(), 1)) : 0;
-    if (table.defined() && table.dim() > dim && table.size(dim) > 0) {
-      const int64_t row_bytes = table.numel() / table.size(dim) * static_cast<int64_t>(table.element_size());
-      add_tensor(table, call, std::min(inputs[op.index].toTensor().numel(), table.size(dim)) * row_bytes);
-    }
+// The bytes of `partial`'s argument that its operator touches; nullopt where the inputs are
+// not as its schema has them, which charges the whole.
+std::optional<int64_t> touched_bytes(const PartialArgument& partial, c10::ArrayRef<c10::IValue> inputs) {
+  using enum PartialArgument::Touched;
+  if (inputs.size() <= partial.arg || !inputs[partial.arg].isTensor()) return std::nullopt;
+  const at::Tensor& t = inputs[partial.arg].toTensor();
+  if (partial.touched == shape_only) return 0;
+  if (inputs.size() <= partial.index || !inputs[partial.index].isTensor() || !t.defined() || t.numel() == 0) {
+    return std::nullopt;
+  }
+  const int64_t named = inputs[partial.index].toTensor().numel();
+  const int64_t element = static_cast<int64_t>(t.element_size());
+  if (partial.touched == one_per_index) return std::min(named, t.numel()) * element;
+  if (partial.dim && !inputs[*partial.dim].isInt()) return std::nullopt;
+  const int64_t dim = partial.dim ? c10::maybe_wrap_dim(inputs[*partial.dim].toInt(), std::max<int64_t>(t.dim(), 1)) : 0;
+  if (t.dim() <= dim) return std::nullopt;
+  return std::min(named, t.size(dim)) * (t.numel() / t.size(dim)) * element;  // a row named twice, twice
+}
+
+// An operator's inputs: the partial argument at what it touches, the rest whole.
+void add_input_bytes(std::string_view name, c10::ArrayRef<c10::IValue> inputs, Call& call) {
+  if (const PartialArgument* partial = partial_argument(name)) {
+    if (const auto bytes = touched_bytes(*partial, inputs)) add_tensor(inputs[partial->arg].toTensor(), call, bytes);
   }
   add_tensor_bytes(inputs, call);
 }
@@ -232,12 +251,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   call.kernel = stack.kernels_open == 0 && is_kernel(fn) && !has_python_subclass(fn.inputs());
   if (call.kernel) {
     ++stack.kernels_open;
-    // zeros_like and its kin read no element of their input, only its shape.
-    if (const IndexedTable* indexed = indexed_table(fn.name())) {
-      add_indexed_bytes(*indexed, fn.inputs(), call);
-    } else if (!std::string_view(fn.name()).ends_with("_like")) {
-      add_tensor_bytes(fn.inputs(), call);
-    }
+    add_input_bytes(fn.name(), fn.inputs(), call);
   }
   return nullptr;
 }

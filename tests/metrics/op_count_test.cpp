@@ -1,6 +1,6 @@
 // The kernel count: what a backend runs is counted once, at the operator it receives; views,
 // allocations and the parts of composed operators are not; bytes are each distinct tensor an
-// operator reads or writes, at its size.
+// operator reads or writes, at its size, or at the rows an index names of a table.
 #include "core/error.h"
 #include "metrics/op_count.h"
 
@@ -106,6 +106,18 @@ TEST_CASE("op count: a lookup or an indexed add is charged the table's rows its 
   CHECK(c.by_op.at("aten::index_add_").bytes == 5 * row + index_bytes + 5 * row);
   // Two index_selects: 5 columns of 64 and their result; then the whole 2-row table at most.
   CHECK(c.by_op.at("aten::index_select").bytes == (5 * row + index_bytes + 5 * row) + (2 * row + index_bytes + 5 * row));
+}
+
+TEST_CASE("op count: nll_loss reads each row's target alone, and its backward only its input's shape", "[metrics]") {
+  const auto logp = torch::randn({8, 1000}, torch::requires_grad());  // [N, V]
+  const auto target = torch::randint(1000, {8});                      // [N] int64
+  OpCounter counter;
+  torch::nll_loss(logp, target).backward();
+  const OpCounts c = counter.stop();
+  // Forward: a float per row, the targets, the loss and the total weight (two scalars).
+  CHECK(c.by_op.at("aten::nll_loss_forward").bytes == 8 * 4 + 8 * 8 + 2 * 4);
+  // Backward: the loss's gradient and the total weight, the targets, and the gradient written whole.
+  CHECK(c.by_op.at("aten::nll_loss_backward").bytes == 2 * 4 + 8 * 8 + 8 * 1000 * 4);
 }
 
 TEST_CASE("op count: one count at a time, each from zero, written as JSON", "[metrics]") {
