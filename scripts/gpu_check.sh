@@ -136,14 +136,14 @@ bench() {
   ((${#variants[@]})) || variants=(plain checkpoint offload moe)
   for variant in "${variants[@]}"; do
     config=examples/llama-1b-gpu.toml
-    local fp8=""
+    local fp8="" threads=8
     # SHAPE+fp8: the shape, with fsdpp's float8 run beside its bf16 one.
     [[ "$variant" == *+fp8 ]] && fp8=--fp8 variant="${variant%+fp8}"
     case "$variant" in
       plain) flag="" ;;
       fp8) flag="--fp8 --no-peer --steps 300" ;;
       checkpoint) flag=--activation-checkpoint ;;
-      offload) flag=--offload ;;
+      offload) flag=--offload threads="$(nproc)" ;;  # both engines step AdamW on the host: every core
       moe) flag="" config=examples/qwen3-moe-gpu.toml ;;
       llama-3.2-1b|llama-3.2-3b|qwen3-4b|qwen3-30b-a3b-4l) flag=--compile config="examples/$variant-gpu.toml" ;;
       qwen3-8b) flag="--compile --lora-rank 16 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -154,7 +154,7 @@ bench() {
     echo "== bench $variant${fp8:+ +fp8}"
     # The package beside the binaries counts the peer's kernels (--count-step); a later --steps wins.
     PYTHONPATH="$binaries/python" PYTHONUNBUFFERED=1 "$python" scripts/bench_fsdp.py --fsdpp "$fsdpp" --config "$config" \
-      --device cuda --param-dtype bfloat16 --steps 25 --threads 8 --count-step 2 $flag $fp8
+      --device cuda --param-dtype bfloat16 --steps 25 --threads "$threads" --count-step 2 $flag $fp8
   done
 }
 

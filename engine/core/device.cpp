@@ -6,8 +6,10 @@
 
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
-#include <sys/resource.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <sys/resource.h>
+
+#include <algorithm>
 
 namespace fsdpp {
 
@@ -48,12 +50,23 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device) {
 }
 
 void copy_cast(const at::Tensor& dst, const at::Tensor& src) {
-  if (dst.scalar_type() == src.scalar_type() || dst.device() == src.device()) {
+  // A copy from a device casts there already, and a copy that does not cross needs no help.
+  if (!src.is_cpu() || dst.is_cpu() || dst.scalar_type() == src.scalar_type()) {
     dst.copy_(src, /*non_blocking=*/true);
-  } else if (src.is_cpu()) {
+    return;
+  }
+  if (!dst.is_contiguous() || !src.is_contiguous()) {
     dst.copy_(src.to(dst.device(), /*non_blocking=*/true));
-  } else {
-    dst.copy_(src.to(dst.scalar_type()), /*non_blocking=*/true);
+    return;
+  }
+  // Each slice's block returns to the current stream's pool and serves the next slice in
+  // that stream's order.
+  constexpr int64_t kSliceBytes = int64_t{64} << 20;
+  const int64_t slice = std::max<int64_t>(1, kSliceBytes / static_cast<int64_t>(src.element_size()));
+  const at::Tensor to = dst.view({-1}), from = src.view({-1});
+  for (int64_t offset = 0; offset < from.numel(); offset += slice) {
+    const int64_t length = std::min(slice, from.numel() - offset);
+    to.narrow(0, offset, length).copy_(from.narrow(0, offset, length).to(dst.device(), /*non_blocking=*/true));
   }
 }
 

@@ -23,9 +23,11 @@ void use_device(c10::Device device);
 // would first wait for that work to finish.
 at::Tensor to_device(const at::Tensor& host, c10::Device device);
 // Copies `src` into `dst` (same shape, any two devices and dtypes), queued on the current
-// stream without blocking the host when the host side is pinned. ATen casts a host-to-device
-// copy on the host, into a pageable temporary whose copy first waits for all the device's
-// queued work; here the values cross in the host side's dtype and are cast on the device.
+// stream without blocking the host when the host side is pinned and dense. ATen casts a
+// host-to-device copy on the host, into a pageable temporary whose copy first waits for all
+// the device's queued work; here the values cross in the host's dtype, a slice of at most
+// 64 MiB at a time (so the device holds one slice in that dtype, not a copy of the whole),
+// and are cast on the device.
 void copy_cast(const at::Tensor& dst, const at::Tensor& src);
 // Blocks the host until the work queued on the device's current stream is done (nothing to
 // wait for on the CPU).

@@ -211,6 +211,9 @@ void FsdpState::reshard_all() {
     unit->reshard();
     unit->release_cast_shard();
   }
+  // An offloaded unit's copy-in reads its pinned masters when the copy stream reaches it,
+  // which a forward with no backward after it (evaluation, sampling) leaves unawaited.
+  if (offloaded_) copy_stream_.synchronize();
 }
 
 FsdpUnit* FsdpState::neighbour_in_forward(FsdpUnit* unit, int step) const {

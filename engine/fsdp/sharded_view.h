@@ -49,7 +49,8 @@ class ShardedView {
   // Runs `visit(name, full tensor)` for every parameter with its full value as the optimizer
   // holds it (the masters, not their compute-dtype copies): a collective, every rank calls it.
   virtual void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit) = 0;
-  // Frees gathered parameters: due before the optimizer changes the masters.
+  // Frees gathered parameters and waits for the copies still reading the masters: due
+  // before anything changes the masters (the optimizer, a checkpoint's load).
   virtual void reshard_all() = 0;
   // false: backwards keep full gradients and accumulate them; the next backward with sync
   // on reduces their sum.

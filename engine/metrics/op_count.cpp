@@ -12,7 +12,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
-#include <c10/core/WrapDimMinimal.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -169,10 +168,10 @@ struct PartialArgument {
 
 const PartialArgument* partial_argument(std::string_view name) {
   using enum PartialArgument::Touched;
-  static constexpr std::array<PartialArgument, 7> kOps = {{{"aten::embedding", indexed_rows, 0, 1, std::nullopt},
+  // Not index_add or index_copy: out of place, they copy the whole table first.
+  static constexpr std::array<PartialArgument, 6> kOps = {{{"aten::embedding", indexed_rows, 0, 1, std::nullopt},
                                                            {"aten::index_select", indexed_rows, 0, 2, 1},
                                                            {"aten::index_add_", indexed_rows, 0, 2, 1},
-                                                           {"aten::index_add", indexed_rows, 0, 2, 1},
                                                            {"aten::index_copy_", indexed_rows, 0, 2, 1},
                                                            {"aten::nll_loss_forward", one_per_index, 0, 1},
                                                            {"aten::nll_loss_backward", shape_only, 1}}};
@@ -196,8 +195,9 @@ std::optional<int64_t> touched_bytes(const PartialArgument& partial, c10::ArrayR
   const int64_t element = static_cast<int64_t>(t.element_size());
   if (partial.touched == one_per_index) return std::min(named, t.numel()) * element;
   if (partial.dim && !inputs[*partial.dim].isInt()) return std::nullopt;
-  const int64_t dim = partial.dim ? c10::maybe_wrap_dim(inputs[*partial.dim].toInt(), std::max<int64_t>(t.dim(), 1)) : 0;
-  if (t.dim() <= dim) return std::nullopt;
+  int64_t dim = partial.dim ? inputs[*partial.dim].toInt() : 0;
+  if (dim < 0) dim += t.dim();
+  if (dim < 0 || dim >= t.dim()) return std::nullopt;  // the operator will refuse it; an observer must not throw
   return std::min(named, t.size(dim)) * (t.numel() / t.size(dim)) * element;  // a row named twice, twice
 }
 

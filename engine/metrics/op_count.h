@@ -8,10 +8,12 @@
 // A kernel is an operator call that ran no other operator call itself, and is neither a view
 // nor a bare allocation: linear counts as its mm, to(dtype) as its copy_. The engine's own
 // fused kernels record themselves as operators (RECORD_FUNCTION) so they count the same way.
-// An operator's bytes are the sizes of its distinct tensor arguments and results, except that
-// a table an index reads or writes rows of (an embedding's lookup, index_select, index_add_)
-// counts those rows alone. Collectives (c10d) are left out: their bytes cross the network,
-// and the copies around them are counted.
+// An operator's bytes are the sizes of its distinct tensor arguments and results, each at
+// what the operator touches of it: a table an index reads or writes rows of (an embedding's
+// lookup, index_select, index_add_) counts those rows alone, nll_loss's input one element per
+// target, and an input read for its shape alone (zeros_like's, nll_loss_backward's) nothing.
+// Collectives (c10d) are left out: their bytes cross the network, and the copies around them
+// are counted.
 #pragma once
 
 #include <cstdint>

@@ -286,6 +286,7 @@ ResumePoint Run::load(const fs::path& dir) {
     checkpoint.emplace(ShardedCheckpoint::open(dir));
     check_fits(*checkpoint);
   });
+  fsdp_->reshard_all();  // the kept cast shards hold the old values; copies may still read them
   on_every_rank("load", dir.string(), " (the run is now partly loaded)", [&] {
     at::NoGradGuard no_grad;
     for (auto& s : fsdp_->shard_rows()) {
@@ -293,7 +294,6 @@ ResumePoint Run::load(const fs::path& dir) {
     }
     restore_optimizer(*checkpoint);
   });
-  fsdp_->reshard_all();  // cast shards kept from before hold the old values
   const json& meta = checkpoint->metadata();
   return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
 }

@@ -38,7 +38,7 @@ TEST_CASE("a batch copied to a GPU neither waits for queued work nor reads the h
   CHECK(at::equal(moved.cpu(), expected));
 }
 
-TEST_CASE("a copy that casts gives ATen's values on the CPU", "[core]") {
+TEST_CASE("a copy that casts on the CPU is ATen's cast", "[core]") {
   const at::Tensor src = at::randn({1000}, at::kFloat) * 1e3;  // [N]
   const at::Tensor dst = at::empty({1000}, at::kBFloat16);
   copy_cast(dst, src);
@@ -51,10 +51,11 @@ TEST_CASE("a copy that casts across the host boundary neither waits for queued w
   const bool to_gpu = GENERATE(true, false);
   INFO((to_gpu ? "pinned float32 host to bf16 GPU" : "float32 GPU to pinned bf16 host"));
   const c10::Device gpu(c10::kCUDA, 0);
-  const at::Tensor values = at::randn({1 << 22}, at::kFloat) * 1e3;  // [N]
+  const int64_t n = (int64_t{1} << 24) + 3;  // 64 MiB of float32 and a ragged rest: two slices
+  const at::Tensor values = at::randn({n}, at::kFloat) * 1e3;  // [N]
   const at::Tensor src = to_gpu ? values.pin_memory() : values.to(gpu);
-  const at::Tensor dst = to_gpu ? at::empty({1 << 22}, at::TensorOptions(at::kBFloat16).device(gpu))
-                                : at::empty({1 << 22}, at::TensorOptions(at::kBFloat16).pinned_memory(true));
+  const at::Tensor dst = to_gpu ? at::empty({n}, at::TensorOptions(at::kBFloat16).device(gpu))
+                                : at::empty({n}, at::TensorOptions(at::kBFloat16).pinned_memory(true));
   at::Tensor busy = at::randn({4096, 4096}, at::TensorOptions(at::kFloat).device(gpu));
   for (int i = 0; i < 32; ++i) busy = at::mm(busy, busy).tanh_();  // about 4 TFLOP queued
   c10::Event queued(c10::kCUDA);
