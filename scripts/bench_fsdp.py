@@ -133,15 +133,19 @@ def read_op_counts(out_dir, step):
 
 def print_op_counts(results, step):
     """The counted step's kernels and the bytes of the kernels other than products and
-    attention, per engine and as fsdpp's ratio, then fsdpp's operators by bytes."""
+    attention, per engine and (with the peer) as fsdpp's ratio, then fsdpp's operators by bytes."""
     print(f"\nstep {step}, rank 0: {'kernels':>9}{'products':>10}{'attention':>11}{'other':>8}{'other MiB':>11}")
     for name in ("fsdpp", "pytorch"):
+        if name not in results:
+            continue
         c = results[name]["ops"]
         print(f"{name:<17}{c['kernels']:>9}{c['matmul_kernels']:>10}{c['attention_kernels']:>11}"
               f"{c['other_kernels']:>8}{c['other_bytes'] / 2**20:>11.1f}")
-    f, p = results["fsdpp"]["ops"], results["pytorch"]["ops"]
-    print(f"kernel ratio (fsdpp / pytorch fully_shard): {f['kernels'] / p['kernels']:.2f}x; other bytes ratio "
-          f"{f['other_bytes'] / max(p['other_bytes'], 1):.2f}x")
+    f = results["fsdpp"]["ops"]
+    if "pytorch" in results:
+        p = results["pytorch"]["ops"]
+        print(f"kernel ratio (fsdpp / pytorch fully_shard): {f['kernels'] / p['kernels']:.2f}x; other bytes ratio "
+              f"{f['other_bytes'] / max(p['other_bytes'], 1):.2f}x")
     top = sorted(f["ops"].items(), key=lambda kv: -kv[1]["bytes"])[:12]
     print("fsdpp's operators by bytes: " + ", ".join(
         f"{name.split('::')[-1]} {v['calls']}x {v['bytes'] / 2**20:.1f} MiB" for name, v in top))
@@ -263,7 +267,7 @@ def bench(args):
         e = results["fsdpp-fp8"]
         print(f"tokens/s ratio (fsdpp fp8 / fsdpp bf16): {e['tokens_per_s'] / f['tokens_per_s']:.2f}x; "
               f"step time ratio {e['step_s'] / f['step_s']:.2f}x")
-    if args.count_step and "pytorch" in results:
+    if args.count_step:
         print_op_counts(results, args.count_step)
     if gpu:
         flops = flops_per_token(n_params, hf_config, seq_len)
