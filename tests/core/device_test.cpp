@@ -1,6 +1,8 @@
 // Moving a batch to the device: on the CPU nothing is copied; to a GPU (when the test runs on
 // one) the call returns without waiting for the work queued before it, and the copy owns its
 // values at once, so the host may refill its batch, pinned or not, while the copy is queued.
+// A copy that casts across the host boundary waits for no queued work either, and rounds as
+// the host does.
 #include "core/device.h"
 #include "tensor_checks.h"
 
