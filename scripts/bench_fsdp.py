@@ -51,8 +51,11 @@ def summarise(path, tokens_per_step, warmup_steps):
             "final_loss": records[-1]["loss"], "first_grad_norm": records[0]["grad_norm"]}
 
 
-def run_fsdpp(args, tmp, gpu, fp8=False):
-    name = "fsdpp-fp8" if fp8 else "fsdpp"
+def run_fsdpp(args, tmp, gpu, variant=""):
+    """fsdpp's run; `variant` "fp8": its layers' products in float8; "in-step": offloaded
+    masters updated before each step returns, where by default a host thread updates them
+    while the next forward begins."""
+    name = f"fsdpp-{variant}" if variant else "fsdpp"
     out_dir = os.path.join(tmp, name)
     log = os.path.join(tmp, f"{name}.log")
     sets = [f"train.steps={args.steps}", f"train.threads={args.threads}",
@@ -66,8 +69,10 @@ def run_fsdpp(args, tmp, gpu, fp8=False):
         sets.append("policy.options.activation_checkpoint=true")
     if args.offload:
         sets.append('policy.options.offload="cpu"')
-    if fp8:
+    if variant == "fp8":
         sets.append('policy.options.compute="fp8"')
+    if variant == "in-step":
+        sets.append('optimizer.host_update="in_step"')
     if args.profile_step:
         sets.append(f"metrics.profile_step={args.profile_step}")
     if args.count_step:
@@ -222,7 +227,9 @@ def bench(args):
     results = {}
     engines = [("fsdpp", run_fsdpp)] + ([] if args.no_peer else [("pytorch", run_torch)])
     if args.fp8:
-        engines.insert(1, ("fsdpp-fp8", lambda a, t, g: run_fsdpp(a, t, g, fp8=True)))
+        engines.insert(1, ("fsdpp-fp8", lambda a, t, g: run_fsdpp(a, t, g, "fp8")))
+    if args.offload and args.device == "cuda":  # a CPU run updates in the step anyway
+        engines.insert(1, ("fsdpp-in-step", lambda a, t, g: run_fsdpp(a, t, g, "in-step")))
     if args.compile and not args.no_peer:
         engines.append(("compiled", lambda a, t, g: run_torch(a, t, g, compiled=True)))
     for name, run in engines:
@@ -246,10 +253,10 @@ def bench(args):
 
     ranks = sorted(results["fsdpp"]["memory"])
     print()
-    print(f"{'engine':<10}{'step s':>10}{'tokens/s':>11}" + "".join(f"{f'{memory} r{r}':>14}" for r in ranks)
+    print(f"{'engine':<15}{'step s':>10}{'tokens/s':>11}" + "".join(f"{f'{memory} r{r}':>14}" for r in ranks)
           + f"{'first loss':>12}{'final loss':>12}")
     for name, r in results.items():
-        print(f"{name:<10}{r['step_s']:>10.4f}{r['tokens_per_s']:>11.1f}"
+        print(f"{name:<15}{r['step_s']:>10.4f}{r['tokens_per_s']:>11.1f}"
               + "".join(f"{r['memory'][k]:>14.1f}" for k in ranks)
               + f"{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
     f = results["fsdpp"]
@@ -267,6 +274,10 @@ def bench(args):
         e = results["fsdpp-fp8"]
         print(f"tokens/s ratio (fsdpp fp8 / fsdpp bf16): {e['tokens_per_s'] / f['tokens_per_s']:.2f}x; "
               f"step time ratio {e['step_s'] / f['step_s']:.2f}x")
+    if "fsdpp-in-step" in results:
+        e = results["fsdpp-in-step"]
+        print(f"tokens/s ratio (fsdpp, host updates overlapped with the next forward / in the step): "
+              f"{f['tokens_per_s'] / e['tokens_per_s']:.2f}x")
     if args.count_step:
         print_op_counts(results, args.count_step)
     if gpu:
@@ -283,6 +294,9 @@ def bench(args):
         t = results["pytorch"]
         print(f"step-1 loss: fsdpp {f['first_loss']:.6f}, pytorch fully_shard {t['first_loss']:.6f}; "
               f"grad norm: fsdpp {norm(f['first_grad_norm'])}, pytorch fully_shard {norm(t['first_grad_norm'])}")
+    if "fsdpp-in-step" in results and f["losses"] != results["fsdpp-in-step"]["losses"]:
+        raise BenchError("fsdpp's losses with host updates overlapped differ from those updated in the step: "
+                         f"{f['losses']} vs {results['fsdpp-in-step']['losses']}")
     if args.fp8:
         print("fsdpp fp8 against fsdpp bf16:")
         check_trained_alike(f["losses"], results["fsdpp-fp8"]["losses"], FP8_LOSS_TOLERANCE,
@@ -311,7 +325,9 @@ if __name__ == "__main__":
                  ("--activation-checkpoint", {"action": "store_true",
                                               "help": "both engines recompute each decoder layer in backward"}),
                  ("--offload", {"action": "store_true",
-                                "help": "both engines keep fp32 masters, gradients and optimizer state on the host"}),
+                                "help": "both engines keep fp32 masters, gradients and optimizer state on the host; "
+                                        "on a GPU fsdpp runs twice, its host updates overlapped with the next "
+                                        "forward and in the step"}),
                  ("--profile-step", {"type": int, "default": 0,
                                      "help": "trace this step in both engines and summarise where its GPU time went"}),
                  ("--trace-dir", {"help": "keep the --profile-step traces here as ENGINE-step-N.json"}),

@@ -216,6 +216,36 @@ void FsdpState::reshard_all() {
   if (offloaded_) copy_stream_.synchronize();
 }
 
+std::vector<FsdpUnit*> FsdpState::host_updated_units() const {
+  std::vector<FsdpUnit*> order = forward_order_;
+  for (const auto& unit : units_) {
+    if (!forward_index_.contains(unit.get())) order.push_back(unit.get());
+  }
+  std::erase_if(order, [](FsdpUnit* unit) {
+    const auto& params = unit->params();
+    const bool trains = std::any_of(params.begin(), params.end(), [](const auto& p) { return p.param.requires_grad(); });
+    return !trains || !unit->home().is_cpu();
+  });
+  return order;
+}
+
+std::vector<std::vector<at::Tensor>> FsdpState::host_update_batches() const {
+  std::vector<std::vector<at::Tensor>> batches;
+  for (FsdpUnit* unit : host_updated_units()) {
+    auto& batch = batches.emplace_back();
+    for (const auto& p : unit->params()) {
+      if (p.param.requires_grad()) batch.push_back(p.owned);
+    }
+  }
+  return batches;
+}
+
+void FsdpState::expect_host_updates(const std::vector<std::shared_future<void>>& updates) {
+  const auto units = host_updated_units();
+  TORCH_CHECK(updates.size() == units.size(), "expected ", units.size(), " host updates, got ", updates.size());
+  for (size_t i = 0; i < units.size(); ++i) units[i]->expect_update(updates[i]);
+}
+
 FsdpUnit* FsdpState::neighbour_in_forward(FsdpUnit* unit, int step) const {
   if (recording_order_) return nullptr;
   auto it = forward_index_.find(unit);
@@ -234,7 +264,10 @@ void FsdpState::on_pre_forward(FsdpUnit* unit) {
     }
   }
   unit->begin_unshard();
-  if (FsdpUnit* next = neighbour_in_forward(unit, +1)) next->begin_unshard();
+  // A prefetch that would wait for the next unit's host update would hold up this unit's
+  // compute behind it; the next unit gathers for itself instead.
+  FsdpUnit* next = neighbour_in_forward(unit, +1);
+  if (next && !next->update_pending()) next->begin_unshard();
 }
 
 void FsdpState::on_pre_backward(FsdpUnit* unit) {

@@ -41,6 +41,13 @@ class FsdpState : public ShardedView {
   // Also drops every unit's kept cast shards.
   void reshard_all() override;
   void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
+  // The trainable shards of the units whose masters live in host memory, unit by unit in the
+  // order the next forward gathers them (then any unit the last forward skipped): the batches
+  // of an update left to a host thread (AdamW::step's `later`).
+  std::vector<std::vector<at::Tensor>> host_update_batches() const;
+  // Those batches' updates, in the same order: each unit waits for its own before reading its
+  // masters, and the unit before it in forward does not prefetch it while it is pending.
+  void expect_host_updates(const std::vector<std::shared_future<void>>& updates);
   bool requires_gradient_sync() const { return sync_; }
 
   // Called by units from their hooks. A unit about to run issues its own gather and the
@@ -55,6 +62,7 @@ class FsdpState : public ShardedView {
  private:
   void final_callback();
   FsdpUnit* neighbour_in_forward(FsdpUnit* unit, int step) const;
+  std::vector<FsdpUnit*> host_updated_units() const;  // host_update_batches' units
   std::shared_ptr<Comm> post_forward_group(size_t mesh, int k);
 
   std::shared_ptr<Comm> world_;

@@ -162,6 +162,7 @@ void FsdpUnit::begin_unshard() {
 }
 
 at::Tensor FsdpUnit::compute_shard(bool backward_follows) {
+  await_update();
   const auto options = compute_options(params_.front().param.scalar_type());
   // Constants alone, already where the unit computes: the gather reads their buffer itself.
   if (masters_.numel() == 0 && constants_.device() == options_.device) return constants_;
@@ -207,6 +208,7 @@ void FsdpUnit::unshard() {
 }
 
 void FsdpUnit::for_each_full_value(const std::function<void(const std::string&, const at::Tensor&)>& visit) const {
+  await_update();
   at::NoGradGuard no_grad;
   const int world = comm_->size();
   auto gather = [&](const at::Tensor& local) {  // [n] -> [S, n], rank-major
@@ -228,6 +230,7 @@ void FsdpUnit::for_each_full_value(const std::function<void(const std::string&, 
 }
 
 void FsdpUnit::move_shards(c10::Device device, bool pinned) {
+  await_update();
   TORCH_CHECK(!unsharded_ && !gathered_.defined() && !reduce_.pending(), "unit ", name_, ": moved while in use");
   at::NoGradGuard no_grad;
   cast_shard_ = at::Tensor();

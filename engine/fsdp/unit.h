@@ -9,6 +9,8 @@
 #include "distributed/comm.h"
 #include "fsdp/sharded_param.h"
 
+#include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +49,12 @@ class FsdpUnit {
   // A forward's cast shard kept for backward's gather.
   bool keeps_cast_shard() const { return cast_shard_.defined(); }
 
+  // The update of this unit's masters that AdamW left to a host thread: reading the masters
+  // (a gather, the full values, a move) waits for it first.
+  void expect_update(std::shared_future<void> update) { update_ = std::move(update); }
+  bool update_pending() const {
+    return update_.valid() && update_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  }
   // Issues the all-gather of every parameter (no-op when unsharded or already issued).
   void begin_unshard();
   // Waits for the gather and writes it into the module tensors (no-op when unsharded).
@@ -84,6 +92,9 @@ class FsdpUnit {
   c10::Device home() const { return options_.copy_stream ? c10::Device(at::kCPU) : options_.device; }
 
  private:
+  void await_update() const {
+    if (update_.valid()) update_.get();
+  }
   void install_hooks();
   void keep_post_forward_slice();
   void accumulate_reduced();  // reduced_grads_ -> the owned shards' .grad
@@ -123,6 +134,7 @@ class FsdpUnit {
   bool replicas_summing_ = false;  // replica_reduce_ issued, the reduce-scatter done
   std::vector<std::pair<at::Tensor, at::Tensor>> host_grad_sums_;  // (host .grad, its copy in flight)
   std::vector<std::pair<Module*, int>> hooks_;
+  std::shared_future<void> update_;  // expect_update's; get() rethrows the update's error
 };
 
 }  // namespace fsdpp

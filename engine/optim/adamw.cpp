@@ -5,6 +5,7 @@
 #include "distributed/comm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <unordered_map>
 
@@ -24,15 +25,45 @@ AdamW::AdamW(std::vector<Group> groups, const OptimizerConfig& config)
   }
 }
 
-void AdamW::step(double lr, const GradClip& clip) {
+namespace {
+
+// One fused call's tensors: parameters of one group on one device.
+struct Batch {
+  std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+};
+
+// The clip's tensors where a kernel runs.
+struct ClipOn {
+  std::optional<at::Tensor> divisor, skip;
+};
+
+void update(Batch& b, double lr, double weight_decay, const OptimizerConfig& config, const ClipOn& clip) {
+  if (b.params.empty()) return;
+  if (clip.skip) {
+    at::_foreach_add_(b.steps, 1 - *clip.skip);  // a skipped update does not count
+  } else {
+    at::_foreach_add_(b.steps, 1);
+  }
+  at::_fused_adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, /*max_exp_avg_sqs=*/{}, b.steps, lr, config.beta1,
+                    config.beta2, weight_decay, config.eps, /*amsgrad=*/false, /*maximize=*/false, clip.divisor,
+                    clip.skip);
+}
+
+}  // namespace
+
+AdamW::~AdamW() {
+  for (const auto& update : pending_) update.wait();  // their tensors are this optimizer's
+}
+
+std::vector<std::shared_future<void>> AdamW::step(double lr, const GradClip& clip,
+                                                  const std::vector<std::vector<at::Tensor>>& later) {
   at::NoGradGuard no_grad;
-  struct Batch {
-    std::vector<at::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
-  };
-  // The clip's tensors where each kernel runs, copied once per device.
-  struct ClipOn {
-    std::optional<at::Tensor> divisor, skip;
-  };
+  settle();  // one step's host updates at a time, in order
+  std::unordered_map<const void*, size_t> deferred;  // TensorImpl -> its batch in `later`
+  for (size_t k = 0; k < later.size(); ++k) {
+    for (const auto& p : later[k]) deferred[p.unsafeGetTensorImpl()] = k;
+  }
+  // Copied once per device.
   std::unordered_map<c10::Device, ClipOn> clips;
   auto clip_on = [&](c10::Device device) -> const ClipOn& {
     auto [it, fresh] = clips.try_emplace(device);
@@ -40,35 +71,58 @@ void AdamW::step(double lr, const GradClip& clip) {
     if (fresh && clip.non_finite.defined()) it->second.skip = clip.non_finite.to(device);
     return it->second;
   };
+  // Now: one fused call per group and device (offloaded units keep their shards on the host
+  // while the rest of a group lives on the GPU). Later: one per group and batch.
+  std::vector<std::unordered_map<c10::Device, Batch>> now(groups_.size());
+  std::vector<std::vector<Batch>> held(later.size(), std::vector<Batch>(groups_.size()));
   for (size_t i = 0; i < groups_.size(); ++i) {
-    // One fused call per device: offloaded units keep their shards on the host while the
-    // rest of the group lives on the GPU.
-    std::unordered_map<c10::Device, Batch> by_device;
     for (size_t j = 0; j < groups_[i].params.size(); ++j) {
       const at::Tensor& p = groups_[i].params[j];
       if (!p.grad().defined()) continue;
-      Batch& b = by_device[p.device()];
+      const auto it = deferred.find(p.unsafeGetTensorImpl());
+      Batch& b = it == deferred.end() ? now[i][p.device()] : held[it->second][i];
       b.params.push_back(p);
       b.grads.push_back(p.grad());
       b.exp_avg.push_back(state_[i].exp_avg[j]);
       b.exp_avg_sq.push_back(state_[i].exp_avg_sq[j]);
       b.steps.push_back(state_[i].steps[j]);
     }
-    for (auto& [device, b] : by_device) {
-      const ClipOn& on = clip_on(device);
-      if (on.skip) {
-        at::_foreach_add_(b.steps, 1 - *on.skip);  // a skipped update does not count
-      } else {
-        at::_foreach_add_(b.steps, 1);
-      }
-      at::_fused_adamw_(b.params, b.grads, b.exp_avg, b.exp_avg_sq, /*max_exp_avg_sqs=*/{}, b.steps, lr,
-                        config_.beta1, config_.beta2, groups_[i].weight_decay, config_.eps,
-                        /*amsgrad=*/false, /*maximize=*/false, on.divisor, on.skip);
-    }
   }
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    for (auto& [device, b] : now[i]) update(b, lr, groups_[i].weight_decay, config_, clip_on(device));
+  }
+  if (later.empty()) return {};
+  std::vector<double> decays;
+  for (const auto& g : groups_) decays.push_back(g.weight_decay);
+  auto done = std::make_shared<std::vector<std::promise<void>>>(later.size());
+  pending_.clear();
+  for (auto& promise : *done) pending_.push_back(promise.get_future().share());
+  // One task walks the batches in order, so the futures become ready in the order the caller
+  // wants them; ATen's inter-op pool runs it with the caller's thread-local state (grad mode,
+  // dispatch keys, the profiler), on threads whose kernels use the intra-op pool.
+  const ClipOn& host_clip = clip_on(c10::Device(at::kCPU));
+  at::launch([held = std::move(held), done, lr, decays, config = config_, clip = host_clip]() mutable {
+    at::NoGradGuard no_grad;
+    size_t k = 0;
+    try {
+      for (; k < held.size(); ++k) {
+        for (size_t i = 0; i < held[k].size(); ++i) update(held[k][i], lr, decays[i], config, clip);
+        held[k].clear();  // the gradients go as soon as they are spent
+        (*done)[k].set_value();
+      }
+    } catch (...) {
+      for (; k < held.size(); ++k) (*done)[k].set_exception(std::current_exception());
+    }
+  });
+  return pending_;
+}
+
+void AdamW::settle() const {
+  for (const auto& update : pending_) update.get();
 }
 
 std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const {
+  settle();
   auto it = where_.find(param.unsafeGetTensorImpl());
   if (it == where_.end()) return std::nullopt;
   const auto [i, j] = it->second;
@@ -76,6 +130,7 @@ std::optional<AdamW::ParamState> AdamW::state_of(const at::Tensor& param) const 
 }
 
 void AdamW::move_state(std::optional<c10::Device> device, bool pinned) {
+  settle();
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i) {
     for (size_t j = 0; j < groups_[i].params.size(); ++j) {

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <future>
 #include <optional>
 #include <unordered_map>
 #include <string>
@@ -34,22 +35,32 @@ class AdamW {
   };
 
   AdamW(std::vector<Group> groups, const OptimizerConfig& config);
+  ~AdamW();  // after the host thread's updates
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
 
   // One update at learning rate `lr` from each parameter's .grad(), divided by the clip's
   // divisor and skipped when its norm is not finite (no clip: the gradients as they are).
-  // Decided by the kernels themselves: queueing the update on a GPU waits for nothing (an
-  // offloaded unit's host update waits for the norm, as it waits for its gradients).
-  void step(double lr, const GradClip& clip = {});
+  // Decided by the kernels themselves: queueing the update on a GPU waits for nothing (a host
+  // update waits for the norm, as it waits for its gradients).
+  // The parameters in `later`'s batches are updated on a host thread instead, batch after
+  // batch, from the moment step() returns; the futures, one per batch, become ready as each
+  // batch is updated (or carry its error). A step first waits for the previous step's.
+  std::vector<std::shared_future<void>> step(double lr, const GradClip& clip = {},
+                                            const std::vector<std::vector<at::Tensor>>& later = {});
+  // Waits for the updates the last step left to the host thread, rethrowing their error: due
+  // before the parameters are read or written other than through those futures.
+  void settle() const;
   // Drops every gradient (the next backward makes fresh ones).
   void zero_grad();
   // Moves the moments and step counts to `device` (pinned when `pinned` and the host), or,
   // with no device, each next to its parameter: between the phases of a loop that lends the
-  // device to another engine.
+  // device to another engine. Settles first.
   void move_state(std::optional<c10::Device> device, bool pinned);
   const std::vector<Group>& groups() const { return groups_; }
 
-  // The moments and step count of `param` (one of the groups' tensors); nullopt for a tensor
-  // the optimizer does not update.
+  // The moments and step count of `param` (one of the groups' tensors), settled; nullopt for a
+  // tensor the optimizer does not update.
   struct ParamState {
     at::Tensor exp_avg, exp_avg_sq, step;  // like param, like param, [] float
   };
@@ -63,6 +74,7 @@ class AdamW {
   std::vector<State> state_;
   std::unordered_map<const void*, std::pair<size_t, size_t>> where_;  // TensorImpl -> (group, index)
   OptimizerConfig config_;
+  std::vector<std::shared_future<void>> pending_;  // the last step's batches on the host thread
 };
 
 // Matrices (ndim >= 2) decay; biases, norm weights and other vectors do not.

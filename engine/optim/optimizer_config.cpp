@@ -15,6 +15,10 @@ OptimizerConfig OptimizerConfig::from_section(ConfigSection& s) {
   c.beta1 = s.get_double("beta1", c.beta1, 0, 1);
   c.beta2 = s.get_double("beta2", c.beta2, 0, 1);
   c.eps = s.get_double("eps", c.eps, 0, 1);
+  using HostUpdate = OptimizerConfig::HostUpdate;
+  c.host_update = s.get_choice("host_update", c.host_update,
+                               {{"auto", HostUpdate::automatic}, {"overlapped", HostUpdate::overlapped},
+                                {"in_step", HostUpdate::in_step}});
   s.finish();
   if (!(c.lr > 0)) s.fail("lr", "must be positive, got " + std::to_string(c.lr));
   for (auto [key, beta] : {std::pair{"beta1", c.beta1}, {"beta2", c.beta2}}) {

@@ -126,6 +126,13 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   shard(build_plan(*skeleton, comm_->size(), rank));
   optimizer_ = std::make_unique<AdamW>(decay_groups(fsdp_->sharded_parameters(), config.optimizer.weight_decay),
                                        config.optimizer);
+  using HostUpdate = OptimizerConfig::HostUpdate;
+  const HostUpdate host_update = config.optimizer.host_update;
+  overlaps_host_update_ = host_update == HostUpdate::overlapped || (host_update == HostUpdate::automatic && !device_.is_cpu());
+  if (const size_t host_units = fsdp_->host_update_batches().size(); overlaps_host_update_ && host_units > 0 && rank == 0) {
+    log_info("optimizer: ", host_units, " of ", fsdp_->units().size(),
+             " units update on a host thread while the next forward begins ([optimizer] host_update)");
+  }
   using LossScaleMode = LossScaleConfig::Mode;
   const LossScaleMode scaling = config.loss_scale.mode;
   if (scaling == LossScaleMode::dynamic || (scaling == LossScaleMode::automatic && computes_float16_)) {
@@ -209,8 +216,7 @@ StepFigures Run::step(double lr, bool stop_requested) {
   at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
   comm_->all_reduce_sum(reduced);
   const GradClip clip = clip_by_norm(fsdp_->grad_groups(), tc.clip_grad_norm, scale);
-  fsdp_->reshard_all();  // the next forward must gather the updated shards
-  optimizer_->step(lr, clip);
+  update(lr, clip);
   // The step's one wait for the device, with all of it queued: reading the loss and the norm
   // holds up no work of the step.
   enum { kLoss, kStopVotes, kGradNorm };
@@ -226,6 +232,15 @@ StepFigures Run::step(double lr, bool stop_requested) {
     figures.experts = experts_->finish_step();
   }
   return figures;
+}
+
+void Run::update(double lr, const GradClip& clip) {
+  fsdp_->reshard_all();  // the next forward must gather the updated shards
+  if (!overlaps_host_update_) {
+    optimizer_->step(lr, clip);
+    return;
+  }
+  fsdp_->expect_host_updates(optimizer_->step(lr, clip, fsdp_->host_update_batches()));
 }
 
 at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
@@ -261,8 +276,7 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
     }
   }
   const GradClip clip = clip_by_norm(groups, config_.train.clip_grad_norm, scaler_ ? scaler_->scale() : 1.0);
-  fsdp_->reshard_all();  // the next forward must gather the updated shards
-  optimizer_->step(lr, clip);
+  update(lr, clip);
   const double norm = clip.norm.to(at::kCPU).item<double>();
   if (scaler_) scaler_->update(std::isfinite(norm));
   if (experts_) {

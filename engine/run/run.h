@@ -196,8 +196,12 @@ class Run {
   std::optional<LossScaler> scaler_;      // float16 compute's loss scale ([loss_scale])
   std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
+  bool overlaps_host_update_ = false;     // host-resident masters update beside the next forward
   std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()
 
+  // AdamW at `lr` under `clip` once the units have resharded; masters in host memory may
+  // update on a host thread while the next forward begins ([optimizer] host_update).
+  void update(double lr, const GradClip& clip);
   // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward).
   void balance_experts(double grad_divisor);
   // A caller's model output, with autograd on and a loss scale, as a copy in float32 (float64

@@ -105,6 +105,7 @@ bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.ro
 
 void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   check_loaded("save");
+  optimizer_->settle();  // the last step's host updates of the rows about to be written
   const fs::path final_dir = checkpoint_path(root, step);
   if (fs::exists(final_dir)) {  // the same on every rank: a step is saved once
     // Beside another run ([train] reuse_out_dir), its checkpoint of this step is not ours.
@@ -286,6 +287,7 @@ ResumePoint Run::load(const fs::path& dir) {
     checkpoint.emplace(ShardedCheckpoint::open(dir));
     check_fits(*checkpoint);
   });
+  optimizer_->settle();   // the last step's host updates would write over the loaded rows
   fsdp_->reshard_all();  // the kept cast shards hold the old values; copies may still read them
   on_every_rank("load", dir.string(), " (the run is now partly loaded)", [&] {
     at::NoGradGuard no_grad;
@@ -409,6 +411,7 @@ std::optional<fs::path> resume_path(const RunConfig& config) {
 }
 
 void Run::export_final(int64_t step) {
+  optimizer_->settle();  // the last step's host updates of the values about to be written
   const int rank = comm_->rank();
   const CheckpointConfig& config = config_.checkpoint;
   if (const auto& lora = loaded_.lora) {  // the base is frozen: fsdpp export --merge-lora merges it

@@ -1,6 +1,6 @@
 // fully_shard in one process: a sharded model must compute the same loss and, in its owned
 // shards, the same gradients as the plain model; sharded storage must be freed between
-// uses; tied parameters split across units are refused.
+// uses; tied parameters split across units are refused; a unit waits for its host update.
 #include "core/error.h"
 #include "core/module_tree.h"
 #include "data/evaluate.h"
@@ -14,6 +14,10 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <future>
+#include <thread>
 
 using namespace fsdpp;
 
@@ -147,6 +151,60 @@ TEST_CASE("the unit expected next is gathered while the current one runs", "[fsd
   CHECK(forward_prefetched);
   CHECK(backward_prefetched);
   for (const auto& unit : state->units()) CHECK_FALSE(unit->is_gathering());  // nothing left in flight
+}
+
+TEST_CASE("a unit gathers after its own host update, and is not prefetched while it is pending", "[fsdp]") {
+  auto ids = torch::randint(0, 40, {3, 9}, torch::kLong);
+  // An update: every owned shard halved. In the step on one model, on a host thread on the other.
+  auto halve = [](FsdpUnit& unit) {
+    at::NoGradGuard no_grad;
+    for (auto& p : unit.params()) p.owned.detach().mul_(0.5);
+  };
+  auto in_step = tiny(false), later = tiny(false);
+  auto in_step_state = shard(*in_step), later_state = shard(*later);
+  loss_of(*in_step, ids);
+  loss_of(*later, ids);  // records the order the next forward gathers in
+  for (const auto& unit : in_step_state->units()) halve(*unit);
+  const double expected = loss_of(*in_step, ids);
+
+  const auto batches = later_state->host_update_batches();
+  REQUIRE(batches.size() == later_state->units().size());  // every unit trains, on the host
+  std::vector<std::promise<void>> done(batches.size());
+  std::vector<std::shared_future<void>> updates;
+  for (auto& d : done) updates.push_back(d.get_future().share());
+  later_state->expect_host_updates(updates);
+  // The batches follow the forward's order, so the units are found by their shards.
+  std::vector<FsdpUnit*> order;
+  for (const auto& batch : batches) {
+    for (const auto& unit : later_state->units()) {
+      if (unit->params().front().owned.is_same(batch.front())) order.push_back(unit.get());
+    }
+  }
+  REQUIRE(order.size() == batches.size());
+  // Each update lands 200 ms after the one before: a forward that read a unit's masters before
+  // its update would see them unhalved, and layer 2 is still pending when layer 1 runs.
+  std::thread host([&] {
+    for (size_t k = 0; k < order.size(); ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      halve(*order[k]);
+      done[k].set_value();
+    }
+  });
+  FsdpUnit* layer2 = nullptr;
+  for (const auto& unit : later_state->units()) {
+    if (unit->name() == "model.layers.2") layer2 = unit.get();
+  }
+  REQUIRE(layer2 != nullptr);
+  bool layer2_pending = false, layer2_prefetched = false;
+  find_module(*later, "model.layers.1")->add_pre_forward_hook([&](Module&, Module::Tensors&) {
+    layer2_pending = layer2->update_pending();
+    layer2_prefetched = layer2->is_gathering();
+  });
+  const double loss = loss_of(*later, ids);
+  host.join();
+  CHECK(loss == expected);
+  CHECK(layer2_pending);
+  CHECK_FALSE(layer2_prefetched);
 }
 
 TEST_CASE("a training forward keeps its cast shards for backward's gather, and no longer", "[fsdp]") {

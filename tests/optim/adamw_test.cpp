@@ -1,6 +1,7 @@
 // AdamW with clipping decided on the device: the clip's divisor applied inside the fused
 // kernel, checked against AdamW's first step written out in float64, and a step whose norm
-// is not finite skipped without the host reading the norm.
+// is not finite skipped without the host reading the norm; and updates left to a host thread,
+// bitwise those of the step, with their errors reaching the caller.
 #include "optim/adamw.h"
 
 #include "tensor_checks.h"
@@ -146,4 +147,41 @@ TEST_CASE("clipping and skipping run on the GPU as on the host", "[train][gpu]")
   const auto cuda = at::TensorOptions(at::kFloat).device(at::kCUDA);
   check_clipped_step(cuda);
   check_skipped_step(cuda, 1.0, std::numeric_limits<double>::quiet_NaN());
+}
+
+TEST_CASE("updates left to a host thread equal those in the step, batch by batch", "[train]") {
+  auto params = parameters(at::TensorOptions(at::kFloat), 3.0);
+  auto later = copies(params);
+  AdamW now({{"decay", {params[0], params[1]}, kAdamW.weight_decay}, {"no_decay", {params[2]}, 0.0}}, kAdamW);
+  AdamW deferred({{"decay", {later[0], later[1]}, kAdamW.weight_decay}, {"no_decay", {later[2]}, 0.0}}, kAdamW);
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    now.step(kAdamW.lr, clip_by_norm({{.params = params}}, 0.5));
+    // Batches across both groups, in an order of their own; a step waits for the previous one's.
+    const auto done = deferred.step(kAdamW.lr, clip_by_norm({{.params = later}}, 0.5), {{later[2], later[0]}, {later[1]}});
+    REQUIRE(done.size() == 2);
+    done[0].get();
+    for (const size_t i : {0, 2}) CHECK(at::equal(later[i].detach(), params[i].detach()));
+    done[1].get();
+    for (size_t i = 0; i < params.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(at::equal(later[i].detach(), params[i].detach()));
+      const auto a = *now.state_of(params[i]), b = *deferred.state_of(later[i]);
+      CHECK(at::equal(a.exp_avg, b.exp_avg));
+      CHECK(at::equal(a.exp_avg_sq, b.exp_avg_sq));
+      CHECK(b.step.item<float>() == step + 1);
+    }
+  }
+}
+
+TEST_CASE("a host thread's failed update reaches its future, the ones after it, and settle", "[train]") {
+  auto params = parameters(at::TensorOptions(at::kFloat), 1.0);
+  AdamW optimizer({{"decay", params, kAdamW.weight_decay}}, kAdamW);
+  params[1].mutable_grad() = params[1].grad().to(at::kDouble);  // the fused kernel refuses the mix
+  const auto done = optimizer.step(kAdamW.lr, {}, {{params[0]}, {params[1]}, {params[2]}});
+  REQUIRE(done.size() == 3);
+  CHECK_NOTHROW(done[0].get());
+  CHECK_THROWS_WITH(done[1].get(), Catch::Contains("expected scalar type Float but found Double"));
+  CHECK_THROWS(done[2].get());
+  CHECK_THROWS(optimizer.settle());
 }

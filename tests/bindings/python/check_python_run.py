@@ -13,7 +13,8 @@ temperature), which the reference takes from log_softmax of its full logits.
   learning rate, sign or average moves the second step's loss by 1e-1.
 - World 2 against world 1: losses, gradient norms and the full weights within 1e-10, and
   full_weights names every weight of the transformers model (its tied lm_head aside).
-Then the bad uses: each raises one fsdpp.Error naming what is wrong, and the interpreter
+[optimizer] host_update = "overlapped" gives bitwise the figures, weights and checkpoint of
+updates in the step. Then the bad uses: each raises one fsdpp.Error naming what is wrong, and the interpreter
 lives on.
 
 usage: check_python_run.py FIXTURE_DIR WORK_DIR
@@ -262,6 +263,44 @@ def offload_round_trip(run_file):
     return ok
 
 
+def overlapped_host_update(run_file, loss_name, work):
+    """[optimizer] host_update = "overlapped" (a host thread updates each unit while the next
+    forward begins) against "in_step": over 3 steps, bitwise the same losses, norms and
+    full_weights, and a checkpoint saved right after the last step with the same rows and
+    moments; then offload() right after a step waits for its updates too."""
+    import fsdpp
+    from safetensors.torch import load_file
+    got = {}
+    for mode in ("in_step", "overlapped"):
+        saved = os.path.join(work, f"host-update-{mode}")
+        shutil.rmtree(saved, ignore_errors=True)
+        figures, weights, step_dir = train_fsdpp(run_file, loss_name, 0, 1, steps=range(3),
+                                                 overrides={"optimizer.host_update": mode}, save=saved)
+        files = sorted(f for f in os.listdir(step_dir) if f.endswith(".safetensors"))
+        got[mode] = figures, weights, {f: load_file(os.path.join(step_dir, f)) for f in files}
+    (f1, w1, c1), (f2, w2, c2) = got["in_step"], got["overlapped"]
+    same = f1 == f2 and w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
+    saved_same = bool(c1) and c1.keys() == c2.keys() and all(
+        a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(c1.values(), c2.values()))
+    print(f"{'ok  ' if same else 'FAIL'} host_update overlapped: losses, norms and full_weights over 3 steps "
+          f"{'bitwise' if same else 'NOT'} as in_step")
+    print(f"{'ok  ' if saved_same else 'FAIL'} host_update overlapped: the checkpoint saved after step 3 "
+          f"({len(c1)} rank file{'s' * (len(c1) != 1)}) {'bitwise' if saved_same else 'NOT'} as in_step's")
+    ids, advantages, offsets = batches(101)[0]
+    moved = {}
+    for mode in ("in_step", "overlapped"):
+        run = fsdpp.Run(run_file, {"optimizer.host_update": mode})
+        clipped_ratio_loss(full_logprobs(run.model(ids[:, :-1]), ids), advantages, offsets).backward()
+        run.step()
+        run.offload()
+        run.reload()
+        moved[mode] = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+    offloaded = all(torch.equal(moved["in_step"][k], moved["overlapped"][k]) for k in moved["in_step"])
+    print(f"{'ok  ' if offloaded else 'FAIL'} host_update overlapped: offload() and reload() right after a step "
+          f"keep {'bitwise' if offloaded else 'NOT'} in_step's weights")
+    return same and saved_same and offloaded
+
+
 def chosen_positions(run_file, model_dir):
     """Logits and log-probabilities at positions the loop chose (a left-padded row's: its
     padding at 0, its tokens from 0; and a row starting at 40) equal transformers' given the
@@ -423,6 +462,8 @@ def main():
             ok &= compare_worlds(f"{case}, world 2 rank {r}", (two, torch.load(f"{out}.{r}.pt")), one)
         if model == "llama_untied":
             ok &= save_resume_export(run_file, loss_name, os.path.join(work, case), one, torchrun)
+        if case == "llama_untied-clipped-ratio":
+            ok &= overlapped_host_update(run_file, loss_name, os.path.join(work, case))
     ok &= chosen_positions(run_file, os.path.join(fixtures, "llama_tied_rope3"))
     ok &= corrupt_load_at_world_2(run_file, work, torchrun)
     ok &= offload_round_trip(run_file)
