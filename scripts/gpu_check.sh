@@ -15,7 +15,8 @@
 #   gpu_check.sh bench [plain|checkpoint|offload|moe|SHAPE ...]
 #                         scripts/bench_fsdp.py on the GPU, fsdpp against PyTorch's
 #                         fully_shard: the 1B Llama plain, with activation checkpointing,
-#                         offloaded, and the 1.4B Qwen3-MoE (all four unless named). A SHAPE
+#                         offloaded (fsdpp twice: host updates overlapped with the next
+#                         forward and in the step), and the 1.4B Qwen3-MoE (all four unless named). A SHAPE
 #                         (llama-3.2-1b, llama-3.2-3b, qwen3-4b, qwen3-30b-a3b-4l, qwen3-8b)
 #                         runs examples/SHAPE-gpu.toml against fully_shard eager and with
 #                         each decoder layer compiled; qwen3-8b trains LoRA adapters of rank
@@ -31,7 +32,7 @@
 #                         what one lent GPU session runs, each step under its own deadline so
 #                         that a slow one cannot spend the rest: units, python, then bench of
 #                         each SHAPE named (default: llama-3.2-1b), within one 600 s call for
-#                         one shape (90 + 120 + 180 s each; 240 s for fp8 and SHAPE+fp8)
+#                         one shape (90 + 120 + 180 s each; 240 s for offload, fp8 and SHAPE+fp8)
 # Binaries come from build-gpu/ when this machine built them, else from a carried build/ (a
 # CPU machine's build links CUDA and NCCL too: strip build/fsdpp and build/tests/fsdpp_tests,
 # carry them with build/python, .gpu-deps/ and data/, and link the checkout's absolute path
@@ -171,8 +172,11 @@ session() {
   ((${#shapes[@]})) || shapes=(llama-3.2-1b)
   deps
   local steps=(units:90 python:120) shape
-  # A bench with a float8 run trains once more: 60 s more.
-  for shape in "${shapes[@]}"; do steps+=("bench-$shape:$([[ "$shape" == *fp8 ]] && echo 240 || echo 180)"); done
+  # A bench with a float8 run, and the offloaded one (fsdpp with host updates in the step too),
+  # train once more: 60 s more.
+  for shape in "${shapes[@]}"; do
+    steps+=("bench-$shape:$([[ "$shape" == *fp8 || "$shape" == offload ]] && echo 240 || echo 180)")
+  done
   for step in "${steps[@]}"; do
     name="${step%%:*}" limit="${step##*:}"
     echo "== $(date +%T) $name (deadline $limit s)"
