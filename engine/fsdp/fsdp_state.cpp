@@ -197,7 +197,10 @@ std::vector<GradGroup> FsdpState::grad_groups() const {
   std::vector<GradGroup> groups(meshes_.size());
   for (size_t i = 0; i < meshes_.size(); ++i) groups[i].shard_group = meshes_[i].shard_group.get();
   for (size_t u = 0; u < units_.size(); ++u) {
-    for (const auto& p : units_[u]->params()) groups[unit_mesh_[u]].params.push_back(p.owned);
+    for (const auto& p : units_[u]->params()) {
+      groups[unit_mesh_[u]].params.push_back(p.owned);
+      groups[unit_mesh_[u]].grad_norms.push_back(p.known_grad_norm());
+    }
   }
   return groups;
 }

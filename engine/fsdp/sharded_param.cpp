@@ -83,4 +83,15 @@ void ShardedParam::free_full() {
 
 bool ShardedParam::is_full() const { return is_allocated(param); }
 
+void ShardedParam::note_grad_norm(const at::Tensor& norm) {
+  const at::Tensor& grad = owned.grad();
+  grad_norm = {norm, grad.unsafeGetTensorImpl(), grad._version()};
+}
+
+at::Tensor ShardedParam::known_grad_norm() const {
+  const at::Tensor& grad = owned.grad();
+  const bool same = grad.defined() && grad.unsafeGetTensorImpl() == grad_norm.grad && grad._version() == grad_norm.version;
+  return same ? grad_norm.norm : at::Tensor();
+}
+
 }  // namespace fsdpp

@@ -51,9 +51,21 @@ struct ShardedParam {
   at::Tensor local;          // [padded_rows * row_numel] this rank's rows then zero padding
   at::Tensor owned;          // [owned_rows, ...] view of local's real rows: what the optimizer updates
   int world = 1;             // ranks the rows are split over
+  // The 2-norm of one gradient of `owned` ([] float), taken where the gradient was made: the
+  // gradient it was taken of is `grad` (a TensorImpl), at `version`.
+  struct GradNorm {
+    at::Tensor norm;
+    const void* grad = nullptr;
+    int64_t version = -1;
+  } grad_norm;
 
   int64_t shard_numel() const { return padded_rows * row_numel; }
   int64_t numel() const { return rows * row_numel; }
+  // Records `norm` as that of owned's gradient as it is now.
+  void note_grad_norm(const at::Tensor& norm);
+  // grad_norm's norm while owned's gradient is still the tensor it was taken of, unchanged
+  // since; undefined once it has been replaced, changed in place, or dropped.
+  at::Tensor known_grad_norm() const;
   // param views world * shard_numel() elements of `buffer` (param's dtype and device) from
   // element `offset`, owning none of them: the rank-major shards with their padding, so the
   // first numel() are the full parameter. `buffer` must outlive the view, which free_full()

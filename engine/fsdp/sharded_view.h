@@ -32,6 +32,10 @@ struct ShardRows {
 struct GradGroup {
   std::vector<at::Tensor> params;
   Comm* shard_group = nullptr;
+  // Empty, or one per parameter: the 2-norm of its gradient ([] float, on the device that made
+  // the gradient) where one was taken as it was made, so clipping need not read the gradient
+  // again; undefined where none was.
+  std::vector<at::Tensor> grad_norms;
 };
 
 class ShardedView {

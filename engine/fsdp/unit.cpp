@@ -428,6 +428,9 @@ void FsdpUnit::accumulate_shard(ShardedParam& p, const at::Tensor& reduced) {
     host_grad_sums_.emplace_back(p.owned.grad(), host);
   } else {
     p.owned.mutable_grad() = host;
+    // Its norm, taken on the device as it leaves: clipping then reads no offloaded gradient
+    // on the host (a sum added later makes this one stale).
+    p.note_grad_norm(at::linalg_vector_norm(shard));
   }
 }
 

@@ -167,11 +167,20 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
 
 namespace {
 
-// Where the norm is summed: a GPU holding any of the gradients, else the host.
+// The norm already taken of group.params[i]'s gradient, if any.
+at::Tensor known_norm(const GradGroup& group, size_t i) {
+  return i < group.grad_norms.size() ? group.grad_norms[i] : at::Tensor();
+}
+
+// Where the norm is summed: a GPU holding any of the gradients or their known norms, else the host.
 c10::Device norm_device(const std::vector<GradGroup>& groups) {
   for (const auto& group : groups) {
-    for (const auto& p : group.params) {
-      if (p.grad().defined() && !p.grad().is_cpu()) return p.grad().device();
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const at::Tensor& grad = group.params[i].grad();
+      if (!grad.defined()) continue;
+      const at::Tensor norm = known_norm(group, i);
+      const c10::Device device = norm.defined() ? norm.device() : grad.device();
+      if (!device.is_cpu()) return device;
     }
   }
   return c10::Device(c10::kCPU);
@@ -184,15 +193,26 @@ GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm, dou
   const c10::Device home = norm_device(groups);
   at::Tensor square_total = at::zeros({1}, at::TensorOptions(at::kDouble).device(home));
   for (const auto& group : groups) {
-    // Norms are taken where the gradients live (a GPU, or the host for offloaded units).
-    std::unordered_map<c10::Device, std::vector<at::Tensor>> local;
-    for (const auto& p : group.params) {
-      if (p.grad().defined() && p.grad().numel() > 0) local[p.grad().device()].push_back(p.grad());
+    // Norms are taken where the gradients live (a GPU, or the host for offloaded units), unless
+    // one was taken as the gradient was made.
+    std::unordered_map<c10::Device, std::vector<at::Tensor>> local, norms;
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      const at::Tensor& grad = group.params[i].grad();
+      if (!grad.defined() || grad.numel() == 0) continue;
+      if (const at::Tensor norm = known_norm(group, i); norm.defined()) {
+        norms[norm.device()].push_back(norm);
+      } else {
+        local[grad.device()].push_back(grad);
+      }
+    }
+    for (const auto& [device, on_device] : local) {
+      auto& taken = norms[device];
+      for (auto& norm : at::_foreach_norm(on_device, 2)) taken.push_back(std::move(norm));
     }
     // Squares add across shards, so one all-reduce of the local sum gives the group's share.
     at::Tensor square_sum = at::zeros({1}, square_total.options());
-    for (const auto& [device, on_device] : local) {
-      square_sum += at::stack(at::_foreach_norm(on_device, 2)).to(at::kDouble).pow(2).sum().to(home);
+    for (const auto& [device, on_device] : norms) {
+      square_sum += at::stack(on_device).to(at::kDouble).pow(2).sum().to(home);
     }
     if (group.shard_group != nullptr) group.shard_group->all_reduce_sum(square_sum);
     square_total += square_sum;

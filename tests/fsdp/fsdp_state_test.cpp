@@ -1,6 +1,7 @@
 // fully_shard in one process: a sharded model must compute the same loss and, in its owned
 // shards, the same gradients as the plain model; sharded storage must be freed between
-// uses; tied parameters split across units are refused; a unit waits for its host update.
+// uses; tied parameters split across units are refused; a unit waits for its host update; an
+// offloaded gradient's norm is taken on the GPU as it leaves.
 #include "core/error.h"
 #include "core/module_tree.h"
 #include "data/evaluate.h"
@@ -10,6 +11,7 @@
 #include "models/layers.h"
 #include "models/lora.h"
 #include "models/registry.h"
+#include "optim/adamw.h"
 #include "tensor_checks.h"
 
 #include <catch2/catch.hpp>
@@ -420,6 +422,42 @@ TEST_CASE("layers that declare float8 products multiply in float8 on a GPU and f
     CAPTURE(bf16_error, fp8_error, reference.norm().item<double>());
     CHECK(fp8_error <= 32 * bf16_error);
   }
+}
+
+TEST_CASE("offloaded gradients leave the GPU with their norms taken there, which clipping then uses", "[fsdp][gpu]") {
+  if (!gpu_half_runs()) return;
+  const at::Device gpu(at::kCUDA, 0);
+  auto model = tiny(false);
+  Plan plan;
+  for (const auto& e : named_modules(*model)) {
+    if (e.module->class_name().ends_with("DecoderLayer")) plan.units.push_back({.modules = {e.path}, .offload = Offload::cpu});
+  }
+  plan.units.push_back({.modules = {""}, .reshard_after_forward = 1});
+  FsdpState state(*model, Comm::single(), resolve_plan(plan, *model, 1, at::kFloat), ShardFill{}, gpu);
+  const auto ids = torch::randint(0, 40, {3, 9}, torch::kLong).to(gpu);
+  loss_of(*model, ids);
+  auto groups = state.grad_groups();
+  REQUIRE(groups.size() == 1);
+  GradGroup& group = groups.front();
+  int known = 0;
+  for (size_t i = 0; i < group.params.size(); ++i) {
+    const at::Tensor& grad = group.params[i].grad();
+    INFO("parameter " << i << " on " << grad.device());
+    // Offloaded gradients, on the host, alone come with a norm, taken on the GPU.
+    REQUIRE(group.grad_norms[i].defined() == grad.is_cpu());
+    if (!grad.is_cpu()) continue;
+    ++known;
+    CHECK(group.grad_norms[i].device() == gpu);
+    CHECK(group.grad_norms[i].item<double>() == Approx(at::linalg_vector_norm(grad).item<double>()).epsilon(1e-6));
+  }
+  CHECK(known == 3 * 9);  // each layer's two norms and seven projections
+  const GradClip with_norms = clip_by_norm(groups, 0.5);
+  CHECK(with_norms.norm.device() == gpu);  // summed where the norms are: the host reads it once
+  group.grad_norms.clear();
+  CHECK(with_norms.norm.item<double>() == Approx(clip_by_norm(groups, 0.5).norm.item<double>()).epsilon(1e-6));
+  // A gradient changed after it landed (an average over ranks) is read again.
+  group.params.front().grad().mul_(2);
+  CHECK_FALSE(state.grad_groups().front().grad_norms.front().defined());
 }
 
 TEST_CASE("a MoE layer's router and routed experts keep bf16 products in a float8 unit", "[fsdp][gpu]") {

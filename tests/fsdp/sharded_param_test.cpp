@@ -86,3 +86,21 @@ TEST_CASE("a meta build allocates nothing and each rank initialises only its row
   }
   CHECK(i == reference.size());
 }
+
+TEST_CASE("a gradient's noted norm holds while the gradient stays the same tensor, unchanged", "[fsdp]") {
+  auto weight = at::randn({6, 4}).requires_grad_(true);
+  ShardedParam shard("w", weight, /*rank=*/0, /*world=*/2);
+  CHECK_FALSE(shard.known_grad_norm().defined());  // no gradient yet
+  shard.owned.mutable_grad() = at::randn(shard.owned.sizes());
+  const at::Tensor norm = at::linalg_vector_norm(shard.owned.grad());
+  shard.note_grad_norm(norm);
+  CHECK(shard.known_grad_norm().is_same(norm));
+  shard.owned.grad().div_(2);  // a caller's change in place (an average over ranks)
+  CHECK_FALSE(shard.known_grad_norm().defined());
+  shard.note_grad_norm(at::linalg_vector_norm(shard.owned.grad()));
+  shard.owned.mutable_grad() = shard.owned.grad().clone();  // replaced by equal values
+  CHECK_FALSE(shard.known_grad_norm().defined());
+  shard.note_grad_norm(at::linalg_vector_norm(shard.owned.grad()));
+  shard.owned.mutable_grad() = at::Tensor();  // dropped
+  CHECK_FALSE(shard.known_grad_norm().defined());
+}

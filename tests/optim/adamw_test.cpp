@@ -1,7 +1,8 @@
 // AdamW with clipping decided on the device: the clip's divisor applied inside the fused
 // kernel, checked against AdamW's first step written out in float64, and a step whose norm
 // is not finite skipped without the host reading the norm; and updates left to a host thread,
-// bitwise those of the step, with their errors reaching the caller.
+// bitwise those of the step, with their errors reaching the caller; gradient norms known in
+// advance taken as they are.
 #include "optim/adamw.h"
 
 #include "tensor_checks.h"
@@ -184,4 +185,21 @@ TEST_CASE("a host thread's failed update reaches its future, the ones after it, 
   CHECK_THROWS_WITH(done[1].get(), Catch::Contains("expected scalar type Float but found Double"));
   CHECK_THROWS(done[2].get());
   CHECK_THROWS(optimizer.settle());
+}
+
+TEST_CASE("clipping takes a gradient's norm taken as it was made, and the rest from the gradients", "[train]") {
+  auto params = parameters(at::TensorOptions(at::kFloat), 3.0);
+  const GradClip read = clip_by_norm({{.params = params}}, 0.5);
+  // The norms the clip takes itself, given: bitwise the same clip.
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());
+  const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
+  const GradClip given = clip_by_norm({{.params = params, .grad_norms = norms}}, 0.5);
+  CHECK(at::equal(given.norm, read.norm));
+  CHECK(at::equal(given.divisor, read.divisor));
+  // One of them known as twice its gradient's norm, one unknown: the sum takes the known one.
+  const double n0 = norms[0].item<double>(), n1 = norms[1].item<double>(), n2 = norms[2].item<double>();
+  const GradClip mixed = clip_by_norm({{.params = params, .grad_norms = {norms[0] * 2, at::Tensor(), norms[2]}}}, 0.5);
+  CHECK(mixed.norm.item<double>() == Approx(std::sqrt(4 * n0 * n0 + n1 * n1 + n2 * n2)).epsilon(1e-6));
+  CHECK(read.norm.item<double>() == Approx(std::sqrt(n0 * n0 + n1 * n1 + n2 * n2)).epsilon(1e-6));
 }
