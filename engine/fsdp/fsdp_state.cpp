@@ -226,7 +226,8 @@ std::vector<FsdpUnit*> FsdpState::host_updated_units() const {
   }
   std::erase_if(order, [](FsdpUnit* unit) {
     const auto& params = unit->params();
-    const bool trains = std::any_of(params.begin(), params.end(), [](const auto& p) { return p.param.requires_grad(); });
+    const bool trains =
+        std::any_of(params.begin(), params.end(), [](const auto& p) { return p.param.requires_grad(); });
     return !trains || !unit->home().is_cpu();
   });
   return order;

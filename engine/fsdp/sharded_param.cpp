@@ -90,7 +90,8 @@ void ShardedParam::note_grad_norm(const at::Tensor& norm) {
 
 at::Tensor ShardedParam::known_grad_norm() const {
   const at::Tensor& grad = owned.grad();
-  const bool same = grad.defined() && grad.unsafeGetTensorImpl() == grad_norm.grad && grad._version() == grad_norm.version;
+  const bool same =
+      grad.defined() && grad.unsafeGetTensorImpl() == grad_norm.grad && grad._version() == grad_norm.version;
   return same ? grad_norm.norm : at::Tensor();
 }
 

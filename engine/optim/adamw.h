@@ -85,8 +85,9 @@ std::vector<AdamW::Group> decay_groups(const std::vector<NamedParameter>& params
 // over groups; the same on every rank. A gradient's norm already taken as it was made (the
 // group's grad_norms: an offloaded gradient's, on the GPU) is used as it is. The sums stay on a
 // GPU when any gradient or such norm is on one, so the host can read the norm once the whole
-// step is queued (offloaded gradients without one are summed on the host, which waits for them). Gradients of a loss multiplied by `loss_scale`
-// (optim/loss_scale.h) give the norm over that scale, and a divisor that removes it too.
+// step is queued (offloaded gradients without one are summed on the host, which waits for
+// them). Gradients of a loss multiplied by `loss_scale` (optim/loss_scale.h) give the norm
+// over that scale, and a divisor that removes it too.
 GradClip clip_by_norm(const std::vector<GradGroup>& groups, double max_norm, double loss_scale = 1.0);
 
 }  // namespace fsdpp

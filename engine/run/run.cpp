@@ -128,8 +128,10 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
                                        config.optimizer);
   using HostUpdate = OptimizerConfig::HostUpdate;
   const HostUpdate host_update = config.optimizer.host_update;
-  overlaps_host_update_ = host_update == HostUpdate::overlapped || (host_update == HostUpdate::automatic && !device_.is_cpu());
-  if (const size_t host_units = fsdp_->host_update_batches().size(); overlaps_host_update_ && host_units > 0 && rank == 0) {
+  overlaps_host_update_ =
+      host_update == HostUpdate::overlapped || (host_update == HostUpdate::automatic && !device_.is_cpu());
+  const size_t host_units = fsdp_->host_update_batches().size();
+  if (overlaps_host_update_ && host_units > 0 && rank == 0) {
     log_info("optimizer: ", host_units, " of ", fsdp_->units().size(),
              " units update on a host thread while the next forward begins ([optimizer] host_update)");
   }

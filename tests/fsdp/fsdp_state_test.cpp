@@ -430,7 +430,9 @@ TEST_CASE("offloaded gradients leave the GPU with their norms taken there, which
   auto model = tiny(false);
   Plan plan;
   for (const auto& e : named_modules(*model)) {
-    if (e.module->class_name().ends_with("DecoderLayer")) plan.units.push_back({.modules = {e.path}, .offload = Offload::cpu});
+    if (e.module->class_name().ends_with("DecoderLayer")) {
+      plan.units.push_back({.modules = {e.path}, .offload = Offload::cpu});
+    }
   }
   plan.units.push_back({.modules = {""}, .reshard_after_forward = 1});
   FsdpState state(*model, Comm::single(), resolve_plan(plan, *model, 1, at::kFloat), ShardFill{}, gpu);

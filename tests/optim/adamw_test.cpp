@@ -159,7 +159,8 @@ TEST_CASE("updates left to a host thread equal those in the step, batch by batch
     INFO("step " << step);
     now.step(kAdamW.lr, clip_by_norm({{.params = params}}, 0.5));
     // Batches across both groups, in an order of their own; a step waits for the previous one's.
-    const auto done = deferred.step(kAdamW.lr, clip_by_norm({{.params = later}}, 0.5), {{later[2], later[0]}, {later[1]}});
+    const auto done =
+        deferred.step(kAdamW.lr, clip_by_norm({{.params = later}}, 0.5), {{later[2], later[0]}, {later[1]}});
     REQUIRE(done.size() == 2);
     done[0].get();
     for (const size_t i : {0, 2}) CHECK(at::equal(later[i].detach(), params[i].detach()));
