@@ -141,6 +141,8 @@ expect "NaN weight_decay" "[optimizer] weight_decay: must be a finite number" \
   -- train "$work/ok.toml" --set optimizer.weight_decay=nan
 expect "NaN beta2" "[optimizer] beta2: must be a finite number" -- train "$work/ok.toml" --set optimizer.beta2=nan
 expect "infinite eps" "[optimizer] eps: must be a finite number" -- train "$work/ok.toml" --set optimizer.eps=inf
+expect "an unknown host update" "[optimizer] host_update: 'later' is not one of auto, overlapped, in_step" \
+  -- train "$work/ok.toml" --set 'optimizer.host_update="later"'
 expect "integer too large for a float key" "[optimizer] lr: must be a finite number in [0, 1e+06]" \
   -- train "$work/ok.toml" --set optimizer.lr=9223372036854775807
 expect "infinite clip_grad_norm" "[train] clip_grad_norm: must be a finite number" \
