@@ -15,6 +15,7 @@
 #include "run/run_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <nlohmann/json.hpp>
@@ -134,6 +135,10 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   if (overlaps_host_update_ && host_units > 0 && rank == 0) {
     log_info("optimizer: ", host_units, " of ", fsdp_->units().size(),
              " units update on a host thread while the next forward begins ([optimizer] host_update)");
+    if (device_.is_cpu() && at::get_num_threads() > 1) {
+      log_warn("optimizer: on a CPU run the overlapped update and the forward each run ", at::get_num_threads(),
+               " threads on the same cores; host_update = \"in_step\" is faster unless cores are left over");
+    }
   }
   using LossScaleMode = LossScaleConfig::Mode;
   const LossScaleMode scaling = config.loss_scale.mode;
