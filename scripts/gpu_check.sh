@@ -144,7 +144,8 @@ bench() {
       plain) flag="" ;;
       fp8) flag="--fp8 --no-peer --steps 300" ;;
       checkpoint) flag=--activation-checkpoint ;;
-      offload) flag=--offload threads="$(nproc)" ;;  # both engines step AdamW on the host: every core
+      # Both engines step AdamW on the host, with every core; step 10's GPU idle time is the host's share.
+      offload) flag="--offload --profile-step 10" threads="$(nproc)" ;;
       moe) flag="" config=examples/qwen3-moe-gpu.toml ;;
       llama-3.2-1b|llama-3.2-3b|qwen3-4b|qwen3-30b-a3b-4l) flag=--compile config="examples/$variant-gpu.toml" ;;
       qwen3-8b) flag="--compile --lora-rank 16 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
