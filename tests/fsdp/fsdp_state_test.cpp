@@ -207,6 +207,34 @@ TEST_CASE("a unit gathers after its own host update, and is not prefetched while
   CHECK(loss == expected);
   CHECK(layer2_pending);
   CHECK_FALSE(layer2_prefetched);
+
+  // Reading a unit's full values waits for its update too: halved once more on a host thread,
+  // the last unit's values, asked for at once, are the in-step model's halved again.
+  for (const auto& unit : in_step_state->units()) halve(*unit);
+  std::vector<std::promise<void>> again(order.size());
+  updates.clear();
+  for (auto& d : again) updates.push_back(d.get_future().share());
+  later_state->expect_host_updates(updates);
+  std::thread again_host([&] {
+    for (size_t k = 0; k < order.size(); ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      halve(*order[k]);
+      again[k].set_value();
+    }
+  });
+  std::map<std::string, at::Tensor> read, want;
+  order.back()->for_each_full_value([&](const std::string& name, const at::Tensor& t) { read[name] = t.clone(); });
+  again_host.join();
+  for (const auto& unit : in_step_state->units()) {
+    if (unit->name() != order.back()->name()) continue;
+    unit->for_each_full_value([&](const std::string& name, const at::Tensor& t) { want[name] = t.clone(); });
+  }
+  REQUIRE(!want.empty());
+  REQUIRE(read.size() == want.size());
+  for (const auto& [name, value] : want) {
+    INFO(name);
+    CHECK(at::equal(read.at(name), value));
+  }
 }
 
 TEST_CASE("a training forward keeps its cast shards for backward's gather, and no longer", "[fsdp]") {
