@@ -95,7 +95,9 @@ def main():
         fail(f"vocab {vocab} does not fit in uint16; use --dtype uint32")
     width = 2 if dtype == "uint16" else 4
 
-    tmp = args.out + ".tmp"
+    # A temporary file of this process's own beside the target, renamed over it: concurrent
+    # writers of the same corpus (tests run two at a time) each leave a whole file.
+    tmp = f"{args.out}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(tmp, "wb") as f:

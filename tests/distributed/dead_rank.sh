@@ -13,9 +13,11 @@ timeout_s=20
   >"$out/stdout" 2>"$out/stderr" &
 launcher=$!
 victim=""
+ranks=()
 for _ in $(seq 1 300); do  # up to 30 s for training to start
   if grep -q '"step":3' "$out/run/metrics.jsonl" 2>/dev/null; then
-    for pid in $(pgrep -P $launcher); do
+    ranks=($(pgrep -P $launcher))
+    for pid in "${ranks[@]}"; do
       if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
     done
     break
@@ -38,5 +40,10 @@ grep -q 'fsdpp: error: rank 1 failed with signal Killed' "$out/stderr" || { echo
 (( elapsed_ms < timeout_s * 1000 )) || { echo "FAIL: took longer than the ${timeout_s}s timeout"; status=1; }
 if grep -v '^\[rank [0-2]\] ' "$out/stdout" | grep -q .; then echo "FAIL: unprefixed rank output"; status=1; fi
 grep -q '^\[rank 0\] .*step 3/' "$out/stderr" || { echo "FAIL: rank 0 log lines lack their prefix"; status=1; }
-if pgrep -f "fsdp-llama.toml" >/dev/null; then echo "FAIL: ranks left running"; pkill -9 -f fsdp-llama.toml; status=1; fi
+# This job's own ranks alone: other tests may be training the same TOML beside this one.
+left=()
+for pid in "${ranks[@]}"; do  # a zombie left for init to reap is not running
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) && [ "$state" != Z ] && left+=("$pid")
+done
+if ((${#left[@]})); then echo "FAIL: ranks left running: ${left[*]}"; kill -9 "${left[@]}"; status=1; fi
 exit $status

@@ -21,7 +21,7 @@ using namespace fsdpp;
 
 namespace {
 
-constexpr const char* kExperts = "model.layers.0.mlp.experts.";
+constexpr const char* kExpertsPrefix = "model.layers.0.mlp.experts.";
 
 // One Qwen3-MoE layer of 8 experts, each token routed to 2.
 ModelConfig small_moe_config() {
@@ -55,7 +55,7 @@ Pass forward_backward(CausalLM& model, const at::Tensor& ids) {
 at::Tensor lay_out_experts(CausalLM& model, int64_t gap) {
   std::vector<at::Tensor> weights;
   for (const auto& p : unique_named_parameters(model)) {
-    if (p.name.starts_with(kExperts)) weights.push_back(p.tensor);
+    if (p.name.starts_with(kExpertsPrefix)) weights.push_back(p.tensor);
   }
   int64_t total = gap;
   for (const auto& w : weights) total += w.numel();
@@ -116,8 +116,8 @@ int check_same_gradients(const Pass& grouped, const Pass& per_expert, const at::
     REQUIRE(grouped.grads.count(name));
     const auto& from_grouped = grouped.grads.at(name);
     if (from_grouped.abs().max().item<double>() == 0) {
-      REQUIRE(name.starts_with(kExperts));
-      CHECK(counts[std::stoi(name.substr(std::string(kExperts).size()))].item<int64_t>() == 0);
+      REQUIRE(name.starts_with(kExpertsPrefix));
+      CHECK(counts[std::stoi(name.substr(std::string(kExpertsPrefix).size()))].item<int64_t>() == 0);
       CHECK(grad.abs().max().item<double>() == 0);
       ++idle;
       continue;
@@ -152,7 +152,7 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
   // A hook on every expert makes each one a module call of its own: one product per expert.
   std::vector<std::pair<Module*, int>> hooks;
   for (int64_t e = 0; e < 8; ++e) {
-    Module* expert = find_module(*model, kExperts + std::to_string(e));
+    Module* expert = find_module(*model, kExpertsPrefix + std::to_string(e));
     hooks.emplace_back(expert, expert->add_pre_forward_hook([](Module&, Module::Tensors&) {}));
   }
   const Pass per_expert = forward_backward(*model, ids);
@@ -161,8 +161,8 @@ TEST_CASE("experts in one grouped product equal one product per expert, idle exp
 
   const double bound = path_bound(config, *model, ids, per_expert, dtype);
   for (auto [expert, id] : hooks) expert->remove_hook(id);
-  check_frozen_experts(*model, ids, grouped, bound, kExperts + std::string("0."));
-  check_frozen_experts(*model, ids, grouped, bound, kExperts);
+  check_frozen_experts(*model, ids, grouped, bound, kExpertsPrefix + std::string("0."));
+  check_frozen_experts(*model, ids, grouped, bound, kExpertsPrefix);
 
   CHECK(relative_error(grouped.logits, per_expert.logits) < bound);
   const int idle = check_same_gradients(grouped, per_expert, counts, bound);

@@ -36,7 +36,7 @@ Inputs make_inputs(int64_t rows, int64_t width, at::ScalarType dtype) {
           rounded(at::randn({rows, width}, at::kDouble))};
 }
 
-struct Outcome {
+struct NormOutcome {
   at::Tensor sum, normed;      // float64 on the host
   at::Tensor grad_x, grad_delta, grad_weight;
 };
@@ -51,7 +51,7 @@ at::Tensor placed(const at::Tensor& values, const at::TensorOptions& options, bo
 
 // Runs `norm` after the add on copies of the inputs in `options`, x unaligned if asked; the
 // weight trains unless `frozen`. `normed` receives the norm's output.
-Outcome run(RMSNorm& norm, const Inputs& in, const at::TensorOptions& options, bool unaligned, bool frozen,
+NormOutcome run(RMSNorm& norm, const Inputs& in, const at::TensorOptions& options, bool unaligned, bool frozen,
             at::Tensor* normed_out = nullptr) {
   auto x = placed(in.x, options, unaligned).requires_grad_(true);
   auto delta = in.delta.to(options, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
@@ -69,7 +69,7 @@ Outcome run(RMSNorm& norm, const Inputs& in, const at::TensorOptions& options, b
 }
 
 // The same steps in float64, the sum rounded to `dtype` in value but not in gradient.
-Outcome reference(const Inputs& in, at::ScalarType dtype) {
+NormOutcome reference(const Inputs& in, at::ScalarType dtype) {
   auto x = in.x.clone().requires_grad_(true), delta = in.delta.clone().requires_grad_(true);
   auto weight = in.weight.clone().requires_grad_(true);
   auto exact = x + delta;
@@ -79,7 +79,7 @@ Outcome reference(const Inputs& in, at::ScalarType dtype) {
   return {sum.detach(), normed.detach(), x.grad(), delta.grad(), weight.grad()};
 }
 
-void check_close(const Outcome& actual, const Outcome& expected, double bound) {
+void check_close(const NormOutcome& actual, const NormOutcome& expected, double bound) {
   CHECK(relative_error(actual.sum, expected.sum) < bound);
   CHECK(relative_error(actual.normed, expected.normed) < bound);
   CHECK(relative_error(actual.grad_x, expected.grad_x) < bound);
@@ -95,7 +95,7 @@ TEST_CASE("the residual add and RMSNorm on the host are an add and the norm's ca
   const auto in = make_inputs(5, 24, at::kDouble);
   int calls = 0;
   norm.add_post_forward_hook([&](Module&, torch::Tensor&) { ++calls; });
-  const Outcome actual = run(norm, in, at::TensorOptions(at::kDouble), /*unaligned=*/false, /*frozen=*/false);
+  const NormOutcome actual = run(norm, in, at::TensorOptions(at::kDouble), /*unaligned=*/false, /*frozen=*/false);
   CHECK(calls == 1);
   check_close(actual, reference(in, at::kDouble), 1e-12);
 }
@@ -118,8 +118,8 @@ TEST_CASE("the fused residual RMSNorm kernel gives the add, the norm and their g
   const auto options = at::TensorOptions(dtype).device(at::kCUDA);
   RMSNorm norm("LlamaRMSNorm", width, kEps, options);
   at::Tensor normed;
-  const Outcome actual = run(norm, in, options, unaligned, frozen, &normed);
-  const Outcome expected = reference(in, dtype);
+  const NormOutcome actual = run(norm, in, options, unaligned, frozen, &normed);
+  const NormOutcome expected = reference(in, dtype);
   CHECK(backward_runs(normed, "FusedAddRMSNorm"));
   CHECK(actual.grad_weight.defined() == !frozen);
   check_close(actual, expected, kernel_bound(dtype));
@@ -127,7 +127,7 @@ TEST_CASE("the fused residual RMSNorm kernel gives the add, the norm and their g
   // With a hook the norm is called as a module: the add and ATen's norm.
   int calls = 0;
   norm.add_pre_forward_hook([&](Module&, Module::Tensors&) { ++calls; });
-  const Outcome hooked = run(norm, in, options, unaligned, frozen, &normed);
+  const NormOutcome hooked = run(norm, in, options, unaligned, frozen, &normed);
   CHECK(calls == 1);
   CHECK_FALSE(backward_runs(normed, "FusedAddRMSNorm"));
   check_close(hooked, expected, kernel_bound(dtype));

@@ -36,7 +36,7 @@ fs::path write_policy(const std::string& name, const std::string& text) {
   return path;
 }
 
-std::string error_of(const std::string& text, const PolicyLimits& limits = {}) {
+std::string policy_error(const std::string& text, const PolicyLimits& limits = {}) {
   auto model = meta_model();
   try {
     run_policy(write_policy("escape.lua", text), *model, {}, limits);
@@ -88,7 +88,7 @@ TEST_CASE("sandbox escapes fail with file:line", "[lua]") {
   };
   for (const auto& e : escapes) {
     INFO(e.name);
-    const std::string error = error_of(e.script);
+    const std::string error = policy_error(e.script);
     CHECK_THAT(error, Catch::Contains(e.expect));
     CHECK(error.find('\n') == std::string::npos);  // one line; the traceback is for --verbose
   }
@@ -120,7 +120,7 @@ TEST_CASE("runaway policies stop within their deadline and the engine survives",
   for (const auto& r : runaways) {
     INFO(r.name);
     const auto start = std::chrono::steady_clock::now();
-    const std::string error = error_of(r.script, quick);
+    const std::string error = policy_error(r.script, quick);
     CHECK_THAT(error, Catch::Contains(r.expect));
     CHECK(error.find('\n') == std::string::npos);
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(6));
@@ -132,25 +132,25 @@ TEST_CASE("runaway policies stop within their deadline and the engine survives",
 }
 
 TEST_CASE("API errors and warnings name file:line and what the model has", "[lua]") {
-  CHECK_THAT(error_of("\n\nwrap(nil)\n"), Catch::Contains("escape.lua:3: wrap expects a module or a list of modules, got nil"));
-  CHECK_THAT(error_of("wrap(ctx.model:get('model.layers.0'), {reshard_after_froward = true})\n"),
+  CHECK_THAT(policy_error("\n\nwrap(nil)\n"), Catch::Contains("escape.lua:3: wrap expects a module or a list of modules, got nil"));
+  CHECK_THAT(policy_error("wrap(ctx.model:get('model.layers.0'), {reshard_after_froward = true})\n"),
              Catch::Contains("escape.lua:1: wrap: unknown option 'reshard_after_froward'; did you mean 'reshard_after_forward'?"));
-  CHECK_THAT(error_of("local m = ctx.model:get('model.layerz')\n"), Catch::Contains("escape.lua:1: get: no module at path 'model.layerz'"));
+  CHECK_THAT(policy_error("local m = ctx.model:get('model.layerz')\n"), Catch::Contains("escape.lua:1: get: no module at path 'model.layerz'"));
   // A string holding a NUL byte is refused whole, not read up to the NUL ('model.layers.0').
-  CHECK_THAT(error_of("local m = ctx.model:get('model.layers.0\\0.mlp')\n"),
+  CHECK_THAT(policy_error("local m = ctx.model:get('model.layers.0\\0.mlp')\n"),
              Catch::Contains("escape.lua:1: get: path: holds a NUL byte"));
-  CHECK_THAT(error_of("error('custom failure')\n"), Catch::Contains("escape.lua:1: custom failure"));
-  CHECK_THAT(error_of("local x = (\n"), Catch::Contains("escape.lua:2: unexpected symbol near <eof>"));
+  CHECK_THAT(policy_error("error('custom failure')\n"), Catch::Contains("escape.lua:1: custom failure"));
+  CHECK_THAT(policy_error("local x = (\n"), Catch::Contains("escape.lua:2: unexpected symbol near <eof>"));
   // Lua errors raised inside a binding (a bad pattern, a failing predicate, a failing
   // __tostring) come back through it as errors naming the policy's line.
-  CHECK_THAT(error_of("\nctx.model:find{path = '['}\n"), Catch::Contains("escape.lua:2: ") && Catch::Contains("malformed pattern"));
-  CHECK_THAT(error_of("ctx.model:find{where = function(m) error('no way') end}\n"),
+  CHECK_THAT(policy_error("\nctx.model:find{path = '['}\n"), Catch::Contains("escape.lua:2: ") && Catch::Contains("malformed pattern"));
+  CHECK_THAT(policy_error("ctx.model:find{where = function(m) error('no way') end}\n"),
              Catch::Contains("escape.lua:1: ") && Catch::Contains("no way"));
   // Option tables are read raw: an __index metamethod is never run.
-  CHECK(error_of("wrap(ctx.model, setmetatable({}, {__index = function() error('sneaky') end}))\n").empty());
-  CHECK_THAT(error_of("warn(setmetatable({}, {__tostring = function() error('no text') end}))\n"),
+  CHECK(policy_error("wrap(ctx.model, setmetatable({}, {__index = function() error('sneaky') end}))\n").empty());
+  CHECK_THAT(policy_error("warn(setmetatable({}, {__tostring = function() error('no text') end}))\n"),
              Catch::Contains("escape.lua:1: ") && Catch::Contains("no text"));
-  CHECK_THAT(error_of("precision{param = 'int8'}\n"), Catch::Contains("escape.lua:1: precision: ") && Catch::Contains("int8"));
+  CHECK_THAT(policy_error("precision{param = 'int8'}\n"), Catch::Contains("escape.lua:1: precision: ") && Catch::Contains("int8"));
 
   auto model = meta_model();
   auto plan = run_policy(write_policy("warn.lua", "for _, m in ipairs(ctx.model:find{class = 'Qwen2DecoderLayer'}) do wrap(m) end\n"),
@@ -217,9 +217,9 @@ wrap(layers[2], {precision = precision{compute = "fp8"}})
   const auto resolved = resolve_plan(plan, *model, 1, at::kBFloat16);
   CHECK_THAT(format_plan(resolved, 1), Catch::Contains("output as computed, compute fp8, offload none"));
   CHECK_THAT(plan_json(resolved, 1), Catch::Contains("\"compute\": \"fp8\""));
-  CHECK_THAT(error_of("precision{compute = 'fp16'}\n"),
+  CHECK_THAT(policy_error("precision{compute = 'fp16'}\n"),
              Catch::Contains("escape.lua:1: precision: compute = 'fp16' is not \"fp8\""));
-  CHECK_THAT(error_of("wrap(ctx.model, {precision = {compute = 'int4'}})\n"),
+  CHECK_THAT(policy_error("wrap(ctx.model, {precision = {compute = 'int4'}})\n"),
              Catch::Contains("escape.lua:1: precision: compute = 'int4' is not \"fp8\""));
 }
 
@@ -263,12 +263,12 @@ TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fus
 }
 
 TEST_CASE("lora{...} declares adapters, and apply_lora puts them on and freezes the base", "[lua]") {
-  CHECK_THAT(error_of("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 0}\n"),
+  CHECK_THAT(policy_error("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 0}\n"),
              Catch::Contains("escape.lua:1: lora: rank must be an integer in [1, 65536]"));
-  CHECK_THAT(error_of("lora{targets = {}, rank = 2}\n"), Catch::Contains("escape.lua:1: lora: no target modules"));
-  CHECK_THAT(error_of("local t = ctx.model:find{path = 'q_proj$'}\nlora{targets = t, rank = 2}\nlora{targets = t, rank = 2}\n"),
+  CHECK_THAT(policy_error("lora{targets = {}, rank = 2}\n"), Catch::Contains("escape.lua:1: lora: no target modules"));
+  CHECK_THAT(policy_error("local t = ctx.model:find{path = 'q_proj$'}\nlora{targets = t, rank = 2}\nlora{targets = t, rank = 2}\n"),
              Catch::Contains("escape.lua:3: lora: declared twice (first at ") && Catch::Contains("escape.lua:2)"));
-  CHECK_THAT(error_of("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 2, dropout = 1}\n"),
+  CHECK_THAT(policy_error("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 2, dropout = 1}\n"),
              Catch::Contains("lora: dropout must be in"));
 
   auto model = meta_model();
@@ -371,13 +371,13 @@ wrap(ctx.model, {activation_checkpoint = opt.flag})
 }
 
 TEST_CASE("a bad options{...} declaration is the policy's error, at its line", "[lua]") {
-  CHECK_THAT(error_of("options{k = {'integer', min = 1, default = 0}}\n"),
+  CHECK_THAT(policy_error("options{k = {'integer', min = 1, default = 0}}\n"),
              Catch::Contains("escape.lua:1: options: k: the default 0 is not an integer >= 1"));
-  CHECK_THAT(error_of("options{k = {'integer', mni = 1}}\n"),
+  CHECK_THAT(policy_error("options{k = {'integer', mni = 1}}\n"),
              Catch::Contains("escape.lua:1: options: k: unknown key 'mni'; did you mean 'min'?"));
-  CHECK_THAT(error_of("options{k = {doc = 'x'}}\n"), Catch::Contains("escape.lua:1: options: k: names no kind or value"));
-  CHECK_THAT(error_of("options{k = 3}\n"), Catch::Contains("escape.lua:1: options: k: expected a table"));
-  CHECK_THAT(error_of("options{k = {'integer'}}\noptions{k = {'string'}}\n"),
+  CHECK_THAT(policy_error("options{k = {doc = 'x'}}\n"), Catch::Contains("escape.lua:1: options: k: names no kind or value"));
+  CHECK_THAT(policy_error("options{k = 3}\n"), Catch::Contains("escape.lua:1: options: k: expected a table"));
+  CHECK_THAT(policy_error("options{k = {'integer'}}\noptions{k = {'string'}}\n"),
              Catch::Contains("escape.lua:2: options: 'k' declared again differently (first at ") &&
                  Catch::Contains("escape.lua:1)"));
 }
