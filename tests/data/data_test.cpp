@@ -4,6 +4,7 @@
 #include "data/data.h"
 #include "data/token_header.h"
 #include "optim/lr_schedule.h"
+#include "scratch_dir.h"
 
 #include <catch2/catch.hpp>
 
@@ -19,8 +20,7 @@ namespace {
 
 // Writes a version 1 token file (data/token_header.h).
 fs::path write_tokens(const std::vector<uint16_t>& tokens, int64_t drop_bytes = 0) {
-  auto path = fs::temp_directory_path() / ("fsdpp-tok-" + std::to_string(::getpid()) + "-" +
-                                           std::to_string(tokens.size()) + "-" + std::to_string(drop_bytes));
+  auto path = testing::scratch_dir("tok") / (std::to_string(tokens.size()) + "-" + std::to_string(drop_bytes) + ".tok");
   std::string bytes("FSDPTOK\0", 8);
   uint32_t version = 1, width = 2;
   uint64_t count = tokens.size(), vocab = 65536;

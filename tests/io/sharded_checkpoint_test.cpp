@@ -95,7 +95,7 @@ TEST_CASE("sharded checkpoint: metadata that does not add up is refused naming t
 
 TEST_CASE("rotation: keeps the newest `keep`, honours the size cap, never deletes the newest", "[checkpoint]") {
   const fs::path root = testing::scratch_dir("rotate");
-  fs::remove_all(root);
+  remove_tree(root);
   for (int64_t step : {10, 20, 30, 40}) fake_checkpoint(root, step, 1000);
   fs::create_directories(staging_path(root, 50));  // an interrupted save: never listed
   REQUIRE(list_checkpoints(root).size() == 4);

@@ -43,8 +43,8 @@ def hf_eval(model_dir, tokens):
     return windows, loss
 
 
-def main():
-    work = tempfile.mkdtemp(prefix="fsdpp-eval-")
+def check_models(work):
+    """Each fixture's eval against transformers' over one token file in `work`; the failures."""
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 101, (12 * 7 + 5,), generator=gen).tolist()  # 7 windows + a tail
     token_file = os.path.join(work, "eval.tok")
@@ -68,6 +68,12 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {name}: fsdpp loss {ours['loss']:.8f} over {ours['windows']} windows, "
               f"transformers {loss:.8f} over {windows} (relative difference {rel:.2e})")
         failures += not ok
+    return failures
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="fsdpp-eval-") as work:
+        failures = check_models(work)
     sys.exit(1 if failures else 0)
 
 

@@ -2,6 +2,7 @@
 // nearest valid key, type checks, validation messages and --set overrides.
 #include "core/error.h"
 #include "run/run_config.h"
+#include "scratch_dir.h"
 
 #include <catch2/catch.hpp>
 
@@ -15,8 +16,7 @@ namespace {
 
 fs::path write_toml(const std::string& text) {
   static int counter = 0;
-  auto path = fs::temp_directory_path() /
-              ("fsdpp-cfg-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".toml");
+  auto path = testing::scratch_dir("cfg") / (std::to_string(counter++) + ".toml");
   std::ofstream(path) << text;
   return path;
 }
