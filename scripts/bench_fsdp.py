@@ -136,6 +136,21 @@ def read_op_counts(out_dir, step):
         raise BenchError(f"cannot read the operator count {path}: {e}")
 
 
+def print_fp8_trajectory(bf16, fp8):
+    """Where the float8 run's losses part from bf16's: step 1 (the same weights, so its loss
+    and gradient norm differ by the products' rounding alone), then the losses at a few steps
+    and the mean of the last ten, which a single batch's loss does not smooth."""
+    print(f"step-1 loss: bf16 {bf16['first_loss']:.6f}, fp8 {fp8['first_loss']:.6f}; grad norm: bf16 "
+          f"{bf16['first_grad_norm']:.6f}, fp8 {fp8['first_grad_norm']:.6f}")
+    steps = len(bf16["losses"])
+    shown = sorted({s for s in (2, 5, 10, 15, 25, 50, 100, 200, steps) if s <= steps})
+    print("losses (step: bf16 / fp8): " + ", ".join(
+        f"{s}: {bf16['losses'][s - 1]:.4f} / {fp8['losses'][s - 1]:.4f}" for s in shown))
+    tail = min(10, steps)
+    a, b = (sum(r["losses"][-tail:]) / tail for r in (bf16, fp8))
+    print(f"mean of the last {tail} steps' losses: bf16 {a:.4f}, fp8 {b:.4f} ({abs(b - a) / a:.2e} relative)")
+
+
 def print_op_counts(results, step):
     """The counted step's kernels and the bytes of the kernels other than products and
     attention, per engine and (with the peer) as fsdpp's ratio, then fsdpp's operators by bytes."""
@@ -299,6 +314,7 @@ def bench(args):
                          f"{f['losses']} vs {results['fsdpp-in-step']['losses']}")
     if args.fp8:
         print("fsdpp fp8 against fsdpp bf16:")
+        print_fp8_trajectory(f, results["fsdpp-fp8"])
         check_trained_alike(f["losses"], results["fsdpp-fp8"]["losses"], FP8_LOSS_TOLERANCE,
                             moe=routed_experts(hf_config) > 0)
     for peer in ("pytorch", "compiled"):

@@ -1,8 +1,8 @@
 // Float8 products. On the host: rowwise scaling by powers of two, checked against e4m3's own
 // rounding bound, and the refusal of a device without FP8 matrix units. On a GPU: the fused
-// scaling kernel against the host's bits, each product
-// against float64 products of the same scaled operands, the Linear's autograd against its two
-// products and bf16's weight gradient, and a joint q/k/v product against separate ones.
+// scaling kernel against the host's bits, each product against float64 products of the same
+// scaled operands (also over a 1B model's widths as a whole), the Linear's autograd against its
+// two products and bf16's weight gradient, and a joint q/k/v product against separate ones.
 #include "models/fp8_product.h"
 
 #include "models/joint_projection.h"
@@ -179,6 +179,41 @@ TEST_CASE("float8 products and the Linear's gradients on a GPU", "[models][gpu]"
   CHECK(at::equal(y.reshape({300, 128}), out));
   CHECK(at::equal(x_leaf.grad().reshape({300, 256}), grad_in));
   CHECK(at::equal(w_leaf.grad(), grad.t().mm(rows)));
+}
+
+TEST_CASE("float8 products at a 1B model's widths: e4m3's rounding alone, and no drift in magnitude", "[models][gpu]") {
+  if (!gpu_half_runs()) return;
+  REQUIRE(fp8_products_run(c10::Device(c10::kCUDA)));
+  at::manual_seed(17);
+  const auto bf16 = at::TensorOptions(at::kBFloat16).device(c10::kCUDA);
+  // A batch of 4 x 2048 tokens through the 1.1B's down projection (5632 -> 2048), whose sum
+  // over 5632 inputs is the longest the bench's products run. Per element the bound above is
+  // loose at this length; over the whole output, the accumulation and the result's rounding to
+  // bf16 must stay well under e4m3's own rounding (about 4% for these operands), and must not
+  // shrink or grow the output as a whole: the matrix units' fast accumulation truncates its
+  // partial sums.
+  const auto x = at::randn({8192, 5632}, bf16);
+  const auto weight = (at::randn({2048, 5632}, bf16) * 0.02).to(at::kBFloat16);
+  const auto grad = at::randn({8192, 2048}, bf16);
+  struct Case {
+    const char* product;
+    at::Tensor actual, scaled;  // the product, and float64's of the same scaled operands
+  };
+  const Case cases[] = {
+      {"forward", fp8_forward_product(x, weight), restored(quantize_rows(x)).mm(restored(quantize_rows(weight)).t())},
+      {"input gradient", fp8_input_grad_product(grad, weight),
+       restored(quantize_rows(grad)).mm(restored(quantize_rows(weight.t().contiguous())).t())},
+  };
+  for (const auto& c : cases) {
+    INFO(c.product);
+    const auto actual = c.actual.to(at::kDouble);
+    const double error = (actual - c.scaled).norm().item<double>() / c.scaled.norm().item<double>();
+    const double drift = (actual.abs().sum() / c.scaled.abs().sum()).item<double>() - 1;
+    // Printed on every GPU run: the figures that tell the fast accumulation's cost in a log.
+    WARN(c.product << ": error " << error << ", drift " << drift);
+    CHECK(error < 0.01);
+    CHECK(std::abs(drift) < 0.005);
+  }
 }
 
 TEST_CASE("a Linear and a joint q/k/v projection that multiply in float8 on a GPU", "[models][gpu]") {
