@@ -17,9 +17,11 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace py = pybind11;
@@ -68,8 +70,7 @@ class PythonRun {
                      const std::optional<at::Tensor>& document_offsets) {
     check_token_ids("input_ids", input_ids);
     const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
-    py::gil_scoped_release released;
-    return run_->forward(input_ids, layout, grad_divisor());
+    return exclusively([&] { return run_->forward(input_ids, layout, grad_divisor()); });
   }
 
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
@@ -87,21 +88,18 @@ class PythonRun {
       throw UserError("temperature: must be a positive number, got " + given.str());
     }
     const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
-    py::gil_scoped_release released;
-    return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor());
+    return exclusively([&] { return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor()); });
   }
 
   // One optimizer step from the gradients the backward calls since zero_grad left:
   // (global gradient norm before clipping, whether the update was applied).
   py::tuple step() {
-    const double lr = schedule_.at(steps_ + 1);
-    UpdateFigures figures;
-    {
-      py::gil_scoped_release released;
-      figures = run_->apply_gradients(lr, grad_divisor());
-    }
-    if (figures.stepped) ++steps_;
-    else ++skipped_steps_;
+    const UpdateFigures figures = exclusively([&] {
+      const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1), grad_divisor());
+      if (applied.stepped) ++steps_;
+      else ++skipped_steps_;
+      return applied;
+    });
     return py::make_tuple(figures.grad_norm, figures.stepped);
   }
 
@@ -109,8 +107,7 @@ class PythonRun {
   std::vector<std::pair<std::string, at::Tensor>> full_weights(int64_t unit, const std::string& dtype) {
     if (unit < 0 || unit >= units()) throw UserError("full_weights: no unit " + std::to_string(unit));
     const at::ScalarType type = parse_dtype(dtype);
-    py::gil_scoped_release released;
-    return run_->full_weights(static_cast<size_t>(unit), type);
+    return exclusively([&] { return run_->full_weights(static_cast<size_t>(unit), type); });
   }
 
   // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
@@ -126,22 +123,17 @@ class PythonRun {
       throw UserError("save: " + checkpoint_path(dir, steps_).string() + " exists already; save to another "
                       "directory or remove it");
     }
-    {
-      py::gil_scoped_release released;
-      run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir);
-    }
+    exclusively([&] { run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir); });
     return checkpoint_path(dir, steps_).string();
   }
 
   // Replaces the parameters, the optimizer's state and the step count with the checkpoint's.
   void load(const std::string& path) {
-    ResumePoint point;
-    {
-      py::gil_scoped_release released;
-      point = run_->load(path);
-    }
-    steps_ = point.step;
-    skipped_steps_ = point.state.skipped_steps;
+    exclusively([&] {
+      const ResumePoint point = run_->load(path);
+      steps_ = point.step;
+      skipped_steps_ = point.state.skipped_steps;
+    });
   }
 
   // Moves the named state ("params", "grads", "optimizer") off the device until reload().
@@ -156,16 +148,16 @@ class PythonRun {
     if (!moved.params && !moved.grads && !moved.optimizer) {
       throw UserError("offload: name at least one of params, grads, optimizer");
     }
-    py::gil_scoped_release released;
-    run_->offload(moved);
+    exclusively([&] { run_->offload(moved); });
   }
 
   void reload() {
-    py::gil_scoped_release released;
-    run_->reload();
+    exclusively([&] { run_->reload(); });
   }
 
-  void zero_grad() { run_->zero_grad(); }
+  void zero_grad() {
+    exclusively([&] { run_->zero_grad(); });
+  }
   int64_t units() const { return static_cast<int64_t>(run_->units()); }
   int rank() { return run_->comm().rank(); }
   int world_size() { return run_->comm().size(); }
@@ -175,6 +167,15 @@ class PythonRun {
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
 
  private:
+  // `work` on the run with the GIL released, so that the loop's other Python threads go on
+  // meanwhile, and one call at a time: a second thread's call waits for the first to end.
+  template <typename Work>
+  std::invoke_result_t<Work&> exclusively(Work&& work) {
+    py::gil_scoped_release released;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return work();
+  }
+
   // What step() divides the gradients summed over the ranks by.
   double grad_divisor() { return reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0; }
 
@@ -229,6 +230,7 @@ class PythonRun {
   GradReduction reduction_;
   LrSchedule schedule_;
   std::unique_ptr<Run> run_;
+  std::mutex mutex_;  // held by the call that drives run_ (exclusively)
   int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
   int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
 };

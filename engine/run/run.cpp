@@ -309,8 +309,15 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
   const int64_t rows = hidden.size(0), tokens = hidden.size(1);
   // About 64 MiB of float32 logits live at a time.
   const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
-  const at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
-                                           to_device(targets, device_).reshape({-1}), temperature, chunk);
+  at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
+                                     to_device(targets, device_).reshape({-1}), temperature, chunk);  // [B * T]
+  // Backward reads the head's weight before the hidden states' gradient reaches the root
+  // unit's own hook: a step or an offload between this forward and its backward resharded
+  // it, so the root gathers again first, as a layer's unit does for its own backward.
+  if (flat.requires_grad()) {
+    FsdpUnit* root = fsdp_->units().back().get();
+    flat.register_hook([root](const at::Tensor&) { root->pre_backward(); });
+  }
   return scaled_output(flat.view({rows, tokens}));
 }
 

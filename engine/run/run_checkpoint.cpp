@@ -1,8 +1,8 @@
 // Saving and restoring a run, and its final export. The save order is the same on every
 // rank: rank 0 prepares the staging directory; every rank writes its file; two all-gathers
 // bring rank 0 every file's size and checksum and every shard's rows; rank 0 writes the
-// metadata, renames the staging directory into place and rotates; a last all-reduce releases
-// the ranks.
+// metadata, renames the staging directory into place and rotates. An all-reduce after each
+// of the three writing phases tells every rank whether one failed.
 #include "run/run_checkpoint.h"
 
 #include "run/run.h"
@@ -56,11 +56,6 @@ void check_data_position(const json& saved, const json& data, const std::string&
 
 // The moments are saved as "<moment>/<name>" next to "model/<name>".
 constexpr const char* kMoments[] = {"exp_avg", "exp_avg_sq"};
-
-void barrier(Comm& comm) {
-  at::Tensor t = at::zeros({1}, at::kLong);
-  comm.all_reduce_sum(t);
-}
 
 at::Tensor moment(const AdamW::ParamState& s, int i) { return i == 0 ? s.exp_avg : s.exp_avg_sq; }
 
@@ -118,14 +113,17 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   const fs::path staging = staging_path(root, step);
   const int rank = comm_->rank();
   const auto start = Clock::now();
-  if (rank == 0) {
+  // Each phase ends with every rank told whether one failed (a directory it cannot make, a
+  // full disk): each raises its one line, and none waits on a collective for a rank that left.
+  on_every_rank("save", root.string(), "", [&] {
+    if (rank != 0) return;
     clear_partial_checkpoints(root);
     fs::create_directories(staging);
-  }
-  barrier(*comm_);
+  });
 
   const std::vector<ShardRows> shards = fsdp_->shard_rows();
-  const at::Tensor mine = write_rank_file(staging, shards, start);
+  at::Tensor mine;
+  on_every_rank("save", staging.string(), "", [&] { mine = write_rank_file(staging, shards, start); });
   at::Tensor files = at::empty({comm_->size() * 3}, at::kLong);
   comm_->all_gather(files, mine);
   std::vector<int64_t> my_rows;  // per parameter: first row, rows
@@ -136,13 +134,16 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   at::Tensor rows = at::empty({comm_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
   comm_->all_gather(rows, at::tensor(my_rows, at::kLong));
 
+  std::vector<fs::path> removed;
+  on_every_rank("save", final_dir.string(), "", [&] {
+    if (rank != 0) return;
+    removed = commit(metadata(step, state, shards, files.view({-1, 3}), rows.view({comm_->size(), -1, 2})), staging,
+                     root, final_dir);
+  });
   if (rank == 0) {
-    const auto removed = commit(metadata(step, state, shards, files.view({-1, 3}), rows.view({comm_->size(), -1, 2})),
-                                staging, root, final_dir);
     log_saved(step, final_dir, files.view({-1, 3}), std::chrono::duration<double>(Clock::now() - start).count(),
               removed.size());
   }
-  barrier(*comm_);
 }
 
 at::Tensor Run::write_rank_file(const fs::path& staging, const std::vector<ShardRows>& shards,

@@ -11,8 +11,10 @@ A process is one rank: started by torchrun (or fsdpp launch), every rank builds 
 started alone, it is a world of one. Errors in the run file, the policy or the inputs raise
 fsdpp.Error, one line naming the file and key. docs/python.md has the whole API.
 """
+import collections.abc
 import json
 import os
+import re
 
 import torch  # LibTorch first: the extension links against the copy torch loads
 
@@ -23,17 +25,56 @@ from fsdpp._fsdpp import Run as _Run
 __all__ = ["Error", "Run", "count_ops"]
 
 
+# A dotted key of TOML bare keys: what --set takes before its '='.
+_OVERRIDE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def _overrides(overrides):
+    """`overrides` as --set's KEY=VALUE texts."""
+    if overrides is None:
+        return []
+    if not isinstance(overrides, collections.abc.Mapping):
+        raise Error(f"overrides: expected a mapping of dotted keys to values, got {type(overrides).__name__}")
+    sets = []
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not _OVERRIDE_KEY.fullmatch(key):
+            raise Error(f"overrides: {key!r} is not a dotted key such as 'train.out_dir'")
+        sets.append(f"{key}={_toml_value(key, value)}")
+    return sets
+
+
 def _toml_value(key, value):
     """`value` as TOML text for the override `key`, as --set takes it."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
+        if not -2**63 <= value < 2**63:
+            raise Error(f"overrides: {key}: {value} is outside TOML's 64-bit integers")
         return str(value)
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, (str, os.PathLike)):
         return json.dumps(os.fspath(value))  # a JSON string is a TOML basic string
     raise Error(f"overrides: {key}: expected a bool, int, float, str or path, got {type(value).__name__}")
+
+
+def _tensor(name, value, optional=False):
+    """`value`, a tensor with values (or None where `optional`); else fsdpp.Error."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise Error(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if value.is_meta:
+        raise Error(f"{name}: a meta tensor, which holds no values")
+    return value
+
+
+def _holding(run, output):
+    """`output`, whose graph now holds `run`: backward runs the run's hooks, so the run lives
+    as long as the graph does, even where the loop dropped its Run before calling backward."""
+    if output.grad_fn is not None:
+        output.grad_fn.register_prehook(lambda grads, run=run: None)
+    return output
 
 
 class Model:
@@ -50,7 +91,9 @@ class Model:
         documents packed into the rows (offsets into the rows read one after another);
         attention stays inside each. Attention is otherwise causal over the whole row.
         """
-        return self._run.forward(input_ids, position_ids, document_offsets)
+        return _holding(self._run, self._run.forward(
+            _tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
+            _tensor("document_offsets", document_offsets, optional=True)))
 
     def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
@@ -59,7 +102,15 @@ class Model:
         a time, so [B, T, V] logits are never held. Its gradient is that of the full
         computation. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true)."""
-        return self._run.logprobs(input_ids, targets, float(temperature), position_ids, document_offsets)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise Error(f"temperature: must be a positive number, got {type(temperature).__name__}")
+        targets = _tensor("targets", targets)
+        if targets.is_inference():  # saved for backward, which inference tensors cannot be
+            targets = targets.clone()
+        return _holding(self._run, self._run.logprobs(
+            _tensor("input_ids", input_ids), targets, float(temperature),
+            _tensor("position_ids", position_ids, optional=True),
+            _tensor("document_offsets", document_offsets, optional=True)))
 
 
 class Run:
@@ -72,8 +123,11 @@ class Run:
     """
 
     def __init__(self, toml_path, overrides=None, grad_reduction="mean"):
-        sets = [f"{key}={_toml_value(key, value)}" for key, value in (overrides or {}).items()]
-        self._run = _Run(os.fspath(toml_path), sets, grad_reduction)
+        if not isinstance(toml_path, (str, os.PathLike)):
+            raise Error(f"toml_path: expected a str or path, got {type(toml_path).__name__}")
+        if not isinstance(grad_reduction, str):
+            raise Error(f"grad_reduction: expected \"mean\" or \"sum\", got {type(grad_reduction).__name__}")
+        self._run = _Run(os.fspath(toml_path), _overrides(overrides), grad_reduction)
         self.model = Model(self._run)
 
     def step(self):
@@ -117,7 +171,11 @@ class Run:
         model, logprobs and full_weights while the params are away. Every rank calls it."""
         if isinstance(what, str):
             what = (what,)
-        self._run.offload(list(what))
+        what = list(what)
+        for name in what:
+            if not isinstance(name, str):
+                raise Error(f"offload: {name!r} is not one of params, grads, optimizer")
+        self._run.offload(what)
 
     def reload(self):
         """Brings back what offload() moved, bitwise as it was, where the run trains."""

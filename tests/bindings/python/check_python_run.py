@@ -14,7 +14,9 @@ temperature), which the reference takes from log_softmax of its full logits.
 - World 2 against world 1: losses, gradient norms and the full weights within 1e-10, and
   full_weights names every weight of the transformers model (its tied lm_head aside).
 [optimizer] host_update = "overlapped" gives bitwise the figures, weights and checkpoint of
-updates in the step. Then the bad uses: each raises one fsdpp.Error naming what is wrong, and the interpreter
+updates in the step. A forward's graph outlives a dropped Run and a step or an offload before
+its backward; threads share a Run; a save one rank cannot make fails on both ranks at once.
+Then the bad uses: each raises one fsdpp.Error naming what is wrong, and the interpreter
 lives on.
 
 usage: check_python_run.py FIXTURE_DIR WORK_DIR
@@ -345,6 +347,103 @@ def corrupt_load_at_world_2(run_file, work, torchrun):
     return ok
 
 
+def graph_outlives_its_calls(run_file):
+    """A forward's graph holds its run: a Run dropped before the backward of its logits or
+    logprobs leaves a backward that runs. A logprobs backward after an offload and reload
+    gives bitwise the step of one with nothing between; after a step between, it runs from
+    the stepped weights, as run.model's does."""
+    import gc
+    import fsdpp
+    ids = batches(101)[0][0]
+    fused = {"policy.options.fused_linear_logprob": True}
+
+    def dropped_run(forward):
+        output = forward(fsdpp.Run(run_file, fused))
+        gc.collect()
+        output.sum().backward()
+        return True
+
+    ok = True
+    for name, forward in [("logits", lambda run: run.model(ids)),
+                          ("logprobs", lambda run: run.model.logprobs(ids[:, :-1], ids[:, 1:]))]:
+        ran = dropped_run(forward)  # a use after free would end the interpreter here
+        ok &= ran
+        print(f"{'ok  ' if ran else 'FAIL'} the backward of {name} whose Run was dropped first runs")
+
+    def logprobs_step(between):
+        run = fsdpp.Run(run_file, fused)
+        logp = run.model.logprobs(ids[:, :-1], ids[:, 1:])
+        between(run)
+        logp.sum().backward()
+        return run.step(), {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+
+    plain, plain_weights = logprobs_step(lambda run: None)
+    for name, between in [("offload and reload", lambda run: (run.offload(), run.reload())),
+                          ("offload of grads and optimizer, reload", lambda run: (run.offload(("grads", "optimizer")),
+                                                                                   run.reload()))]:
+        figures, weights = logprobs_step(between)
+        same = figures == plain and all(torch.equal(weights[k], plain_weights[k]) for k in weights)
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} logprobs, {name}, then its backward and a step: "
+              f"{'bitwise' if same else 'NOT'} as with nothing between")
+    (norm, stepped), _ = logprobs_step(lambda run: run.step())
+    good = stepped and math.isfinite(norm) and norm > 0
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} logprobs, a step, then its backward: gradient norm {norm:.6f}")
+    return ok
+
+
+def threads_share_a_run(run_file):
+    """Four threads calling run.model on one Run get what one thread gets: each call waits
+    for the one driving the run."""
+    import threading
+    import fsdpp
+    run = fsdpp.Run(run_file)
+    ids = batches(101)[0][0]
+    with torch.no_grad():
+        want = run.model(ids)
+    gaps, errors = [], []
+
+    def forwards():
+        try:
+            for _ in range(10):
+                with torch.no_grad():
+                    gaps.append((run.model(ids) - want).abs().max().item())
+        except Exception as e:  # reported below: the check fails on any
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=forwards) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = not errors and len(gaps) == 40 and max(gaps) == 0
+    print(f"{'ok  ' if ok else 'FAIL'} 4 threads x 10 forwards on one Run: {len(gaps)} outputs, largest difference "
+          f"{max(gaps) if gaps else None}, errors {errors[:1]}")
+    return ok
+
+
+def save_refused_at_world_2(run_file, work, torchrun):
+    """A save under a path that is a file, at world 2: rank 0 cannot make the directory, and
+    both ranks raise fsdpp.Error at once, rank 1 saying another rank failed, rather than rank 1
+    waiting on a collective for rank 0."""
+    shutil.rmtree(os.path.join(work, "unsaved"), ignore_errors=True)
+    os.makedirs(os.path.join(work, "unsaved"))
+    blocker = os.path.join(work, "unsaved", "a-file")
+    open(blocker, "w").close()
+    out = os.path.join(work, "unsaved", "error")
+    subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--save-under", run_file,
+                    os.path.join(blocker, "checkpoints"), out], check=True, timeout=120,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [open(f"{out}.{r}").read() for r in range(2)]
+    where = os.path.join(blocker, "checkpoints")
+    ok = (errors[0].startswith(f"save: {where}: ") and "Not a directory" in errors[0] and "\n" not in errors[0] and
+          errors[1] == f"save: {where}: another rank failed (its error says why)")
+    for r, message in enumerate(errors):
+        print(f"{'ok  ' if ok else 'FAIL'} a save under a file at world 2, rank {r}: {message}")
+    return ok
+
+
 def bad_uses(run_file, other_model_dir, work):
     """Each bad use of the run of `run_file` (the tied model's) raises fsdpp.Error with its
     one-line message; the interpreter goes on."""
@@ -386,6 +485,20 @@ def bad_uses(run_file, other_model_dir, work):
          f"load: {work} is not a complete checkpoint (no metadata.json with its metadata.crc32c)"),
         ("loading an untied model's checkpoint into a tied one", lambda: run.load(other),
          f"load: {other}: holds a tensor 'lm_head.weight' that this run's model has not (another architecture)"),
+        ("input_ids as a list", lambda: run.model([[1, 2, 3]]), "input_ids: expected a torch.Tensor, got list"),
+        ("input_ids on the meta device", lambda: run.model(torch.zeros(2, 5, dtype=torch.long, device="meta")),
+         "input_ids: a meta tensor, which holds no values"),
+        ("a temperature of no number", lambda: run.model.logprobs(ids, ids, temperature="hot"),
+         "temperature: must be a positive number, got str"),
+        ("offloading a name of no string", lambda: run.offload([1]), "offload: 1 is not one of params, grads, optimizer"),
+        ("a grad_reduction of no string", lambda: fsdpp.Run(run_file, grad_reduction=None),
+         'grad_reduction: expected "mean" or "sum", got NoneType'),
+        ("overrides as a list", lambda: fsdpp.Run(run_file, [("train.steps", 3)]),
+         "overrides: expected a mapping of dotted keys to values, got list"),
+        ("an override key that holds a value", lambda: fsdpp.Run(run_file, {"optimizer.lr=0.5 #": 1}),
+         "overrides: 'optimizer.lr=0.5 #' is not a dotted key such as 'train.out_dir'"),
+        ("an override past 64-bit integers", lambda: fsdpp.Run(run_file, {"train.steps": 2**63}),
+         "overrides: train.steps: 9223372036854775808 is outside TOML's 64-bit integers"),
         ("saving to an empty path", lambda: run.save(""), "save: the directory is an empty path"),
         ("saving a step saved already", lambda: run.save(os.path.dirname(other)),
          f"save: {other} exists already; save to another directory or remove it"),
@@ -418,6 +531,16 @@ def main():
         run = fsdpp.Run(sys.argv[2])
         try:
             run.load(sys.argv[3])
+            message = "no error"
+        except fsdpp.Error as e:
+            message = str(e)
+        open(f"{sys.argv[4]}.{run.rank}", "w").write(message)
+        return 0
+    if sys.argv[1] == "--save-under":  # torchrun's processes: each rank's error saving under a file
+        import fsdpp
+        run = fsdpp.Run(sys.argv[2])
+        try:
+            run.save(sys.argv[3])
             message = "no error"
         except fsdpp.Error as e:
             message = str(e)
@@ -467,6 +590,9 @@ def main():
     ok &= chosen_positions(run_file, os.path.join(fixtures, "llama_tied_rope3"))
     ok &= corrupt_load_at_world_2(run_file, work, torchrun)
     ok &= offload_round_trip(run_file)
+    ok &= graph_outlives_its_calls(run_file)
+    ok &= threads_share_a_run(run_file)
+    ok &= save_refused_at_world_2(run_file, work, torchrun)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     return 0 if ok else 1
 
