@@ -17,6 +17,7 @@
 #include "models/lora.h"
 #include "models/registry.h"
 #include "run/checkpoint_export.h"
+#include "run/out_dir.h"
 #include "run/train_loop.h"
 
 #include <ATen/Parallel.h>
@@ -45,6 +46,7 @@ int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
   config.check_paths();
   config.require_data();
+  check_export_dir(config);
   auto build_plan = [&config](CausalLM& model, int world, int rank) {
     return run_configured_policy(config.policy, model, world, rank);
   };

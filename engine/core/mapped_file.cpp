@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -108,6 +109,12 @@ void remove_tree(const std::filesystem::path& path) {
   if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT) {
     throw UserError(path.string() + ": cannot delete (" + std::strerror(errno) + ")");
   }
+}
+
+bool path_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  const auto a = std::filesystem::weakly_canonical(inner), b = std::filesystem::weakly_canonical(outer);
+  const auto [end_b, end_a] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+  return end_b == b.end();
 }
 
 void fsync_directory(const std::filesystem::path& dir) {

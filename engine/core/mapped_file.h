@@ -84,4 +84,7 @@ void fsync_directory(const std::filesystem::path& dir);
 // crash, so this walks the tree with POSIX calls.)
 void remove_tree(const std::filesystem::path& path);
 
+// Whether `inner` is `outer` or lies inside it, once links and ".." are resolved.
+bool path_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
+
 }  // namespace fsdpp

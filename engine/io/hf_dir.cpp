@@ -183,10 +183,46 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {
   }
 }
 
+namespace {
+
+// What an export copies beside the weights from the model it came from: the tokenizer and
+// how the model generates, as transformers loads them.
+constexpr const char* kCompanionFiles[] = {"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+                                           "added_tokens.json",   "tokenizer.model",       "vocab.json",
+                                           "merges.txt",          "chat_template.jinja",   "chat_template.json",
+                                           "generation_config.json"};
+
+// Whether an export writes a file named `name`.
+bool written_by_export(const std::string& name) {
+  if (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  if (name.starts_with("model-") && name.ends_with(".safetensors")) return true;  // a shard
+  return std::find(std::begin(kCompanionFiles), std::end(kCompanionFiles), name) != std::end(kCompanionFiles);
+}
+
+}  // namespace
+
+void check_export_target(const fs::path& dir) {
+  std::error_code error;
+  const auto status = fs::status(dir, error);
+  if (!fs::exists(status)) return;
+  if (!fs::is_directory(status)) {
+    throw UserError(dir.string() + ": is a file; an export writes a directory, and replaces only an earlier export");
+  }
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!it->is_regular_file() || !written_by_export(name)) {
+      throw UserError(dir.string() + ": holds '" + name + "', which no export writes; an export replaces only an " +
+                      "empty directory or an earlier export: choose another directory, or empty this one");
+    }
+  }
+  if (error) throw UserError(dir.string() + ": cannot list it (" + error.message() + ")");
+}
+
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
                          at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source)
     : dir_(fs::absolute(dir).lexically_normal()),
       staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
+  check_export_target(dir_);
   remove_tree(staging_);  // an interrupted export's
   fs::create_directories(staging_);
   json config = model_config.raw ? *model_config.raw : json::object();
@@ -194,10 +230,7 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
   config["dtype"] = config["torch_dtype"] = dtype_name(dtype);
   const std::string config_text = config.dump(2) + "\n";
   write_file_atomically(staging_ / "config.json", config_text.data(), config_text.size());
-  // What transformers loads beside the weights: the tokenizer and how the model generates.
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                           "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
-                           "generation_config.json"}) {
+  for (const char* name : kCompanionFiles) {
     if (!source.empty() && fs::is_regular_file(source / name)) fs::copy_file(source / name, staging_ / name);
   }
 

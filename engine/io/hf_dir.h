@@ -68,13 +68,18 @@ void from_json(const nlohmann::json& j, BaseIdentity& base);
 // Warns of each tensor in `weights` that no parameter of `model` (nor a tied alias) uses.
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
+// Refuses, in one line, an export into `dir` that would delete anything but an earlier
+// export: `dir` may be missing, an empty directory, or a directory of files an export writes.
+void check_export_target(const std::filesystem::path& dir);
+
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
 // generation config of `source` (the model directory the weights came from, when there is
 // one), then the tensors of `specs` (HF names, full shapes) in order, into
 // model.safetensors, or into shards of at most `max_shard_bytes` listed by an index when they
 // are larger. Holds one tensor at a time. All of it goes into a fresh directory beside `dir`,
 // which finish() swaps in for `dir` at once: no file of an earlier export survives, and a
-// reader never sees half of either.
+// reader never sees half of either. A `dir` holding anything else is refused at once
+// (check_export_target).
 class HfDirWriter {
  public:
   HfDirWriter(const ModelConfig& config, const std::vector<TensorSpec>& specs, const std::filesystem::path& dir,

@@ -211,8 +211,10 @@ void clear_partial_checkpoints(const fs::path& root) {
   }
 }
 
-std::vector<fs::path> rotate_checkpoints(const fs::path& root, int64_t keep, uintmax_t max_bytes) {
+std::vector<fs::path> rotate_checkpoints(const fs::path& root, int64_t keep, uintmax_t max_bytes,
+                                         const std::function<bool(const CheckpointEntry&)>& ours) {
   auto all = list_checkpoints(root);
+  std::erase_if(all, [&](const CheckpointEntry& c) { return !ours(c); });
   uintmax_t total = 0;
   for (const auto& c : all) total += c.bytes;
   std::vector<fs::path> removed;

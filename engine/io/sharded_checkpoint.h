@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -91,12 +92,14 @@ struct CheckpointEntry {
 std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& root);
 std::optional<CheckpointEntry> latest_checkpoint(const std::filesystem::path& root);
 
-// Deletes the oldest complete checkpoints beyond the newest `keep` (0: no limit) and while
-// all of them together exceed `max_bytes` (0: no limit), never the newest one; each goes by
-// a rename first, so a crash mid-delete never leaves a torn directory named step-N. Also
-// clears leftovers of interrupted saves. Returns the deleted paths.
+// Among the complete checkpoints `ours` accepts (a run's own, where others share the
+// directory), deletes the oldest beyond the newest `keep` (0: no limit) and while they
+// together exceed `max_bytes` (0: no limit), never the newest one; each goes by a rename
+// first, so a crash mid-delete never leaves a torn directory named step-N. Returns the
+// deleted paths.
 std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int64_t keep,
-                                                      uintmax_t max_bytes);
+                                                      uintmax_t max_bytes,
+                                                      const std::function<bool(const CheckpointEntry&)>& ours);
 
 // Removes leftovers of interrupted saves and deletes (.partial-*, .deleting-*) under root.
 void clear_partial_checkpoints(const std::filesystem::path& root);

@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/module_tree.h"
 #include "io/hf_dir.h"
 #include "io/model_source.h"
@@ -19,22 +20,9 @@
 
 namespace fsdpp {
 
-namespace {
-
-namespace fs = std::filesystem;
-
-// Whether `inner` is `outer` or lies inside it, once links and ".." are resolved.
-bool within(const fs::path& inner, const fs::path& outer) {
-  const auto a = fs::weakly_canonical(inner), b = fs::weakly_canonical(outer);
-  auto [end_b, _] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
-  return end_b == b.end();
-}
-
-}  // namespace
-
 ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
                                 std::optional<at::ScalarType> dtype, size_t max_shard_bytes, bool merge_lora) {
-  if (within(out, dir) || within(dir, out)) {
+  if (path_within(out, dir) || path_within(dir, out)) {
     throw UserError("export: " + out.string() + " would overwrite or contain the checkpoint " + dir.string() +
                     " it reads; choose another OUT");
   }

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
 #include "run/run_checkpoint.h"
 
@@ -74,6 +75,25 @@ void check_out_dir(const RunConfig& config) {
     throw UserError(config.checkpoint.dir + ": holds the checkpoints of " + (others ? "another run" : "this run") +
                     " (up to step " + std::to_string(checkpoints.back().step) + "); " +
                     (others ? elsewhere : "resume it ([checkpoint] resume = \"latest\"), or " + elsewhere));
+  }
+}
+
+void check_export_dir(const RunConfig& config) {
+  if (!config.checkpoint.save_final) return;
+  const fs::path dir = config.checkpoint.export_dir;
+  const std::string where = config.source.where("checkpoint", "export_dir") + ": [checkpoint] export_dir: ";
+  for (const auto& [key, path] : {std::pair<const char*, fs::path>{"[train] out_dir", config.train.out_dir},
+                                  {"[checkpoint] dir", config.checkpoint.dir},
+                                  {"[model] path", config.model.path}}) {
+    if (path_within(path, dir)) {
+      throw UserError(where + dir.string() + " holds " + key + " " + path.string() +
+                      ", which the export at the end would replace; choose another directory");
+    }
+  }
+  try {
+    check_export_target(dir);
+  } catch (const UserError& e) {
+    throw UserError(where + e.what());
   }
 }
 

@@ -26,6 +26,10 @@ struct RunIdentity {
 // another run's files, or that starts afresh where its own checkpoints are. Every rank checks
 // alike, before any rendezvous.
 void check_out_dir(const RunConfig& config);
+// Refuses, in one line naming [checkpoint] export_dir, a run whose export at the end
+// ([checkpoint] save_final) would replace one of its own directories or files that no export
+// wrote (io/hf_dir.h's check_export_target). Every rank checks alike, before any rendezvous.
+void check_export_dir(const RunConfig& config);
 // Records the run in <out_dir>/run.json (rank 0, once its set-up succeeded: a run that was
 // refused claims nothing).
 void record_run(const RunConfig& config);

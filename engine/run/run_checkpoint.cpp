@@ -189,8 +189,10 @@ std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::
   failpoint("checkpoint-before-commit");
   fs::rename(staging, final_dir);
   fsync_directory(root);
-  return rotate_checkpoints(root, config_.checkpoint.keep,
-                            static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9));
+  // Beside another run ([train] reuse_out_dir), its checkpoints are not this run's to rotate.
+  const std::string mine = config_hash(config_);
+  return rotate_checkpoints(root, config_.checkpoint.keep, static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9),
+                            [&](const CheckpointEntry& c) { return settings_of(c.path) == mine; });
 }
 
 json Run::metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
@@ -433,12 +435,15 @@ void Run::export_final(int64_t step) {
   // the whole model.
   const auto max_shard_bytes = static_cast<size_t>(config.export_shard_mb * (1 << 20));
   std::unique_ptr<HfDirWriter> writer;
-  if (rank == 0) {
+  // The directory was checked at start; refused now (the run wrote into it meanwhile), every
+  // rank stops before the gathers rather than wait there for rank 0.
+  on_every_rank("export", config.export_dir, " (the last step's checkpoint is saved; fsdpp export can write it elsewhere)", [&] {
+    if (rank != 0) return;
     std::vector<TensorSpec> specs;
     for (const auto& r : fsdp_->shard_rows()) specs.push_back({r.name, config.export_dtype, r.full_shape});
     writer = std::make_unique<HfDirWriter>(model().config(), specs, config.export_dir, config.export_dtype,
                                            max_shard_bytes, model_files_);
-  }
+  });
   fsdp_->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
     if (writer) writer->write(name, t);
   });

@@ -241,6 +241,19 @@ expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
   "q_proj.lora_A.weight' has shape [2, 7], the model's [2, 48]" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/wide_adapter\""
 
+# The export at the end replaces its directory: refused at start where that would delete
+# what no export wrote, the file or directory left as it was.
+mkdir -p "$work/notes" && echo "mine" >"$work/notes/notes.txt"
+expect "export_dir holding other files" "[checkpoint] export_dir: $work/notes: holds 'notes.txt', which no export writes" \
+  -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work/notes\""
+echo "mine" >"$work/a-file"
+expect "export_dir that is a file" "[checkpoint] export_dir: $work/a-file: is a file" \
+  -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work/a-file\""
+expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [train] out_dir $work/out" \
+  -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work\""
+[ "$(cat "$work/notes/notes.txt" "$work/a-file")" = "$(printf 'mine\nmine')" ] ||
+  { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
+
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
 

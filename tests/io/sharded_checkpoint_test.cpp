@@ -2,6 +2,7 @@
 // that does not add up, and rotation that never deletes the newest complete checkpoint.
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
 #include "scratch_dir.h"
@@ -101,15 +102,31 @@ TEST_CASE("rotation: keeps the newest `keep`, honours the size cap, never delete
   REQUIRE(list_checkpoints(root).size() == 4);
   CHECK(latest_checkpoint(root)->step == 40);
 
-  CHECK(rotate_checkpoints(root, /*keep=*/3, /*max_bytes=*/0).size() == 1);
+  const auto every = [](const CheckpointEntry&) { return true; };
+  CHECK(rotate_checkpoints(root, /*keep=*/3, /*max_bytes=*/0, every).size() == 1);
   CHECK(list_checkpoints(root).front().step == 20);
-  CHECK(rotate_checkpoints(root, 0, /*max_bytes=*/2500).size() == 1);  // 3000 bytes > 2500: the oldest goes
+  CHECK(rotate_checkpoints(root, 0, /*max_bytes=*/2500, every).size() == 1);  // 3000 bytes > 2500: the oldest goes
   CHECK(list_checkpoints(root).front().step == 30);
-  CHECK(rotate_checkpoints(root, 0, /*max_bytes=*/1).size() == 1);  // even over the cap, the newest stays
+  CHECK(rotate_checkpoints(root, 0, /*max_bytes=*/1, every).size() == 1);  // even over the cap, the newest stays
   REQUIRE(list_checkpoints(root).size() == 1);
   CHECK(list_checkpoints(root).front().step == 40);
   clear_partial_checkpoints(root);
   CHECK_FALSE(fs::exists(staging_path(root, 50)));
+}
+
+TEST_CASE("rotation counts and deletes only the checkpoints it is given as its own", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("rotate-shared");
+  remove_tree(root);
+  // Steps 10 and 30 are another run's, 20, 40 and 50 this one's.
+  for (int64_t step : {10, 20, 30, 40, 50}) fake_checkpoint(root, step, 1000);
+  const auto ours = [](const CheckpointEntry& c) { return c.step % 20 == 0 || c.step == 50; };
+  const auto removed = rotate_checkpoints(root, /*keep=*/1, /*max_bytes=*/0, ours);
+  REQUIRE(removed.size() == 2);
+  CHECK(removed[0] == checkpoint_path(root, 20));
+  CHECK(removed[1] == checkpoint_path(root, 40));
+  std::vector<int64_t> left;
+  for (const auto& c : list_checkpoints(root)) left.push_back(c.step);
+  CHECK(left == std::vector<int64_t>{10, 30, 50});
 }
 
 TEST_CASE("HF writer: streams tensors into one file, or shards with an index above the limit", "[checkpoint]") {
@@ -128,4 +145,38 @@ TEST_CASE("HF writer: streams tensors into one file, or shards with an index abo
   }
   HfDirWriter out_of_order(config, specs, root / "order", at::kBFloat16);
   CHECK_THROWS(out_of_order.write("b", at::ones({8})));
+}
+
+TEST_CASE("HF writer: replaces an earlier export, and refuses a directory holding anything else", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("hfw-target");
+  ModelConfig config;
+  const std::vector<TensorSpec> specs = {{"a", at::kFloat, {4, 4}}, {"b", at::kFloat, {8}}};
+  auto export_into = [&](const fs::path& dir, size_t limit) {
+    HfDirWriter writer(config, specs, dir, at::kFloat, limit);
+    for (const auto& spec : specs) writer.write(spec.name, at::ones(spec.shape, at::kFloat));
+    writer.finish();
+  };
+  // A sharded export (an index, two shards) and a tokenizer are an export's: replaced whole.
+  const fs::path earlier = root / "earlier";
+  export_into(earlier, 40);
+  std::ofstream(earlier / "tokenizer.json") << "{}";
+  export_into(earlier, size_t{1} << 20);
+  CHECK(fs::exists(earlier / "model.safetensors"));
+  CHECK_FALSE(fs::exists(earlier / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(earlier / "tokenizer.json"));
+  // Anything else stays, and so does the directory: refused before a file is written.
+  const fs::path mine = root / "mine";
+  fs::create_directories(mine / "sub");
+  std::ofstream(mine / "config.json") << "{}";
+  CHECK_THROWS_WITH(export_into(mine, size_t{1} << 20),
+                    (mine.string() + ": holds 'sub', which no export writes; an export replaces only an empty "
+                                     "directory or an earlier export: choose another directory, or empty this one"));
+  CHECK(fs::is_directory(mine / "sub"));
+  CHECK(read_text_file(mine / "config.json") == "{}");
+  const fs::path file = root / "a-file";
+  std::ofstream(file) << "mine";
+  CHECK_THROWS_WITH(check_export_target(file), Catch::Contains("is a file"));
+  CHECK(read_text_file(file) == "mine");
+  CHECK_FALSE(fs::exists(root / ".partial-mine"));
+  CHECK_NOTHROW(check_export_target(root / "missing"));
 }
