@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 namespace fsdpp {
 
@@ -186,13 +187,47 @@ std::string plain_words(const std::string& description) {
   return description;
 }
 
-// Applies one --set "section.key=value" (value read as TOML, or as a string when it does
-// not parse as one) to `doc`.
+// The most dotted parts a key may have: the run file's deepest is three (policy.options.x).
+// The TOML parser walks a dotted key by recursion, so a key of tens of thousands of parts
+// would end the process in a stack overflow rather than an error.
+constexpr size_t kMaxKeyParts = 32;
+
+// Refuses a line of `text` whose key or [table] header has more than kMaxKeyParts parts.
+void check_key_depth(const std::string& text, const std::filesystem::path& path) {
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const auto start = line.find_first_not_of(" \t[");
+    if (start == std::string::npos) continue;
+    const auto end = line.find(line.find_first_not_of(" \t") < start ? ']' : '=', start);
+    if (end == std::string::npos) continue;  // no key on this line (a value's continuation, a comment)
+    const std::string_view key(line.data() + start, end - start);
+    // A value's continuation ([0.5, 1.5]) has characters no key has.
+    if (key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-. \t\"'") !=
+        std::string_view::npos) {
+      continue;
+    }
+    const auto parts = 1 + std::count(key.begin(), key.end(), '.');
+    if (static_cast<size_t>(parts) > kMaxKeyParts) {
+      throw UserError(path.string() + ":" + std::to_string(number) + ": a key of " + std::to_string(parts) +
+                      " dotted parts; at most " + std::to_string(kMaxKeyParts));
+    }
+  }
+}
+
+// Applies one --set "section.key=value" to `doc`: the value read as TOML, or as a string when
+// it is a bare word (runs/x, bf16) that does not parse as TOML; a quoted, array or table value
+// that does not parse is an error.
 void apply_override(ConfigDocument& doc, const std::string& text) {
   const auto eq = text.find('=');
   const auto dot = text.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
     throw UserError("--set " + text + ": expected section.key=value");
+  }
+  if (static_cast<size_t>(1 + std::count(text.begin(), text.begin() + eq, '.')) > kMaxKeyParts) {
+    throw UserError("--set " + text.substr(0, 64) + "...: a key of more than " + std::to_string(kMaxKeyParts) +
+                    " dotted parts");
   }
   const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
   const std::string value = text.substr(eq + 1);
@@ -203,7 +238,10 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    if (!value.empty() && std::string_view("\"'[{").find(value.front()) != std::string_view::npos) {
+      throw UserError("--set " + text + ": invalid TOML value: " + plain_words(std::string(e.description())));
+    }
     parsed.insert("v", value);
   }
   // "policy.options.shard" names a key in a nested table; create the tables on the way.
@@ -236,6 +274,7 @@ ConfigFile ConfigFile::parse(const std::string& text, const std::filesystem::pat
   ConfigFile file;
   file.doc_ = std::make_shared<ConfigDocument>();
   file.doc_->path = path;
+  check_key_depth(text, path);
   try {
     file.doc_->root = toml::parse(text, path.string());
   } catch (const toml::parse_error& e) {

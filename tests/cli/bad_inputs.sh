@@ -254,6 +254,13 @@ expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [trai
 [ "$(cat "$work/notes/notes.txt" "$work/a-file")" = "$(printf 'mine\nmine')" ] ||
   { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
 
+# A key of 50,000 dotted parts would overflow the parser's stack: refused first.
+{ cat "$work/ok.toml"; python3 -c 'print("[" + ".".join(["a"] * 50000) + "]")'; } >"$work/deep_key.toml"
+expect "a key of 50,000 dotted parts" "deep_key.toml:10: a key of 50000 dotted parts; at most 32" \
+  -- train "$work/deep_key.toml"
+expect "an unclosed quote in --set" "--set train.out_dir=\"abc: invalid TOML value" \
+  -- train "$work/ok.toml" --set 'train.out_dir="abc'
+
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
 
