@@ -76,20 +76,29 @@ int wait_for_activity(const std::vector<std::unique_ptr<RankProcess>>& ranks) {
   return 0;
 }
 
-// The launcher's one report of a failed job: the rank that stopped on a user error (exit
-// status 2) is the cause; the others' failures (a peer gone from a collective) are
-// consequences, whichever the launcher saw first.
-int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks, const RankProcess& first_failed) {
+// The launcher's one line on a failed job, and its exit status 2. The cause is the rank that
+// stopped on a user error, else one that a signal ended (killed, or crashed) before the
+// launcher stopped the rest, else the first to fail: the others' failures (a peer gone from
+// a collective) are its consequences, whichever the launcher saw first.
+int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
+                   const std::vector<const RankProcess*>& failed_unstopped, const RankProcess& first_failed) {
   for (const auto& r : ranks) {
     if (r->stopped_on_user_error()) {
       std::fprintf(stderr, "fsdpp: error: rank %d: %s\n", r->rank(), r->error_message().c_str());
       return 2;
     }
   }
-  const std::string said = first_failed.error_message().empty() ? "" : ": " + first_failed.error_message();
-  std::fprintf(stderr, "fsdpp: error: rank %d failed with %s%s\n", first_failed.rank(), first_failed.describe().c_str(),
+  const RankProcess* cause = &first_failed;
+  for (const RankProcess* r : failed_unstopped) {
+    if (r->ended_by_signal()) {
+      cause = r;
+      break;
+    }
+  }
+  const std::string said = cause->error_message().empty() ? "" : ": " + cause->error_message();
+  std::fprintf(stderr, "fsdpp: error: rank %d failed with %s%s\n", cause->rank(), cause->describe().c_str(),
                said.c_str());
-  return 1;
+  return 2;
 }
 
 }  // namespace
@@ -115,6 +124,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
 
   using Clock = std::chrono::steady_clock;
   const RankProcess* failed = nullptr;
+  std::vector<const RankProcess*> failed_unstopped;  // failures before the launcher stopped any rank
   int forwarded = 0;
   auto stop_time = Clock::time_point::max(), kill_time = Clock::time_point::max();
   auto signal_all = [&](int sig) {
@@ -133,7 +143,9 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       if (!r->running() || !r->reap()) continue;
       --running;
       r->pump(true);  // what it printed before it ended
-      if (r->succeeded(forwarded) || failed != nullptr) continue;
+      if (r->succeeded(forwarded)) continue;
+      if (kill_time == Clock::time_point::max()) failed_unstopped.push_back(r.get());
+      if (failed != nullptr) continue;
       failed = r.get();
       // The rest would wait in a collective for it forever: they are stopped, then killed
       // after a grace. A failure other than a user error may itself be the consequence of a
@@ -147,7 +159,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     }
     if (Clock::now() > kill_time) signal_all(SIGKILL);
   }
-  if (failed != nullptr) return report_failure(ranks, *failed);
+  if (failed != nullptr) return report_failure(ranks, failed_unstopped, *failed);
   if (forwarded != 0) {
     std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(forwarded));
     return 128 + forwarded;

@@ -17,7 +17,9 @@ namespace fsdpp {
 
 namespace {
 
-constexpr std::string_view kErrorPrefix = "fsdpp: error: ";
+// A rank's closing lines, kept for the launcher's one report instead of printed: its user
+// error, or the failure it ended on (often a collective that lost a peer).
+constexpr std::string_view kErrorPrefixes[] = {"fsdpp: error: ", "fsdpp: internal error: "};
 
 }  // namespace
 
@@ -95,9 +97,11 @@ void RankProcess::emit(int stream, const char* data, size_t size, bool flush_tai
   buffer.append(data, size);
   size_t start = 0, newline;
   auto line_out = [&](std::string_view line) {
-    if (stream == 1 && line.starts_with(kErrorPrefix)) {
-      error_ = line.substr(kErrorPrefix.size());
-      return;
+    for (const std::string_view prefix : kErrorPrefixes) {
+      if (stream == 1 && line.starts_with(prefix)) {
+        error_ = line.substr(prefix.size());
+        return;
+      }
     }
     std::fprintf(sinks_[stream], "[rank %d] %.*s\n", rank_, static_cast<int>(line.size()), line.data());
   };
@@ -131,6 +135,8 @@ bool RankProcess::succeeded(int forwarded) const {
 bool RankProcess::stopped_on_user_error() const {
   return WIFEXITED(status_) && WEXITSTATUS(status_) == 2 && !error_.empty();
 }
+
+bool RankProcess::ended_by_signal() const { return WIFSIGNALED(status_); }
 
 std::string RankProcess::describe() const {
   if (WIFEXITED(status_)) return "exit status " + std::to_string(WEXITSTATUS(status_));

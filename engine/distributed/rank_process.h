@@ -27,8 +27,8 @@ class RankProcess {
   // Output descriptors still open, for poll().
   std::vector<int> open_descriptors() const;
   // Prints the complete lines waiting in the pipes (all of them to end-of-file when
-  // `until_eof`, the rank having ended). The rank's own "fsdpp: error:" line is kept for the
-  // launcher's one report instead of printed.
+  // `until_eof`, the rank having ended). The rank's own "fsdpp: error:" or "fsdpp: internal
+  // error:" line is kept for the launcher's one report instead of printed.
   void pump(bool until_eof);
   // Collects the exit status if the rank has ended; true once it has.
   bool reap();
@@ -41,6 +41,8 @@ class RankProcess {
   bool succeeded(int forwarded) const;
   // Ended on a user error (exit status 2) whose message it printed.
   bool stopped_on_user_error() const;
+  // Ended by a signal: killed, or crashed.
+  bool ended_by_signal() const;
   const std::string& error_message() const { return error_; }
   // "exit status 3", "signal Killed".
   std::string describe() const;

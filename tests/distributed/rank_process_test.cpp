@@ -55,8 +55,22 @@ TEST_CASE("a rank's end is told apart: success, a forwarded signal, a crash", "[
   CHECK_FALSE(stopped.succeeded(0));
   run(killed, "kill -9 $$");
   CHECK_FALSE(killed.succeeded(0));
+  CHECK(killed.ended_by_signal());
   CHECK(killed.describe() == "signal Killed");
   run(failed, "exit 1");
   CHECK_FALSE(failed.stopped_on_user_error());  // no message of its own: not a user error
+  CHECK_FALSE(failed.ended_by_signal());
   std::fclose(sink);
+}
+
+TEST_CASE("a rank's internal error is kept for the launcher's report, not printed", "[launch]") {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  RankProcess rank(1, out, err);
+  run(rank, "echo 'fsdpp: internal error: Connection closed by peer' >&2; exit 1");
+  CHECK(read_all(err).empty());
+  CHECK(rank.error_message() == "Connection closed by peer");
+  CHECK_FALSE(rank.stopped_on_user_error());  // exit status 1: a failure, not the user's
+  std::fclose(out);
+  std::fclose(err);
 }
