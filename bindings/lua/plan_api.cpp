@@ -9,6 +9,8 @@
 #include "core/log.h"
 
 #include <cmath>
+#include <limits>
+#include <string_view>
 
 namespace fsdpp::lua {
 
@@ -41,13 +43,22 @@ Offload policy_offload(const std::string& where) {
   throw ScriptError("offload: '" + where + "' is not one of \"cpu\", \"none\"");
 }
 
-int int_field(lua_State* L, int table, const char* key, int fallback) {
-  raw_field(L, table, key);
-  int value = fallback;
-  if (!lua_isnil(L, -1)) {
-    if (!lua_isinteger(L, -1)) throw ScriptError(std::string("mesh: ") + key + " must be an integer");
-    value = static_cast<int>(lua_tointeger(L, -1));
+// The integer on the stack's top as a mesh size: -1 (shard alone: every rank) or a rank count,
+// checked before it narrows to an int.
+int mesh_size(lua_State* L, const char* key, bool all_allowed) {
+  const char* expected = all_allowed ? " must be an integer, -1 or \"auto\"" : " must be an integer";
+  if (!lua_isinteger(L, -1)) throw ScriptError(std::string("mesh: ") + key + expected);
+  const lua_Integer value = lua_tointeger(L, -1);
+  if ((value < 1 && !(all_allowed && value == -1)) || value > std::numeric_limits<int>::max()) {
+    throw ScriptError(std::string("mesh: ") + key + " must be " + (all_allowed ? "-1 or " : "") + "in [1, " +
+                      std::to_string(std::numeric_limits<int>::max()) + "], got " + std::to_string(value));
   }
+  return static_cast<int>(value);
+}
+
+int mesh_field(lua_State* L, int table, const char* key, int fallback) {
+  raw_field(L, table, key);
+  const int value = lua_isnil(L, -1) ? fallback : mesh_size(L, key, /*all_allowed=*/std::string_view(key) == "shard");
   lua_pop(L, 1);
   return value;
 }
@@ -71,11 +82,10 @@ int api_mesh(lua_State* L) {
             : params < 80'000'000'000 ? std::min(8, world)
                                       : world;
   } else if (!lua_isnil(L, -1)) {
-    if (!lua_isinteger(L, -1)) throw ScriptError("mesh: shard must be an integer, -1 or \"auto\"");
-    shard = static_cast<int>(lua_tointeger(L, -1));
+    shard = mesh_size(L, "shard", /*all_allowed=*/true);
   }
   lua_pop(L, 1);
-  const int replicate = int_field(L, 1, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
+  const int replicate = mesh_field(L, 1, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
   lua_newtable(L);
   lua_pushinteger(L, replicate);
   lua_setfield(L, -2, "replicate");
@@ -155,8 +165,8 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) throw ScriptError("wrap: mesh must come from mesh{...}");
     const int m = lua_gettop(L);
-    unit.mesh.replicate = int_field(L, m, "replicate", 1);
-    unit.mesh.shard = int_field(L, m, "shard", -1);
+    unit.mesh.replicate = mesh_field(L, m, "replicate", 1);
+    unit.mesh.shard = mesh_field(L, m, "shard", -1);
   }
   lua_pop(L, 1);
 }

@@ -101,6 +101,9 @@ int run_eval(const CommandLine& args) {
     data.train = args.tokens;
     data.eval_fraction = 0;  // all of FILE
   }
+  if (!args.logits.empty() && std::filesystem::is_directory(args.logits)) {
+    throw UserError("eval --logits " + args.logits + ": is a directory; name the file to write");
+  }
   auto loaded = load_model(config.model);
   auto& model = loaded.model;
   const auto batches = open_batches(data, model->config());

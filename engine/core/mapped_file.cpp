@@ -101,7 +101,11 @@ void AtomicFileWriter::commit() {
   if (::fsync(fd_) != 0) throw UserError(tmp_.string() + ": fsync failed (" + std::strerror(errno) + ")");
   ::close(fd_);
   fd_ = -1;
-  std::filesystem::rename(tmp_, path_);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp_.c_str());  // nothing of a write that did not land stays behind
+    throw UserError(path_.string() + ": cannot put it in place (" + std::strerror(error) + ")");
+  }
 }
 
 void remove_tree(const std::filesystem::path& path) {

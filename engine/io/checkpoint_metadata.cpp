@@ -33,6 +33,16 @@ int64_t int_field(const json& parent, const std::string& path, const char* key, 
   return int_value(parent.at(key), name, min, max);
 }
 
+// What the run keeps beside its state: counts, and the last step's loss (null where it was
+// not finite, JSON having no NaN).
+void check_client_state(const json& client) {
+  int_field(client, "client_state", "skipped_steps", 0, kMaxSteps);
+  if (client.contains("tokens_seen")) int_value(client.at("tokens_seen"), "client_state.tokens_seen", 0, INT64_MAX);
+  if (client.contains("loss") && !client.at("loss").is_number() && !client.at("loss").is_null()) {
+    throw UserError("client_state.loss is not a number");
+  }
+}
+
 // A tensor shape: dimensions >= 0 whose product fits the sizes tensors may have.
 std::vector<int64_t> shape_field(const json& record, const std::string& key) {
   const json& shape = record.at("shape");
@@ -98,7 +108,7 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
     }
     parse_dtype(meta->at("model").at("dtype").get<std::string>());
     if (meta->contains("config_hash") && !meta->at("config_hash").is_string()) throw UserError("config_hash is not a string");
-    if (meta->contains("client_state")) int_field(meta->at("client_state"), "client_state", "skipped_steps", 0, kMaxSteps);
+    if (meta->contains("client_state")) check_client_state(meta->at("client_state"));
     for (const auto& [name, f] : meta->at("files").items()) {
       if (!is_plain_file_name(name)) {
         throw UserError("files names '" + name + "', outside the checkpoint (only plain file names are allowed)");

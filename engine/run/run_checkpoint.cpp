@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <unordered_set>
 
@@ -86,7 +87,9 @@ void to_json(json& j, const ClientState& state) {
 void from_json(const json& j, ClientState& state) {
   state.skipped_steps = j.value("skipped_steps", int64_t{0});
   state.tokens_seen = j.value("tokens_seen", int64_t{0});
-  state.loss = j.value("loss", 0.0);
+  // A loss that was not finite is saved as null.
+  const json loss = j.value("loss", json(0.0));
+  state.loss = loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
 }
 
 std::string config_hash(const RunConfig& config) {

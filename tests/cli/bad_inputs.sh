@@ -254,6 +254,12 @@ expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [trai
 [ "$(cat "$work/notes/notes.txt" "$work/a-file")" = "$(printf 'mine\nmine')" ] ||
   { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
 
+expect "a directory for eval --logits" "eval --logits $work: is a directory" -- eval "$work/ok.toml" --logits "$work"
+[ -e "$work.tmp" ] && { echo "FAIL eval --logits left $work.tmp"; failures=$((failures + 1)); }
+
+expect "a shard size past the int range" "mesh: shard must be -1 or in [1, 2147483647], got 4294967298" \
+  -- plan "$work/ok.toml" --world 2 --set policy.options.shard_size=4294967298
+
 # A key of 50,000 dotted parts would overflow the parser's stack: refused first.
 { cat "$work/ok.toml"; python3 -c 'print("[" + ".".join(["a"] * 50000) + "]")'; } >"$work/deep_key.toml"
 expect "a key of 50,000 dotted parts" "deep_key.toml:10: a key of 50000 dotted parts; at most 32" \

@@ -87,6 +87,14 @@ TEST_CASE("sharded checkpoint: metadata that does not add up is refused naming t
   CHECK_THAT(open_error(short_rows), Catch::Contains("hold 5 of its 6 rows"));
   const auto wrong_sum = two_rank_checkpoint(root / "sum", full, [](json& m) { m["files"][rank_file_name(1)]["checksum"] = "crc32c:00000000"; });
   CHECK_THAT(open_error(wrong_sum), Catch::Contains("rank-00001.safetensors") && Catch::Contains("checksum"));
+  const auto loss = two_rank_checkpoint(root / "loss", full, [](json& m) {
+    m["client_state"] = {{"skipped_steps", 0}, {"loss", "nan"}};
+  });
+  CHECK_THAT(open_error(loss), Catch::Contains("loss/metadata.json") && Catch::Contains("client_state.loss is not a number"));
+  const auto tokens = two_rank_checkpoint(root / "tokens", full, [](json& m) {
+    m["client_state"] = {{"skipped_steps", 0}, {"tokens_seen", -5}};
+  });
+  CHECK_THAT(open_error(tokens), Catch::Contains("client_state.tokens_seen"));
   const auto foreign = two_rank_checkpoint(root / "foreign", full, [](json& m) { m["format"] = "other"; });
   CHECK_THAT(open_error(foreign), Catch::Contains("foreign/metadata.json"));
   // Still taken for a checkpoint, so that open() says what is wrong rather than the
