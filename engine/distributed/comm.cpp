@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -18,6 +19,16 @@
 namespace fsdpp {
 
 namespace {
+
+// While it lives, c10's error log is held back: a rendezvous that fails is reported in one
+// line by its caller, where c10d would log the socket's time-out with the exception's frames.
+struct QuietC10dLog {
+  QuietC10dLog() : saved(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = c10::GLOG_FATAL; }
+  ~QuietC10dLog() { FLAGS_caffe2_log_level = saved; }
+  QuietC10dLog(const QuietC10dLog&) = delete;
+  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
+  const int saved;
+};
 
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                              int size, std::chrono::milliseconds timeout) {
@@ -112,6 +123,7 @@ std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, i
   opts.waitWorkers = true;
   opts.timeout = timeout;
   try {
+    const QuietC10dLog quiet;
     comm->c10d_->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
     comm->c10d_->backend =
         make_backend(c10::make_intrusive<c10d::PrefixStore>("world/", comm->c10d_->store), rank, size, timeout, device);

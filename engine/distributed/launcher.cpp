@@ -84,7 +84,10 @@ int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
                    const std::vector<const RankProcess*>& failed_unstopped, const RankProcess& first_failed) {
   for (const auto& r : ranks) {
     if (r->stopped_on_user_error()) {
-      std::fprintf(stderr, "fsdpp: error: rank %d: %s\n", r->rank(), r->error_message().c_str());
+      // A message that names its rank already (a rendezvous's) is not prefixed twice.
+      const std::string named = "rank " + std::to_string(r->rank()) + ": ";
+      const std::string& said = r->error_message();
+      std::fprintf(stderr, "fsdpp: error: %s%s\n", said.starts_with(named) ? "" : named.c_str(), said.c_str());
       return 2;
     }
   }

@@ -19,7 +19,7 @@ ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
                           {{"auto", DeviceChoice::automatic}, {"cpu", DeviceChoice::cpu}, {"cuda", DeviceChoice::cuda}});
   // The backend follows the device, and a forced one settles it: gloo the CPU, nccl a GPU.
   const std::string backend = s.get_string("backend", "auto");
-  c.timeout_s = s.get_double("timeout_s", c.timeout_s, 0, 1e7);
+  c.timeout_s = s.get_double("timeout_s", c.timeout_s, 1, 1e7);
   s.finish();
   const std::string backends = nccl_available() ? "auto, gloo, nccl" : "auto, gloo";
   if (backend != "auto" && backend != "gloo" && (backend != "nccl" || !nccl_available())) {

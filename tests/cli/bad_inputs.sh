@@ -33,7 +33,7 @@ expect() {
   "$FSDPP" "$@" >"$work/out.txt" 2>"$work/all-err.txt"
   local rc=$? lines
   # A refusal made once the model is loaded follows the run's own info lines; nothing else may.
-  grep -vE '^[0-9]{2}:[0-9]{2}:[0-9]{2} info ' "$work/all-err.txt" >"$work/err.txt"
+  grep -vE '^(\[rank [0-9]+\] )?[0-9]{2}:[0-9]{2}:[0-9]{2} info ' "$work/all-err.txt" >"$work/err.txt"
   lines=$(wc -l <"$work/err.txt")
   local ok=1
   [ "$rc" -eq 2 ] || ok=0
@@ -259,6 +259,13 @@ expect "a directory for eval --logits" "eval --logits $work: is a directory" -- 
 
 expect "a shard size past the int range" "mesh: shard must be -1 or in [1, 2147483647], got 4294967298" \
   -- plan "$work/ok.toml" --world 2 --set policy.options.shard_size=4294967298
+
+# A node whose master never comes: one line when the rendezvous times out, c10d's own log
+# of the socket's time-out (forty lines with the exception's frames) held back.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+expect "a master that never comes" "rank 1: rendezvous at 127.0.0.1:$port failed: The client socket has timed out" \
+  -- launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port" \
+  -- train "$work/ok.toml" --set parallel.timeout_s=2
 
 # A key of 50,000 dotted parts would overflow the parser's stack: refused first.
 { cat "$work/ok.toml"; python3 -c 'print("[" + ".".join(["a"] * 50000) + "]")'; } >"$work/deep_key.toml"
