@@ -526,21 +526,11 @@ def main():
         import fsdpp
         fsdpp.Run(sys.argv[2]).save(sys.argv[3])
         return 0
-    if sys.argv[1] == "--load":  # torchrun's processes: each rank's error loading a checkpoint
+    if sys.argv[1] in ("--load", "--save-under"):  # torchrun's processes: each rank's error loading or saving
         import fsdpp
         run = fsdpp.Run(sys.argv[2])
         try:
-            run.load(sys.argv[3])
-            message = "no error"
-        except fsdpp.Error as e:
-            message = str(e)
-        open(f"{sys.argv[4]}.{run.rank}", "w").write(message)
-        return 0
-    if sys.argv[1] == "--save-under":  # torchrun's processes: each rank's error saving under a file
-        import fsdpp
-        run = fsdpp.Run(sys.argv[2])
-        try:
-            run.save(sys.argv[3])
+            (run.load if sys.argv[1] == "--load" else run.save)(sys.argv[3])
             message = "no error"
         except fsdpp.Error as e:
             message = str(e)
