@@ -167,6 +167,11 @@ int main(int argc, char** argv) {
     // user's to fix, and the paths say where.
     std::fprintf(stderr, "fsdpp: error: %s\n", one_line(e.what()).c_str());
     return 2;
+  } catch (const c10::OutOfMemoryError& e) {
+    // The run asks for more device memory than there is: smaller batches, activation
+    // checkpointing or offload are the user's levers.
+    std::fprintf(stderr, "fsdpp: error: out of memory: %s\n", one_line(e.what_without_backtrace()).c_str());
+    return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what_without_backtrace());
     return 1;

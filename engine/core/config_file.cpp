@@ -129,7 +129,11 @@ bool ConfigSection::get_bool(const std::string& key, bool fallback) {
 
 std::string ConfigSection::get_string(const std::string& key, const std::string& fallback) {
   auto* node = static_cast<const toml::node*>(lookup(key, "a string"));
-  return node ? node->value<std::string>().value() : fallback;
+  if (node == nullptr) return fallback;
+  std::string value = node->value<std::string>().value();
+  // A path would end at it, naming another file than the one written.
+  if (value.find('\0') != std::string::npos) fail(key, "holds a NUL character (\\u0000)");
+  return value;
 }
 
 std::vector<std::pair<std::string, ConfigScalar>> ConfigSection::get_scalar_table(const std::string& key) {

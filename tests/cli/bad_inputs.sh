@@ -267,6 +267,9 @@ expect "a master that never comes" "rank 1: rendezvous at 127.0.0.1:$port failed
   -- launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port" \
   -- train "$work/ok.toml" --set parallel.timeout_s=2
 
+expect "a NUL inside a path" "[train] out_dir: holds a NUL character" \
+  -- train "$work/ok.toml" --set 'train.out_dir="runs/a\u0000b"'
+
 # A key of 50,000 dotted parts would overflow the parser's stack: refused first.
 { cat "$work/ok.toml"; python3 -c 'print("[" + ".".join(["a"] * 50000) + "]")'; } >"$work/deep_key.toml"
 expect "a key of 50,000 dotted parts" "deep_key.toml:10: a key of 50000 dotted parts; at most 32" \
