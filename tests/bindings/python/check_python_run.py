@@ -390,6 +390,15 @@ def graph_outlives_its_calls(run_file):
     good = stepped and math.isfinite(norm) and norm > 0
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} logprobs, a step, then its backward: gradient norm {norm:.6f}")
+    # Targets a sampling loop made under inference mode, which backward could not save.
+    with torch.inference_mode():
+        sampled = ids[:, 1:].clone()
+    run = fsdpp.Run(run_file, fused)
+    run.model.logprobs(ids[:, :-1], sampled).sum().backward()
+    norm, stepped = run.step()
+    good = stepped and math.isfinite(norm) and norm > 0
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} logprobs of targets made under inference mode: gradient norm {norm:.6f}")
     return ok
 
 
