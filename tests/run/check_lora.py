@@ -152,9 +152,12 @@ def main():
     weights = load_file(f"{other}/model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"] + 1
     save_file(weights, f"{other}/model.safetensors", metadata={"format": "pt"})
-    # Launched at world 2: one rank per node checks the base, and its refusal ends the run.
+    # Launched at world 2: one rank per node checks the base, and its refusal ends the run. The
+    # data position is the saved run's (shuffle = false), so that the base is the one thing
+    # refused: another refusal on the other rank would race it to the launcher's report.
     proc = subprocess.run([FSDPP, "launch", "--nproc-per-node", "2", "--", "train", CONFIG, "--set", f'model.path="{other}"', "--set",
-                           f'train.out_dir="{WORK}/refused"', "--set", f'checkpoint.resume="{saved}"'] +
+                           f'train.out_dir="{WORK}/refused"', "--set", f'checkpoint.resume="{saved}"',
+                           "--set", "data.shuffle=false"] +
                           [a for s in f64 for a in ("--set", s)], capture_output=True, text=True, timeout=600)
     errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
     ok &= report(proc.returncode == 2 and len(errors) == 1 and "another base model" in errors[0],
