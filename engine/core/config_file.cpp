@@ -142,10 +142,12 @@ std::vector<std::pair<std::string, ConfigScalar>> ConfigSection::get_scalar_tabl
   if (node == nullptr) return out;
   for (const auto& [k, v] : *node->as_table()) {
     const std::string name(k.str());
-    if (auto i = v.value<int64_t>(); v.is_integer()) out.emplace_back(name, *i);
-    else if (auto d = v.value<double>(); v.is_floating_point()) out.emplace_back(name, *d);
-    else if (auto b = v.value<bool>(); v.is_boolean()) out.emplace_back(name, *b);
-    else if (auto s = v.value<std::string>(); v.is_string()) out.emplace_back(name, *s);
+    // Each read in its own type alone: toml++ converts a float to an integer on request,
+    // which overflows for one past int64's range.
+    if (v.is_integer()) out.emplace_back(name, *v.value<int64_t>());
+    else if (v.is_floating_point()) out.emplace_back(name, *v.value<double>());
+    else if (v.is_boolean()) out.emplace_back(name, *v.value<bool>());
+    else if (v.is_string()) out.emplace_back(name, *v.value<std::string>());
     else fail(key + "." + name, "expected a string, number or boolean, got " + type_name(v));
   }
   return out;
