@@ -29,12 +29,24 @@
 #include <filesystem>
 #include <optional>
 #include <iostream>
+#include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
 
 using namespace fsdpp;
+
+// The host allocator's refusal, from its message: LibTorch reports it as a plain c10::Error
+// (a device's as OutOfMemoryError), so its own words are the one sign of it. Like a device's,
+// it is the run asking more than the machine has, which smaller batches or more ranks fix.
+std::optional<std::string> host_allocation_refused(const std::string& message) {
+  constexpr std::string_view kAllocator = "DefaultCPUAllocator: ";
+  const auto at = message.find(kAllocator);
+  if (at == std::string::npos) return std::nullopt;
+  return message.substr(at + kAllocator.size());
+}
 
 RunConfig load_run(const CommandLine& args) {
   RunConfig config = RunConfig::load(args.config, args.overrides);
@@ -173,8 +185,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsdpp: error: out of memory: %s\n", one_line(e.what_without_backtrace()).c_str());
     return 2;
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what_without_backtrace());
+    const std::string message = e.what_without_backtrace();
+    if (const auto refused = host_allocation_refused(message)) {
+      std::fprintf(stderr, "fsdpp: error: out of host memory: %s\n", one_line(*refused).c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "fsdpp: internal error: %s\n", message.c_str());
     return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "fsdpp: error: out of host memory\n");
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what());
     return 1;

@@ -188,6 +188,17 @@ sed 's/"num_experts_per_tok": 2/"num_experts_per_tok": 97/' tests/assets/models/
 expect "more experts per token than experts" "bad_top_k/config.json" "num_experts_per_tok must be in [1, 96], got 97" \
   -- train "$work/ok.toml" --set "model.path=\"$work/bad_top_k\""
 
+# A model past the host's memory, under a limit on the address space so that the allocator
+# refuses it on any machine (overcommit could otherwise grant it and the kernel kill the run).
+mkdir -p "$work/too_large"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1] + "/config.json"))
+c.update(vocab_size=2**24, hidden_size=8192, num_attention_heads=64, num_key_value_heads=64)
+json.dump(c, open(sys.argv[2] + "/config.json", "w"))' "$FIXTURES/llama_untied" "$work/too_large" || exit 1
+(ulimit -v 16000000 && before=$failures &&
+  expect "a model past the host's memory" "out of host memory" "you tried to allocate 549755813888 bytes" \
+    -- train "$work/ok.toml" --set "model.path=\"$work/too_large\"" && [ "$failures" -eq "$before" ]) ||
+  failures=$((failures + 1))
+
 # LoRA.
 expect "LoRA rank 0" "--set policy.options.lora_rank=0: [policy.options] lora_rank: must be an integer in [1, 65536], got 0" \
   -- train "$work/ok.toml" --set policy.options.lora_rank=0
