@@ -1,9 +1,10 @@
 // One training run on this rank, as one object. Its constructor builds the run in the order
 // each piece needs the one before: the rendezvous, the checkpoint to resume from, the data,
 // the policy's plan over a skeleton of the model, the weights, the shards, the optimizer.
-// resume() then restores that checkpoint, step() trains one optimizer step, and save() and
-// export_final() write what a run leaves behind (run/run_checkpoint.cpp). The training loop
-// (run/train_loop.h) drives it; a plain process is a world of one and builds the same run.
+// resume() then restores that checkpoint (run/run_restore.cpp), step() trains one optimizer
+// step, and save() and export_final() write what a run leaves behind
+// (run/run_checkpoint.cpp). The training loop (run/train_loop.h) drives it; a plain process
+// is a world of one and builds the same run.
 #pragma once
 
 #include "data/batches.h"
@@ -165,8 +166,8 @@ class Run {
   std::vector<std::filesystem::path> commit(nlohmann::json meta, const std::filesystem::path& staging,
                                             const std::filesystem::path& root,
                                             const std::filesystem::path& final_dir) const;
-  // AdamW's moments and step count from the checkpoint, the loss scale, and each rank's CPU
-  // generator (rank r % the saved world's at another size).
+  // Restoring (run/run_restore.cpp): AdamW's moments and step count from the checkpoint, the
+  // loss scale, and each rank's CPU generator (rank r % the saved world's at another size).
   void restore_optimizer(const ShardedCheckpoint& checkpoint);
   void restore_loss_scale(const ShardedCheckpoint& checkpoint);
   void restore_rng(const ShardedCheckpoint& checkpoint) const;

@@ -1,8 +1,8 @@
-// Saving and restoring a run, and its final export. The save order is the same on every
-// rank: rank 0 prepares the staging directory; every rank writes its file; two all-gathers
-// bring rank 0 every file's size and checksum and every shard's rows; rank 0 writes the
-// metadata, renames the staging directory into place and rotates. An all-reduce after each
-// of the three writing phases tells every rank whether one failed.
+// Saving a run, and its final export (restoring it: run/run_restore.cpp). The save order is
+// the same on every rank: rank 0 prepares the staging directory; every rank writes its file;
+// two all-gathers bring rank 0 every file's size and checksum and every shard's rows; rank 0
+// writes the metadata, renames the staging directory into place and rotates. An all-reduce
+// after each of the three writing phases tells every rank whether one failed.
 #include "run/run_checkpoint.h"
 
 #include "run/run.h"
@@ -26,10 +26,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <limits>
 #include <mutex>
-#include <unordered_set>
 
 namespace fsdpp {
 
@@ -39,26 +37,6 @@ using nlohmann::json;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A checkpoint's data position carries over only to the same stream of windows.
-void check_data_position(const json& saved, const json& data, const std::string& where) {
-  if (saved.is_null()) {
-    throw UserError(where + ": cannot resume this run's data: the checkpoint was saved by a run fed by its caller, "
-                            "with no data position");
-  }
-  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed", "shuffle"}) {
-    if (saved.value(key, json()) != data.value(key, json())) {
-      throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
-                      saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
-                      " (the same window index would name different tokens)");
-    }
-  }
-}
-
-// The moments are saved as "<moment>/<name>" next to "model/<name>".
-constexpr const char* kMoments[] = {"exp_avg", "exp_avg_sq"};
-
-at::Tensor moment(const AdamW::ParamState& s, int i) { return i == 0 ? s.exp_avg : s.exp_avg_sq; }
 
 // The save's time and size, and its slowest rank's rate from that rank's own bytes and
 // seconds (staging to its file's commit). `files`: [world, 3] bytes, checksum, microseconds.
@@ -156,7 +134,7 @@ at::Tensor Run::write_rank_file(const fs::path& staging, const std::vector<Shard
     if (!s.primary || s.rows.size(0) == 0 || !saves(s)) continue;
     tensors.emplace_back("model/" + s.name, s.rows);
     if (auto state = optimizer_->state_of(s.rows)) {
-      for (int i = 0; i < 2; ++i) tensors.emplace_back(std::string(kMoments[i]) + "/" + s.name, moment(*state, i));
+      for (const auto& [key, field] : kSavedMoments) tensors.emplace_back(std::string(key) + "/" + s.name, (*state).*field);
     }
   }
   {
@@ -221,7 +199,7 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
     };
     record("model/" + s.name, s.rows.scalar_type());
     if (auto moments = optimizer_->state_of(s.rows)) {
-      for (int m = 0; m < 2; ++m) record(std::string(kMoments[m]) + "/" + s.name, moment(*moments, m).scalar_type());
+      for (const auto& [key, field] : kSavedMoments) record(std::string(key) + "/" + s.name, ((*moments).*field).scalar_type());
       const auto steps = static_cast<int64_t>(moments->step.item<float>());
       TORCH_CHECK(!adam_steps || *adam_steps == steps, "AdamW step counts differ between parameters");
       adam_steps = steps;
@@ -248,63 +226,6 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
   return meta;
 }
 
-ResumePoint Run::resume() {
-  if (!checkpoint_) return {};
-  const ShardedCheckpoint& checkpoint = *checkpoint_;
-  const json& meta = checkpoint.metadata();
-  const std::string where = checkpoint.dir().string();
-  const json& saved = meta.at("data");
-  if (batches_) check_data_position(saved, batches_->identity(), where);
-  if (meta.value("config_hash", "") != config_hash(config_)) {
-    log_warn(where, ": written with other settings (", meta.value("config_hash", "?"), ", this run ",
-             config_hash(config_), "); resuming anyway");
-  }
-  const ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
-  restore_optimizer(checkpoint);
-  if (batches_) {
-    ShuffledOrder& order = batches_->order();
-    const auto window = saved.at("window").get<int64_t>();
-    if (window > static_cast<int64_t>(order.size())) {
-      throw UserError(where + "/metadata.json: data.window " + std::to_string(window) + " is outside an epoch of " +
-                      std::to_string(order.size()) + " windows");
-    }
-    order.seek({saved.at("epoch").get<uint64_t>(), window});
-  }
-  const ReadStats read = checkpoint.read_stats();
-  const double rebuild_s = std::chrono::duration<double>(Clock::now() - built_from_).count();
-  log_info("resume: rank ", comm_->rank(), " read ", read.bytes, " bytes of ", where, " (saved at world ",
-           checkpoint.world_size(), ") in ", read.seconds, " s (",
-           static_cast<double>(read.bytes) / std::max(read.seconds, 1e-9) / 1e9, " GB/s; ", rebuild_s,
-           " s to rebuild the run); continuing after step ", point.step);
-  return point;
-}
-
-ResumePoint Run::load(const fs::path& dir) {
-  check_loaded("load");
-  if (!ShardedCheckpoint::is_checkpoint(dir)) {
-    throw UserError("load: " + dir.string() + " is not a complete checkpoint (no metadata.json with its " +
-                    kMetadataChecksumFile + ")");
-  }
-  // Each rank opens the checkpoint and reads its own rows of other ranks' files: one rank's
-  // failure (a file missing on its node, a corrupt one) is made every rank's, so that none
-  // goes on to a collective the others never reach.
-  std::optional<ShardedCheckpoint> checkpoint;
-  on_every_rank("load", dir.string(), "", [&] {
-    checkpoint.emplace(ShardedCheckpoint::open(dir));
-    check_fits(*checkpoint);
-  });
-  optimizer_->settle();   // the last step's host updates would write over the loaded rows
-  fsdp_->reshard_all();  // the kept cast shards hold the old values; copies may still read them
-  on_every_rank("load", dir.string(), " (the run is now partly loaded)", [&] {
-    at::NoGradGuard no_grad;
-    for (auto& s : fsdp_->shard_rows()) {
-      if (checkpoint->contains("model/" + s.name)) checkpoint->read_rows("model/" + s.name, s.rows, s.first_row);
-    }
-    restore_optimizer(*checkpoint);
-  });
-  const json& meta = checkpoint->metadata();
-  return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
-}
 
 void Run::on_every_rank(const std::string& what, const std::string& subject, const std::string& after,
                         const std::function<void()>& work) {
@@ -323,98 +244,6 @@ void Run::on_every_rank(const std::string& what, const std::string& subject, con
   if (failed.item<int64_t>() > 0) throw UserError(what + ": " + subject + ": another rank failed (its error says why)" + after);
 }
 
-void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
-  const std::string where = checkpoint.dir().string();
-  const json saved = checkpoint.metadata().value("model", json::object());
-  const json saved_lora = saved.value("lora", json()), lora = loaded_.lora ? json(*loaded_.lora) : json();
-  if (saved_lora != lora) {
-    throw UserError(where + ": holds " + (saved_lora.is_null() ? "no LoRA adapters" : "the LoRA adapters " + saved_lora.dump()) +
-                    ", where this run has " + (lora.is_null() ? "none" : lora.dump()));
-  }
-  const std::vector<ShardRows> shards = fsdp_->shard_rows();
-  std::unordered_set<std::string> names;  // a MoE model holds tens of thousands of tensors
-  for (const auto& s : shards) names.insert(s.name);
-  for (const auto& key : checkpoint.keys("model/")) {
-    const std::string name = key.substr(sizeof("model/") - 1);
-    if (!names.contains(name)) {
-      throw UserError(where + ": holds a tensor '" + name + "' that this run's model has not (another architecture)");
-    }
-  }
-  for (const auto& s : shards) {
-    const std::string key = "model/" + s.name;
-    if (!checkpoint.contains(key)) {
-      // An adapter-only checkpoint leaves its frozen base out, which must then be this run's.
-      if (saves(s) || !saved.contains("base")) throw UserError(where + ": holds no tensor '" + s.name + "'");
-      continue;
-    }
-    if (checkpoint.record(key).shape != s.full_shape) {
-      throw UserError(where + ": tensor '" + s.name + "' is " + c10::str(c10::IntArrayRef(checkpoint.record(key).shape)) +
-                      " there but " + c10::str(c10::IntArrayRef(s.full_shape)) + " in this run (another architecture)");
-    }
-  }
-  if (saved.contains("base") && comm_->rank() == 0) {  // rank 0 reads the base's files; load makes its answer all ranks'
-    saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed), where);
-  }
-}
-
-void Run::restore_optimizer(const ShardedCheckpoint& checkpoint) {
-  at::NoGradGuard no_grad;
-  const auto adam_steps = static_cast<double>(checkpoint.metadata().at("optimizer").at("steps").get<int64_t>());
-  for (auto& s : fsdp_->shard_rows()) {
-    if (auto state = optimizer_->state_of(s.rows)) {
-      for (int m = 0; m < 2; ++m) {
-        at::Tensor rows = moment(*state, m);  // shares the state's storage: read in place
-        checkpoint.read_rows(std::string(kMoments[m]) + "/" + s.name, rows, s.first_row);
-      }
-      state->step.fill_(adam_steps);
-    }
-  }
-  restore_loss_scale(checkpoint);
-  restore_rng(checkpoint);
-}
-
-void Run::restore_loss_scale(const ShardedCheckpoint& checkpoint) {
-  if (!scaler_) return;
-  const json saved = checkpoint.metadata().value("loss_scale", json());
-  if (saved.is_null()) {  // saved by a run that did not scale its loss
-    if (comm_->rank() == 0) log_info("loss scale: ", checkpoint.dir().string(), " holds none; starting from ", scaler_->scale());
-    return;
-  }
-  const json scale = saved.is_object() ? saved.value("scale", json()) : json();
-  const json tracker = saved.is_object() ? saved.value("growth_tracker", json()) : json();
-  if (!scale.is_number() || !(scale.get<double>() > 0) || !std::isfinite(scale.get<double>()) ||
-      !tracker.is_number_integer() || tracker.get<int64_t>() < 0) {
-    throw UserError(checkpoint.dir().string() + "/metadata.json: loss_scale must hold a positive finite scale and a "
-                    "growth_tracker >= 0, got " + saved.dump());
-  }
-  scaler_->restore({.scale = scale.get<double>(), .growth_tracker = tracker.get<int64_t>()});
-}
-
-void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {
-  // Each rank's own generator when the world matches; otherwise the saved rank it maps to.
-  const int source = comm_->rank() % checkpoint.world_size();
-  at::Tensor rng = checkpoint.read_whole(rank_file_name(source), "rng/cpu");
-  if (!rng.defined()) return;
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  try {
-    generator.set_state(rng);
-  } catch (const c10::Error&) {
-    throw UserError(checkpoint.dir().string() + "/" + rank_file_name(source) +
-                    ": rng/cpu is not a generator state (the file is corrupt)");
-  }
-}
-
-std::optional<fs::path> resume_path(const RunConfig& config) {
-  const ResumeFrom& resume = config.checkpoint.resume;
-  if (resume.kind == ResumeFrom::Kind::fresh) return std::nullopt;
-  if (resume.kind == ResumeFrom::Kind::latest) return latest_of_this_run(config);
-  if (!ShardedCheckpoint::is_checkpoint(resume.path)) {
-    throw UserError("[checkpoint] resume: " + resume.path.string() +
-                    " is not a complete checkpoint (no metadata.json with its metadata.crc32c)");
-  }
-  return resume.path;
-}
 
 void Run::export_final(int64_t step) {
   optimizer_->settle();  // the last step's host updates of the values about to be written
