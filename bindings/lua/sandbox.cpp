@@ -167,9 +167,19 @@ int read_only_newindex(lua_State* L) {
   return luaL_error(L, "%s.%s is read-only", lua_tostring(L, lua_upvalueindex(2)), key);
 }
 
+// pairs() over a view walks the real table, held as the iterator's upvalue: handed out as the
+// iteration's state (as next's pairs does), the table itself would be the policy's to write.
+int read_only_next(lua_State* L) {
+  lua_settop(L, 2);  // the state (nil), the key
+  if (lua_next(L, lua_upvalueindex(1)) != 0) return 2;
+  lua_pushnil(L);
+  return 1;
+}
+
 int read_only_pairs(lua_State* L) {
-  lua_getglobal(L, "next");
   lua_pushvalue(L, lua_upvalueindex(1));
+  lua_pushcclosure(L, read_only_next, 1);
+  lua_pushnil(L);
   lua_pushnil(L);
   return 3;
 }
@@ -204,6 +214,11 @@ lua_State* open_sandbox(PolicyRun& run) {
   luaL_requiref(L, LUA_STRLIBNAME, luaopen_string, 1);
   luaL_requiref(L, LUA_TABLIBNAME, luaopen_table, 1);
   luaL_requiref(L, LUA_MATHLIBNAME, luaopen_math, 1);
+  // Lua seeds math.random per process; a policy runs once per rank and must plan alike on
+  // each, so every run draws the same numbers unless the policy seeds them itself.
+  lua_getfield(L, -1, "randomseed");
+  lua_pushinteger(L, 0);
+  lua_call(L, 1, 0);
   lua_pop(L, 4);
   lua_pushglobaltable(L);
   std::vector<std::string> dropped;

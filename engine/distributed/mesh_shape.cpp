@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 
+#include <cstdint>
 #include <string>
 
 namespace fsdpp {
@@ -18,7 +19,8 @@ MeshShape resolve_mesh(MeshShape declared, int world) {
     }
     declared.shard = world / declared.replicate;
   }
-  if (declared.shard < 1 || declared.replicate * declared.shard != world) {
+  // In 64 bits: two int sizes near 2^31 multiply to 1 in 32.
+  if (declared.shard < 1 || int64_t{declared.replicate} * declared.shard != world) {
     throw UserError("mesh replicate " + std::to_string(declared.replicate) + " × shard " +
                     std::to_string(declared.shard) + " ≠ world " + std::to_string(world));
   }

@@ -142,7 +142,11 @@ void from_json(const nlohmann::json& j, Plan& plan) {
   if (!j.at("lora").is_null()) plan.lora = j.at("lora").get<LoraPlan>();
 }
 
-std::string serialize_plan(const Plan& plan) { return nlohmann::json(plan).dump(); }
+// A policy's strings (names, warnings, option docs) need not be UTF-8, which JSON text must be:
+// bytes that are not become U+FFFD, where a strict dump would refuse the whole plan.
+std::string serialize_plan(const Plan& plan) {
+  return nlohmann::json(plan).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 Plan deserialize_plan(const std::string& text) { return nlohmann::json::parse(text).get<Plan>(); }
 
@@ -170,7 +174,7 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                                             {"largest_gathered_unit", plan.largest_gathered_bytes},
                                             {"expert_params", plan.expert_param_bytes},
                                             {"constant_params", plan.constant_param_bytes}}}}
-      .dump(2);
+      .dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace fsdpp

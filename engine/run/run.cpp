@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "distributed/dist_env.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/plan_agreement.h"
 #include "io/sharded_checkpoint.h"
 #include "loss/chunked_logprobs.h"
 #include "loss/next_token_loss.h"
@@ -168,6 +169,7 @@ void Run::shard(const Plan& plan) {
   model.train();
   const int rank = comm_->rank();
   const ResolvedPlan resolved = resolve_plan(plan, model, comm_->size(), config_.model.dtype);
+  require_same_plan(resolved, *comm_);
   // A tied head's weight is the embedding's, named by the path that reaches it first.
   const std::string head = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   const auto& root_params = resolved.units.back().params;

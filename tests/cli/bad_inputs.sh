@@ -199,6 +199,13 @@ json.dump(c, open(sys.argv[2] + "/config.json", "w"))' "$FIXTURES/llama_untied" 
     -- train "$work/ok.toml" --set "model.path=\"$work/too_large\"" && [ "$failures" -eq "$before" ]) ||
   failures=$((failures + 1))
 
+# Mesh sizes whose product wraps in 32 bits; a policy that plans otherwise on each rank.
+expect "mesh sizes whose product wraps" "policies/llama.lua:4: mesh replicate 2147483647 × shard 2147483647 ≠ world 1" \
+  -- plan "$work/ok.toml" --set policy.options.shard_size=2147483647 --set policy.options.replicate=2147483647
+printf 'wrap(ctx.model:get("model.layers." .. ctx.rank))\n' >"$work/by_rank.lua"
+expect "a plan that differs by rank" "rank 1's plan differs from rank 0's" "whatever ctx.rank" \
+  -- launch --nproc-per-node 2 -- train "$work/ok.toml" --set "policy.name=\"$work/by_rank.lua\""
+
 # LoRA.
 expect "LoRA rank 0" "--set policy.options.lora_rank=0: [policy.options] lora_rank: must be an integer in [1, 65536], got 0" \
   -- train "$work/ok.toml" --set policy.options.lora_rank=0

@@ -78,6 +78,9 @@ TEST_CASE("sandbox escapes fail with file:line", "[lua]") {
       {"library metatable", "setmetatable(string, nil)\n", "escape.lua:1: cannot change a protected metatable"},
       {"module handle metatable", "getmetatable(ctx.model).__index = {}\n", "escape.lua:1: attempt to index a string value"},
       {"loaded chunk writes a global", "load('leak = 1')()\n", "(load):1: assignment to undeclared global 'leak'"},
+      // pairs() over a view walks the real table without handing it out.
+      {"pairs hands out the globals", "local _, G = pairs(_G)\nG.leak = 1\n", "escape.lua:2: attempt to index a nil value (local 'G')"},
+      {"pairs hands out a library", "local _, S = pairs(string)\nS.evil = 1\n", "escape.lua:2: attempt to index a nil value (local 'S')"},
       // Finalizers would run where no budget reaches.
       {"__gc finalizer", "setmetatable({}, {__gc = function() while true do end end})\n",
        "escape.lua:1: setmetatable: __gc finalizers are not allowed in a policy"},
@@ -159,6 +162,24 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
   CHECK_THAT(plan.warnings[0], Catch::Contains("warn.lua:1: the model has no class 'Qwen2DecoderLayer'") &&
                                    Catch::Contains("LlamaDecoderLayer"));
   CHECK_THROWS_WITH(resolve_plan(plan, *model, 1, at::kFloat), Catch::Contains("policy wrapped nothing"));
+}
+
+// Each rank runs the policy in a process of its own, and ranks must plan alike.
+TEST_CASE("a policy plans alike in every process: math.random is seeded, any bytes cross", "[lua]") {
+  auto model = meta_model();
+  const auto script = write_policy("alike.lua", R"(
+local n = 0
+for _ in pairs(string) do n = n + 1 end
+assert(n > 10, "pairs over a library visits it")
+local drawn = math.random(1000000000)
+math.randomseed(0)
+assert(drawn == math.random(1000000000), "math.random starts from seed 0 in every process")
+warn("caf\233")
+wrap(ctx.model:get("model.layers.0"))
+)");
+  const Plan plan = run_policy(script, *model, {});
+  REQUIRE(plan.warnings.size() == 1);
+  CHECK_THAT(plan.warnings[0], Catch::EndsWith("alike.lua:8: caf\xEF\xBF\xBD"));  // the byte not UTF-8 as U+FFFD
 }
 
 TEST_CASE("traversal, context and builders reach the plan", "[lua]") {
