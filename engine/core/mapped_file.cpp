@@ -146,13 +146,20 @@ bool is_plain_file_name(const std::string& name) {
          name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
 }
 
-std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name) {
+std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name, Links links) {
   if (!is_plain_file_name(name)) {
     throw UserError("names a file '" + name + "' outside " + dir.string() + " (only plain file names are allowed)");
   }
   const std::filesystem::path path = dir / name;
-  const auto status = std::filesystem::symlink_status(path);
-  if (std::filesystem::is_symlink(status)) throw UserError("names " + name + ", which is a link (refused)");
+  auto status = std::filesystem::symlink_status(path);
+  if (std::filesystem::is_symlink(status)) {
+    if (links == Links::refused) throw UserError("names " + name + ", which is a link (refused)");
+    status = std::filesystem::status(path);
+    if (!std::filesystem::exists(status)) {
+      throw UserError("names " + name + ", a link to " + std::filesystem::read_symlink(path).string() +
+                      ", which does not exist");
+    }
+  }
   if (!std::filesystem::exists(status)) throw UserError("names " + name + ", which is missing from " + dir.string());
   if (!std::filesystem::is_regular_file(status)) throw UserError("names " + name + ", which is not a regular file");
   return path;

@@ -37,10 +37,16 @@ class MappedFile {
   size_t size_;
 };
 
+// Whether a manifest's files may be links: a checkpoint's are the files fsdpp wrote, never
+// links; an HF directory's may be, as the hub's download cache links each file to its blob.
+enum class Links { refused, followed };
+
 // The file a manifest (checkpoint metadata, an HF index) names in its directory: a plain
-// name, no path; a regular file, not a link. UserError, to be prefixed with the manifest's
-// name, for a name that would leave the directory, a link, a missing or a special file.
-std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name);
+// name, no path; a regular file, or with Links::followed a link to one. UserError, to be
+// prefixed with the manifest's name, for a name that would leave the directory, a refused or
+// dangling link, a missing or a special file.
+std::filesystem::path file_in_directory(const std::filesystem::path& dir, const std::string& name,
+                                        Links links = Links::refused);
 
 // Whether `name` can only name an entry of its directory: not empty, ".", "..", longer than
 // a file name may be, and without a '/' or a NUL (what file_in_directory checks before it

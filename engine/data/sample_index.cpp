@@ -2,6 +2,7 @@
 #include "data/sample_index.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 
 #include <nlohmann/json.hpp>
 
@@ -31,7 +32,7 @@ std::vector<int64_t> integer_list(const json& list, const std::string& what) {
 SampleRecord read_sample(const std::string& line, const std::string& where) {
   SampleRecord sample;
   try {
-    const json j = json::parse(line);
+    const json j = parse_json(line, where);
     sample.input_ids = integer_list(j.at("input_ids"), where + ": input_ids");
     for (const char* kind : {"images", "videos"}) {
       for (const auto& v : j.value(kind, json::array())) {

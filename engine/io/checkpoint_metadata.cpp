@@ -4,6 +4,7 @@
 #include "core/config_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "io/safetensors_header.h"
 
@@ -93,7 +94,7 @@ int64_t row_count(const std::vector<int64_t>& shape) { return shape.empty() ? 1 
 
 CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
   try {
-    auto meta = std::make_shared<json>(json::parse(text));
+    auto meta = std::make_shared<json>(parse_json(text, "malformed checkpoint metadata"));
     if (!meta->is_object() || meta->value("format", "") != kCheckpointFormat) {
       throw UserError("not a " + std::string(kCheckpointFormat));
     }

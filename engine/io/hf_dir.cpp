@@ -25,19 +25,43 @@ namespace fsdpp {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+// Whether `path` is there, as a file or a link; a link to nothing is an error, not an absence.
+bool present(const fs::path& path) {
+  if (!fs::exists(fs::symlink_status(path))) return false;
+  if (!fs::exists(path)) {
+    throw UserError(path.string() + ": a link to " + fs::read_symlink(path).string() + ", which does not exist");
+  }
+  return true;
+}
+
+// Without model.safetensors or its index: UserError if weight files are there all the same.
+void require_no_weight_files(const fs::path& dir) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".safetensors") {
+      throw UserError(dir.string() + ": holds " + entry.path().filename().string() +
+                      " but neither model.safetensors nor model.safetensors.index.json, which name the "
+                      "model's weights (a directory of config.json alone starts from random weights)");
+    }
+  }
+}
+
+}  // namespace
+
 HfWeights HfWeights::open(const fs::path& dir) {
   HfWeights weights;
   const fs::path index = dir / "model.safetensors.index.json";
   const fs::path single = dir / "model.safetensors";
   weights.dir_ = dir;
-  if (fs::exists(index)) {
+  if (present(index)) {
     std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
     for (const auto& [name, file] : parse_weight_map(read_text_file(index), index.string())) {
       auto& shard = shards[file];
       if (!shard) {
         fs::path shard_path;
         try {
-          shard_path = file_in_directory(dir, file);
+          shard_path = file_in_directory(dir, file, Links::followed);
         } catch (const UserError& e) {
           throw UserError(index.string() + ": weight_map['" + name + "'] " + e.what());
         }
@@ -48,9 +72,13 @@ HfWeights HfWeights::open(const fs::path& dir) {
       }
       weights.where_[name] = shard;
     }
-  } else if (fs::exists(single)) {
+    if (weights.where_.empty()) throw UserError(index.string() + ": its weight_map names no tensors");
+  } else if (present(single)) {
     auto file = SafetensorsFile::open(single);
     for (const auto& [name, entry] : file->entries()) weights.where_[name] = file;
+    if (weights.where_.empty()) throw UserError(single.string() + ": holds no tensors");
+  } else {
+    require_no_weight_files(dir);
   }
   return weights;
 }

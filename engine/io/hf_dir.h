@@ -16,8 +16,10 @@ namespace fsdpp {
 // The weights of an HF directory, by tensor name, each in the file that holds it.
 class HfWeights {
  public:
-  // Opens the single file or every shard the index names; a directory without weights
-  // yields an empty set.
+  // Opens the single file or every shard the index names; a directory with no weight files
+  // at all yields an empty set (a model to initialise). UserError for weights that are there
+  // but unusable: a link to nothing, a file or index of no tensors, or shards without their
+  // index, any of which would otherwise start the run from random weights.
   static HfWeights open(const std::filesystem::path& dir);
 
   bool empty() const { return where_.empty(); }

@@ -2,6 +2,7 @@
 #include "io/peft_adapter.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "core/module_tree.h"
 #include "models/lora.h"
@@ -19,12 +20,7 @@ constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
 
 nlohmann::json read_adapter_config(const std::filesystem::path& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(path.string() + ": not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = parse_json(read_text_file(path), path.string());
   if (!j.is_object()) throw UserError(path.string() + ": an adapter config must be a JSON object");
   if (j.value("peft_type", std::string("LORA")) != "LORA") {
     throw UserError(path.string() + ": peft_type '" + j.value("peft_type", std::string()) + "' is not LORA");

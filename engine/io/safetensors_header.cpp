@@ -2,6 +2,7 @@
 #include "io/safetensors_header.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 
 #include <nlohmann/json.hpp>
 
@@ -87,13 +88,7 @@ SafetensorsHeader SafetensorsHeader::parse(const std::byte* data, size_t size, c
     throw UserError(where + ": corrupt safetensors header (length " + std::to_string(header_len) +
                     " exceeds the file's " + std::to_string(size) + " bytes)");
   }
-  json header;
-  try {
-    const char* text = reinterpret_cast<const char*>(data) + 8;
-    header = json::parse(text, text + header_len);
-  } catch (const json::exception& e) {  // a syntax error, or a number past double (406)
-    throw UserError(where + ": corrupt safetensors header (not valid JSON: " + e.what() + ")");
-  }
+  const json header = parse_json({reinterpret_cast<const char*>(data) + 8, header_len}, where + ": corrupt safetensors header");
   if (!header.is_object()) throw UserError(where + ": corrupt safetensors header (not a JSON object)");
   SafetensorsHeader result;
   result.data_offset = 8 + header_len;

@@ -2,6 +2,7 @@
 #include "io/weight_index.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/mapped_file.h"
 
 #include <nlohmann/json.hpp>
@@ -10,12 +11,7 @@ namespace fsdpp {
 
 std::map<std::string, std::string> parse_weight_map(const std::string& text, const std::string& where) {
   using nlohmann::json;
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // a syntax error, or a number past double (406)
-    throw UserError(where + ": not valid JSON (" + e.what() + ")");
-  }
+  const json j = parse_json(text, where);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     throw UserError(where + ": has no weight_map object");
   }

@@ -2,6 +2,7 @@
 #include "models/model_config.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "models/config_fields.h"
 #include "models/config_sections.h"
@@ -26,13 +27,7 @@ ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
 }
 
 ModelConfig ModelConfig::from_text(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // a syntax error, or a number past double (406)
-    throw UserError(origin + ": not valid JSON (" + e.what() + ")");
-  }
-  return from_json(j, origin);
+  return from_json(parse_json(text, origin), origin);
 }
 
 namespace {

@@ -2,6 +2,7 @@
 #include "run/out_dir.h"
 
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "io/hf_dir.h"
 #include "io/sharded_checkpoint.h"
@@ -9,7 +10,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <vector>
 
 namespace fsdpp {
@@ -25,11 +25,10 @@ std::optional<RunIdentity> recorded_identity(const fs::path& out_dir) {
   const fs::path file = out_dir / kIdentityFile;
   if (!fs::is_regular_file(file)) return std::nullopt;
   try {
-    std::ifstream in(file);
-    const json j = json::parse(in);
+    const json j = parse_json(read_text_file(file), file.string());
     return RunIdentity{j.at("model").get<std::string>(), j.at("data").get<std::string>(),
                        j.at("config_hash").get<std::string>()};
-  } catch (const json::exception&) {
+  } catch (const std::exception&) {  // not JSON, or not a run's fields
     throw UserError(file.string() + ": not the record of a run (delete it, or choose another [train] out_dir)");
   }
 }
@@ -45,9 +44,8 @@ void record_identity(const fs::path& out_dir, const RunIdentity& run) {
 
 std::string settings_of(const fs::path& checkpoint) {
   try {
-    std::ifstream in(checkpoint / "metadata.json");
-    return json::parse(in).value("config_hash", "");
-  } catch (const json::exception&) {
+    return parse_json(read_text_file(checkpoint / "metadata.json"), "").value("config_hash", "");
+  } catch (const std::exception&) {
     return "";
   }
 }

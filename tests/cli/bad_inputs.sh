@@ -199,6 +199,29 @@ json.dump(c, open(sys.argv[2] + "/config.json", "w"))' "$FIXTURES/llama_untied" 
     -- train "$work/ok.toml" --set "model.path=\"$work/too_large\"" && [ "$failures" -eq "$before" ]) ||
   failures=$((failures + 1))
 
+# JSON nested deeper than any file needs, which would overflow the stack of whatever copies,
+# prints or frees it: an unused config.json key, a safetensors tensor's shape.
+mkdir -p "$work/deep_config" "$work/deep_shape"
+python3 - "$FIXTURES/llama_untied" "$work" <<'PY' || exit 1
+import json, struct, sys
+source, work = sys.argv[1:3]
+deep = "[" * 100000 + "]" * 100000
+config = open(source + "/config.json").read()
+open(work + "/deep_config/config.json", "w").write(config.rstrip().rstrip("}") + ', "unused": ' + deep + "}")
+open(work + "/deep_shape/config.json", "w").write(config)
+data = open(source + "/model.safetensors", "rb").read()
+size = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + size])
+header["model.norm.weight"]["shape"] = "DEEP"
+text = json.dumps(header).replace('"DEEP"', deep).encode()
+text += b" " * (-len(text) % 8)
+open(work + "/deep_shape/model.safetensors", "wb").write(struct.pack("<Q", len(text)) + text + data[8 + size:])
+PY
+expect "config.json nested 100,000 deep" "deep_config/config.json: nested deeper than 64 levels" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/deep_config\""
+expect "a safetensors shape nested 100,000 deep" "deep_shape/model.safetensors: corrupt safetensors header: nested deeper than 64" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/deep_shape\""
+
 # Mesh sizes whose product wraps in 32 bits; a policy that plans otherwise on each rank.
 expect "mesh sizes whose product wraps" "policies/llama.lua:4: mesh replicate 2147483647 × shard 2147483647 ≠ world 1" \
   -- plan "$work/ok.toml" --set policy.options.shard_size=2147483647 --set policy.options.replicate=2147483647

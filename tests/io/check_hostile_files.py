@@ -149,12 +149,73 @@ def hf_cases(ckpt):
     expect("index naming /etc/passwd", ["weight_map", "outside"],
            *train(hf_copy("index-abs", lambda d: edit_index(d, "/etc/passwd"))))
 
+    # The hub's download cache links every file of a snapshot to its blob: such a model trains,
+    # and a link to what is not a weight file is read as the corrupt file it is.
+    def hub_cache_layout(d):
+        blobs = os.path.join(d, "blobs")
+        os.mkdir(blobs)
+        for i, f in enumerate(sorted(os.listdir(d))):
+            if f != "blobs":
+                os.rename(os.path.join(d, f), os.path.join(blobs, f"blob{i}"))
+                os.symlink(os.path.join("blobs", f"blob{i}"), os.path.join(d, f))
+
+    global failures
+    linked = fsdpp("train", CONFIG, "--set", f'model.path="{hf_copy("hub-cache", hub_cache_layout)}"', "--set",
+                   f'train.out_dir="{WORK}/hub-run"', "--set", "train.steps=1")
+    ok = linked is not None and linked.returncode == 0
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} a model whose files all link to blobs trains" +
+          ("" if ok else f": {linked.stderr.strip()[-600:] if linked else 'no end'}"))
+
     def link_shard(d):
         shard = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
         os.remove(os.path.join(d, shard))
         os.symlink("/etc/passwd", os.path.join(d, shard))
 
-    expect("index shard a link", ["which is a link"], *train(hf_copy("index-link", link_shard)))
+    expect("index shard a link to a text file", ["model-00001-of-", "corrupt safetensors header"],
+           *train(hf_copy("index-link", link_shard)))
+
+    def dangling_shard(d):
+        shard = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
+        os.remove(os.path.join(d, shard))
+        os.symlink("gone.blob", os.path.join(d, shard))
+
+    expect("index shard a dangling link", ["a link to gone.blob, which does not exist"],
+           *train(hf_copy("dangling-shard", dangling_shard)))
+
+    # Weights that are there but unusable never leave the model to random initialisation.
+    def only(*keep):
+        def change(d):
+            for f in os.listdir(d):
+                if f not in keep:
+                    os.remove(os.path.join(d, f))
+        return change
+
+    def empty_single(d):
+        only("config.json")(d)
+        header = json.dumps({"__metadata__": {"format": "pt"}}).encode()
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+
+    def empty_map(d):
+        path = os.path.join(d, "model.safetensors.index.json")
+        json.dump({"metadata": {}, "weight_map": {}}, open(path, "w"))
+
+    def shards_without_index(d):
+        os.remove(os.path.join(d, "model.safetensors.index.json"))
+
+    def dangling_single(d):
+        only("config.json")(d)
+        os.symlink("gone.blob", os.path.join(d, "model.safetensors"))
+
+    expect("model.safetensors of no tensors", ["model.safetensors: holds no tensors"],
+           *train(hf_copy("empty-single", empty_single)))
+    expect("an index of no tensors", ["model.safetensors.index.json: its weight_map names no tensors"],
+           *train(hf_copy("empty-map", empty_map)))
+    expect("shards without their index", ["holds model-0000", "but neither model.safetensors nor"],
+           *train(hf_copy("no-index", shards_without_index)))
+    expect("model.safetensors a dangling link", ["model.safetensors: a link to gone.blob, which does not exist"],
+           *train(hf_copy("dangling-single", dangling_single)))
 
     def fifo_weights(d):
         for f in os.listdir(d):

@@ -1,0 +1,27 @@
+// Parsing with the nesting bound: values past it are dropped as the parser meets them (so
+// none is ever built), then the whole text is refused.
+#include "core/json_text.h"
+
+#include "core/error.h"
+
+namespace fsdpp {
+
+nlohmann::json parse_json(std::string_view text, const std::string& where) {
+  using nlohmann::json;
+  bool too_deep = false;
+  const json::parser_callback_t bound = [&too_deep](int depth, json::parse_event_t event, json&) {
+    const bool opens = event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    if (opens && depth > kMaxJsonDepth) too_deep = true;
+    return !too_deep;
+  };
+  json value;
+  try {
+    value = json::parse(text.begin(), text.end(), bound);
+  } catch (const json::exception& e) {  // a syntax error, or a number past double (406)
+    throw UserError(where + ": not valid JSON (" + e.what() + ")");
+  }
+  if (too_deep) throw UserError(where + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  return value;
+}
+
+}  // namespace fsdpp

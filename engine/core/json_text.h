@@ -1,0 +1,22 @@
+// JSON read from files a user hands over (config.json, safetensors headers, weight indexes,
+// adapter configs, checkpoint metadata, sample lines). nlohmann's values copy, compare, print
+// and free themselves recursively, so a file nested a hundred thousand deep would overflow the
+// stack wherever one of them is used: nesting is bounded while the text is parsed, where the
+// parser keeps its own stack.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+
+namespace fsdpp {
+
+// Deeper than any file fsdpp reads needs (config.json's deepest, rope_scaling, is 3 down).
+inline constexpr int kMaxJsonDepth = 64;
+
+// `text` parsed. UserError "`where`: not valid JSON (...)" for a syntax error or a number
+// past double's range, and "`where`: nested deeper than 64 levels" for a value too deep.
+nlohmann::json parse_json(std::string_view text, const std::string& where);
+
+}  // namespace fsdpp
