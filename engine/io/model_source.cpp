@@ -86,11 +86,15 @@ ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, S
   // Only an adapter-only checkpoint (one recording its base) may leave tensors out.
   if (!checkpoint->metadata().value("model", nlohmann::json::object()).contains("base")) base = {};
   return [checkpoint, base](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
-    if (base && !checkpoint->contains("model/" + name)) {
-      base(name, param, rows, first_row);
-    } else {
-      checkpoint->read_rows("model/" + name, rows, first_row);
+    const std::string key = "model/" + name;
+    if (base && !checkpoint->contains(key)) return base(name, param, rows, first_row);
+    // Rows of a tensor of another shape could read in range and fill a run of another
+    // architecture without a word.
+    if (const auto& saved = checkpoint->record(key).shape; saved != param.sizes()) {
+      throw UserError(checkpoint->dir().string() + ": tensor '" + name + "' is " + c10::str(c10::IntArrayRef(saved)) +
+                      " there but " + c10::str(param.sizes()) + " in this run (another architecture)");
     }
+    checkpoint->read_rows(key, rows, first_row);
   };
 }
 

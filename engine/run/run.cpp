@@ -193,6 +193,9 @@ void Run::shard(const Plan& plan) {
     log_info("weights: rank ", rank, " read ", touched, " of ", total, " bytes of the HF files (",
              100.0 * static_cast<double>(touched) / static_cast<double>(std::max<size_t>(total, 1)), "%)");
   }
+  // The fill refused tensors of other shapes; a checkpoint of more tensors (more layers,
+  // other adapters) is refused here, before the run uses any row.
+  if (checkpoint_) check_fits(*checkpoint_);
   loaded_.fill = {};
   loaded_.weights.reset();  // unmaps the files
   log_shards(*fsdp_);

@@ -171,8 +171,8 @@ class Run {
   void restore_optimizer(const ShardedCheckpoint& checkpoint);
   void restore_loss_scale(const ShardedCheckpoint& checkpoint);
   void restore_rng(const ShardedCheckpoint& checkpoint) const;
-  // UserError unless the checkpoint holds every tensor this run trains, at its full shape, and
-  // the same adapters on the same base.
+  // UserError unless the checkpoint holds every tensor this run trains, at its full shape, no
+  // tensor this run's model has not, and the same adapters (their base is load()'s to check).
   void check_fits(const ShardedCheckpoint& checkpoint) const;
   // Runs `work` on every rank (a collective): where it fails on any, every rank raises one
   // UserError, "`what`: " and the failing rank's own message, or "`what`: `subject`: another

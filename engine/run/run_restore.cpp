@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <set>
 #include <unordered_set>
 
 namespace fsdpp {
@@ -37,7 +38,16 @@ void check_data_position(const json& saved, const json& data, const std::string&
     throw UserError(where + ": cannot resume this run's data: the checkpoint was saved by a run fed by its caller, "
                             "with no data position");
   }
-  for (const char* key : {"train", "tokens", "begin", "end", "seq_len", "seed", "shuffle"}) {
+  if (!saved.is_object()) throw UserError(where + "/metadata.json: data must be an object, got " + saved.dump());
+  // Every field of the stream's identity but the batch size, which slices the same stream: a
+  // packed stream's documents, rows and packing too (a changed split or packing lays its rows
+  // out anew). The position itself is the saved one's alone.
+  std::set<std::string> keys;
+  for (const json* identity : {&saved, &data}) {
+    for (const auto& [key, value] : identity->items()) keys.insert(key);
+  }
+  for (const char* key : {"batch_size", "epoch", "window"}) keys.erase(key);
+  for (const std::string& key : keys) {
     if (saved.value(key, json()) != data.value(key, json())) {
       throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
                       saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
@@ -45,7 +55,6 @@ void check_data_position(const json& saved, const json& data, const std::string&
     }
   }
 }
-
 
 }  // namespace
 
@@ -93,6 +102,13 @@ ResumePoint Run::load(const fs::path& dir) {
   on_every_rank("load", dir.string(), "", [&] {
     checkpoint.emplace(ShardedCheckpoint::open(dir));
     check_fits(*checkpoint);
+    // An adapter-only checkpoint's base must be this run's: rank 0 reads the base's files, and
+    // on_every_rank makes its answer every rank's.
+    const json saved = checkpoint->metadata().value("model", json::object());
+    if (saved.contains("base") && comm_->rank() == 0) {
+      saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed),
+                                                   checkpoint->dir().string());
+    }
   });
   optimizer_->settle();   // the last step's host updates would write over the loaded rows
   fsdp_->reshard_all();  // the kept cast shards hold the old values; copies may still read them
@@ -135,9 +151,6 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
       throw UserError(where + ": tensor '" + s.name + "' is " + c10::str(c10::IntArrayRef(checkpoint.record(key).shape)) +
                       " there but " + c10::str(c10::IntArrayRef(s.full_shape)) + " in this run (another architecture)");
     }
-  }
-  if (saved.contains("base") && comm_->rank() == 0) {  // rank 0 reads the base's files; load makes its answer all ranks'
-    saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed), where);
   }
 }
 

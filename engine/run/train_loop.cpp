@@ -153,6 +153,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const ResumePoint resumed = run.resume();
   summary.steps = resumed.step;
   summary.skipped_steps = resumed.state.skipped_steps;
+  summary.final_loss = resumed.state.loss;  // a resume at the last step trains none
   const int64_t first_step = resumed.step + 1;
   const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
   std::unique_ptr<MetricsSink> metrics;

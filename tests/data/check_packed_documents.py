@@ -156,6 +156,13 @@ def shuffled_and_held_out():
     in_order = train("in-order", "data.batch_size=2")
     assert gap(mixed, in_order) > 1e-3, (mixed, in_order)  # the order did change
     saved = os.path.join(WORK, "shuffled", "checkpoints", "step-00000002")
+    # Another split or choice of targets lays the rows out anew: the saved position would name
+    # other rows.
+    for name, change, field in [("on all tokens", 'data.train_on="all"', ""),
+                                ("split anew", "data.eval_fraction=0.3", "documents = ")]:
+        _, refused = run(f"resumed {name}", *shuffled, change, f'checkpoint.resume="{saved}"', expect_rc=2)
+        assert f"cannot resume: its data position counts windows of a stream with {field}" in refused.stderr, \
+            refused.stderr[-2000:]
     held_out = ("data.eval_fraction=0.3", "train.eval_every=2")
     evaluated = train("held-out", *held_out, key="eval_loss")
     assert sorted(evaluated) == [2, 4], evaluated
