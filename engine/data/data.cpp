@@ -2,6 +2,7 @@
 #include "data/data.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "loss/next_token_loss.h"
 
 #include <ATen/ATen.h>
@@ -100,6 +101,13 @@ TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> tokens, const DataCo
   if (config.train_on == TrainOn::completion && !tokens_->has_mask()) {
     throw UserError(tokens_->path().string() + ": [data] train_on = \"completion\" needs a token file with a loss "
                     "mask (version 2, written by scripts/prepare_data.py)");
+  }
+  // Found now rather than at the first evaluation, hours into the run.
+  if (const TokenRange held_out = eval_range(config, *tokens_);
+      config.eval_fraction > 0 && held_out.end - held_out.begin < config.seq_len) {
+    throw UserError(concat(tokens_->path().string(), ": [data] eval_fraction ", config.eval_fraction, " holds out ",
+                           held_out.end - held_out.begin, " of ", tokens_->size(),
+                           " tokens, fewer than one evaluation window of seq_len ", config.seq_len));
   }
 }
 

@@ -94,6 +94,13 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   // Qwen3's config class fixes 128; the others derive it.
   const int64_t head_dim = c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads;
   c.head_dim = read_nullable<int64_t>(j, "head_dim", origin, head_dim, c.hidden_size / c.num_attention_heads);
+  // A head width derived from the others must split the residual stream evenly, as
+  // transformers requires; a file that gives head_dim may choose any.
+  const bool derived = j.value("head_dim", json()).is_null() && (j.contains("head_dim") || c.model_type != "qwen3");
+  if (derived && c.model_type != "deepseek_v3" && c.hidden_size % c.num_attention_heads != 0) {
+    throw UserError(origin + ": hidden_size " + std::to_string(c.hidden_size) + " is not a multiple of " +
+                    "num_attention_heads " + std::to_string(c.num_attention_heads) + ", and no head_dim says how wide a head is");
+  }
   c.max_position_embeddings = read<int64_t>(j, "max_position_embeddings", origin, defaults.max_position_embeddings);
   c.rms_norm_eps = read<double>(j, "rms_norm_eps", origin, defaults.rms_norm_eps);
   read_rope(j, origin, c, defaults.rope_theta);
@@ -166,6 +173,12 @@ void read_vision_language(const json& file, const std::string& origin, ModelConf
   if (!file.contains("vision_config")) return;
   if (!file["vision_config"].is_object()) throw UserError(origin + ": vision_config is not an object");
   c.vision = read_vision(file["vision_config"], c.model_type, origin);
+  // The merger's output takes the place of image tokens' embeddings.
+  if (c.vision->out_hidden_size != c.hidden_size) {
+    throw UserError(origin + ": vision_config's output width " + std::to_string(c.vision->out_hidden_size) +
+                    " (" + (c.model_type == "qwen2_vl" ? "hidden_size" : "out_hidden_size") +
+                    ") differs from the language model's hidden_size " + std::to_string(c.hidden_size));
+  }
   c.image_token_id = read<int64_t>(file, "image_token_id", origin, -1, true);
   c.video_token_id = read<int64_t>(file, "video_token_id", origin, -1, true);
   c.vision_start_token_id = read<int64_t>(file, "vision_start_token_id", origin, -1, true);

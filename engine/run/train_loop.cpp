@@ -91,6 +91,11 @@ void log_run(Run& run, int64_t step_tokens) {
            " x ", config.data.seq_len, "), ", run.comm().size(), " rank(s), ", run.units(), " FSDP units, ",
            at::get_num_threads(), " threads per rank, ", run.batches().order().size(), " ", run.batches().item_name(),
            " per epoch");
+  const auto per_epoch = static_cast<int64_t>(run.batches().order().size());
+  if (per_epoch < config.data.batch_size) {
+    log_warn("data: ", per_epoch, " ", run.batches().item_name(), " per epoch cannot fill a batch of ",
+             config.data.batch_size, " rows without repeats: each batch holds some of them twice or more");
+  }
 }
 
 // Writes the traced step's profile once the device has finished its work.

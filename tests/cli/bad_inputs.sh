@@ -188,6 +188,27 @@ sed 's/"num_experts_per_tok": 2/"num_experts_per_tok": 97/' tests/assets/models/
 expect "more experts per token than experts" "bad_top_k/config.json" "num_experts_per_tok must be in [1, 96], got 97" \
   -- train "$work/ok.toml" --set "model.path=\"$work/bad_top_k\""
 
+expect "a held-out part smaller than one window" "ok.tok: [data] eval_fraction 0.005 holds out 10 of 2000 tokens" \
+  -- train "$work/ok.toml" --set data.eval_fraction=0.005
+
+# Widths that do not fit together: a derived head width, a vision tower's output.
+mkdir -p "$work/uneven_heads" "$work/vision_width"
+python3 - "$FIXTURES/llama_untied" "$work" <<'PY' || exit 1
+import json, sys
+source, work = sys.argv[1:3]
+c = json.load(open(source + "/config.json"))
+c.pop("head_dim", None)
+c.update(num_attention_heads=7, num_key_value_heads=7)
+json.dump(c, open(work + "/uneven_heads/config.json", "w"))
+vl = json.load(open("tests/assets/models/tiny-qwen2-vl/config.json"))
+vl["vision_config"]["hidden_size"] += 16
+json.dump(vl, open(work + "/vision_width/config.json", "w"))
+PY
+expect "hidden_size not a multiple of the heads" "uneven_heads/config.json: hidden_size 48 is not a multiple of num_attention_heads 7" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/uneven_heads\""
+expect "a vision tower wider than the text model" "vision_width/config.json: vision_config's output width" \
+  "differs from the language model's hidden_size" -- plan "$work/ok.toml" --set "model.path=\"$work/vision_width\""
+
 # A model past the host's memory, under a limit on the address space so that the allocator
 # refuses it on any machine (overcommit could otherwise grant it and the kernel kill the run).
 mkdir -p "$work/too_large"
