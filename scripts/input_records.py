@@ -62,6 +62,16 @@ def open_input(path):
     return rows, "row", parquet_records(path, f, table)
 
 
+def unicode_text(record):
+    """Whether every string of a JSON record is text UTF-8 can hold: JSON's escapes can spell
+    half a surrogate pair, which Python keeps and no tokenizer can encode."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def text_records(path, f, ext):
     with f:
         try:
@@ -84,6 +94,8 @@ def text_records(path, f, ext):
                     record = json.loads(text)
                 except json.JSONDecodeError as e:
                     record = BadRecord(f"not JSON ({e.msg} at column {e.colno})")
+                if "\\u" in text and not isinstance(record, BadRecord) and not unicode_text(record):
+                    record = BadRecord("holds an escape of half a surrogate pair (such as \\ud800), which is no character")
                 yield number, record, read
         except OSError as e:
             fail(f"cannot read {path}: {e.strerror}")

@@ -38,6 +38,7 @@ from input_records import KINDS, BadRecord, PlainText, Refused, fail, first_line
 MAGIC = b"FSDPTOK\x00"
 HEADER = struct.Struct("<8sIIQQQII")
 FLAG_MASK = 1
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 BYTE_EOS = 256
 
 
@@ -54,9 +55,12 @@ class ByteTokenizer:
 
 class HfTokenizer:
     def __init__(self, path):
+        # A directory on this machine: a name it lacks would otherwise be tried on the hub.
+        if not os.path.isdir(path):
+            fail(f"--tokenizer {path}: no such directory (a Hugging Face model directory holding its tokenizer)")
         try:
             from transformers import AutoTokenizer
-            self.tok = AutoTokenizer.from_pretrained(path)
+            self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:  # any failure to load is the user's directory
             fail(f"cannot load the tokenizer of {path}: {first_line(e)}")
         if self.tok.eos_token_id is None:
@@ -154,6 +158,10 @@ def documents(tokenizer, record, text_field):
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             raise BadRecord("messages must be a non-empty list of {role, content} strings")
+        # A template renders a role it does not know as it renders any: a typo would train as context.
+        for i, m in enumerate(messages):
+            if m["role"] not in CHAT_ROLES:
+                raise BadRecord(f"messages[{i}]: role '{m['role']}' is not one of {', '.join(CHAT_ROLES)}")
         if not any(m["role"] == "assistant" for m in messages):
             raise BadRecord("a chat without an assistant turn has nothing to learn")
         return tokenizer.chat(messages)

@@ -166,6 +166,11 @@ def check_refusals():
     invalid = write_bytes("invalid.jsonl", padding * 2000 + b'{"text": "\xff"}\n')
     byte = 2000 * len(padding) + len(b'{"text": "')
     refused(prepare(invalid, "--out", out), f"{invalid} is not valid UTF-8 (invalid start byte at byte {byte})")
+    # JSON's escapes can spell half a surrogate pair, which no UTF-8 text holds.
+    half = write_bytes("half-pair.jsonl", b'{"text": "fine \\u00e9"}\n{"text": "bad \\ud800 x"}\n')
+    refused(prepare(half, "--out", out), f"{half}:2: holds an escape of half a surrogate pair")
+    refused(prepare(good, "--tokenizer", path("no-such-dir"), "--out", out),
+            f"--tokenizer {path('no-such-dir')}: no such directory")
     bad = write_bytes("all-bad.jsonl", b'{not json\n[1, 2]\n{"text": ""}\n{"messages": []}\n')
     refused(prepare(bad, "--out", out), f"{bad}:1: not JSON")
     refused(prepare(bad, "--out", out, "--skip-bad"), "no documents in the inputs")
@@ -253,6 +258,10 @@ def check_chats():
     out = path("chats.tok")
     refused(prepare(jsonl, parquet, "--tokenizer", path("bpe"), "--out", out),
             f"{parquet}:2: a chat without an assistant turn")
+    # A role the template renders like any other would train a typo as context.
+    robot = write_jsonl("robot.jsonl", [{"messages": [{"role": "robot", "content": "hi"}, *CHATS[0][1:]]}])
+    refused(prepare(robot, "--tokenizer", path("bpe"), "--out", out),
+            f"{robot}:1: messages[0]: role 'robot' is not one of system, developer, user, assistant, tool")
     result = prepare(jsonl, parquet, "--tokenizer", path("bpe"), "--out", out, "--skip-bad")
     assert done(result).rstrip().endswith("skipped 1 bad records"), f"a good chat was refused: {result.stdout}"
     tokens, ends, mask, vocab, width = read(out)
