@@ -99,10 +99,22 @@ std::string chunk_name(const std::filesystem::path& script) {
   return "@" + script.string();
 }
 
+bool starts_with_location(const std::string& message) {
+  const size_t end = message.find(": ");
+  if (end == std::string::npos || end == 0) return false;
+  const size_t colon = message.rfind(':', end - 1);
+  if (colon == std::string::npos || colon == 0 || colon + 1 == end) return false;
+  return std::all_of(message.begin() + static_cast<std::ptrdiff_t>(colon) + 1,
+                     message.begin() + static_cast<std::ptrdiff_t>(end), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 int message_handler(lua_State* L) {
   std::string message;
   if (lua_type(L, 1) == LUA_TSTRING || lua_type(L, 1) == LUA_TNUMBER) {
     message = lua_tostring(L, 1);
+    // error(x, 0), a number, or a level past the script carry no position: the innermost
+    // line that has one is where the policy failed.
+    if (!starts_with_location(message)) message = error_location(L) + message;
   } else {
     message = error_location(L) + "error raised with a " + luaL_typename(L, 1) + " value (error messages are strings)";
   }

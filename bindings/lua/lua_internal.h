@@ -38,6 +38,9 @@ lua_State* open_sandbox(PolicyRun& run);
 // Makes the globals and library tables read-only for every chunk loaded from here on.
 void lock_globals(lua_State* L);
 
+// Whether `message` opens with a script's "file:line: ", as Lua's own errors do.
+bool starts_with_location(const std::string& message);
+
 // Errors a binding raises; message only, the guard adds the script's file:line.
 struct ScriptError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -51,9 +54,14 @@ int guarded(lua_State* L) {
   } catch (const std::exception& e) {
     std::snprintf(message, sizeof message, "%s", e.what());
   }
-  luaL_where(L, 1);
-  lua_pushstring(L, message);
-  lua_concat(L, 2);
+  // A Lua error come back through a callback the binding ran names its own line already.
+  if (starts_with_location(message)) {
+    lua_pushstring(L, message);
+  } else {
+    luaL_where(L, 1);
+    lua_pushstring(L, message);
+    lua_concat(L, 2);
+  }
   return lua_error(L);
 }
 

@@ -60,8 +60,11 @@ std::string lua_text(const PolicyValue& value) {
   }, value);
 }
 
+// An integer option's bound as an integer where it is one within int64 (the cast of any
+// other would be undefined).
 std::string bound_text(double bound, bool integer) {
-  return integer ? std::to_string(static_cast<int64_t>(bound)) : shortest(bound);
+  const bool whole = bound == std::floor(bound) && std::fabs(bound) < 9.2e18;
+  return integer && whole ? std::to_string(static_cast<int64_t>(bound)) : shortest(bound);
 }
 
 // "an integer in [1, 65536]", "a number >= 0", ...
