@@ -253,18 +253,30 @@ int api_lora(lua_State* L) {
   return 0;
 }
 
-// The arguments as Lua's tostring gives them, space-separated (a __tostring that fails is
-// a ScriptError, not a jump over this function's strings).
+// What log and warn keep of a policy's text, which lives in the engine's memory, outside the
+// Lua heap's cap: a line of at most this many bytes, and at most this many warnings.
+constexpr size_t kMaxLineBytes = 4096;
+constexpr size_t kMaxWarnings = 1000;
+
+// The arguments as Lua's tostring gives them, space-separated, cut at kMaxLineBytes (a
+// __tostring that fails is a ScriptError, not a jump over this function's strings).
 std::string joined_args(lua_State* L) {
   std::string text;
+  size_t total = 0;
   const int n = lua_gettop(L);
   for (int i = 1; i <= n; ++i) {
     lua_getfield(L, LUA_REGISTRYINDEX, "fsdpp.tostring");
     lua_pushvalue(L, i);
     protected_call(L, 1, 1);
-    text += (i > 1 ? " " : "") + std::string(lua_tostring(L, -1) ? lua_tostring(L, -1) : "?");
+    size_t length = 0;
+    const char* part = lua_tolstring(L, -1, &length);
+    total += length + (i > 1 ? 1 : 0);
+    if (text.size() < kMaxLineBytes) {
+      text += (i > 1 ? " " : "") + std::string(part ? part : "?", std::min(length, kMaxLineBytes));
+    }
     lua_pop(L, 1);
   }
+  if (total > kMaxLineBytes) text = text.substr(0, kMaxLineBytes) + concat("... (", total, " bytes in all)");
   return text;
 }
 
@@ -274,8 +286,11 @@ int api_log(lua_State* L) {
 }
 
 int api_warn(lua_State* L) {
-  const std::string line = caller_location(L) + ": " + joined_args(L);
-  run_of(L).plan.warnings.push_back(line);  // logged once the policy has run
+  auto& warnings = run_of(L).plan.warnings;  // logged once the policy has run
+  if (warnings.size() >= kMaxWarnings) {
+    throw ScriptError(concat("warn: more than ", kMaxWarnings, " warnings (a warn inside a loop?)"));
+  }
+  warnings.push_back(caller_location(L) + ": " + joined_args(L));
   return 0;
 }
 

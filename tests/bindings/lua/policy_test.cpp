@@ -159,7 +159,14 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
              Catch::Contains("escape.lua:1: ") && Catch::Contains("no text"));
   CHECK_THAT(policy_error("precision{param = 'int8'}\n"), Catch::Contains("escape.lua:1: precision: ") && Catch::Contains("int8"));
 
+  // Warnings live outside the Lua heap's cap: each is cut short, and there are few.
+  CHECK_THAT(policy_error("for i = 1, 1001 do warn(i) end\n"),
+             Catch::Contains("escape.lua:1: warn: more than 1000 warnings (a warn inside a loop?)"));
   auto model = meta_model();
+  const Plan long_line = run_policy(write_policy("long.lua", "warn(string.rep('x', 10000))\nwrap(ctx.model)\n"), *model, {});
+  REQUIRE(long_line.warnings.size() == 1);
+  CHECK(long_line.warnings[0].size() < 4200);
+  CHECK_THAT(long_line.warnings[0], Catch::EndsWith("xxx... (10000 bytes in all)"));
   auto plan = run_policy(write_policy("warn.lua", "for _, m in ipairs(ctx.model:find{class = 'Qwen2DecoderLayer'}) do wrap(m) end\n"),
                          *model, {});
   REQUIRE(plan.warnings.size() == 1);
