@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+
 namespace fsdpp {
 
 using nlohmann::json;
@@ -155,6 +157,20 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
     check_range(where, key, value, 1, kMaxWidth);
   }
   check_range(where, "width", v.embed_dim, 1, kMaxWidth);
+  // The widths the tower's products take in, products of the sizes above: in double, so that
+  // no product of them overflows before it is checked.
+  const double patch = static_cast<double>(v.patch_size), merge = static_cast<double>(v.spatial_merge_size);
+  for (auto [what, width] : {std::pair{"in_channels x temporal_patch_size x patch_size^2 (a patch's values)",
+                                       static_cast<double>(v.in_channels) * static_cast<double>(v.temporal_patch_size) *
+                                           patch * patch},
+                             {"width x spatial_merge_size^2 (the merger's input)",
+                              static_cast<double>(v.embed_dim) * merge * merge}}) {
+    if (width > static_cast<double>(kMaxWidth)) {
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%.0f", width);
+      throw UserError(where + ": " + what + " = " + shown + " exceeds " + std::to_string(kMaxWidth));
+    }
+  }
   check_positive(where, "rope_theta", v.rope_theta);
   if (v.windowed) {
     check_range(where, "window_size", v.window_size, 1, kMaxPositions);
