@@ -1,4 +1,5 @@
-// Comparing the ranks' resolved plans by a checksum of the text `fsdpp plan` prints.
+// Comparing the ranks' resolved plans by a checksum of the plan's JSON, less where the policy
+// declared each part: ranks whose machines keep the policy file at other paths plan alike.
 #include "fsdp/plan_agreement.h"
 
 #include "core/checksum.h"
@@ -6,14 +7,27 @@
 #include "fsdp/plan_text.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 
 namespace fsdpp {
 
+namespace {
+
+void erase_origins(nlohmann::json& j) {
+  if (j.is_object()) j.erase("origin");
+  if (!j.is_structured()) return;
+  for (auto& child : j) erase_origins(child);
+}
+
+}  // namespace
+
 void require_same_plan(const ResolvedPlan& plan, Comm& world) {
   if (world.size() == 1) return;
-  const std::string text = format_plan(plan, world.size());
+  nlohmann::json json = nlohmann::json::parse(plan_json(plan, world.size()));
+  erase_origins(json);
+  const std::string text = json.dump();
   const at::Tensor mine = at::tensor({static_cast<int64_t>(crc32c(text.data(), text.size()))}, at::kLong);
   at::Tensor all = at::empty({world.size()}, at::kLong);  // [world]
   world.all_gather(all, mine);

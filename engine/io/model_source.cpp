@@ -150,12 +150,8 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
       loaded.fill = fresh_init_fill(*loaded.model, config.init_seed, model_config.initializer_range);
       source = "fresh (seed " + std::to_string(config.init_seed) + ", ";
     } else {
-      if (unallocated) {
-        weights->advise_random();
-        loaded.weights = weights;
-      } else {
-        warn_unused_hf_tensors(*loaded.model, *weights);
-      }
+      if (unallocated) weights->advise_random();
+      loaded.weights = weights;
       loaded.fill = hf_fill(weights, *loaded.model);
       source = std::string("from ") + config.path + (unallocated ? " (each rank reading its rows, " : " (");
     }
@@ -164,6 +160,9 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
   if (!unallocated) {
     fill_whole(*loaded.model, loaded.fill);
     loaded.fill = {};
+    // Once every tensor the model needs was found: files of other names fail on one line first.
+    if (loaded.weights) warn_unused_hf_tensors(*loaded.model, *loaded.weights);
+    loaded.weights.reset();
   }
   log_info("model: ", loaded.model->class_name(), " ", source, loaded.model->recursive_param_count(), " parameters",
            loaded.lora ? ", LoRA rank " + std::to_string(loaded.lora->rank) + " on " +

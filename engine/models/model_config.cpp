@@ -122,14 +122,27 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
 }
 
 // Refuses a model past kMaxParameters before anything is built, counting each layer's
-// projections and MLP (every expert's) and the embeddings.
+// attention (latent attention's low-rank projections) and MLP (every routed and shared
+// expert's), the embeddings, and a vision tower's blocks, merger and patch embedding.
 void check_parameter_count(const ModelConfig& c, const std::string& origin) {
-  const double h = static_cast<double>(c.hidden_size), q = static_cast<double>(c.num_attention_heads * c.head_dim),
-               kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double mlp = c.moe ? static_cast<double>(c.moe->num_experts * c.moe->moe_intermediate_size)
-                           : static_cast<double>(c.intermediate_size);
-  const double parameters = static_cast<double>(c.num_hidden_layers) * (h * (2 * q + 2 * kv) + 3 * h * mlp) +
-                            2 * h * static_cast<double>(c.vocab_size);
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  const double h = d(c.hidden_size), heads = d(c.num_attention_heads);
+  double attention = h * (2 * heads * d(c.head_dim) + 2 * d(c.num_key_value_heads) * d(c.head_dim));
+  if (const auto& a = c.latent_attention) {
+    const double q_head = d(a->qk_nope_head_dim + a->qk_rope_head_dim);
+    attention = (a->q_lora_rank > 0 ? h * d(a->q_lora_rank) + d(a->q_lora_rank) * heads * q_head : h * heads * q_head) +
+                h * d(a->kv_lora_rank + a->qk_rope_head_dim) +
+                d(a->kv_lora_rank) * heads * d(a->qk_nope_head_dim + a->v_head_dim) + heads * d(a->v_head_dim) * h;
+  }
+  const double mlp = c.moe ? d(c.moe->num_experts + c.moe->n_shared_experts) * d(c.moe->moe_intermediate_size)
+                           : d(c.intermediate_size);
+  double parameters = d(c.num_hidden_layers) * (attention + 3 * h * mlp) + 2 * h * d(c.vocab_size);
+  if (const auto& v = c.vision) {
+    const double width = d(v->embed_dim), merged = width * d(v->spatial_merge_size) * d(v->spatial_merge_size);
+    parameters += d(v->depth) * (4 * width * width + 3 * width * d(v->intermediate_size)) + merged * merged +
+                  merged * d(v->out_hidden_size) +
+                  width * d(v->in_channels) * d(v->temporal_patch_size) * d(v->patch_size) * d(v->patch_size);
+  }
   if (parameters > kMaxParameters) {
     throw UserError(origin + ": describes a model of about " + std::to_string(static_cast<int64_t>(parameters / 1e9)) +
                     "B parameters, more than the " + std::to_string(static_cast<int64_t>(kMaxParameters / 1e9)) +
@@ -153,7 +166,6 @@ void check_decoder(const ModelConfig& c, const std::string& origin) {
   check_positive(origin, "rms_norm_eps", c.rms_norm_eps);
   check_positive(origin, "rope_theta", c.rope_theta);
   if (c.initializer_range < 0) throw UserError(origin + ": initializer_range must not be negative");
-  check_parameter_count(c, origin);
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     throw UserError(origin + ": num_attention_heads " + std::to_string(c.num_attention_heads) +
                     " is not a multiple of num_key_value_heads " +
@@ -214,6 +226,7 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   read_decoder(j, origin, c);
   check_decoder(c, origin);
   read_vision_language(file, origin, c);
+  check_parameter_count(c, origin);
   c.raw = std::make_shared<const json>(file);
   return c;
 }

@@ -91,6 +91,10 @@ void log_run(Run& run, int64_t step_tokens) {
            " x ", config.data.seq_len, "), ", run.comm().size(), " rank(s), ", run.units(), " FSDP units, ",
            at::get_num_threads(), " threads per rank, ", run.batches().order().size(), " ", run.batches().item_name(),
            " per epoch");
+  if (const int64_t positions = run.model().config().max_position_embeddings; config.data.seq_len > positions) {
+    log_warn("data: seq_len ", config.data.seq_len, " is longer than the model's max_position_embeddings ", positions,
+             ": positions past it are ones the model was not made for");
+  }
   const auto per_epoch = static_cast<int64_t>(run.batches().order().size());
   if (per_epoch < config.data.batch_size) {
     log_warn("data: ", per_epoch, " ", run.batches().item_name(), " per epoch cannot fill a batch of ",

@@ -192,7 +192,7 @@ expect "a held-out part smaller than one window" "ok.tok: [data] eval_fraction 0
   -- train "$work/ok.toml" --set data.eval_fraction=0.005
 
 # Widths that do not fit together: a derived head width, a vision tower's output.
-mkdir -p "$work/uneven_heads" "$work/vision_width" "$work/merge_width"
+mkdir -p "$work/uneven_heads" "$work/vision_width" "$work/merge_width" "$work/wide_latent"
 python3 - "$FIXTURES/llama_untied" "$work" <<'PY' || exit 1
 import json, sys
 source, work = sys.argv[1:3]
@@ -206,11 +206,16 @@ vl["vision_config"]["hidden_size"] = width + 16
 json.dump(vl, open(work + "/vision_width/config.json", "w"))
 vl["vision_config"].update(hidden_size=width, spatial_merge_size=2**20)
 json.dump(vl, open(work + "/merge_width/config.json", "w"))
+ds = json.load(open("tests/assets/models/fsdp-deepseek-v3/config.json"))
+ds.update(q_lora_rank=2**20, kv_lora_rank=2**20, qk_nope_head_dim=2**20, v_head_dim=2**20)
+json.dump(ds, open(work + "/wide_latent/config.json", "w"))
 PY
 expect "hidden_size not a multiple of the heads" "uneven_heads/config.json: hidden_size 48 is not a multiple of num_attention_heads 7" \
   -- train "$work/ok.toml" --set "model.path=\"$work/uneven_heads\""
 expect "a vision tower wider than the text model" "vision_width/config.json: vision_config's output width" \
   "differs from the language model's hidden_size" -- plan "$work/ok.toml" --set "model.path=\"$work/vision_width\""
+expect "latent attention past the parameter bound" "wide_latent/config.json: describes a model of about 29687B parameters" \
+  -- plan "$work/ok.toml" --set "model.path=\"$work/wide_latent\""
 expect "a merger wider than any product" "merge_width/config.json: vision_config: width x spatial_merge_size^2" \
   -- plan "$work/ok.toml" --set "model.path=\"$work/merge_width\""
 

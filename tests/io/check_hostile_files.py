@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from crc32c import crc32c
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 import torch
 
 FSDPP = os.environ["FSDPP"]
@@ -222,6 +222,23 @@ def hf_cases(ckpt):
         only("config.json")(d)
         os.symlink("gone.blob", os.path.join(d, "model.safetensors"))
 
+    # Files whose tensors all have other names: the one missing tensor is the error, with no
+    # line of warnings about the unused ones before it.
+    def renamed(d):
+        tensors = {}
+        for f in os.listdir(d):
+            if f.endswith(".safetensors"):
+                tensors.update({"base." + k: v for k, v in load_file(os.path.join(d, f)).items()})
+        only("config.json")(d)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+
+    renamed_dir = hf_copy("renamed", renamed)
+    expect("every tensor named otherwise, in eval", ["model.safetensors", "model.embed_tokens.weight"],
+           "eval", CONFIG, "--set", f'model.path="{renamed_dir}"')
+    warned = fsdpp("eval", CONFIG, "--set", f'model.path="{renamed_dir}"')
+    ok = warned is not None and " warning " not in warned.stderr
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} no warnings before that error" + ("" if ok else f": {warned.stderr[-600:]}"))
     expect("model.safetensors of no tensors", ["model.safetensors: holds no tensors"],
            *train(hf_copy("empty-single", empty_single)))
     expect("an index of no tensors", ["model.safetensors.index.json: its weight_map names no tensors"],
