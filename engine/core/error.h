@@ -8,13 +8,51 @@
 
 namespace fsdpp {
 
-// `text` with control characters written as \n, \t or \xNN: a key or line quoted from a
-// bad file can never break the one line an error is printed on.
+// The length of the well-formed UTF-8 sequence that starts at text[at] (no overlong form,
+// surrogate or code point past U+10FFFF), or 0 where none does.
+inline size_t utf8_sequence(const std::string& text, size_t at) {
+  const auto byte = [&](size_t i) { return i < text.size() ? static_cast<unsigned char>(text[i]) : 0; };
+  const unsigned char lead = byte(at);
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (byte(at + 1) < low || byte(at + 1) > high) return 0;
+  for (size_t i = 2; i < length; ++i) {
+    if (byte(at + i) < 0x80 || byte(at + i) > 0xBF) return 0;
+  }
+  return length;
+}
+
+// `text` with control characters written as \n, \t or \xNN, and so each byte that is not
+// part of well-formed UTF-8 (the rest of UTF-8 kept as it is): a key or line quoted from a bad file can never break the one
+// line an error is printed on, nor the terminal that shows it.
 inline std::string one_line(const std::string& text) {
   std::string out;
   out.reserve(text.size());
-  for (const unsigned char c : text) {
-    if (c >= 0x20 && c != 0x7f) {
+  for (size_t at = 0; at < text.size(); ++at) {
+    const auto c = static_cast<unsigned char>(text[at]);
+    if (c >= 0x80) {
+      // U+0080..U+009F are control characters too (U+009B opens a terminal's commands).
+      const bool control = c == 0xC2 && at + 1 < text.size() && static_cast<unsigned char>(text[at + 1]) < 0xA0;
+      if (const size_t length = utf8_sequence(text, at); length > 0 && !control) {
+        out.append(text, at, length);
+        at += length - 1;
+        continue;
+      }
+    }
+    if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
     } else if (c == '\n') {
       out += "\\n";

@@ -12,3 +12,11 @@ TEST_CASE("a UserError quoting control characters stays one printable line", "[e
   const UserError wrapped(std::string("run.toml: ") + error.what());
   CHECK(std::string(wrapped.what()) == std::string("run.toml: ") + error.what());
 }
+
+TEST_CASE("a UserError keeps well-formed UTF-8 and escapes every other byte", "[error]") {
+  // é, …, a lone 0xff, an overlong '/', a surrogate half, and the C1 control U+009B.
+  const UserError error("h\xc3\xa9llo \xe2\x80\xa6 \xff \xc0\xaf \xed\xa0\x80 \xc2\x9b[2J");
+  CHECK(std::string(error.what()) ==
+        "h\xc3\xa9llo \xe2\x80\xa6 \\xff \\xc0\\xaf \\xed\\xa0\\x80 \\xc2\\x9b[2J");
+  CHECK(std::string(UserError(error.what()).what()) == error.what());
+}
