@@ -134,6 +134,8 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
     if (!run.option_error.empty()) throw UserError(run.option_error);
     throw UserError("policy error: " + message);
   }
+  // A refused [policy.options] value is the run's error even where a pcall let the policy go on.
+  if (!run.option_error.empty()) throw UserError(run.option_error);
   check_given_options(run, chunk_name(script).substr(1));
   return std::move(run.plan);
 }
