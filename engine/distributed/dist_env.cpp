@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 
 #include <csignal>
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 
 namespace fsdpp {
 
@@ -20,12 +22,17 @@ const char* env(const char* name) {
   return v != nullptr && *v != '\0' ? v : nullptr;
 }
 
-int env_int(const char* name, int fallback) {
+// The variable `name` as a whole number in [low, high], or `fallback` where it is unset.
+int env_int(const char* name, int fallback, long low = 0, long high = std::numeric_limits<int>::max()) {
   const char* v = env(name);
   if (v == nullptr) return fallback;
   char* end = nullptr;
+  errno = 0;
   const long value = std::strtol(v, &end, 10);
-  if (*end != '\0' || value < 0) throw UserError(std::string("environment: ") + name + "='" + v + "' is not a number");
+  if (*end != '\0' || errno == ERANGE || value < low || value > high) {
+    throw UserError(std::string("environment: ") + name + "='" + v + "' is not a whole number in [" +
+                    std::to_string(low) + ", " + std::to_string(high) + "]");
+  }
   return static_cast<int>(value);
 }
 
@@ -55,7 +62,7 @@ DistEnv DistEnv::from_environment() {
     if (!env("MASTER_ADDR") && env("SLURM_JOB_NODELIST")) e.master_addr = first_host(env("SLURM_JOB_NODELIST"));
   }
   if (const char* addr = env("MASTER_ADDR")) e.master_addr = addr;
-  e.master_port = env_int("MASTER_PORT", e.master_port);
+  e.master_port = env_int("MASTER_PORT", e.master_port, 1, 65535);
   if (e.world_size < 1) throw UserError("environment: WORLD_SIZE must be at least 1");
   if (e.rank >= e.world_size) {
     throw UserError("environment: RANK " + std::to_string(e.rank) + " is not below WORLD_SIZE " +

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,9 +41,15 @@ void RankProcess::spawn(const std::vector<std::string>& argv,
     ::close(out[1]);
     throw UserError("launch: cannot create a pipe");
   }
+  const pid_t launcher = ::getpid();
   pid_ = ::fork();
   if (pid_ == 0) {
     ::setpgid(0, 0);
+    // A rank outlives no launcher: when it dies (even by SIGKILL) the rank is told to stop
+    // as by a user's SIGTERM, saving where [checkpoint] save_on_signal asks. A launcher gone
+    // before the request took hold has left the rank nothing to do.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(128 + SIGTERM);
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);

@@ -253,6 +253,12 @@ expect "config.json nested 100,000 deep" "deep_config/config.json: nested deeper
 expect "a safetensors shape nested 100,000 deep" "deep_shape/model.safetensors: corrupt safetensors header: nested deeper than 64" \
   -- train "$work/ok.toml" --set "model.path=\"$work/deep_shape\""
 
+# A torchrun-style environment: each variable range-checked where it enters.
+MASTER_PORT=65536 RANK=0 WORLD_SIZE=2 expect "MASTER_PORT past 16 bits" \
+  "environment: MASTER_PORT='65536' is not a whole number in [1, 65535]" -- train "$work/ok.toml"
+RANK=0 WORLD_SIZE=4294967297 expect "WORLD_SIZE past int" "environment: WORLD_SIZE='4294967297' is not a whole number" \
+  -- train "$work/ok.toml"
+
 # Mesh sizes whose product wraps in 32 bits; a policy that plans otherwise on each rank.
 expect "mesh sizes whose product wraps" "policies/llama.lua:4: mesh replicate 2147483647 × shard 2147483647 ≠ world 1" \
   -- plan "$work/ok.toml" --set policy.options.shard_size=2147483647 --set policy.options.replicate=2147483647

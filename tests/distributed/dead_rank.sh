@@ -2,7 +2,9 @@
 # A rank killed mid-run (SIGKILL) must not hang the job: `fsdpp launch` stops the other
 # ranks and exits with status 2 and one line naming the rank and how it ended (the other
 # ranks' lost connections are its consequences, not printed), within the configured
-# timeout. Also checks that every line a rank prints carries its rank prefix.
+# timeout. Also checks that every line a rank prints carries its rank prefix. And a launcher
+# killed mid-run (SIGKILL) leaves no rank behind: each is told to stop as by SIGTERM, saves
+# its checkpoint and exits.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -49,4 +51,32 @@ for pid in "${ranks[@]}"; do  # a zombie left for init to reap is not running
   state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) && [ "$state" != Z ] && left+=("$pid")
 done
 if ((${#left[@]})); then echo "FAIL: ranks left running: ${left[*]}"; kill -9 "${left[@]}"; status=1; fi
+
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=100000 \
+  --set train.log_every=1 --set "train.out_dir=\"$out/orphans\"" >/dev/null 2>"$out/orphans.stderr" &
+launcher=$!
+ranks=()
+for _ in $(seq 1 300); do
+  if grep -q '"step":3' "$out/orphans/metrics.jsonl" 2>/dev/null; then ranks=($(pgrep -P $launcher)); break; fi
+  sleep 0.1
+done
+kill -9 $launcher
+wait $launcher 2>/dev/null
+for _ in $(seq 1 300); do  # up to 30 s for the ranks to save and exit
+  left=()
+  for pid in "${ranks[@]}"; do
+    state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) && [ "$state" != Z ] && left+=("$pid")
+  done
+  ((${#left[@]})) || break
+  sleep 0.1
+done
+if ((${#ranks[@]} != 2)); then
+  echo "FAIL: the second job's ranks never started training"; status=1
+elif ((${#left[@]})); then
+  echo "FAIL: ranks outlived their killed launcher: ${left[*]}"; kill -9 "${left[@]}"; status=1
+elif ! ls "$out/orphans/checkpoints" 2>/dev/null | grep -q '^step-'; then
+  echo "FAIL: the ranks of a killed launcher saved no checkpoint"; status=1
+else
+  echo "a killed launcher's ranks saved $(ls "$out/orphans/checkpoints") and exited"
+fi
 exit $status
