@@ -129,6 +129,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
   const RankProcess* failed = nullptr;
   std::vector<const RankProcess*> failed_unstopped;  // failures before the launcher stopped any rank
   int forwarded = 0;
+  int stopped = 0;  // the signal ranks stopped for without the launcher passing it on
   auto stop_time = Clock::time_point::max(), kill_time = Clock::time_point::max();
   auto signal_all = [&](int sig) {
     for (auto& r : ranks) r->signal(sig);
@@ -146,7 +147,10 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       if (!r->running() || !r->reap()) continue;
       --running;
       r->pump(true);  // what it printed before it ended
-      if (r->succeeded(forwarded)) continue;
+      if (r->succeeded(forwarded)) {
+        if (forwarded == 0 && r->stop_signal() != 0) stopped = r->stop_signal();  // sent to the ranks, not here
+        continue;
+      }
       if (kill_time == Clock::time_point::max()) failed_unstopped.push_back(r.get());
       if (failed != nullptr) continue;
       failed = r.get();
@@ -163,9 +167,9 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     if (Clock::now() > kill_time) signal_all(SIGKILL);
   }
   if (failed != nullptr) return report_failure(ranks, failed_unstopped, *failed);
-  if (forwarded != 0) {
-    std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(forwarded));
-    return 128 + forwarded;
+  if (const int stop = forwarded != 0 ? forwarded : stopped; stop != 0) {
+    std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(stop));
+    return 128 + stop;
   }
   return 0;
 }

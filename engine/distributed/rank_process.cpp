@@ -135,8 +135,14 @@ void RankProcess::signal(int sig) const {
 }
 
 bool RankProcess::succeeded(int forwarded) const {
-  return WIFEXITED(status_) &&
-         (WEXITSTATUS(status_) == 0 || (forwarded != 0 && WEXITSTATUS(status_) == 128 + forwarded));
+  if (WIFEXITED(status_)) return WEXITSTATUS(status_) == 0 || stop_signal() != 0;
+  return forwarded != 0 && WIFSIGNALED(status_) && WTERMSIG(status_) == forwarded;
+}
+
+int RankProcess::stop_signal() const {
+  if (!WIFEXITED(status_)) return 0;
+  const int code = WEXITSTATUS(status_);
+  return code == 128 + SIGTERM || code == 128 + SIGINT ? code - 128 : 0;
 }
 
 bool RankProcess::stopped_on_user_error() const {

@@ -37,8 +37,12 @@ class RankProcess {
   int rank() const { return rank_; }
   pid_t pid() const { return pid_; }
   bool running() const { return running_; }
-  // Ended cleanly: exit status 0, or 128 + `forwarded` after that signal was passed on.
+  // Ended cleanly: exit status 0; or stopped as a signal asks, whoever sent it: exit status
+  // 128 + SIGTERM or SIGINT once it saved, or ended by `forwarded`, the signal the launcher
+  // passed on (a second one, or one that came before the rank's handler was in place).
   bool succeeded(int forwarded) const;
+  // The signal a clean stop answered (its exit status less 128), or 0.
+  int stop_signal() const;
   // Ended on a user error (exit status 2) whose message it printed.
   bool stopped_on_user_error() const;
   // Ended by a signal: killed, or crashed.

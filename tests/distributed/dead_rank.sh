@@ -4,7 +4,7 @@
 # ranks' lost connections are its consequences, not printed), within the configured
 # timeout. Also checks that every line a rank prints carries its rank prefix. And a launcher
 # killed mid-run (SIGKILL) leaves no rank behind: each is told to stop as by SIGTERM, saves
-# its checkpoint and exits.
+# its checkpoint and exits; a SIGTERM sent to one rank alone is a stop, not a failure.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -78,5 +78,25 @@ elif ! ls "$out/orphans/checkpoints" 2>/dev/null | grep -q '^step-'; then
   echo "FAIL: the ranks of a killed launcher saved no checkpoint"; status=1
 else
   echo "a killed launcher's ranks saved $(ls "$out/orphans/checkpoints") and exited"
+fi
+
+# SIGTERM sent to one rank, not the launcher: every rank stops at the same step and saves, and
+# the launcher reports the stop (128 + SIGTERM), not a failure.
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=100000 \
+  --set train.log_every=1 --set "train.out_dir=\"$out/one-signalled\"" >/dev/null 2>"$out/one-signalled.stderr" &
+launcher=$!
+for _ in $(seq 1 300); do
+  grep -q '"step":3' "$out/one-signalled/metrics.jsonl" 2>/dev/null && break
+  sleep 0.1
+done
+kill -TERM "$(pgrep -P $launcher | head -1)"
+wait $launcher
+rc=$?
+if [ "$rc" -ne 143 ] || grep -q 'fsdpp: error' "$out/one-signalled.stderr"; then
+  echo "FAIL: one rank's SIGTERM ended the launcher with $rc:"; grep -v ' info ' "$out/one-signalled.stderr"; status=1
+elif ! ls "$out/one-signalled/checkpoints" 2>/dev/null | grep -q '^step-'; then
+  echo "FAIL: one rank's SIGTERM saved no checkpoint"; status=1
+else
+  echo "one rank's SIGTERM: every rank saved $(ls "$out/one-signalled/checkpoints"), launcher exit 143"
 fi
 exit $status

@@ -45,16 +45,26 @@ TEST_CASE("a rank's output is prefixed and its own error line kept for the launc
   std::fclose(err);
 }
 
-TEST_CASE("a rank's end is told apart: success, a forwarded signal, a crash", "[launch]") {
+TEST_CASE("a rank's end is told apart: success, a stop on a signal, a crash", "[launch]") {
   std::FILE* sink = std::tmpfile();
-  RankProcess ok(0, sink, sink), stopped(1, sink, sink), killed(2, sink, sink), failed(3, sink, sink);
+  RankProcess ok(0, sink, sink), stopped(1, sink, sink), killed(2, sink, sink), failed(3, sink, sink),
+      ended(4, sink, sink);
   run(ok, "exit 0");
   CHECK(ok.succeeded(0));
-  run(stopped, "exit 143");  // 128 + SIGTERM: it saved and stopped on the signal passed on
+  CHECK(ok.stop_signal() == 0);
+  // 128 + SIGTERM: it saved and stopped, on a signal passed on or sent to it alone.
+  run(stopped, "exit 143");
   CHECK(stopped.succeeded(SIGTERM));
-  CHECK_FALSE(stopped.succeeded(0));
+  CHECK(stopped.succeeded(0));
+  CHECK(stopped.stop_signal() == SIGTERM);
+  // Ended by the signal passed on (a second one): a stop; by another, or unasked, a failure.
+  run(ended, "kill -TERM $$");
+  CHECK(ended.succeeded(SIGTERM));
+  CHECK_FALSE(ended.succeeded(0));
+  CHECK_FALSE(ended.succeeded(SIGINT));
   run(killed, "kill -9 $$");
   CHECK_FALSE(killed.succeeded(0));
+  CHECK_FALSE(killed.succeeded(SIGTERM));
   CHECK(killed.ended_by_signal());
   CHECK(killed.describe() == "signal Killed");
   run(failed, "exit 1");
