@@ -58,7 +58,8 @@ def tokenizer_tokens(paths, tokenizer_path):
             fail(f"{p} is not valid UTF-8 ({e.reason} at byte {e.start})")
     # Special tokens such as BOS are left out so the stream is exactly the text.
     ids = tok.encode(SEPARATOR.join(texts), add_special_tokens=False).ids
-    return ids, tok.get_vocab_size()
+    # A vocabulary whose ids skip values holds ids at or past its size.
+    return ids, max([tok.get_vocab_size(), *(i + 1 for i in ids)])
 
 
 def pack(tokens, width):

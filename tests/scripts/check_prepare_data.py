@@ -296,6 +296,25 @@ def check_wide_vocab():
     assert ends == [7] and mask == [1] * 7 and tok.decode(tokens[:-1]) == text
 
 
+def check_gapped_ids():
+    """make_tokens.py with a vocabulary whose ids skip values: the file's vocabulary holds its
+    largest id, as the engine requires."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    core = Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1, "b": 5}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.save(path("gapped.json"))
+    out = path("gapped.tok")
+    made = subprocess.run([sys.executable, "scripts/make_tokens.py", "--tokenizer", path("gapped.json"), "--out", out,
+                           write_bytes("gapped.txt", b"a b a b")], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    with open(out, "rb") as f:
+        data = f.read()
+    version, width, count, vocab_size = struct.unpack_from("<IIQQ", data, 8)  # a plain stream: version 1
+    tokens = list(struct.unpack_from(f"<{count}H", data, 32)) if width == 2 else None
+    assert (version, width, tokens, vocab_size) == (1, 2, [0, 5, 0, 5], 6), (version, width, tokens, vocab_size)
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
@@ -304,6 +323,7 @@ def main():
     check_progress()
     chat_tokens = check_chats()
     check_wide_vocab()
+    check_gapped_ids()
     print(f"ok: byte-level .txt and JSONL, {len(CHATS)} chats ({chat_tokens} tokens) match transformers' tokens and "
           "assistant mask, Parquet chats, 4-byte tokens, refusals and the progress bar")
 
