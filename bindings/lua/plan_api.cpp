@@ -272,7 +272,7 @@ std::string joined_args(lua_State* L) {
     const char* part = lua_tolstring(L, -1, &length);
     total += length + (i > 1 ? 1 : 0);
     if (text.size() < kMaxLineBytes) {
-      text += (i > 1 ? " " : "") + std::string(part ? part : "?", std::min(length, kMaxLineBytes));
+      text += (i > 1 ? " " : "") + (part ? std::string(part, std::min(length, kMaxLineBytes)) : std::string("?"));
     }
     lua_pop(L, 1);
   }

@@ -125,12 +125,11 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   if (status == LUA_OK) status = lua_pcall(L, 0, 0, handler);
   if (status != LUA_OK) {
     run.memory_cap = SIZE_MAX;  // room to report the failure
-    std::string message = lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
+    std::string message = status == LUA_ERRMEM
+        ? script.string() + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB"
+        : lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
     // A chunk refused before it ran (bytecode) names no line: the file it is, then.
-    if (!starts_with_location(message)) message = script.string() + ": " + message;
-    if (status == LUA_ERRMEM) {
-      message = script.string() + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB";
-    }
+    if (status != LUA_ERRMEM && !starts_with_location(message)) message = script.string() + ": " + message;
     if (!run.option_error.empty()) throw UserError(run.option_error);
     throw UserError("policy error: " + message);
   }

@@ -125,6 +125,11 @@ PackedDocuments::PackedDocuments(std::shared_ptr<const TokenFile> tokens, const 
       rows_(training_rows(*tokens_, train_documents_, config)),
       held_out_(pack_documents(*tokens_, train_documents_, tokens_->documents(), config)),
       order_(static_cast<int64_t>(rows_.size()), config.seed, config.shuffle) {
+  // Found now rather than at the first evaluation, hours into the run.
+  if (config.eval_fraction > 0 && held_out_.empty()) {
+    throw UserError(concat(tokens_->path().string(), ": [data] eval_fraction ", config.eval_fraction, " holds out ",
+                           tokens_->documents() - train_documents_, " document(s) with no target to evaluate"));
+  }
   log_info("data: ", train_documents_, " documents in ", rows_.size(), " rows of ", config.seq_len, " tokens (",
            config.packing ? "packed" : "one per row", "), ", 100.0 * padding_share(), "% padding");
 }
@@ -191,7 +196,6 @@ nlohmann::json PackedDocuments::identity() const {
 EvalResult PackedDocuments::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {
   // With nothing held out, every document is evaluated: the training rows.
   const auto& held_out = config_.eval_fraction > 0 ? held_out_ : rows_;
-  if (held_out.empty()) throw UserError(tokens_->path().string() + ": the held-out documents hold no target");
   const int64_t rows = max_rows > 0 ? std::min<int64_t>(max_rows, static_cast<int64_t>(held_out.size()))
                                     : static_cast<int64_t>(held_out.size());
   auto batch = [&](int64_t first_row, int64_t count) {
