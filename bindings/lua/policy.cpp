@@ -158,6 +158,10 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
   }
   Plan plan = deserialize_plan(result.output);
   for (const auto& w : plan.warnings) log_warn(w);
+  if (plan.units.empty()) {
+    throw UserError(script.string() + ": the policy wrapped nothing: no wrap{...} call declared a unit" +
+                    (plan.warnings.empty() ? "" : " (its warnings above may say why)"));
+  }
   return plan;
 }
 

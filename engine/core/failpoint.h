@@ -1,12 +1,14 @@
 // Named failure points for crash tests: when FSDPP_FAILPOINT names the point (and
-// FSDPP_FAILPOINT_RANK, if set, names this rank), the process kills itself with SIGKILL
-// right there, as a power cut or the OOM killer would, leaving whatever it had written.
+// FSDPP_FAILPOINT_RANK, if set, names this rank), the process raises `signal` right there:
+// SIGKILL by default, as a power cut or the OOM killer would, leaving whatever it had
+// written; SIGTERM where a test needs a stop request to arrive at a known place.
 #pragma once
 
+#include <csignal>
 #include <string_view>
 
 namespace fsdpp {
 
-void failpoint(std::string_view name);
+void failpoint(std::string_view name, int signal = SIGKILL);
 
 }  // namespace fsdpp

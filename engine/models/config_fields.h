@@ -110,7 +110,15 @@ inline void check_range(const std::string& origin, const std::string& key, int64
 }
 
 inline void check_positive(const std::string& origin, const std::string& key, double value) {
-  if (!(value > 0)) throw UserError(origin + ": " + key + " must be positive, got " + std::to_string(value));
+  if (!(value > 0)) throw UserError(origin + ": " + key + " must be positive, got " + nlohmann::json(value).dump());
+}
+
+// RoPE's frequencies are theta^(-2i/d): a theta at or below 1 makes them rise, or divide by
+// zero where YaRN takes its logarithm; past 1e300 they are zero.
+inline void check_rope_theta(const std::string& origin, double value) {
+  if (!(value > 1 && value <= 1e300)) {
+    throw UserError(origin + ": rope_theta must be above 1 and at most 1e300, got " + nlohmann::json(value).dump());
+  }
 }
 
 }  // namespace fsdpp::config_fields

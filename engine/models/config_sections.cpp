@@ -171,7 +171,7 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
       throw UserError(where + ": " + what + " = " + shown + " exceeds " + std::to_string(kMaxWidth));
     }
   }
-  check_positive(where, "rope_theta", v.rope_theta);
+  check_rope_theta(where, v.rope_theta);
   if (v.windowed) {
     check_range(where, "window_size", v.window_size, 1, kMaxPositions);
     check_positive(where, "tokens_per_second", v.tokens_per_second);

@@ -164,7 +164,7 @@ void check_decoder(const ModelConfig& c, const std::string& origin) {
   check_range(origin, "num_key_value_heads", c.num_key_value_heads, 1, c.num_attention_heads);
   check_range(origin, "max_position_embeddings", c.max_position_embeddings, 1, kMaxPositions);
   check_positive(origin, "rms_norm_eps", c.rms_norm_eps);
-  check_positive(origin, "rope_theta", c.rope_theta);
+  check_rope_theta(origin, c.rope_theta);
   if (c.initializer_range < 0) throw UserError(origin + ": initializer_range must not be negative");
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     throw UserError(origin + ": num_attention_heads " + std::to_string(c.num_attention_heads) +
@@ -213,7 +213,7 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   ModelConfig c;
   c.model_type = read<std::string>(file, "model_type", origin, "", true);
   // The weights' dtype is [model] dtype's to choose; the file's two names for it must agree.
-  spelled_key(file, {"dtype", "torch_dtype"}, origin);
+  read<std::string>(file, spelled_key(file, {"dtype", "torch_dtype"}, origin), origin, "");
   // Multimodal files keep the language model's keys in text_config (older ones at the top).
   json j = file;
   if (file.contains("text_config") && file["text_config"].is_object()) {

@@ -10,6 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 namespace fsdpp {
@@ -94,6 +100,40 @@ void check_export_dir(const RunConfig& config) {
     throw UserError(where + e.what());
   }
 }
+
+std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {
+  if (config.train.reuse_out_dir) return nullptr;
+  const fs::path dir = config.train.out_dir;
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) throw UserError(dir.string() + ": cannot create [train] out_dir: " + error.message());
+  const fs::path file = dir / ".lock";
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError(file.string() + ": cannot open: " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int why = errno;
+    if (why == ENOLCK || why == EOPNOTSUPP) {
+      ::close(fd);
+      return nullptr;
+    }
+    char holder[32] = {};
+    const ssize_t got = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    const std::string pid(holder, got > 0 ? static_cast<size_t>(got) : 0);
+    // Runs this process holds (the Python API's, a notebook's rebuilt one) share the directory.
+    if (pid == std::to_string(::getpid())) return nullptr;
+    throw UserError(dir.string() + ": another run is training in this [train] out_dir" +
+                    (pid.empty() ? "" : " (process " + pid + ")") + "; wait for it to end, or choose another out_dir");
+  }
+  // The holder's process id, for the refusal above (the lock holds without it). One left by
+  // a run that ended is overwritten here: its lock died with its process.
+  const std::string pid = std::to_string(::getpid());
+  [[maybe_unused]] const bool noted =
+      ::ftruncate(fd, 0) == 0 && ::pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size());
+  return std::unique_ptr<OutDirLock>(new OutDirLock(fd));
+}
+
+OutDirLock::~OutDirLock() { ::close(fd_); }
 
 void record_run(const RunConfig& config) { record_identity(config.train.out_dir, RunIdentity::of(config)); }
 

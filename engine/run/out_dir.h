@@ -7,6 +7,7 @@
 #include "run/run_config.h"
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -30,6 +31,25 @@ void check_out_dir(const RunConfig& config);
 // ([checkpoint] save_final) would replace one of its own directories or files that no export
 // wrote (io/hf_dir.h's check_export_target). Every rank checks alike, before any rendezvous.
 void check_export_dir(const RunConfig& config);
+// Rank 0's hold on <out_dir>/.lock for as long as its run lives, so that a second run into
+// the same directory (a job started twice) is refused instead of interleaving its
+// checkpoints and metrics with this one's. A run with [train] reuse_out_dir = true shares
+// the directory by choice and takes no lock.
+class OutDirLock {
+ public:
+  // The lock, or none for reuse_out_dir or where this process already holds it (the Python
+  // API's several Runs); UserError naming the directory and the holder's process when another
+  // process holds it. A file system without locks (some network mounts) goes unlocked.
+  static std::unique_ptr<OutDirLock> claim(const RunConfig& config);
+  ~OutDirLock();
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  explicit OutDirLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 // Records the run in <out_dir>/run.json (rank 0, once its set-up succeeded: a run that was
 // refused claims nothing).
 void record_run(const RunConfig& config);

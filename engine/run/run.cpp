@@ -4,6 +4,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/failpoint.h"
 #include "core/log.h"
 #include "distributed/dist_env.h"
 #include "fsdp/fsdp_state.h"
@@ -99,6 +100,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
   // leaving mid-rendezvous would make the others report a lost connection instead.
   if (!config.data.train.empty()) rows_ = rows_per_rank(config, env.world_size);
+  if (env.rank == 0) out_dir_lock_ = OutDirLock::claim(config);
   check_out_dir(config);
   comm_ = init_distributed(env, config.parallel);
   device_ = comm_->device();
@@ -201,7 +203,7 @@ void Run::shard(const Plan& plan) {
   log_shards(*fsdp_);
 }
 
-StepFigures Run::step(double lr, bool stop_requested) {
+StepFigures Run::step(double lr, const std::function<bool()>& stop_requested) {
   const TrainConfig& tc = config_.train;
   config_.require_data();
   optimizer_->zero_grad();
@@ -209,6 +211,7 @@ StepFigures Run::step(double lr, bool stop_requested) {
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
   const int64_t step_targets = batches_->draw_step(tc.grad_accum);
   for (int64_t micro = 0; micro < tc.grad_accum; ++micro) {
+    failpoint("signal-mid-step", SIGTERM);
     fsdp_->set_requires_gradient_sync(tc.sync_each_micro_batch || micro + 1 == tc.grad_accum);
     MicroBatch batch = batches_->rows(micro, comm_->rank() * rows_, rows_);
     batch.input = to_device(batch.input, device_);
@@ -225,7 +228,7 @@ StepFigures Run::step(double lr, bool stop_requested) {
     loss_sum += loss.detach().to(at::kDouble);
   }
   // The loss sum carries the stop request too, so every rank learns of the same one.
-  at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_requested ? 1.0 : 0.0, loss_sum.options())});
+  at::Tensor reduced = at::cat({loss_sum, at::full({1}, stop_requested() ? 1.0 : 0.0, loss_sum.options())});
   comm_->all_reduce_sum(reduced);
   const GradClip clip = clip_by_norm(fsdp_->grad_groups(), tc.clip_grad_norm, scale);
   update(lr, clip);

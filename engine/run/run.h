@@ -30,6 +30,7 @@
 namespace fsdpp {
 
 class FsdpState;
+class OutDirLock;
 class ShardedCheckpoint;
 
 // Builds the wrap plan for the model at (world, rank): the policy, in the binary.
@@ -79,9 +80,11 @@ class Run {
   // data position, the RNG state (the parameters came in with the shards). A data stream the
   // position cannot carry over to is refused with the reason.
   ResumePoint resume();
-  // One optimizer step at learning rate `lr` over this rank's rows of the step's micro-batches;
-  // `stop_requested`: this rank caught a stop signal, which every rank then learns of.
-  StepFigures step(double lr, bool stop_requested);
+  // One optimizer step at learning rate `lr` over this rank's rows of the step's micro-batches.
+  // `stop_requested` says whether this rank caught a stop signal; it is asked once the step's
+  // backward is done, so a signal during the step stops the run after this step, and every
+  // rank learns of it.
+  StepFigures step(double lr, const std::function<bool()>& stop_requested);
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
   // documents, chosen positions), with autograd through the units' hooks: a backward from them
@@ -181,6 +184,7 @@ class Run {
                      const std::function<void()>& work);
 
   const RunConfig& config_;
+  std::unique_ptr<OutDirLock> out_dir_lock_;  // rank 0's; declared first, so released last
   const std::chrono::steady_clock::time_point built_from_;  // when the build began, for the resume's log
   int64_t rows_ = 0;  // this rank's rows of every global micro-batch
   std::shared_ptr<Comm> comm_;

@@ -181,7 +181,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     if (step == config.metrics.count_step) counter.emplace();
     const auto step_start = Clock::now();
     const double lr = schedule.at(step);
-    const StepFigures f = run.step(lr, stop_signal != 0);
+    const StepFigures f = run.step(lr, [] { return stop_signal != 0; });
     StepMetrics m = step_metrics(step, lr, f, summary, rank);
     if (counter) save_op_counts(counter->stop(), run, step);
     if (profiler.active()) save_profile(profiler, run, step);

@@ -118,6 +118,9 @@ TEST_CASE("two names of one config.json field must agree", "[models]") {
     CHECK_NOTHROW(ModelConfig::from_json(config, "config.json"));
     config["torch_dtype"] = "float32";
     CHECK(refusal(config) == "config.json: dtype \"bfloat16\" and torch_dtype \"float32\" disagree (two names of one field)");
+    config.erase("dtype");
+    config["torch_dtype"] = 5;
+    CHECK(refusal(config) == "config.json: key 'torch_dtype' has the wrong type (number)");
   }
   SECTION("the vision tower's depth and heads") {
     auto config = json::parse(R"({"model_type": "qwen2_vl", "image_token_id": 30, "video_token_id": 31,
@@ -166,6 +169,13 @@ TEST_CASE("RoPE is read from rope_parameters, rope_scaling and the top level ali
     sliding["layer_types"] = {"full_attention", "sliding_attention"};
     CHECK(refusal(sliding) ==
           "config.json: layer_types[1] 'sliding_attention' is not supported (every layer 'full_attention' here)");
+  }
+  SECTION("a theta whose frequencies rise, vanish or divide by zero") {
+    for (double theta : {1.0, 1e-300}) {
+      auto low = config;
+      low["rope_parameters"]["rope_theta"] = theta;
+      CHECK(refusal(low).starts_with("config.json: rope_theta must be above 1 and at most 1e300, got "));
+    }
   }
 }
 

@@ -3,7 +3,9 @@
 #  - a save killed with SIGKILL mid-write (rank 1) or just before its commit (rank 0) leaves
 #    the previous checkpoint loadable, is never taken as the latest, and resuming works;
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
-#    status 143, and resuming continues after that step;
+#    status 143, and resuming continues after that step; one raised during a step stops the
+#    run after that step;
+#  - a second job into the out_dir of a run still training is refused;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
 #    error naming the file, by `fsdpp export` and by a resumed run.
 set -uo pipefail
@@ -47,6 +49,14 @@ for _ in $(seq 1 300); do
   grep -q '"step":4' "$run/metrics.jsonl" 2>/dev/null && break
   sleep 0.1
 done
+# A second job into the same out_dir while this one trains is refused, naming the holder.
+train "$run" --set train.steps=100000 >"$run.second.log" 2>&1
+second=$?
+holder=$(grep '^fsdpp: error:' "$run.second.log")
+[ "$second" -eq 2 ] && [ "$(grep -c '^fsdpp: error:' "$run.second.log")" -eq 1 ] &&
+  [[ "$holder" == *"$run: another run is training in this [train] out_dir (process "* ]] ||
+  fail "a second job into a training out_dir: exit $second: $(tail -2 "$run.second.log")"
+echo "ok   a second job into the same out_dir: $holder"
 kill -TERM $launcher
 wait $launcher
 rc=$?
@@ -58,6 +68,16 @@ train "$run" --set train.steps=$((last + 2)) --set checkpoint.save_every=0 >"$ru
   fail "SIGTERM: resuming failed"
 grep -q "continuing after step $last" "$run.resume.log" || fail "SIGTERM: resume did not continue after step $last"
 echo "ok   SIGTERM after step $last: exit $rc, $saved saved, resumed to step $((last + 2))"
+
+# A stop signal that arrives during a step (rank 1 raises SIGTERM in step 1's forward) stops
+# the run after that step, not after the next: a second SIGTERM there would kill rank 1.
+run="$out/signal-mid-step"
+FSDPP_FAILPOINT=signal-mid-step FSDPP_FAILPOINT_RANK=1 train "$run" --set train.steps=100 >"$run.log" 2>&1
+rc=$?
+saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
+[ "$rc" -eq 143 ] || fail "signal mid-step: launcher exited $rc, not 143: $(grep -v ' info ' "$run.log" | tail -2)"
+[ "$saved" = "step-00000001 " ] || fail "signal mid-step: saved '$saved', not step-00000001 alone"
+echo "ok   SIGTERM during step 1: exit $rc, ${saved% } saved"
 
 # Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
 good="$out/checkpoint-mid-write/checkpoints/step-00000005"

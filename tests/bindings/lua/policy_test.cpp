@@ -167,11 +167,17 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
   REQUIRE(long_line.warnings.size() == 1);
   CHECK(long_line.warnings[0].size() < 4200);
   CHECK_THAT(long_line.warnings[0], Catch::EndsWith("xxx... (10000 bytes in all)"));
-  auto plan = run_policy(write_policy("warn.lua", "for _, m in ipairs(ctx.model:find{class = 'Qwen2DecoderLayer'}) do wrap(m) end\n"),
+  auto plan = run_policy(write_policy("warn.lua", "for _, m in ipairs(ctx.model:find{class = 'Qwen2DecoderLayer'}) do wrap(m) end\n"
+                                                 "wrap(ctx.model)\n"),
                          *model, {});
   REQUIRE(plan.warnings.size() == 1);
   CHECK_THAT(plan.warnings[0], Catch::Contains("warn.lua:1: the model has no class 'Qwen2DecoderLayer'") &&
                                    Catch::Contains("LlamaDecoderLayer"));
+  // A policy that declares no unit is named, its warnings pointing at why.
+  CHECK_THAT(policy_error("for _, m in ipairs(ctx.model:find{class = 'Qwen2DecoderLayer'}) do wrap(m) end\n"),
+             Catch::EndsWith("escape.lua: the policy wrapped nothing: no wrap{...} call declared a unit (its warnings "
+                             "above may say why)"));
+  plan.units.clear();
   CHECK_THROWS_WITH(resolve_plan(plan, *model, 1, at::kFloat), Catch::Contains("policy wrapped nothing"));
 }
 
