@@ -6,6 +6,7 @@
 #include "core/cpu_kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "distributed/comm.h"
 #include "io/sharded_checkpoint.h"
 #include "metrics/op_count.h"
 #include "optim/lr_schedule.h"
@@ -169,11 +170,18 @@ class PythonRun {
  private:
   // `work` on the run with the GIL released, so that the loop's other Python threads go on
   // meanwhile, and one call at a time: a second thread's call waits for the first to end.
+  // A backward another thread runs is waited for first, and one that ended in an exception
+  // is put right (FsdpState::settle_backward). A collective another rank left is fsdpp.Error.
   template <typename Work>
   std::invoke_result_t<Work&> exclusively(Work&& work) {
     py::gil_scoped_release released;
     std::lock_guard<std::mutex> lock(mutex_);
-    return work();
+    try {
+      run_->settle_backward();
+      return work();
+    } catch (const CollectiveFailure& e) {
+      throw UserError(e.what());
+    }
   }
 
   // What step() divides the gradients summed over the ranks by.

@@ -79,10 +79,12 @@ constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [-
 
 Starts N ranks of this node, each running `fsdpp COMMAND ARGS...` with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them).
-Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to every rank.
-When one rank fails the others are stopped (SIGTERM, then SIGKILL after 5 s) and launch
-exits non-zero naming the rank and its exit status. On one node the port defaults to a
-free one; across nodes to 29500, with A the address of node 0.
+Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to every rank
+(training saves a checkpoint and stops) and launch exits 128 + the signal. A launcher killed
+outright leaves each rank a SIGTERM. When one rank fails the others are stopped (SIGTERM,
+then SIGKILL after 5 s) and launch exits non-zero naming the rank and its exit status. On
+one node the port defaults to a free one; across nodes to 29500, with A the address of
+node 0.
 )";
 
 // A whole number for `flag` in [min, max], or UserError in the command's words.

@@ -9,6 +9,7 @@
 #include "data/batches.h"
 #include "data/data.h"
 #include "data/evaluate.h"
+#include "distributed/comm.h"
 #include "distributed/dist_env.h"
 #include "distributed/launcher.h"
 #include "fsdp/plan_text.h"
@@ -179,6 +180,11 @@ int main(int argc, char** argv) {
     // user's to fix, and the paths say where.
     std::fprintf(stderr, "fsdpp: error: %s\n", one_line(e.what()).c_str());
     return 2;
+  } catch (const CollectiveFailure& e) {
+    // Another rank's failure or stop, which the launcher reports as the cause: this rank's
+    // exit is not a user error of its own.
+    std::fprintf(stderr, "fsdpp: error: %s\n", e.what());
+    return 1;
   } catch (const c10::OutOfMemoryError& e) {
     // The run asks for more device memory than there is: smaller batches, activation
     // checkpointing or offload are the user's levers.

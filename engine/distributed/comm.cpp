@@ -76,12 +76,23 @@ void on_device(at::Tensor& t, c10::Device device, const std::function<void(at::T
 struct CommWork::Impl {
   c10::intrusive_ptr<c10d::Work> work;
   std::vector<at::Tensor> keep_alive;  // the backend reads and writes these until done
+  std::string where;                   // Comm::failure_context's
 };
 
 void CommWork::wait() {
   if (!impl_) return;
   auto impl = std::move(impl_);
-  impl->work->wait();
+  std::string why;
+  try {
+    impl->work->wait();
+    return;
+  } catch (const c10::Error& e) {  // its what() runs on with a backtrace
+    why = e.what_without_backtrace();
+  } catch (const std::exception& e) {  // gloo's own
+    why = e.what();
+  }
+  throw CollectiveFailure(impl->where + " failed: " + why.substr(0, why.find('\n')) +
+                          " (another rank failed or stopped, or took longer than [parallel] timeout_s)");
 }
 
 struct Comm::Handles {
@@ -152,6 +163,11 @@ std::shared_ptr<Comm> Comm::subgroup(const std::vector<int>& global_ranks, const
   return comm;
 }
 
+std::string Comm::failure_context(const char* op) const {
+  return "rank " + std::to_string(world_rank_) + ": " + op + " on group " + name_ + " (" + std::to_string(size_) +
+         " ranks)";
+}
+
 void Comm::check(const at::Tensor& t, const char* op) const {
   TORCH_CHECK(t.is_contiguous(), op, " on group ", name_, " needs contiguous tensors");
   TORCH_CHECK(!c10d_->backend || t.device() == device_, op, " on group ", name_, " needs tensors on ", device_, ", not ",
@@ -189,7 +205,7 @@ CommWork Comm::all_gather_async(at::Tensor& out, const at::Tensor& in) {
   at::Tensor input = in.contiguous();
   check(input, "all_gather");
   pending.impl_ = std::make_shared<CommWork::Impl>(
-      CommWork::Impl{c10d_->backend->_allgather_base(out, input), {out, input}});
+      CommWork::Impl{c10d_->backend->_allgather_base(out, input), {out, input}, failure_context("all_gather")});
   return pending;
 }
 
@@ -206,7 +222,8 @@ CommWork Comm::reduce_scatter_sum_async(at::Tensor& out, const at::Tensor& in) {
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   pending.impl_ = std::make_shared<CommWork::Impl>(
-      CommWork::Impl{c10d_->backend->_reduce_scatter_base(out, input, opts), {out, input}});
+      CommWork::Impl{c10d_->backend->_reduce_scatter_base(out, input, opts), {out, input},
+                     failure_context("reduce_scatter")});
   return pending;
 }
 
@@ -215,7 +232,8 @@ CommWork Comm::all_reduce_sum_async(at::Tensor& t) {
   CommWork pending;
   if (!c10d_->backend) return pending;
   std::vector<at::Tensor> tensors{t};
-  pending.impl_ = std::make_shared<CommWork::Impl>(CommWork::Impl{c10d_->backend->allreduce(tensors), {t}});
+  pending.impl_ = std::make_shared<CommWork::Impl>(
+      CommWork::Impl{c10d_->backend->allreduce(tensors), {t}, failure_context("all_reduce")});
   return pending;
 }
 

@@ -8,14 +8,24 @@
 
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace fsdpp {
 
+// A collective that did not complete: a peer left the group (it failed or stopped) or did
+// not reach the collective within the group's timeout. One line naming this rank and the
+// group. Not a UserError: on a rank of a launched job it is the consequence of another's.
+class CollectiveFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // A collective in flight. Its output may be read only after wait(), which on a CPU backend
 // blocks until the transfer is done and on a GPU backend makes the current stream wait for
-// it (the host does not block). The tensors it reads and writes stay alive until then.
+// it (the host does not block), and throws CollectiveFailure where the backend failed. The
+// tensors it reads and writes stay alive until then.
 class CommWork {
  public:
   CommWork() = default;
@@ -65,6 +75,8 @@ class Comm {
   struct Handles;  // the c10d store and backend
   Comm();
   void check(const at::Tensor& t, const char* op) const;
+  // "rank R: OP on group G (N ranks)", what a failed collective's message begins with.
+  std::string failure_context(const char* op) const;
   using AsyncCollective = CommWork (Comm::*)(at::Tensor&, const at::Tensor&);
   // `collective` on copies on the group's device, waited for.
   void run_blocking(at::Tensor& out, const at::Tensor& in, AsyncCollective collective);

@@ -2,10 +2,10 @@
 #include "fsdp/fsdp_state.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "models/fp8_product.h"
 #include "models/layers.h"
 #include "models/moe.h"
@@ -276,9 +276,15 @@ void FsdpState::on_pre_forward(FsdpUnit* unit) {
 
 void FsdpState::on_pre_backward(FsdpUnit* unit) {
   if (!in_backward_) {
+    // A graph of the backward itself would have to differentiate the reductions and the
+    // units' buffers, which run outside autograd.
+    if (at::GradMode::is_enabled()) {
+      throw UserError("backward with create_graph=True through the sharded units is not supported (a gradient of "
+                      "the logits alone, torch.autograd.grad(loss, logits, create_graph=True), is)");
+    }
     in_backward_ = true;
     recording_order_ = false;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { final_callback(); });
+    backward_.begin([this] { final_callback(); });
   }
   unit->begin_unshard();
   if (FsdpUnit* next = neighbour_in_forward(unit, -1)) next->begin_unshard();
@@ -295,6 +301,10 @@ void FsdpState::final_callback() {
   // Units whose inputs needed no gradient (the root, an embedding) never saw their
   // post-backward fire; reduce them now, in the same order on every rank.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
+  end_backward();
+}
+
+void FsdpState::end_backward() {
   for (auto& unit : units_) {
     unit->finish_reduce();
     unit->end_backward();
@@ -307,6 +317,18 @@ void FsdpState::final_callback() {
     for (auto& unit : units_) unit->add_host_gradients();
   }
   in_backward_ = false;
+}
+
+void FsdpState::settle_backward() {
+  backward_.wait_until_over();
+  if (in_backward_) abandon_backward();
+}
+
+void FsdpState::abandon_backward() {
+  log_warn("a backward through the units ended in an exception: the gradients of the units it had reduced stand, "
+           "the others are dropped");
+  for (auto& unit : units_) unit->drop_unreduced();
+  end_backward();
 }
 
 }  // namespace fsdpp

@@ -5,6 +5,7 @@
 
 #include "core/module_tree.h"
 #include "distributed/device_mesh.h"
+#include "fsdp/backward_watch.h"
 #include "fsdp/plan.h"
 #include "fsdp/sharded_view.h"
 #include "fsdp/unit.h"
@@ -58,9 +59,20 @@ class FsdpState : public ShardedView {
   void on_pre_backward(FsdpUnit* unit);
   void on_reduce_issued(FsdpUnit* unit);
   bool in_backward() const { return in_backward_; }
+  // Before a call from outside any backward (the Python API's): waits out a backward that
+  // another thread runs, and puts right what one that ended in an exception left (see
+  // abandon_backward). UserError from inside a backward.
+  void settle_backward();
 
  private:
   void final_callback();
+  // Completes the reductions in flight into the shards' gradients and readies every unit
+  // for the next forward.
+  void end_backward();
+  // A backward ended by an exception, its final callback dropped: the reductions it issued
+  // complete into the shards' gradients, the gradients of units it had not reduced are
+  // dropped, and every unit is resharded, so the next forward starts clean.
+  void abandon_backward();
   FsdpUnit* neighbour_in_forward(FsdpUnit* unit, int step) const;
   std::vector<FsdpUnit*> host_updated_units() const;  // host_update_batches' units
   std::shared_ptr<Comm> post_forward_group(size_t mesh, int k);
@@ -71,6 +83,7 @@ class FsdpState : public ShardedView {
   std::map<std::pair<size_t, int>, std::shared_ptr<Comm>> post_forward_groups_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
+  BackwardWatch backward_;  // the backward in_backward_ stands for
   bool sync_ = true;
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
   std::unordered_map<const FsdpUnit*, std::ptrdiff_t> forward_index_;  // unit -> its place in forward_order_

@@ -67,6 +67,12 @@ class FsdpUnit {
   // Issues the reduce-scatter of the gathered parameters' gradients, drops the full
   // gradients and reshards. Once per backward.
   void post_backward();
+  // The backward of one of the unit's forwards with autograd has passed the unit: after the
+  // last such forward's, post_backward.
+  void forward_passed_backward();
+  // After a backward that ended in an exception: drops full gradients it did not reduce and
+  // the gathered parameters.
+  void drop_unreduced();
   // Moves the reduction one stage on: waits for the reduce-scatter and, under HSDP, issues
   // the replicas' all-reduce; or waits for that all-reduce. Once the reduction is complete,
   // sums it into the owned shards' .grad and returns true. Offloaded gradients are copied to
@@ -76,7 +82,10 @@ class FsdpUnit {
   void finish_reduce();
   void add_host_gradients();
   void pre_backward();
-  void end_backward() { reduced_ = false; }
+  void end_backward() {
+    reduced_ = false;
+    forwards_awaiting_backward_ = 0;
+  }
   // Runs visit(name, full value) for each parameter from what the optimizer holds: its masters
   // (a frozen parameter's compute-dtype shard where it has none), gathered over the shard
   // group, whatever dtype the unit computes in. A collective over the shard group.
@@ -128,6 +137,9 @@ class FsdpUnit {
   std::optional<c10::Event> copied_;  // the copy stream's fill of gathered_'s source, not yet waited for
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
   bool reduced_ = false;
+  // Forwards with autograd since the last backward ended: a loss built from several (a DPO
+  // pair, a ratio with an entropy term) backpropagates through each before the unit reduces.
+  int forwards_awaiting_backward_ = 0;
   at::Tensor reduced_grads_;       // [T] this rank's summed gradient rows, filled by reduce_
   CommWork reduce_;
   CommWork replica_reduce_;        // HSDP: the replicas' sum of reduced_grads_

@@ -10,6 +10,27 @@
 
 namespace fsdpp {
 
+void FsdpUnit::forward_passed_backward() {
+  // The engine sums a parameter's gradients from every forward before it accumulates them,
+  // and so has accumulated them all once the last forward's backward has passed the unit. A
+  // forward whose output no backward reaches leaves the count above zero: the end-of-backward
+  // callback reduces the unit then. A retained graph's second backward finds it at zero.
+  if (forwards_awaiting_backward_ > 1) {
+    --forwards_awaiting_backward_;
+    return;
+  }
+  forwards_awaiting_backward_ = 0;
+  post_backward();
+}
+
+void FsdpUnit::drop_unreduced() {
+  if (!reduced_) {
+    for (auto& p : params_) p.param.mutable_grad() = at::Tensor();
+  }
+  cast_shard_ = at::Tensor();
+  reshard();
+}
+
 void FsdpUnit::post_backward() {
   if (reduced_) return;
   reduced_ = true;

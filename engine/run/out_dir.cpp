@@ -138,9 +138,13 @@ OutDirLock::~OutDirLock() { ::close(fd_); }
 void record_run(const RunConfig& config) { record_identity(config.train.out_dir, RunIdentity::of(config)); }
 
 std::optional<fs::path> latest_of_this_run(const RunConfig& config) {
+  return later_of_this_run(config, config.checkpoint.dir, -1);
+}
+
+std::optional<fs::path> later_of_this_run(const RunConfig& config, const fs::path& root, int64_t step) {
   const std::string mine = config_hash(config);
-  const auto checkpoints = list_checkpoints(config.checkpoint.dir);
-  for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+  const auto checkpoints = list_checkpoints(root);
+  for (auto it = checkpoints.rbegin(); it != checkpoints.rend() && it->step > step; ++it) {
     if (settings_of(it->path) == mine) return it->path;
   }
   return std::nullopt;

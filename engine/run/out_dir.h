@@ -59,5 +59,10 @@ std::string settings_of(const std::filesystem::path& checkpoint);
 
 // The newest complete checkpoint under [checkpoint] dir that this run's settings wrote.
 std::optional<std::filesystem::path> latest_of_this_run(const RunConfig& config);
+// The newest checkpoint of this run's settings under `root` whose step is later than `step`:
+// one a run that went back to an earlier checkpoint would leave behind it, which resume =
+// "latest" would take and whose age would have rotation delete the earlier step's saves.
+std::optional<std::filesystem::path> later_of_this_run(const RunConfig& config, const std::filesystem::path& root,
+                                                       int64_t step);
 
 }  // namespace fsdpp

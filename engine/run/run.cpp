@@ -109,6 +109,13 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
   if (auto path = resume_path(config)) {
     checkpoint_ = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
+    if (const auto later = later_of_this_run(config, config.checkpoint.dir, checkpoint_->step())) {
+      throw UserError(config.source.where("checkpoint", "resume") + ": [checkpoint] resume: " + path->string() +
+                      " is step " + std::to_string(checkpoint_->step()) + ", but " + later->string() +
+                      " is a later checkpoint of this run in [checkpoint] dir: a restart's resume = \"latest\" would "
+                      "take it, and rotation would delete the new saves as the oldest; move the later ones away, or "
+                      "set [checkpoint] dir elsewhere");
+    }
     const auto saved = checkpoint_->metadata().value("model", json::object());
     // Adapters resume only onto the base they were trained on. One rank per node reads the
     // base's files through (each node may hold a copy of its own); where it refuses, its exit
@@ -161,6 +168,8 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
 }
 
 Run::~Run() = default;
+
+void Run::settle_backward() { fsdp_->settle_backward(); }
 
 size_t Run::units() const { return fsdp_->units().size(); }
 

@@ -91,6 +91,11 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
     }
     return;
   }
+  if (const auto later = later_of_this_run(config_, root, step)) {
+    throw UserError("save: " + later->string() + " is a later checkpoint of this run than step " + std::to_string(step) +
+                    " (the run went back to an earlier one): a restart's resume = \"latest\" would take it, and "
+                    "rotation would delete this save as the oldest; save elsewhere, or move the later ones away");
+  }
   const fs::path staging = staging_path(root, step);
   const int rank = comm_->rank();
   const auto start = Clock::now();

@@ -91,15 +91,15 @@ ResumePoint Run::resume() {
 
 ResumePoint Run::load(const fs::path& dir) {
   check_loaded("load");
-  if (!ShardedCheckpoint::is_checkpoint(dir)) {
-    throw UserError("load: " + dir.string() + " is not a complete checkpoint (no metadata.json with its " +
-                    kMetadataChecksumFile + ")");
-  }
   // Each rank opens the checkpoint and reads its own rows of other ranks' files: one rank's
-  // failure (a file missing on its node, a corrupt one) is made every rank's, so that none
-  // goes on to a collective the others never reach.
+  // failure (a path or a file missing on its node, a corrupt one) is made every rank's, so
+  // that none goes on to a collective the others never reach.
   std::optional<ShardedCheckpoint> checkpoint;
   on_every_rank("load", dir.string(), "", [&] {
+    if (!ShardedCheckpoint::is_checkpoint(dir)) {
+      throw UserError(dir.string() + " is not a complete checkpoint (no metadata.json with its " +
+                      kMetadataChecksumFile + ")");
+    }
     checkpoint.emplace(ShardedCheckpoint::open(dir));
     check_fits(*checkpoint);
     // An adapter-only checkpoint's base must be this run's: rank 0 reads the base's files, and

@@ -402,6 +402,109 @@ def graph_outlives_its_calls(run_file):
     return ok
 
 
+def backwards_of_every_shape(run_file):
+    """A backward through several forwards (a DPO pair forwarded in two calls, a loss plus a
+    term from a second forward) gives the gradient of the whole loss: the step equals the one
+    two separate backwards give, to float64's rounding of the sums' order. A backward that ends in an exception (a
+    hook of the loop's that raises) leaves a run whose next backward and step equal a fresh
+    run's; create_graph through the units is refused in one line. A step called while another
+    thread runs a backward waits for it, and equals the step after it."""
+    import threading
+    import fsdpp
+    ids = batches(101)[0][0]
+    flipped = ids.flip(1)
+
+    def stepped(loop):
+        run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})
+        loop(run)
+        return run.step(), {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+
+    def same(a, b):  # bitwise
+        return a[0] == b[0] and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+
+    def close(a, b):  # summed in another order
+        return (a[0][1] == b[0][1] and abs(a[0][0] - b[0][0]) <= 1e-12 * b[0][0] and
+                all(torch.allclose(a[1][k], b[1][k], rtol=0, atol=1e-12) for k in a[1]))
+
+    ok = True
+    separate = stepped(lambda run: (run.model(ids).sum().backward(), (0.5 * run.model(flipped).logsumexp(-1).sum()).backward()))
+    joint = stepped(lambda run: (run.model(ids).sum() + 0.5 * run.model(flipped).logsumexp(-1).sum()).backward())
+    good = close(joint, separate)
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} one backward of a loss over two forwards: norm {joint[0][0]:.12f}, "
+          f"two backwards {separate[0][0]:.12f}")
+
+    def pair(run, calls):
+        chosen, rejected = ids[0::2], ids[1::2]
+        if calls == 1:
+            logp = run.model.logprobs(ids[:, :-1], ids[:, 1:])
+            sums = logp.sum(-1)
+            margin = sums[0::2] - sums[1::2]
+        else:
+            margin = (run.model.logprobs(chosen[:, :-1], chosen[:, 1:]).sum(-1) -
+                      run.model.logprobs(rejected[:, :-1], rejected[:, 1:]).sum(-1))
+        (-torch.nn.functional.logsigmoid(0.1 * margin).mean()).backward()
+
+    one_call, two_calls = stepped(lambda run: pair(run, 1)), stepped(lambda run: pair(run, 2))
+    good = close(two_calls, one_call)
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} a DPO pair's log-probs in two calls, one backward: norm {two_calls[0][0]:.12f}, "
+          f"in one call {one_call[0][0]:.12f}")
+
+    fresh = stepped(lambda run: run.model(ids).sum().backward())
+
+    def raising(run):
+        logits = run.model(ids)
+
+        def hook(grad):
+            raise ValueError("the loop's hook")
+        logits.register_hook(hook)
+        try:  # the root unit's own hook on its output, the logits, has begun the backward
+            logits.sum().backward()
+        except ValueError as e:
+            assert "the loop's hook" in str(e), e
+        run.zero_grad()
+        run.model(ids).sum().backward()
+
+    def create_graph(run):
+        try:
+            run.model(ids).sum().backward(create_graph=True)
+        except RuntimeError as e:
+            assert str(e).startswith("backward with create_graph=True through the sharded units is not supported"), e
+        run.zero_grad()
+        run.model(ids).sum().backward()
+
+    for name, loop in [("a hook that raises", raising), ("create_graph=True", create_graph)]:
+        after = stepped(loop)
+        good = same(after, fresh)
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} a backward ended by {name}, then a backward and a step: norm "
+              f"{after[0][0]:.12f}, a fresh run's {fresh[0][0]:.12f}")
+
+    def from_a_thread(run):
+        logits = run.model(torch.cat([ids] * 8))
+        begun = threading.Event()
+        # After the root unit's own hook, which begins the units' backward.
+        logits.register_hook(lambda grad: begun.set())
+        thread = threading.Thread(target=lambda: logits.sum().backward())
+        thread.start()
+        begun.wait()
+        figures = run.step()
+        thread.join()
+        return figures
+
+    run = fsdpp.Run(run_file)
+    during = from_a_thread(run)
+    run = fsdpp.Run(run_file)
+    run.model(torch.cat([ids] * 8)).sum().backward()
+    after = run.step()
+    good = during == after
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} a step while another thread runs the backward waits for it: {during}, "
+          f"after it {after}")
+    return ok
+
+
 def threads_share_a_run(run_file):
     """Four threads calling run.model on one Run get what one thread gets: each call waits
     for the one driving the run."""
@@ -591,6 +694,7 @@ def main():
     ok &= offload_round_trip(run_file)
     ok &= graph_outlives_its_calls(run_file)
     ok &= threads_share_a_run(run_file)
+    ok &= backwards_of_every_shape(run_file)
     ok &= save_refused_at_world_2(run_file, work, torchrun)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     return 0 if ok else 1
