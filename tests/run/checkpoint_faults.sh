@@ -5,7 +5,8 @@
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
 #    status 143, and resuming continues after that step; one raised during a step stops the
 #    run after that step;
-#  - a second job into the out_dir of a run still training is refused;
+#  - a second job into the out_dir of a run still training is refused, and so is a resume
+#    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
 #    error naming the file, by `fsdpp export` and by a resumed run.
 set -uo pipefail
@@ -110,4 +111,8 @@ done
 expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safetensors" "checksum" -- \
   "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/flipped/run\"" \
   --set "checkpoint.resume=\"$out/flipped/step-00000005\""
+# Going back to step 5 where the run saved step 10 would leave step 10 as "latest" and have
+# rotation delete the new saves as the oldest: refused at start, naming both.
+expect_refused "resume from step 5 beside the run's own step 10" "step-00000010 is a later checkpoint" "" -- \
+  train "$out/checkpoint-mid-write" --set "checkpoint.resume=\"$good\""
 exit $status

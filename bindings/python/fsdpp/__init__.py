@@ -54,7 +54,9 @@ def _toml_value(key, value):
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, (str, os.PathLike)):
-        return json.dumps(os.fspath(value))  # a JSON string is a TOML basic string
+        # A JSON string is a TOML basic string, given its characters as they are: JSON's
+        # escapes of characters past U+FFFF are surrogate pairs, which TOML refuses.
+        return json.dumps(os.fspath(value), ensure_ascii=False)
     raise Error(f"overrides: {key}: expected a bool, int, float, str or path, got {type(value).__name__}")
 
 
@@ -66,7 +68,16 @@ def _tensor(name, value, optional=False):
         raise Error(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
     if value.is_meta:
         raise Error(f"{name}: a meta tensor, which holds no values")
-    return value
+    if value.is_nested or value.layout != torch.strided:
+        raise Error(f"{name}: expected a dense tensor, got a {'nested' if value.is_nested else value.layout} one")
+    return value.rename(None) if value.has_names() else value
+
+
+def _path(name, value):
+    """`value` as a path string; else fsdpp.Error."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise Error(f"{name}: expected a str or path, got {type(value).__name__}")
+    return os.fspath(value)
 
 
 def _holding(run, output):
@@ -104,6 +115,9 @@ class Model:
         ([policy.options] fused_linear_logprob = true)."""
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
             raise Error(f"temperature: must be a positive number, got {type(temperature).__name__}")
+        if isinstance(temperature, int) and temperature > 1e300:
+            raise Error(f"temperature: must be a positive number within a float's range, got an integer of "
+                        f"{len(str(temperature))} digits")
         targets = _tensor("targets", targets)
         if targets.is_inference():  # saved for backward, which inference tensors cannot be
             targets = targets.clone()
@@ -123,11 +137,10 @@ class Run:
     """
 
     def __init__(self, toml_path, overrides=None, grad_reduction="mean"):
-        if not isinstance(toml_path, (str, os.PathLike)):
-            raise Error(f"toml_path: expected a str or path, got {type(toml_path).__name__}")
+        toml_path = _path("toml_path", toml_path)
         if not isinstance(grad_reduction, str):
             raise Error(f"grad_reduction: expected \"mean\" or \"sum\", got {type(grad_reduction).__name__}")
-        self._run = _Run(os.fspath(toml_path), _overrides(overrides), grad_reduction)
+        self._run = _Run(toml_path, _overrides(overrides), grad_reduction)
         self.model = Model(self._run)
 
     def step(self):
@@ -141,8 +154,8 @@ class Run:
         rank must iterate alike: each unit's gather is a collective), LoRA adapters merged into
         their targets: the names and values `fsdpp export` writes for this step, ready for an
         inference engine's load_weights. Beyond the shards, one unit's weights are held at a time."""
-        if not isinstance(dtype, torch.dtype):
-            raise Error(f"full_weights: dtype must be a torch.dtype, got {dtype!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise Error(f"full_weights: dtype must be a floating torch.dtype, got {dtype!r}")
         name = str(dtype).removeprefix("torch.")
         for unit in range(self._run.units):
             yield from self._run.full_weights(unit, name)
@@ -154,7 +167,7 @@ class Run:
         path, which load() reads back into a built Run, and a later Run (or `fsdpp train`)
         resumes from with overrides={"checkpoint.resume": path}, at any world size;
         `fsdpp export` turns it into a Hugging Face directory."""
-        return self._run.save(None if dir is None else os.fspath(dir))
+        return self._run.save(None if dir is None else _path("save", dir))
 
     def load(self, path):
         """Replaces the parameters, the optimizer's state and the step count with those of the
@@ -162,7 +175,7 @@ class Run:
         size: each rank reads its rows of the current sharding. Every rank calls it. A
         checkpoint of another architecture, other adapters or another base raises fsdpp.Error
         before anything is read."""
-        self._run.load(os.fspath(path))
+        self._run.load(_path("load", path))
 
     def offload(self, what=("params", "grads", "optimizer")):
         """Moves the named state off the device, to host memory (pinned on a GPU), and hands the
@@ -171,6 +184,8 @@ class Run:
         model, logprobs and full_weights while the params are away. Every rank calls it."""
         if isinstance(what, str):
             what = (what,)
+        if not isinstance(what, collections.abc.Iterable) or isinstance(what, (bytes, bytearray)):
+            raise Error(f"offload: expected names among params, grads, optimizer, got {type(what).__name__}")
         what = list(what)
         for name in what:
             if not isinstance(name, str):

@@ -565,6 +565,13 @@ def bad_uses(run_file, other_model_dir, work):
     shutil.rmtree(os.path.join(work, "other"), ignore_errors=True)  # a rerun's
     os.makedirs(os.path.join(work, "other"))
     other = fsdpp.Run(write_run_file(os.path.join(work, "other"), other_model_dir)).save(os.path.join(work, "other"))
+    later = os.path.join(work, "later")  # the run's own step 1, which a save of its step 0 would sit behind
+    shutil.rmtree(later, ignore_errors=True)
+    ahead = fsdpp.Run(run_file)
+    ahead.model(ids).sum().backward()
+    ahead.step()
+    ahead.save(later)
+    del ahead
     cases = [
         ("float input_ids", lambda: run.model(ids.float()),
          "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
@@ -614,6 +621,16 @@ def bad_uses(run_file, other_model_dir, work):
         ("saving to an empty path", lambda: run.save(""), "save: the directory is an empty path"),
         ("saving a step saved already", lambda: run.save(os.path.dirname(other)),
          f"save: {other} exists already; save to another directory or remove it"),
+        ("offloading None", lambda: run.offload(None), "offload: expected names among params, grads, optimizer, got NoneType"),
+        ("loading None", lambda: run.load(None), "load: expected a str or path, got NoneType"),
+        ("saving to a number", lambda: run.save(3), "save: expected a str or path, got int"),
+        ("a temperature past a float's range", lambda: run.model.logprobs(ids, ids, temperature=10**400),
+         "temperature: must be a positive number within a float's range, got an integer of 401 digits"),
+        ("sparse input_ids", lambda: run.model(ids.to_sparse()), "input_ids: expected a dense tensor, got a torch.sparse_coo one"),
+        ("full weights as integers", lambda: next(run.full_weights(torch.int64)),
+         "full_weights: dtype must be a floating torch.dtype, got torch.int64"),
+        ("saving behind a later checkpoint of the run", lambda: run.save(later),
+         f"save: {later}/step-00000001 is a later checkpoint of this run than step 0"),
     ]
     ok = True
     for name, call, expected in cases:
