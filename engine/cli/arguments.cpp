@@ -181,7 +181,9 @@ void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
     cl.help = kExportHelp;
     return;
   }
-  if (cl.out.empty()) throw UserError("export: needs CHECKPOINT and OUT (see fsdpp export --help)");
+  if (cl.checkpoint.empty() || cl.out.empty()) {
+    throw UserError("export: needs CHECKPOINT and OUT, neither empty (see fsdpp export --help)");
+  }
   if (!max_shard_mb.empty()) {
     try {
       size_t used = 0;

@@ -15,6 +15,7 @@
 #include "fsdp/plan_text.h"
 #include "io/hf_dir.h"
 #include "io/model_source.h"
+#include "io/safetensors.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "run/checkpoint_export.h"
@@ -49,6 +50,24 @@ std::optional<std::string> host_allocation_refused(const std::string& message) {
   return message.substr(at + kAllocator.size());
 }
 
+// eval --logits writes its file whole: what is there already may only be an earlier dump.
+void check_logits_target(const std::string& path) {
+  if (std::filesystem::is_directory(path)) {
+    throw UserError("eval --logits " + path + ": is a directory; name the file to write");
+  }
+  if (!std::filesystem::exists(path)) return;
+  bool earlier_dump = false;
+  try {
+    const auto file = SafetensorsFile::open(path);
+    earlier_dump = file->contains("input_ids") && file->contains("logits");
+  } catch (const UserError&) {  // not safetensors: not a dump
+  }
+  if (!earlier_dump) {
+    throw UserError("eval --logits " + path + ": exists and holds no earlier dump of logits, which it would "
+                    "overwrite; choose another file");
+  }
+}
+
 RunConfig load_run(const CommandLine& args) {
   RunConfig config = RunConfig::load(args.config, args.overrides);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
@@ -59,7 +78,7 @@ int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
   config.check_paths();
   config.require_data();
-  check_export_dir(config);
+  check_outputs(config);
   auto build_plan = [&config](CausalLM& model, int world, int rank) {
     return run_configured_policy(config.policy, model, world, rank);
   };
@@ -114,9 +133,7 @@ int run_eval(const CommandLine& args) {
     data.train = args.tokens;
     data.eval_fraction = 0;  // all of FILE
   }
-  if (!args.logits.empty() && std::filesystem::is_directory(args.logits)) {
-    throw UserError("eval --logits " + args.logits + ": is a directory; name the file to write");
-  }
+  if (!args.logits.empty()) check_logits_target(args.logits);
   auto loaded = load_model(config.model);
   auto& model = loaded.model;
   const auto batches = open_batches(data, model->config());

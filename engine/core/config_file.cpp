@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -131,8 +132,16 @@ std::string ConfigSection::get_string(const std::string& key, const std::string&
   auto* node = static_cast<const toml::node*>(lookup(key, "a string"));
   if (node == nullptr) return fallback;
   std::string value = node->value<std::string>().value();
-  // A path would end at it, naming another file than the one written.
-  if (value.find('\0') != std::string::npos) fail(key, "holds a NUL character (\\u0000)");
+  // Every string here is a path or a name: a NUL would end a path at it, naming another file
+  // than the one written, and a line break or other control character would break the log
+  // lines that name it.
+  for (const unsigned char c : value) {
+    if (c < 0x20 || c == 0x7f) {
+      char shown[8];
+      std::snprintf(shown, sizeof shown, "\\u%04x", c);
+      fail(key, std::string("holds a control character (") + shown + ")");
+    }
+  }
   return value;
 }
 

@@ -136,6 +136,25 @@ void write_file_atomically(const std::filesystem::path& path, const void* bytes,
   writer.commit();
 }
 
+void check_replaceable_dir(const std::filesystem::path& dir, const std::string& what,
+                           const std::function<bool(const std::string&)>& written) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const auto status = fs::status(dir, error);
+  if (!fs::exists(status)) return;
+  if (!fs::is_directory(status)) {
+    throw UserError(dir.string() + ": is a file; " + what + " writes a directory, and replaces only an earlier one");
+  }
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!it->is_regular_file() || !written(name)) {
+      throw UserError(dir.string() + ": holds '" + name + "', which " + what + " does not write; " + what +
+                      " replaces only an empty directory or an earlier one: choose another directory, or empty this one");
+    }
+  }
+  if (error) throw UserError(dir.string() + ": cannot list it (" + error.message() + ")");
+}
+
 std::string read_text_file(const std::filesystem::path& path) {
   const auto file = MappedFile::open(path);
   return {reinterpret_cast<const char*>(file->data()), file->size()};

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,12 @@ std::filesystem::path file_in_directory(const std::filesystem::path& dir, const 
 // a file name may be, and without a '/' or a NUL (what file_in_directory checks before it
 // looks at the disk).
 bool is_plain_file_name(const std::string& name);
+
+// Refuses, in one line naming `dir`, a directory that a writer of `what` ("an export", "an
+// adapter") may not replace: a file in its place, or a directory holding an entry that is not
+// a regular file `written` names. Missing, empty, or an earlier one of its own: it may.
+void check_replaceable_dir(const std::filesystem::path& dir, const std::string& what,
+                           const std::function<bool(const std::string&)>& written);
 
 // The whole of a regular file as text; UserError naming it when it cannot be read or is not
 // a regular file (a FIFO in its place would block a plain read forever).

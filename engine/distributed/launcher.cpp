@@ -107,6 +107,9 @@ int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
 }  // namespace
 
 int launch(const LaunchOptions& o, const std::string& self_exe) {
+  if (std::getenv("FSDPP_LAUNCHER_PREFIXES_RANK") != nullptr) {
+    throw UserError("launch: this process is a rank of fsdpp launch already; give the command without a second launch");
+  }
   if (const std::string why = unresolved_reason(o.master_addr); !why.empty()) {
     throw UserError("launch: --master-addr " + o.master_addr + " does not resolve (" + why + ")");
   }

@@ -229,22 +229,7 @@ bool written_by_export(const std::string& name) {
 
 }  // namespace
 
-void check_export_target(const fs::path& dir) {
-  std::error_code error;
-  const auto status = fs::status(dir, error);
-  if (!fs::exists(status)) return;
-  if (!fs::is_directory(status)) {
-    throw UserError(dir.string() + ": is a file; an export writes a directory, and replaces only an earlier export");
-  }
-  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    if (!it->is_regular_file() || !written_by_export(name)) {
-      throw UserError(dir.string() + ": holds '" + name + "', which no export writes; an export replaces only an " +
-                      "empty directory or an earlier export: choose another directory, or empty this one");
-    }
-  }
-  if (error) throw UserError(dir.string() + ": cannot list it (" + error.message() + ")");
-}
+void check_export_target(const fs::path& dir) { check_replaceable_dir(dir, "an export", written_by_export); }
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
                          at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source)

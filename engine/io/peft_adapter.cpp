@@ -106,8 +106,13 @@ ShardFill PeftAdapter::fill() const {
   };
 }
 
+void check_adapter_target(const std::filesystem::path& dir) {
+  check_replaceable_dir(dir, "an adapter", [](const std::string& name) { return name == kConfigFile || name == kWeightsFile; });
+}
+
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
                         const NamedTensors& tensors) {
+  check_adapter_target(dir);
   std::filesystem::create_directories(dir);
   NamedTensors stored;
   for (const auto& [name, tensor] : tensors) stored.emplace_back(peft_tensor_name(name), tensor);

@@ -43,6 +43,9 @@ class PeftAdapter {
 // Writes `tensors` (engine names with their full values: the adapters', and those of the
 // trainable base modules) as a PEFT adapter of `lora` for the base model at `base_model`
 // into `dir`, atomically file by file.
+// Refuses, in one line, an adapter written into `dir` that would delete anything but an
+// earlier adapter: `dir` may be missing, empty, or hold the two files an adapter is.
+void check_adapter_target(const std::filesystem::path& dir);
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
                         const NamedTensors& tensors);
 

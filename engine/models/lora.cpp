@@ -8,12 +8,37 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
+#include <vector>
 
 namespace fsdpp {
 
 namespace {
 
 constexpr const char* kPeftPrefix = "base_model.model.";
+
+// A weight two modules share (tied embeddings) cannot train as a module PEFT saves whole:
+// PEFT keeps a copy of each such module apart, untying them, and one of the two would
+// otherwise stay frozen by the other's place outside the list.
+void refuse_tied_trainable(CausalLM& model, const LoraPlan& lora, const std::string& where) {
+  std::map<const c10::TensorImpl*, std::vector<std::string>> holders;  // weight -> parameter names
+  for (const auto& e : named_modules(model)) {
+    for (auto& item : e.module->named_parameters(/*recurse=*/false)) {
+      holders[item.value().unsafeGetTensorImpl()].push_back(e.path.empty() ? item.key() : e.path + "." + item.key());
+    }
+  }
+  for (const auto& [weight, names] : holders) {
+    if (names.size() < 2) continue;
+    for (const auto& name : names) {
+      for (const auto& t : lora.trainable) {
+        if (!path_under(name, t)) continue;
+        throw UserError(where + ": lora: trainable module '" + t + "' holds " + name + ", which is tied to " +
+                        (name == names[0] ? names[1] : names[0]) +
+                        " (tie_word_embeddings): a tied weight cannot train beside adapters; leave it frozen");
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -35,6 +60,7 @@ void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOption
   for (const auto& path : lora.trainable) {
     if (!by_path.count(path)) throw UserError(where + ": lora: no trainable module at path '" + path + "'");
   }
+  refuse_tied_trainable(model, lora, where);
   for (const auto& e : named_modules(model)) {
     const bool trainable = std::any_of(lora.trainable.begin(), lora.trainable.end(),
                                        [&](const std::string& t) { return path_under(e.path, t); });

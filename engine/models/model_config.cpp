@@ -67,6 +67,11 @@ void read_attention_window(const json& j, const std::string& origin, ModelConfig
   if (read<bool>(j, "use_sliding_window", origin, false)) {
     throw UserError(origin + ": use_sliding_window = true is not supported");
   }
+  // Attention probabilities are never dropped here: a config that drops them would train
+  // another model than the file describes.
+  if (const double dropout = read<double>(j, "attention_dropout", origin, 0.0); dropout != 0.0) {
+    throw UserError(origin + ": attention_dropout " + json(dropout).dump() + " is not supported (0.0)");
+  }
   const std::string every = c.sliding_window != 0 ? "sliding_attention" : "full_attention";
   const auto layer_types = read<std::vector<std::string>>(j, "layer_types", origin, {});
   for (size_t i = 0; i < layer_types.size(); ++i) {

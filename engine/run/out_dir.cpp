@@ -5,6 +5,7 @@
 #include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "io/hf_dir.h"
+#include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "run/run_checkpoint.h"
 
@@ -16,6 +17,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 namespace fsdpp {
@@ -82,8 +84,9 @@ void check_out_dir(const RunConfig& config) {
   }
 }
 
+namespace {
+
 void check_export_dir(const RunConfig& config) {
-  if (!config.checkpoint.save_final) return;
   const fs::path dir = config.checkpoint.export_dir;
   const std::string where = config.source.where("checkpoint", "export_dir") + ": [checkpoint] export_dir: ";
   for (const auto& [key, path] : {std::pair<const char*, fs::path>{"[train] out_dir", config.train.out_dir},
@@ -99,6 +102,53 @@ void check_export_dir(const RunConfig& config) {
   } catch (const UserError& e) {
     throw UserError(where + e.what());
   }
+}
+
+void check_adapter_dir(const RunConfig& config) {
+  try {
+    check_adapter_target(config.checkpoint.adapter_dir);
+  } catch (const UserError& e) {
+    throw UserError(config.source.where("checkpoint", "adapter_dir") + ": [checkpoint] adapter_dir: " + e.what());
+  }
+}
+
+// Made now, so that a path that cannot hold checkpoints is found before the training they save.
+void check_checkpoint_dir(const RunConfig& config) {
+  const fs::path dir = config.checkpoint.dir;
+  const std::string where = config.source.where("checkpoint", "dir") + ": [checkpoint] dir: " + dir.string();
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) throw UserError(where + ": cannot make it: " + error.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UserError(where + ": cannot write into it: " + std::strerror(errno));
+}
+
+// A run truncates its metrics file at start: one that exists must be a run's metrics.
+void check_metrics_file(const RunConfig& config) {
+  const fs::path file = config.metrics.jsonl;
+  std::error_code error;
+  const auto status = fs::status(file, error);
+  if (!fs::exists(status)) return;
+  const std::string where = config.source.where("metrics", "jsonl") + ": [metrics] jsonl: " + file.string();
+  if (!fs::is_regular_file(status)) throw UserError(where + ": is not a regular file");
+  std::ifstream in(file);
+  std::string first;
+  std::getline(in, first);
+  const auto record = json::parse(first, nullptr, /*allow_exceptions=*/false);
+  if (fs::file_size(file, error) > 0 && !(record.is_object() && record.contains("step"))) {
+    throw UserError(where + ": holds something other than a run's metrics, which the run would overwrite; "
+                    "choose another file");
+  }
+}
+
+}  // namespace
+
+void check_outputs(const RunConfig& config) {
+  if (config.checkpoint.save_final) {
+    check_export_dir(config);
+    check_adapter_dir(config);
+  }
+  check_metrics_file(config);
+  check_checkpoint_dir(config);
 }
 
 std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {

@@ -27,10 +27,13 @@ struct RunIdentity {
 // another run's files, or that starts afresh where its own checkpoints are. Every rank checks
 // alike, before any rendezvous.
 void check_out_dir(const RunConfig& config);
-// Refuses, in one line naming [checkpoint] export_dir, a run whose export at the end
-// ([checkpoint] save_final) would replace one of its own directories or files that no export
-// wrote (io/hf_dir.h's check_export_target). Every rank checks alike, before any rendezvous.
-void check_export_dir(const RunConfig& config);
+// Refuses, in one line naming the key, a training run whose outputs would destroy files or be
+// lost after the training: an export at the end ([checkpoint] save_final) into one of its
+// own directories or over files no export wrote (io/hf_dir.h's check_export_target), an
+// adapter over files no adapter wrote, a [checkpoint] dir that cannot be made or written,
+// and a [metrics] jsonl over a file that is not a run's metrics (a token file, weights).
+// Every rank checks alike, before any rendezvous; the checkpoint directory is made here.
+void check_outputs(const RunConfig& config);
 // Rank 0's hold on <out_dir>/.lock for as long as its run lives, so that a second run into
 // the same directory (a job started twice) is refused instead of interleaving its
 // checkpoints and metrics with this one's. A run with [train] reuse_out_dir = true shares

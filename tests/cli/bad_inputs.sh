@@ -60,6 +60,9 @@ expect "wrong TOML type" "wrong_type.toml:6" "expected an integer, got a string"
 expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
   -- train "$work/ok.toml" --set train.stpes=3
 
+expect "evaluation with nothing held out" "[train] eval_every = 3 evaluates the held-out part" \
+  -- train "$work/ok.toml" --set train.eval_every=3
+
 expect "unknown train_on" "[data] train_on: 'prompts' is not one of all, completion" \
   -- train "$work/ok.toml" --set 'data.train_on="prompts"'
 
@@ -322,7 +325,7 @@ expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
 # The export at the end replaces its directory: refused at start where that would delete
 # what no export wrote, the file or directory left as it was.
 mkdir -p "$work/notes" && echo "mine" >"$work/notes/notes.txt"
-expect "export_dir holding other files" "[checkpoint] export_dir: $work/notes: holds 'notes.txt', which no export writes" \
+expect "export_dir holding other files" "[checkpoint] export_dir: $work/notes: holds 'notes.txt', which an export does not write" \
   -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work/notes\""
 echo "mine" >"$work/a-file"
 expect "export_dir that is a file" "[checkpoint] export_dir: $work/a-file: is a file" \
@@ -333,6 +336,21 @@ expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [trai
   { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
 
 expect "a directory for eval --logits" "eval --logits $work: is a directory" -- eval "$work/ok.toml" --logits "$work"
+# The run's outputs never write over its inputs or files of other kinds, and a checkpoint
+# directory that cannot be made is found before the training it would save.
+cp "$work/ok.tok" "$work/kept.tok"
+expect "eval --logits over the token file" "eval --logits $work/kept.tok: exists and holds no earlier dump of logits" \
+  -- eval "$work/ok.toml" --set "data.train=\"$work/kept.tok\"" --logits "$work/kept.tok"
+expect "metrics over the token file" "[metrics] jsonl: $work/kept.tok: holds something other than a run's metrics" \
+  -- train "$work/ok.toml" --set "data.train=\"$work/kept.tok\"" --set "metrics.jsonl=\"$work/kept.tok\""
+cmp -s "$work/ok.tok" "$work/kept.tok" || { echo "FAIL a refused output changed the token file"; failures=$((failures + 1)); }
+expect "a checkpoint dir under a file" "[checkpoint] dir: $work/a-file/checkpoints: cannot make it" \
+  -- train "$work/ok.toml" --set "checkpoint.dir=\"$work/a-file/checkpoints\""
+expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes: holds 'notes.txt', which an adapter does not write" \
+  -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
+expect "a launch inside a launch" "launch: this process is a rank of fsdpp launch already" \
+  -- launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- train "$work/ok.toml"
+expect "export of an empty CHECKPOINT" "export: needs CHECKPOINT and OUT, neither empty" -- export "" "$work/exported"
 [ -e "$work.tmp" ] && { echo "FAIL eval --logits left $work.tmp"; failures=$((failures + 1)); }
 
 expect "a shard size past the int range" "mesh: shard must be -1 or in [1, 2147483647], got 4294967298" \
@@ -345,8 +363,10 @@ expect "a master that never comes" "rank 1: rendezvous at 127.0.0.1:$port failed
   -- launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port" \
   -- train "$work/ok.toml" --set parallel.timeout_s=2
 
-expect "a NUL inside a path" "[train] out_dir: holds a NUL character" \
+expect "a NUL inside a path" "[train] out_dir: holds a control character (\\u0000)" \
   -- train "$work/ok.toml" --set 'train.out_dir="runs/a\u0000b"'
+expect "a line break inside a path" "[train] out_dir: holds a control character (\\u000a)" \
+  -- train "$work/ok.toml" --set 'train.out_dir="runs/a\nb"'
 
 # A key of 50,000 dotted parts would overflow the parser's stack: refused first.
 { cat "$work/ok.toml"; python3 -c 'print("[" + ".".join(["a"] * 50000) + "]")'; } >"$work/deep_key.toml"

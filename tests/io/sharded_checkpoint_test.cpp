@@ -177,8 +177,8 @@ TEST_CASE("HF writer: replaces an earlier export, and refuses a directory holdin
   fs::create_directories(mine / "sub");
   std::ofstream(mine / "config.json") << "{}";
   CHECK_THROWS_WITH(export_into(mine, size_t{1} << 20),
-                    (mine.string() + ": holds 'sub', which no export writes; an export replaces only an empty "
-                                     "directory or an earlier export: choose another directory, or empty this one"));
+                    (mine.string() + ": holds 'sub', which an export does not write; an export replaces only an "
+                                     "empty directory or an earlier one: choose another directory, or empty this one"));
   CHECK(fs::is_directory(mine / "sub"));
   CHECK(read_text_file(mine / "config.json") == "{}");
   const fs::path file = root / "a-file";

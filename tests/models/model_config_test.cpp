@@ -166,6 +166,9 @@ TEST_CASE("RoPE is read from rope_parameters, rope_scaling and the top level ali
     nested["rope_parameters"] = {{"full_attention", {{"rope_theta", 1e4}}}};
     CHECK(refusal(nested) ==
           "config.json: rope_parameters.full_attention: RoPE parameters per layer type are not supported");
+    auto dropping = config;
+    dropping["attention_dropout"] = 0.1;
+    CHECK(refusal(dropping) == "config.json: attention_dropout 0.1 is not supported (0.0)");
     sliding["layer_types"] = {"full_attention", "sliding_attention"};
     CHECK(refusal(sliding) ==
           "config.json: layer_types[1] 'sliding_attention' is not supported (every layer 'full_attention' here)");

@@ -339,6 +339,16 @@ wrap(ctx.model)
   LoraPlan wrong{.targets = {"model.layers.0.mlp"}, .rank = 2, .alpha = 2, .origin = "x.lua:1"};
   CHECK_THROWS_WITH(apply_lora(*meta_model(), wrong, meta),
                     Catch::Contains("x.lua:1: lora: target 'model.layers.0.mlp' is a LlamaMLP, not a Linear module"));
+  // A tied head trains with its embedding or not at all: either one listed is refused.
+  for (const std::string module : {"lm_head", "model.embed_tokens"}) {
+    LoraPlan tied{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2, .trainable = {module},
+                  .origin = "t.lua:1"};
+    CHECK_THROWS_WITH(apply_lora(*meta_model(/*tied=*/true), tied, meta),
+                      Catch::StartsWith("t.lua:1: lora: trainable module '" + module + "' holds ") &&
+                          Catch::Contains("(tie_word_embeddings): a tied weight cannot train beside adapters"));
+  }
+  LoraPlan untied{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2, .trainable = {"lm_head"}};
+  CHECK_NOTHROW(apply_lora(*meta_model(), untied, meta));
 }
 
 TEST_CASE("options{...} declares what a policy reads: defaults, given values, checked where they were set", "[lua]") {
