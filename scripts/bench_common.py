@@ -119,7 +119,7 @@ def lr_at(step, cfg):
         raise BenchError(f"unsupported scheduler.kind {kind!r}")
     total = int(get(cfg, "train.steps"))
     min_lr = peak * float(get(cfg, "scheduler.min_lr_ratio", 0.0))
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, (step - warmup - 1) / max(1, total - warmup))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1 - progress
     return min_lr + (peak - min_lr) * shape
 

@@ -29,7 +29,9 @@ double LrSchedule::at(int64_t step) const {
   if (config_.kind == Decay::constant) return peak_;
   const double min_lr = peak_ * config_.min_lr_ratio;
   const double span = static_cast<double>(std::max<int64_t>(1, total_ - config_.warmup_steps));
-  const double progress = std::min(1.0, static_cast<double>(step - config_.warmup_steps) / span);
+  // The first step after warmup is at the peak and the last one short of min_lr, as in
+  // transformers' schedules: a last step at min_lr = 0 would train nothing.
+  const double progress = std::min(1.0, static_cast<double>(step - config_.warmup_steps - 1) / span);
   const double shape =
       config_.kind == Decay::cosine ? 0.5 * (1 + std::cos(std::numbers::pi * progress)) : 1 - progress;
   return min_lr + (peak_ - min_lr) * shape;

@@ -1,5 +1,8 @@
-// Learning-rate schedule: linear warmup from 0, then cosine, linear or constant decay to
-// min_lr_ratio × the peak by the last step.
+// Learning-rate schedule: linear warmup to the peak, then cosine, linear or constant decay
+// toward min_lr_ratio × the peak. After warmup, step s takes the learning rate transformers'
+// get_cosine_with_min_lr_schedule_with_warmup (and the linear and constant ones) gives its
+// step s - 1, counted from 0: the first step after warmup at the peak, the last short of the
+// minimum. Warmup starts at peak / warmup_steps, where transformers' first step has 0.
 #pragma once
 
 #include <cstdint>

@@ -8,9 +8,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 #include <set>
 
 using namespace fsdpp;
@@ -125,11 +127,15 @@ TEST_CASE("warmup then cosine, linear or constant", "[train][schedule]") {
   LrSchedule cosine(config, 1.0, 110);
   CHECK(cosine.at(1) == Approx(0.1));
   CHECK(cosine.at(10) == Approx(1.0));
-  CHECK(cosine.at(60) == Approx(0.55));
-  CHECK(cosine.at(110) == Approx(0.1));
+  CHECK(cosine.at(11) == Approx(1.0));
+  CHECK(cosine.at(61) == Approx(0.55));
+  CHECK(cosine.at(110) == Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(std::numbers::pi * 99 / 100))));
+  CHECK(cosine.at(111) == Approx(0.1));  // past the end: the minimum
   config.kind = Decay::linear;
-  CHECK(LrSchedule(config, 1.0, 110).at(60) == Approx(0.55));
-  CHECK(LrSchedule(config, 1.0, 110).at(35) == Approx(1.0 - 0.9 * 0.25));
+  CHECK(LrSchedule(config, 1.0, 110).at(61) == Approx(0.55));
+  CHECK(LrSchedule(config, 1.0, 110).at(36) == Approx(1.0 - 0.9 * 0.25));
+  // One step with no warmup trains at the peak, not at min_lr.
+  CHECK(LrSchedule({.kind = Decay::cosine}, 1.0, 1).at(1) == Approx(1.0));
   config.kind = Decay::constant;
   CHECK(LrSchedule(config, 2.0, 110).at(80) == Approx(2.0));
 }
