@@ -254,17 +254,30 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
   try {
     parsed = toml::parse("v = " + value);
   } catch (const toml::parse_error& e) {
-    if (!value.empty() && std::string_view("\"'[{").find(value.front()) != std::string_view::npos) {
+    // A quoted, array or table value, or a whole number (which fails past 64 bits alone), is
+    // not a bare word.
+    const size_t sign = !value.empty() && (value[0] == '-' || value[0] == '+') ? 1 : 0;
+    const bool whole_number = value.size() > sign && value.find_first_not_of("0123456789", sign) == std::string::npos;
+    const bool quoted = !value.empty() && std::string_view("\"'[{").find(value.front()) != std::string_view::npos;
+    if (whole_number || quoted) {
       throw UserError("--set " + text + ": invalid TOML value: " + plain_words(std::string(e.description())));
     }
     parsed.insert("v", value);
   }
-  // "policy.options.shard" names a key in a nested table; create the tables on the way.
+  // "policy.options.shard" names a key in a nested table; create the tables on the way, each
+  // one the --set's to answer for. A value the file gives on the way is not a table to enter.
   toml::table* table = &doc.root;
-  std::string rest = section + "." + key;
+  std::string rest = section + "." + key, reached;
   for (size_t dot_at; (dot_at = rest.find('.')) != std::string::npos; rest = rest.substr(dot_at + 1)) {
     const std::string part = rest.substr(0, dot_at);
-    if (!table->get_as<toml::table>(part)) table->insert_or_assign(part, toml::table{});
+    reached += (reached.empty() ? "" : ".") + part;
+    if (const toml::node* there = table->get(part); there != nullptr && !there->is_table()) {
+      throw UserError("--set " + text + ": " + reached + " is a value, not a table of keys");
+    }
+    if (!table->get_as<toml::table>(part)) {
+      table->insert_or_assign(part, toml::table{});
+      doc.overridden.emplace(reached, text);
+    }
     table = table->get_as<toml::table>(part);
   }
   table->insert_or_assign(rest, *parsed.get("v"));

@@ -291,6 +291,12 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
   check_loaded("step");
   const auto groups = fsdp_->grad_groups();
+  // torch's optimizers leave a parameter without a gradient as it is: a step with none at all
+  // would be weight decay alone, the mark of a forgotten backward.
+  const bool any_grad = std::any_of(groups.begin(), groups.end(), [](const GradGroup& group) {
+    return std::any_of(group.params.begin(), group.params.end(), [](const at::Tensor& p) { return p.grad().defined(); });
+  });
+  if (!any_grad) throw UserError("step: no gradients since zero_grad (no backward through the model yet)");
   if (divisor != 1.0) {
     at::NoGradGuard no_grad;
     for (const auto& group : groups) {

@@ -63,6 +63,11 @@ expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
 expect "evaluation with nothing held out" "[train] eval_every = 3 evaluates the held-out part" \
   -- train "$work/ok.toml" --set train.eval_every=3
 
+expect "a --set past 64-bit integers" "--set train.steps=9223372036854775808: invalid TOML value" \
+  -- train "$work/ok.toml" --set train.steps=9223372036854775808
+expect "a --set past a value" "--set train.steps.x=1: train.steps is a value, not a table of keys" \
+  -- train "$work/ok.toml" --set train.steps.x=1
+
 expect "unknown train_on" "[data] train_on: 'prompts' is not one of all, completion" \
   -- train "$work/ok.toml" --set 'data.train_on="prompts"'
 

@@ -279,7 +279,7 @@ def hf_cases(ckpt):
     for name, patterns, changes in [
         ("2.5 layers", ["num_hidden_layers must be an integer, got 2.5"], {"num_hidden_layers": 2.5}),
         ("a million layers", ["num_hidden_layers must be in [1, 4096], got 1000000"], {"num_hidden_layers": 1000000}),
-        ("rope_theta 0", ["rope_theta must be positive"], {"rope_theta": 0}),
+        ("rope_theta 0", ["rope_theta must be above 1 and at most 1e300, got 0.0"], {"rope_theta": 0}),
         ("negative rms_norm_eps", ["rms_norm_eps must be positive"], {"rms_norm_eps": -1}),
         ("no positions", ["max_position_embeddings must be in [1,"], {"max_position_embeddings": 0}),
         ("garbage rope_scaling", ["rope_scaling: rope_type 'garbage' is not supported"],

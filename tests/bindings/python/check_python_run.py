@@ -386,10 +386,11 @@ def graph_outlives_its_calls(run_file):
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} logprobs, {name}, then its backward and a step: "
               f"{'bitwise' if same else 'NOT'} as with nothing between")
-    (norm, stepped), _ = logprobs_step(lambda run: run.step())
+    (norm, stepped), _ = logprobs_step(lambda run: (run.model(ids).sum().backward(), run.step(), run.zero_grad()))
     good = stepped and math.isfinite(norm) and norm > 0
     ok &= good
-    print(f"{'ok  ' if good else 'FAIL'} logprobs, a step, then its backward: gradient norm {norm:.6f}")
+    print(f"{'ok  ' if good else 'FAIL'} logprobs, another forward's backward and a step, then its backward: "
+          f"gradient norm {norm:.6f}")
     # Targets a sampling loop made under inference mode, which backward could not save.
     with torch.inference_mode():
         sampled = ids[:, 1:].clone()
@@ -629,6 +630,7 @@ def bad_uses(run_file, other_model_dir, work):
         ("sparse input_ids", lambda: run.model(ids.to_sparse()), "input_ids: expected a dense tensor, got a torch.sparse_coo one"),
         ("full weights as integers", lambda: next(run.full_weights(torch.int64)),
          "full_weights: dtype must be a floating torch.dtype, got torch.int64"),
+        ("a step with no backward", lambda: run.step(), "step: no gradients since zero_grad"),
         ("saving behind a later checkpoint of the run", lambda: run.save(later),
          f"save: {later}/step-00000001 is a later checkpoint of this run than step 0"),
     ]
