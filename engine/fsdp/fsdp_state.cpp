@@ -305,6 +305,7 @@ void FsdpState::final_callback() {
 }
 
 void FsdpState::end_backward() {
+  ++backwards_ended_;
   for (auto& unit : units_) {
     unit->finish_reduce();
     unit->end_backward();

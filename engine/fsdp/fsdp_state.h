@@ -59,6 +59,9 @@ class FsdpState : public ShardedView {
   void on_pre_backward(FsdpUnit* unit);
   void on_reduce_issued(FsdpUnit* unit);
   bool in_backward() const { return in_backward_; }
+  // Backwards through the units that have ended, whichever way: a count that a forward can
+  // compare with the one at an earlier forward to know whether a backward came between.
+  int64_t backwards_ended() const { return backwards_ended_; }
   // Before a call from outside any backward (the Python API's): waits out a backward that
   // another thread runs, and puts right what one that ended in an exception left (see
   // abandon_backward). UserError from inside a backward.
@@ -83,6 +86,7 @@ class FsdpState : public ShardedView {
   std::map<std::pair<size_t, int>, std::shared_ptr<Comm>> post_forward_groups_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
+  int64_t backwards_ended_ = 0;
   BackwardWatch backward_;  // the backward in_backward_ stands for
   bool sync_ = true;
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them

@@ -269,15 +269,26 @@ void Run::update(double lr, const GradClip& clip) {
 
 at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
   check_loaded("forward", /*params_only=*/true);
+  check_balance_consumed("forward");
   const at::Tensor input = to_device(input_ids, device_);
   at::Tensor logits = layout.empty() ? model()(input) : model()(input, layout);
   balance_experts(grad_divisor);
   return scaled_output(logits);
 }
 
+void Run::check_balance_consumed(const char* what) const {
+  // The load-balancing gradient lives in one buffer per layer, which a forward with autograd
+  // refills; sampling runs without autograd, and sums no routing.
+  if (experts_ && at::GradMode::is_enabled() && balanced_after_ && *balanced_after_ == fsdp_->backwards_ended()) {
+    throw UserError(std::string(what) + ": a mixture-of-experts model's forward with autograd before the backward of "
+                    "the previous one, whose load-balancing gradient it would replace: backward each forward first, "
+                    "forward the rows in one call, or sample under torch.no_grad()");
+  }
+}
+
 void Run::balance_experts(double grad_divisor) {
-  // Sampling runs without autograd, and may run a different number of forwards on each rank.
   if (experts_ && at::GradMode::is_enabled()) {
+    balanced_after_ = fsdp_->backwards_ended();
     experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
   }
 }
@@ -326,6 +337,7 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
                     "[policy.options] fused_linear_logprob = true");
   }
   if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
+  check_balance_consumed("logprobs");
   const at::Tensor input = to_device(input_ids, device_);
   const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]
   balance_experts(grad_divisor);

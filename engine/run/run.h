@@ -199,6 +199,9 @@ class Run {
   std::unique_ptr<FsdpState> fsdp_;
   std::unique_ptr<AdamW> optimizer_;
   std::optional<ExpertBalance> experts_;  // mixture-of-experts models
+  // The backwards ended (FsdpState::backwards_ended) at the last forward with autograd that
+  // refilled the experts' load-balancing buffers, the Python API's.
+  std::optional<int64_t> balanced_after_;
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
   bool computes_float16_ = false;         // some unit computes in float16
   std::optional<LossScaler> scaler_;      // float16 compute's loss scale ([loss_scale])
@@ -212,6 +215,9 @@ class Run {
   void update(double lr, const GradClip& clip);
   // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward).
   void balance_experts(double grad_divisor);
+  // Before one: refuses a second such forward of a mixture-of-experts model with no backward
+  // since the first, in one line beginning with `what`.
+  void check_balance_consumed(const char* what) const;
   // A caller's model output, with autograd on and a loss scale, as a copy in float32 (float64
   // stays) whose gradient is multiplied by the scale: the caller's loss need not be scaled.
   at::Tensor scaled_output(const at::Tensor& output) const;

@@ -7,6 +7,7 @@ update happen inside fsdpp.Run, as in the binary, without the loop writing eithe
   losses within 1e-3 (transformers' float32 rotary tables; see check_python_run.py); and at
   world 2 under torchrun, gradients averaged, equal to world 1 within 1e-10 (each rank's
   share of the load-balancing loss survives the average).
+- a second forward with autograd before the first one's backward is refused;
 - DeepSeek-V3 with [experts] bias_update_rate: world 2 equal to world 1 within 1e-10, the
   routing biases included, each bias having moved by whole multiples of the rate.
 
@@ -75,6 +76,32 @@ def biases_moved_by_the_rate(before, after):
     return ok
 
 
+def second_forward_refused(run_file):
+    """A second forward with autograd before the first one's backward would replace its
+    load-balancing gradient: refused in one line, and the run trains on after it; sampling
+    under no_grad between two training forwards is no such forward."""
+    import fsdpp
+    run = fsdpp.Run(run_file)
+    ids = batches(101)[0][0]
+    first = run.model(ids)
+    try:
+        run.model(ids)
+        message = "no error"
+    except fsdpp.Error as e:
+        message = str(e)
+    with torch.no_grad():
+        run.model(ids)
+    first.sum().backward()
+    second = run.model(ids)  # after the backward: allowed
+    second.sum().backward()
+    norm, stepped = run.step()
+    ok = (message.startswith("forward: a mixture-of-experts model's forward with autograd before the backward")
+          and "\n" not in message and stepped and norm > 0)
+    print(f"{'ok  ' if ok else 'FAIL'} a second forward with autograd before the first's backward: {message}; "
+          f"then a step of norm {norm:.6f}")
+    return ok
+
+
 def main():
     if sys.argv[1] == "--rank":  # one of torchrun's processes
         run_file, model, out = sys.argv[2:5]
@@ -91,6 +118,7 @@ def main():
         run_file = write_run_file(os.path.join(work, model), model_dir)
         one = train_fsdpp(run_file, model, 0, 1)
         if model == "qwen3_moe":
+            ok &= second_forward_refused(run_file)
             ok &= compare_transformers(f"{model}, world 1, aux loss inside the run", one[0], train_reference(model_dir))
         else:
             from safetensors.torch import load_file
