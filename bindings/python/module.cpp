@@ -170,11 +170,13 @@ class PythonRun {
  private:
   // `work` on the run with the GIL released, so that the loop's other Python threads go on
   // meanwhile, and one call at a time: a second thread's call waits for the first to end.
-  // A backward another thread runs is waited for first, and one that ended in an exception
-  // is put right (FsdpState::settle_backward). A collective another rank left is fsdpp.Error.
+  // A backward another thread runs is waited for first, before the lock, which a hook of that
+  // backward calling into the run may need; one that ended in an exception is put right
+  // (FsdpState::settle_backward). A collective another rank left is fsdpp.Error.
   template <typename Work>
   std::invoke_result_t<Work&> exclusively(Work&& work) {
     py::gil_scoped_release released;
+    run_->wait_for_backward();
     std::lock_guard<std::mutex> lock(mutex_);
     try {
       run_->settle_backward();

@@ -254,10 +254,10 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
   try {
     parsed = toml::parse("v = " + value);
   } catch (const toml::parse_error& e) {
-    // A quoted, array or table value, or a whole number (which fails past 64 bits alone), is
-    // not a bare word.
+    // A quoted, array or table value, or a whole number too long for 64 bits, is not a bare
+    // word (a shorter one fails for a leading zero alone: "0001" stays a name).
     const size_t sign = !value.empty() && (value[0] == '-' || value[0] == '+') ? 1 : 0;
-    const bool whole_number = value.size() > sign && value.find_first_not_of("0123456789", sign) == std::string::npos;
+    const bool whole_number = value.size() >= sign + 19 && value.find_first_not_of("0123456789", sign) == std::string::npos;
     const bool quoted = !value.empty() && std::string_view("\"'[{").find(value.front()) != std::string_view::npos;
     if (whole_number || quoted) {
       throw UserError("--set " + text + ": invalid TOML value: " + plain_words(std::string(e.description())));

@@ -8,27 +8,37 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 namespace fsdpp {
 
 class BackwardWatch {
  public:
+  BackwardWatch();
+
   // At the backward's first pre-backward: queues `finish` as its final callback.
   void begin(std::function<void()> finish);
-  // From outside that backward: returns once it is over (at once when none runs), having
-  // waited for one that another thread runs. UserError when called from inside it (a hook
-  // that calls into the run).
-  void wait_until_over();
+  // Whether the calling thread runs the backward begun last, and it still runs (a forward
+  // inside it is a recomputation).
+  bool inside() const;
+  // From outside the backward begun last: returns once it is over, having waited for one
+  // that another thread runs. From inside it (a recomputation the caller wraps, a hook that
+  // calls into the run): returns false at once, waiting for nothing.
+  bool wait_until_over();
 
  private:
-  void over();
-
-  std::mutex mutex_;
-  std::condition_variable ended_;
-  bool running_ = false;
-  int task_ = -1;  // the autograd engine's id of the backward that runs
+  // Shared with the tickets, which the engine may free after the run is gone.
+  struct State {
+    std::mutex mutex;
+    std::condition_variable ended;
+    uint64_t generation = 0;  // of the backward begun last
+    bool running = false;     // its ticket lives
+    int task = -1;            // the autograd engine's id of it
+  };
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace fsdpp

@@ -275,6 +275,8 @@ void FsdpState::on_pre_forward(FsdpUnit* unit) {
 }
 
 void FsdpState::on_pre_backward(FsdpUnit* unit) {
+  // A backward that ended in an exception, with no call into the run since to clear it.
+  if (in_backward_ && !backward_.inside()) abandon_backward();
   if (!in_backward_) {
     // A graph of the backward itself would have to differentiate the reductions and the
     // units' buffers, which run outside autograd.
@@ -300,7 +302,9 @@ void FsdpState::on_reduce_issued(FsdpUnit* unit) {
 void FsdpState::final_callback() {
   // Units whose inputs needed no gradient (the root, an embedding) never saw their
   // post-backward fire; reduce them now, in the same order on every rank.
-  for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
+    if ((*it)->awaits_reduction()) (*it)->post_backward();
+  }
   end_backward();
 }
 
@@ -321,7 +325,7 @@ void FsdpState::end_backward() {
 }
 
 void FsdpState::settle_backward() {
-  backward_.wait_until_over();
+  if (!backward_.wait_until_over()) return;  // a call from inside the backward: a recomputation
   if (in_backward_) abandon_backward();
 }
 

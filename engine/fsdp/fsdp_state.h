@@ -62,10 +62,12 @@ class FsdpState : public ShardedView {
   // Backwards through the units that have ended, whichever way: a count that a forward can
   // compare with the one at an earlier forward to know whether a backward came between.
   int64_t backwards_ended() const { return backwards_ended_; }
-  // Before a call from outside any backward (the Python API's): waits out a backward that
-  // another thread runs, and puts right what one that ended in an exception left (see
-  // abandon_backward). UserError from inside a backward.
+  // Before a call into the run (the Python API's): waits out a backward that another thread
+  // runs, and puts right what one that ended in an exception left (see abandon_backward).
+  // From inside the backward (a recomputation the caller wraps) it does nothing.
   void settle_backward();
+  // settle_backward's wait alone, which touches none of the units' state.
+  void wait_for_backward() { backward_.wait_until_over(); }
 
  private:
   void final_callback();

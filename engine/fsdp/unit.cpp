@@ -30,7 +30,7 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    reinterpret_cast<FsdpUnit*>(ctx->saved_data["unit"].toInt())->forward_passed_backward();
+    reinterpret_cast<FsdpUnit*>(ctx->saved_data["unit"].toInt())->post_backward();
     grads.emplace_back();  // for the unit handle
     return grads;
   }
@@ -115,7 +115,6 @@ void FsdpUnit::install_hooks() {
     }
     if (needing_grad.empty()) return;  // the end-of-backward callback reduces this unit
     auto routed = PostBackward::apply(at::TensorList(needing_grad), reinterpret_cast<int64_t>(this));
-    ++forwards_awaiting_backward_;
     for (size_t k = 0; k < positions.size(); ++k) inputs[positions[k]] = routed[k];
   }));
   hooks_.emplace_back(last, last->add_post_forward_hook([this](Module&, torch::Tensor& output) {

@@ -64,14 +64,15 @@ class FsdpUnit {
   // Drops the compute-dtype shard a forward kept for backward's gather: due before the
   // masters change.
   void release_cast_shard();
-  // Issues the reduce-scatter of the gathered parameters' gradients, drops the full
-  // gradients and reshards. Once per backward.
+  // Issues the reduce-scatter of the gradients the gathered parameters hold, drops them and
+  // reshards. Once per forward's backward: a loss over several forwards reduces each
+  // forward's part as its backward passes the unit, and the reductions add up in the shards.
   void post_backward();
-  // The backward of one of the unit's forwards with autograd has passed the unit: after the
-  // last such forward's, post_backward.
-  void forward_passed_backward();
-  // After a backward that ended in an exception: drops full gradients it did not reduce and
-  // the gathered parameters.
+  // Whether the end of the backward must still reduce the unit: its post-backward never ran
+  // (its inputs needed no gradient), or gradients arrived after it did.
+  bool awaits_reduction() const;
+  // After a backward that ended in an exception: drops the full gradients it did not reduce
+  // and the gathered parameters.
   void drop_unreduced();
   // Moves the reduction one stage on: waits for the reduce-scatter and, under HSDP, issues
   // the replicas' all-reduce; or waits for that all-reduce. Once the reduction is complete,
@@ -82,10 +83,7 @@ class FsdpUnit {
   void finish_reduce();
   void add_host_gradients();
   void pre_backward();
-  void end_backward() {
-    reduced_ = false;
-    forwards_awaiting_backward_ = 0;
-  }
+  void end_backward() { reduced_ = false; }
   // Runs visit(name, full value) for each parameter from what the optimizer holds: its masters
   // (a frozen parameter's compute-dtype shard where it has none), gathered over the shard
   // group, whatever dtype the unit computes in. A collective over the shard group.
@@ -136,10 +134,7 @@ class FsdpUnit {
   CommWork gather_;
   std::optional<c10::Event> copied_;  // the copy stream's fill of gathered_'s source, not yet waited for
   at::Tensor post_forward_slice_;  // [S/k, T] the rows of S/k ranks, kept between forward and backward
-  bool reduced_ = false;
-  // Forwards with autograd since the last backward ended: a loss built from several (a DPO
-  // pair, a ratio with an entropy term) backpropagates through each before the unit reduces.
-  int forwards_awaiting_backward_ = 0;
+  bool reduced_ = false;  // post_backward ran in this backward
   at::Tensor reduced_grads_;       // [T] this rank's summed gradient rows, filled by reduce_
   CommWork reduce_;
   CommWork replica_reduce_;        // HSDP: the replicas' sum of reduced_grads_

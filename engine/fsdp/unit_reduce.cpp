@@ -10,29 +10,24 @@
 
 namespace fsdpp {
 
-void FsdpUnit::forward_passed_backward() {
-  // The engine sums a parameter's gradients from every forward before it accumulates them,
-  // and so has accumulated them all once the last forward's backward has passed the unit. A
-  // forward whose output no backward reaches leaves the count above zero: the end-of-backward
-  // callback reduces the unit then. A retained graph's second backward finds it at zero.
-  if (forwards_awaiting_backward_ > 1) {
-    --forwards_awaiting_backward_;
-    return;
-  }
-  forwards_awaiting_backward_ = 0;
-  post_backward();
+bool FsdpUnit::awaits_reduction() const {
+  return !reduced_ || std::any_of(params_.begin(), params_.end(), [](const ShardedParam& p) {
+    return p.param.requires_grad() && p.param.grad().defined();
+  });
 }
 
 void FsdpUnit::drop_unreduced() {
-  if (!reduced_) {
-    for (auto& p : params_) p.param.mutable_grad() = at::Tensor();
-  }
+  for (auto& p : params_) p.param.mutable_grad() = at::Tensor();
   cast_shard_ = at::Tensor();
   reshard();
 }
 
 void FsdpUnit::post_backward() {
-  if (reduced_) return;
+  // The engine sums a parameter's gradients from every forward that used it before it
+  // accumulates them once. Where one loss spans several forwards, a forward's post-backward
+  // may come before that (the unit reduces what it holds: nothing yet) and the last one's
+  // after it, so every gradient is reduced once, whatever the order.
+  finish_reduce();  // a reduction of this backward's earlier forward still in flight
   reduced_ = true;
   cast_shard_ = at::Tensor();
   if (!state_->requires_gradient_sync()) {

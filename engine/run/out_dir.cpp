@@ -18,6 +18,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <vector>
 
 namespace fsdpp {
@@ -122,14 +124,13 @@ void check_checkpoint_dir(const RunConfig& config) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UserError(where + ": cannot write into it: " + std::strerror(errno));
 }
 
-// A run truncates its metrics file at start: one that exists must be a run's metrics.
+// A run truncates its metrics file at start: a regular file there must be a run's metrics
+// (a device such as /dev/null, or a pipe, is the user's way to send them elsewhere).
 void check_metrics_file(const RunConfig& config) {
   const fs::path file = config.metrics.jsonl;
   std::error_code error;
-  const auto status = fs::status(file, error);
-  if (!fs::exists(status)) return;
+  if (!fs::is_regular_file(fs::status(file, error))) return;
   const std::string where = config.source.where("metrics", "jsonl") + ": [metrics] jsonl: " + file.string();
-  if (!fs::is_regular_file(status)) throw UserError(where + ": is not a regular file");
   std::ifstream in(file);
   std::string first;
   std::getline(in, first);
@@ -148,8 +149,25 @@ void check_outputs(const RunConfig& config) {
     check_adapter_dir(config);
   }
   check_metrics_file(config);
-  check_checkpoint_dir(config);
+  const CheckpointConfig& saves = config.checkpoint;
+  if (saves.save_every > 0 || saves.save_final || saves.save_on_signal) check_checkpoint_dir(config);
 }
+
+namespace {
+
+// The locks this process holds, by directory: its Runs into one out_dir (the Python API's
+// several, a notebook's rebuilt one) share one, released when the last of them ends.
+struct HeldLock {
+  int fd = -1;
+  int runs = 0;
+};
+std::mutex held_mutex;
+std::map<std::string, HeldLock>& held_locks() {
+  static std::map<std::string, HeldLock> held;
+  return held;
+}
+
+}  // namespace
 
 std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {
   if (config.train.reuse_out_dir) return nullptr;
@@ -157,21 +175,25 @@ std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw UserError(dir.string() + ": cannot create [train] out_dir: " + error.message());
+  const std::string key = fs::canonical(dir, error).string();
+  std::lock_guard lock(held_mutex);
+  if (auto it = held_locks().find(key); it != held_locks().end()) {
+    ++it->second.runs;
+    return std::unique_ptr<OutDirLock>(new OutDirLock(key));
+  }
   const fs::path file = dir / ".lock";
-  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // Read-only where another user made it: a lock needs no write access, only the note does.
+  int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EACCES) fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw UserError(file.string() + ": cannot open: " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int why = errno;
-    if (why == ENOLCK || why == EOPNOTSUPP) {
-      ::close(fd);
-      return nullptr;
-    }
     char holder[32] = {};
-    const ssize_t got = ::pread(fd, holder, sizeof holder - 1, 0);
+    const ssize_t got = why == EWOULDBLOCK ? ::pread(fd, holder, sizeof holder - 1, 0) : 0;
     ::close(fd);
+    // A file system that cannot lock (some network mounts) goes unlocked.
+    if (why != EWOULDBLOCK) return nullptr;
     const std::string pid(holder, got > 0 ? static_cast<size_t>(got) : 0);
-    // Runs this process holds (the Python API's, a notebook's rebuilt one) share the directory.
-    if (pid == std::to_string(::getpid())) return nullptr;
     throw UserError(dir.string() + ": another run is training in this [train] out_dir" +
                     (pid.empty() ? "" : " (process " + pid + ")") + "; wait for it to end, or choose another out_dir");
   }
@@ -180,10 +202,17 @@ std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {
   const std::string pid = std::to_string(::getpid());
   [[maybe_unused]] const bool noted =
       ::ftruncate(fd, 0) == 0 && ::pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size());
-  return std::unique_ptr<OutDirLock>(new OutDirLock(fd));
+  held_locks()[key] = {fd, 1};
+  return std::unique_ptr<OutDirLock>(new OutDirLock(key));
 }
 
-OutDirLock::~OutDirLock() { ::close(fd_); }
+OutDirLock::~OutDirLock() {
+  std::lock_guard lock(held_mutex);
+  auto it = held_locks().find(key_);
+  if (it == held_locks().end() || --it->second.runs > 0) return;
+  ::close(it->second.fd);
+  held_locks().erase(it);
+}
 
 void record_run(const RunConfig& config) { record_identity(config.train.out_dir, RunIdentity::of(config)); }
 

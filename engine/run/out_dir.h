@@ -40,17 +40,18 @@ void check_outputs(const RunConfig& config);
 // the directory by choice and takes no lock.
 class OutDirLock {
  public:
-  // The lock, or none for reuse_out_dir or where this process already holds it (the Python
-  // API's several Runs); UserError naming the directory and the holder's process when another
-  // process holds it. A file system without locks (some network mounts) goes unlocked.
+  // The lock, shared by this process's Runs into the directory (the Python API's several) and
+  // held until the last of them ends; none for reuse_out_dir. UserError naming the directory
+  // and the holder's process when another process holds it. A file system without locks
+  // (some network mounts) goes unlocked.
   static std::unique_ptr<OutDirLock> claim(const RunConfig& config);
   ~OutDirLock();
   OutDirLock(const OutDirLock&) = delete;
   OutDirLock& operator=(const OutDirLock&) = delete;
 
  private:
-  explicit OutDirLock(int fd) : fd_(fd) {}
-  int fd_;
+  explicit OutDirLock(std::string key) : key_(std::move(key)) {}
+  std::string key_;  // the directory, canonical
 };
 
 // Records the run in <out_dir>/run.json (rank 0, once its set-up succeeded: a run that was

@@ -171,6 +171,8 @@ Run::~Run() = default;
 
 void Run::settle_backward() { fsdp_->settle_backward(); }
 
+void Run::wait_for_backward() { fsdp_->wait_for_backward(); }
+
 size_t Run::units() const { return fsdp_->units().size(); }
 
 void Run::shard(const Plan& plan) {

@@ -85,9 +85,10 @@ class Run {
   // backward is done, so a signal during the step stops the run after this step, and every
   // rank learns of it.
   StepFigures step(double lr, const std::function<bool()>& stop_requested);
-  // Before a call from outside any backward: waits out a backward another thread runs, and
-  // puts right what one that ended in an exception left (FsdpState::settle_backward).
+  // Before a call into the run: waits out a backward another thread runs, and puts right what
+  // one that ended in an exception left (FsdpState::settle_backward); the wait alone.
   void settle_backward();
+  void wait_for_backward();
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
   // documents, chosen positions), with autograd through the units' hooks: a backward from them

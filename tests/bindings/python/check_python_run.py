@@ -430,6 +430,7 @@ def backwards_of_every_shape(run_file):
     ok = True
     separate = stepped(lambda run: (run.model(ids).sum().backward(), (0.5 * run.model(flipped).logsumexp(-1).sum()).backward()))
     joint = stepped(lambda run: (run.model(ids).sum() + 0.5 * run.model(flipped).logsumexp(-1).sum()).backward())
+    joint_plain = joint
     good = close(joint, separate)
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} one backward of a loss over two forwards: norm {joint[0][0]:.12f}, "
@@ -451,6 +452,37 @@ def backwards_of_every_shape(run_file):
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} a DPO pair's log-probs in two calls, one backward: norm {two_calls[0][0]:.12f}, "
           f"in one call {one_call[0][0]:.12f}")
+
+    # Every order of forwards and backwards: a retained graph's second backward, a backward
+    # of another forward between a forward and its own, and an uninvolved forward's output
+    # detached first, each equal to the plain computation of the same gradient.
+    def entropy(logits):
+        return 0.5 * logits.logsumexp(-1).sum()
+
+    def retained(run):
+        loss = run.model(ids).sum() + entropy(run.model(flipped))
+        loss.backward(retain_graph=True)
+        loss.backward()
+
+    def backward_between(run):
+        early = run.model(ids)
+        run.model(flipped).sum().backward()
+        run.zero_grad()
+        (early.sum() + entropy(run.model(flipped))).backward()
+
+    def detached_first(run):
+        run.model(flipped).detach()  # old log-probs taken without no_grad
+        (run.model(ids).sum() + entropy(run.model(flipped))).backward()
+
+    for name, loop, want in [("a retained graph backwarded twice", retained,
+                              lambda run: (2 * (run.model(ids).sum() + entropy(run.model(flipped)))).backward()),
+                             ("a backward of another forward between", backward_between, None),
+                             ("a detached forward before", detached_first, None)]:
+        got = stepped(loop)
+        expected = stepped(want) if want else joint_plain
+        good = close(got, expected)
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {name}: norm {got[0][0]:.12f}, the plain computation's {expected[0][0]:.12f}")
 
     fresh = stepped(lambda run: run.model(ids).sum().backward())
 
@@ -475,7 +507,17 @@ def backwards_of_every_shape(run_file):
         run.zero_grad()
         run.model(ids).sum().backward()
 
-    for name, loop in [("a hook that raises", raising), ("create_graph=True", create_graph)]:
+    def raising_then_another(run):
+        logits, other = run.model(flipped), run.model(ids)
+        logits.register_hook(lambda grad: (_ for _ in ()).throw(ValueError("the loop's hook")))
+        try:
+            logits.sum().backward()
+        except ValueError:
+            pass
+        other.sum().backward()  # straight after, with no call into the run between
+
+    for name, loop in [("a hook that raises", raising), ("create_graph=True", create_graph),
+                       ("a hook that raises (another forward's backward straight after)", raising_then_another)]:
         after = stepped(loop)
         good = same(after, fresh)
         ok &= good
