@@ -301,7 +301,8 @@ void FsdpState::on_reduce_issued(FsdpUnit* unit) {
 
 void FsdpState::final_callback() {
   // Units whose inputs needed no gradient (the root, an embedding) never saw their
-  // post-backward fire; reduce them now, in the same order on every rank.
+  // post-backward fire, and a unit used by several forwards may hold gradients that arrived
+  // after its last one did; reduce them now, in the same order on every rank.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) {
     if ((*it)->awaits_reduction()) (*it)->post_backward();
   }

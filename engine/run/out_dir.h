@@ -32,7 +32,8 @@ void check_out_dir(const RunConfig& config);
 // own directories or over files no export wrote (io/hf_dir.h's check_export_target), an
 // adapter over files no adapter wrote, a [checkpoint] dir that cannot be made or written,
 // and a [metrics] jsonl over a file that is not a run's metrics (a token file, weights).
-// Every rank checks alike, before any rendezvous; the checkpoint directory is made here.
+// Every rank checks alike, before any rendezvous; the checkpoint directory is made here
+// when the run can save (save_every, save_final or save_on_signal).
 void check_outputs(const RunConfig& config);
 // Rank 0's hold on <out_dir>/.lock for as long as its run lives, so that a second run into
 // the same directory (a job started twice) is refused instead of interleaving its
