@@ -10,7 +10,6 @@
 #include "fsdp/fsdp_state.h"
 #include "fsdp/plan_agreement.h"
 #include "io/sharded_checkpoint.h"
-#include "loss/chunked_logprobs.h"
 #include "loss/next_token_loss.h"
 #include "models/registry.h"
 #include "run/out_dir.h"
@@ -18,7 +17,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <nlohmann/json.hpp>
 
@@ -32,24 +30,6 @@ namespace fsdpp {
 namespace {
 
 using nlohmann::json;
-
-// A copy of `t` in `dtype` whose gradient backward multiplies by `factor` before casting it
-// back to t's dtype: a caller's loss that is not multiplied by the loss scale gets its
-// gradient scaled in float32, before the cast to float16 could flush it to zero. A copy, not
-// a view, so that the caller may change it in place.
-struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, at::ScalarType dtype,
-                            double factor) {
-    ctx->saved_data["factor"] = factor;
-    ctx->saved_data["dtype"] = static_cast<int64_t>(t.scalar_type());
-    return t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {(grads[0] * ctx->saved_data["factor"].toDouble()).to(dtype), at::Tensor(), at::Tensor()};
-  }
-};
 
 // Rank r trains rows [r * rows, (r + 1) * rows) of every global micro-batch.
 int64_t rows_per_rank(const RunConfig& config, int world) {
@@ -169,10 +149,6 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
 
 Run::~Run() = default;
 
-void Run::settle_backward() { fsdp_->settle_backward(); }
-
-void Run::wait_for_backward() { fsdp_->wait_for_backward(); }
-
 size_t Run::units() const { return fsdp_->units().size(); }
 
 void Run::shard(const Plan& plan) {
@@ -269,38 +245,6 @@ void Run::update(double lr, const GradClip& clip) {
   fsdp_->expect_host_updates(optimizer_->step(lr, clip, fsdp_->host_update_batches()));
 }
 
-at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
-  check_loaded("forward", /*params_only=*/true);
-  check_balance_consumed("forward");
-  const at::Tensor input = to_device(input_ids, device_);
-  at::Tensor logits = layout.empty() ? model()(input) : model()(input, layout);
-  balance_experts(grad_divisor);
-  return scaled_output(logits);
-}
-
-void Run::check_balance_consumed(const char* what) const {
-  // The load-balancing gradient lives in one buffer per layer, which a forward with autograd
-  // refills; sampling runs without autograd, and sums no routing.
-  if (experts_ && at::GradMode::is_enabled() && balanced_after_ && *balanced_after_ == fsdp_->backwards_ended()) {
-    throw UserError(std::string(what) + ": a mixture-of-experts model's forward with autograd before the backward of "
-                    "the previous one, whose load-balancing gradient it would replace: backward each forward first, "
-                    "forward the rows in one call, or sample under torch.no_grad()");
-  }
-}
-
-void Run::balance_experts(double grad_divisor) {
-  if (experts_ && at::GradMode::is_enabled()) {
-    balanced_after_ = fsdp_->backwards_ended();
-    experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
-  }
-}
-
-at::Tensor Run::scaled_output(const at::Tensor& output) const {
-  if (!scaler_ || !at::GradMode::is_enabled()) return output;
-  const at::ScalarType dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat : output.scalar_type();
-  return ScaleGradient::apply(output, dtype, scaler_->scale());
-}
-
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
   check_loaded("step");
   const auto groups = fsdp_->grad_groups();
@@ -330,33 +274,6 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
 }
 
 void Run::zero_grad() { optimizer_->zero_grad(); }
-
-at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                         const RowLayout& layout, double grad_divisor) {
-  check_loaded("logprobs", /*params_only=*/true);
-  if (!head_in_root_) {
-    throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
-                    "[policy.options] fused_linear_logprob = true");
-  }
-  if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
-  check_balance_consumed("logprobs");
-  const at::Tensor input = to_device(input_ids, device_);
-  const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]
-  balance_experts(grad_divisor);
-  const int64_t rows = hidden.size(0), tokens = hidden.size(1);
-  // About 64 MiB of float32 logits live at a time.
-  const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
-  at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
-                                     to_device(targets, device_).reshape({-1}), temperature, chunk);  // [B * T]
-  // Backward reads the head's weight before the hidden states' gradient reaches the root
-  // unit's own hook: a step or an offload between this forward and its backward resharded
-  // it, so the root gathers again first, as a layer's unit does for its own backward.
-  if (flat.requires_grad()) {
-    FsdpUnit* root = fsdp_->units().back().get();
-    flat.register_hook([root](const at::Tensor&) { root->pre_backward(); });
-  }
-  return scaled_output(flat.view({rows, tokens}));
-}
 
 std::optional<EvalResult> Run::evaluate() {
   if (!batches_ || !batches_->can_evaluate()) return std::nullopt;

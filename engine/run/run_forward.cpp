@@ -1,0 +1,103 @@
+// A run's forwards for a caller that owns the loss (the Python API): logits or per-token
+// log-probabilities with autograd through the units, the mixture-of-experts routing balance
+// each forward with autograd owes its backward, and the loss scale applied to what the
+// caller differentiates; and the waits that keep a caller's calls off a backward in flight.
+#include "run/run.h"
+
+#include "core/device.h"
+#include "core/error.h"
+#include "fsdp/fsdp_state.h"
+#include "loss/chunked_logprobs.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+namespace fsdpp {
+
+namespace {
+
+// A copy of `t` in `dtype` whose gradient backward multiplies by `factor` before casting it
+// back to t's dtype: a caller's loss that is not multiplied by the loss scale gets its
+// gradient scaled in float32, before the cast to float16 could flush it to zero. A copy, not
+// a view, so that the caller may change it in place.
+struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, at::ScalarType dtype,
+                            double factor) {
+    ctx->saved_data["factor"] = factor;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(t.scalar_type());
+    return t.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {(grads[0] * ctx->saved_data["factor"].toDouble()).to(dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void Run::settle_backward() { fsdp_->settle_backward(); }
+
+void Run::wait_for_backward() { fsdp_->wait_for_backward(); }
+
+at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
+  check_loaded("forward", /*params_only=*/true);
+  check_balance_consumed("forward");
+  const at::Tensor input = to_device(input_ids, device_);
+  at::Tensor logits = layout.empty() ? model()(input) : model()(input, layout);
+  balance_experts(grad_divisor);
+  return scaled_output(logits);
+}
+
+void Run::check_balance_consumed(const char* what) const {
+  // The load-balancing gradient lives in one buffer per layer, which a forward with autograd
+  // refills; sampling runs without autograd, and sums no routing.
+  if (experts_ && at::GradMode::is_enabled() && balanced_after_ && *balanced_after_ == fsdp_->backwards_ended()) {
+    throw UserError(std::string(what) + ": a mixture-of-experts model's forward with autograd before the backward of "
+                    "the previous one, whose load-balancing gradient it would replace: backward each forward first, "
+                    "forward the rows in one call, or sample under torch.no_grad()");
+  }
+}
+
+void Run::balance_experts(double grad_divisor) {
+  if (experts_ && at::GradMode::is_enabled()) {
+    balanced_after_ = fsdp_->backwards_ended();
+    experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
+  }
+}
+
+at::Tensor Run::scaled_output(const at::Tensor& output) const {
+  if (!scaler_ || !at::GradMode::is_enabled()) return output;
+  const at::ScalarType dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat : output.scalar_type();
+  return ScaleGradient::apply(output, dtype, scaler_->scale());
+}
+at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                         const RowLayout& layout, double grad_divisor) {
+  check_loaded("logprobs", /*params_only=*/true);
+  if (!head_in_root_) {
+    throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
+                    "[policy.options] fused_linear_logprob = true");
+  }
+  if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
+  check_balance_consumed("logprobs");
+  const at::Tensor input = to_device(input_ids, device_);
+  const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]
+  balance_experts(grad_divisor);
+  const int64_t rows = hidden.size(0), tokens = hidden.size(1);
+  // About 64 MiB of float32 logits live at a time.
+  const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
+  at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
+                                     to_device(targets, device_).reshape({-1}), temperature, chunk);  // [B * T]
+  // Backward reads the head's weight before the hidden states' gradient reaches the root
+  // unit's own hook: a step or an offload between this forward and its backward resharded
+  // it, so the root gathers again first, as a layer's unit does for its own backward.
+  if (flat.requires_grad()) {
+    FsdpUnit* root = fsdp_->units().back().get();
+    flat.register_hook([root](const at::Tensor&) { root->pre_backward(); });
+  }
+  return scaled_output(flat.view({rows, tokens}));
+}
+
+}  // namespace fsdpp
