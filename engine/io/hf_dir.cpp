@@ -229,11 +229,19 @@ bool written_by_export(const std::string& name) {
 
 }  // namespace
 
-void check_export_target(const fs::path& dir) { check_replaceable_dir(dir, "an export", written_by_export); }
+void check_export_target(const fs::path& dir) {
+  if (fs::is_symlink(fs::symlink_status(dir)) && !fs::exists(fs::status(dir))) {
+    throw UserError(dir.string() + ": is a link to " + fs::read_symlink(dir).string() +
+                    ", which does not exist; an export writes through a link only to a directory");
+  }
+  check_replaceable_dir(dir, "an export", written_by_export);
+}
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
                          at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source)
-    : dir_(fs::absolute(dir).lexically_normal()),
+    // Through links: a link to a directory keeps naming the new export, whose staging
+    // directory is made beside the real one, on its file system, where the swap can happen.
+    : dir_(fs::weakly_canonical(fs::absolute(dir))),
       staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
   check_export_target(dir_);
   remove_tree(staging_);  // an interrupted export's

@@ -71,14 +71,16 @@ void from_json(const nlohmann::json& j, BaseIdentity& base);
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
 // Refuses, in one line, an export into `dir` that would delete anything but an earlier
-// export: `dir` may be missing, an empty directory, or a directory of files an export writes.
+// export: `dir` may be missing, an empty directory, or a directory of files an export writes
+// (or a link to one of these directories).
 void check_export_target(const std::filesystem::path& dir);
 
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
 // generation config of `source` (the model directory the weights came from, when there is
 // one), then the tensors of `specs` (HF names, full shapes) in order, into
 // model.safetensors, or into shards of at most `max_shard_bytes` listed by an index when they
-// are larger. Holds one tensor at a time. All of it goes into a fresh directory beside `dir`,
+// are larger. Holds one tensor at a time. Where `dir` is a link, the directory it names is
+// replaced and the link kept. All of it goes into a fresh directory beside `dir`,
 // which finish() swaps in for `dir` at once: no file of an earlier export survives, and a
 // reader never sees half of either. A `dir` holding anything else is refused at once
 // (check_export_target).

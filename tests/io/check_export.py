@@ -100,6 +100,31 @@ def replaced_whole(name):
     return ok
 
 
+def through_link(name):
+    """An export into a link to an earlier export replaces the directory the link names and
+    keeps the link: a bfloat16 export through a link to a copy of the float32 one leaves there
+    the float32 tensors rounded. Into a link to nothing it is refused in one line, exit status 2."""
+    base = os.path.join(WORK, name)
+    target, link, dangling = f"{base}/linked", f"{base}/latest", f"{base}/dangling"
+    shutil.copytree(f"{base}/bf16", target)
+    os.symlink("linked", link)
+    fsdpp("export", f"{base}/run/checkpoints/step-00000003", link + "/", "--dtype", "bfloat16")
+    kept = os.path.islink(link) and os.readlink(link) == "linked"
+    written, float32 = tensors(target), tensors(f"{base}/bf16")  # replaced_whole left float32 there
+    same = written.keys() == float32.keys() and all(
+        torch.equal(written[k], float32[k].to(torch.bfloat16)) for k in written)
+    left = [f for f in os.listdir(base) if f.startswith(".")]
+    os.symlink("nowhere", dangling)
+    proc = subprocess.run([FSDPP, "export", f"{base}/run/checkpoints/step-00000003", dangling], capture_output=True,
+                          text=True, timeout=600)
+    refused = proc.returncode == 2 and proc.stderr.count("\n") == 1 and "nowhere, which does not exist" in proc.stderr
+    ok = kept and same and not left and refused and not os.path.exists(f"{base}/nowhere")
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: an export through a link keeps the link ({kept}) and fills its "
+          f"directory with the export ({same}), no staging left ({not left}); a link to nothing is refused "
+          f"({proc.returncode}: {proc.stderr.strip()})")
+    return ok
+
+
 def moved_biases_exported(name, exported):
     """DeepSeek-V3's routing biases start at zero, which transformers would also give a
     missing one: the export must carry one per MoE layer (two in this model), each moved by
@@ -116,6 +141,7 @@ def main():
     ok = check("untied", "tests/assets/models/fsdp-llama", sharded_bf16=False)  # 73 KB in bf16: one file
     ok &= check("tied", "examples/models/tiny-llama", sharded_bf16=True)  # 3.2 MB in bf16: 4 shards
     ok &= replaced_whole("tied")
+    ok &= through_link("tied")
     for family in ("mistral", "qwen2", "qwen3"):
         ok &= check(family, f"tests/assets/models/tiny-{family}", sharded_bf16=False)
     ok &= check("qwen3_moe", "tests/assets/models/fsdp-qwen3-moe", sharded_bf16=False)  # 0.3 MB in bf16
