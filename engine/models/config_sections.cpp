@@ -23,14 +23,15 @@ void read_original_context(const json& block, const std::string& where, RopeScal
   }
 }
 
-// YaRN's keys.
+// YaRN's keys. A null factor is max_position_embeddings over the original context, which the
+// caller knows (0 here until then), as transformers derives it.
 void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
   if (!block.contains("factor")) throw UserError(where + ": missing key 'factor'");
+  if (block["factor"].is_null()) r.factor = 0.0;
   read_original_context(block, where, r);
   r.beta_fast = read<double>(block, "beta_fast", where, 32.0);
   r.beta_slow = read<double>(block, "beta_slow", where, 1.0);
   r.mscale = read<double>(block, "mscale", where, 0.0);
-  r.mscale_all_dim = read<double>(block, "mscale_all_dim", where, 0.0);
   if (block.contains("attention_factor") && !block["attention_factor"].is_null()) {
     r.attention_factor = read<double>(block, "attention_factor", where, 1.0);
     check_positive(where, "attention_factor", *r.attention_factor);
@@ -43,26 +44,22 @@ void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
 }  // namespace
 
 RopeBlock read_rope_block(const json& j, const std::string& origin) {
-  RopeBlock rope{.values = json::object()};
+  RopeBlock rope{.values = json::object(), .name = "rope_parameters"};
+  // transformers takes rope_scaling (4.x's name) in place of rope_parameters whenever it
+  // holds anything: a file with both is read from rope_scaling alone.
   for (const char* name : {"rope_parameters", "rope_scaling"}) {
     auto block = j.find(name);
     if (block == j.end() || block->is_null()) continue;
     if (!block->is_object()) throw UserError(origin + ": " + name + " must be an object, got " + block->dump());
-    if (rope.name.empty()) rope.name = name;
+    if (block->empty()) continue;
     for (const auto& [key, value] : block->items()) {
       // transformers 5 may nest the block by layer type; every layer here attends alike.
       if (value.is_object()) {
         throw UserError(origin + ": " + name + "." + key + ": RoPE parameters per layer type are not supported");
       }
-      auto seen = rope.values.find(key);
-      if (seen != rope.values.end() && *seen != value) {
-        throw UserError(origin + ": rope_parameters." + key + " " + seen->dump() + " and rope_scaling." + key + " " +
-                        value.dump() + " disagree (two names of one block)");
-      }
-      rope.values[key] = value;
     }
+    rope = {.values = *block, .name = name};
   }
-  if (rope.name.empty()) rope.name = "rope_parameters";
   for (const char* key : {"rope_theta", "partial_rotary_factor"}) {
     auto top = j.find(key);
     if (top == j.end() || top->is_null()) continue;
@@ -72,6 +69,11 @@ RopeBlock read_rope_block(const json& j, const std::string& origin) {
                       inner->dump() + " disagree (two places of one field)");
     }
     rope.values[key] = *top;
+  }
+  // The pre-extension context outside the block (Phi-3's place for it) wins over the block's,
+  // as transformers gives it priority.
+  if (auto top = j.find("original_max_position_embeddings"); top != j.end() && !top->is_null()) {
+    rope.values["original_max_position_embeddings"] = *top;
   }
   const std::string where = origin + ": " + rope.name;
   if (read<double>(rope.values, "partial_rotary_factor", where, 1.0) != 1.0) {
@@ -89,6 +91,8 @@ RopeScaling read_rope_scaling(const RopeBlock& rope, const std::string& origin) 
   const auto rope_type = read<std::string>(block, "rope_type", where, read<std::string>(block, "type", where, "default"));
   r.factor = read<double>(block, "factor", where, 1.0);
   check_positive(where, "factor", r.factor);
+  // DeepSeek-V3 scales its softmax by it under any scaling but the default, YaRN's or not.
+  r.mscale_all_dim = read<double>(block, "mscale_all_dim", where, 0.0);
   r.mrope_section = read<std::vector<int64_t>>(block, "mrope_section", where, {});
   for (int64_t s : r.mrope_section) check_range(where, "mrope_section", s, 1, kMaxWidth);
   if (rope_type == "llama3") {

@@ -12,11 +12,13 @@
 
 namespace fsdpp {
 
-// RoPE's settings as one block: rope_parameters (transformers 5) and rope_scaling (4.x) merged,
-// with rope_theta and partial_rotary_factor from the top level where 4.x files keep them. A
-// key given differently in two places is refused, naming both; so is a partial rotation.
+// RoPE's settings as one block, as transformers reads them: rope_scaling (4.x's name) where the
+// file has a non-empty one, else rope_parameters (5.x's); rope_theta and partial_rotary_factor
+// from the top level where 4.x files keep them (a value given differently in both places is
+// refused, naming both); original_max_position_embeddings from the top level over the
+// block's. A partial rotation is refused.
 struct RopeBlock {
-  nlohmann::json values;  // the merged keys
+  nlohmann::json values;  // the keys
   std::string name;       // the block's name in the file, for messages
 };
 RopeBlock read_rope_block(const nlohmann::json& j, const std::string& origin);

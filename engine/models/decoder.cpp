@@ -111,7 +111,7 @@ DecoderModel::DecoderModel(const DecoderFamily& family, const ModelConfig& c,
       sliding_window_(c.sliding_window),
       attention_head_dim_(c.query_key_head_dim()),
       routing_(c.moe ? std::make_shared<RoutingLog>() : nullptr) {
-  embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts));
+  embed_tokens = register_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, opts, c.padding_row));
   auto layers = register_child("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers_.push_back(layers->append(std::make_shared<DecoderLayer>(family, c, i, opts, routing_)));

@@ -20,9 +20,10 @@ struct GradTarget {
 // accumulating lm_head's gradient into the weight nor adds a [V, C] tensor of its own.
 struct EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& anchor, GradTarget target,
-                            const at::Tensor& ids) {
+                            const at::Tensor& ids, int64_t padding_row) {
     ctx->saved_data["weight"] = target.weight;
     ctx->saved_data["ids"] = ids;
+    ctx->saved_data["padding_row"] = padding_row;
     return at::embedding(anchor, ids);  // [..., C]
   }
 
@@ -37,20 +38,23 @@ struct EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
     const auto [sorted, order] = at::sort(ids, /*stable=*/std::optional<bool>(true), /*dim=*/0);
     const auto [distinct, inverse, counts] =
         at::unique_consecutive(sorted, /*return_inverse=*/false, /*return_counts=*/true);
-    const auto sums = at::segment_reduce(rows.index_select(0, order).to(at::toOpMathType(rows.scalar_type())), "sum",
-                                         counts);  // [U, C]
+    auto sums = at::segment_reduce(rows.index_select(0, order).to(at::toOpMathType(rows.scalar_type())), "sum",
+                                   counts);  // [U, C]
     at::NoGradGuard no_grad;
+    if (const int64_t padding_row = ctx->saved_data["padding_row"].toInt(); padding_row >= 0) {
+      sums.masked_fill_((distinct == padding_row).unsqueeze(1), 0);
+    }
     if (!weight.grad().defined()) weight.mutable_grad() = at::zeros_like(weight, at::MemoryFormat::Contiguous);
     weight.mutable_grad().index_add_(0, distinct, sums.to(weight.grad().scalar_type()));
-    return {at::Tensor(), at::Tensor(), at::Tensor()};
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor embedding_rows(const at::Tensor& weight, const at::Tensor& ids) {
+at::Tensor embedding_rows(const at::Tensor& weight, const at::Tensor& ids, int64_t padding_row) {
   if (!weight.requires_grad() || !at::GradMode::is_enabled()) return at::embedding(weight, ids);
-  return EmbeddingRows::apply(weight.detach().requires_grad_(true), GradTarget{weight}, ids);
+  return EmbeddingRows::apply(weight.detach().requires_grad_(true), GradTarget{weight}, ids, padding_row);
 }
 
 }  // namespace fsdpp

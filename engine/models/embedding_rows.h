@@ -14,8 +14,9 @@
 namespace fsdpp {
 
 // weight [V, C], ids [...] -> [..., C]: weight's rows. Backward adds into weight.grad
-// (allocating it where it is undefined); a weight that needs no gradient, or a lookup with
-// gradients disabled, is ATen's embedding.
-at::Tensor embedding_rows(const at::Tensor& weight, const at::Tensor& ids);
+// (allocating it where it is undefined) for every row but `padding_row` (>= 0; -1: none),
+// which the lookup leaves without a gradient, as nn.Embedding's padding_idx does; a weight that
+// needs no gradient, or a lookup with gradients disabled, is ATen's embedding.
+at::Tensor embedding_rows(const at::Tensor& weight, const at::Tensor& ids, int64_t padding_row = -1);
 
 }  // namespace fsdpp

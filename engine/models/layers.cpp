@@ -62,16 +62,17 @@ void Linear::init_parameter(const std::string& name, torch::Tensor& t, at::Gener
   }
 }
 
-Embedding::Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts)
-    : Module("Embedding") {
+Embedding::Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts, int64_t padding_row)
+    : Module("Embedding"), padding_row_(padding_row) {
   weight = register_parameter("weight", new_parameter({num_embeddings, dim}, opts));
 }
 
-torch::Tensor Embedding::forward(const torch::Tensor& ids) { return embedding_rows(weight, ids); }
+torch::Tensor Embedding::forward(const torch::Tensor& ids) { return embedding_rows(weight, ids, padding_row_); }
 
 void Embedding::init_parameter(const std::string&, torch::Tensor& t, at::Generator& gen,
                                double std) {
   fill_normal(t, gen, std);
+  if (padding_row_ >= 0) t[padding_row_].zero_();
 }
 
 RMSNorm::RMSNorm(std::string class_name, int64_t dim, double eps_,
@@ -142,7 +143,7 @@ double yarn_attention_factor(const RopeScaling& s) {
 }  // namespace
 
 double yarn_softmax_scale(const RopeScaling& s) {
-  if (s.mscale_all_dim == 0) return 1.0;
+  if (s.rope_type == RopeType::plain || s.mscale_all_dim == 0) return 1.0;
   const double m = yarn_mscale(s.factor, s.mscale_all_dim);
   return m * m;
 }
@@ -196,7 +197,8 @@ torch::Tensor RotaryEmbedding::forward(const torch::Tensor& positions) {
     picked.push_back(tables.select(1, static_cast<int64_t>(i % 3)).narrow(-1, start, sections[i]));
     start += sections[i];
   }
-  return torch::cat(picked, -1);  // [2, B, T, D]
+  const torch::Tensor joined = torch::cat(picked, -1);  // [2, B, T, D]
+  return attention_scaling == 1.0 ? joined : joined * attention_scaling;
 }
 
 }  // namespace fsdpp

@@ -54,7 +54,8 @@ class LoraFactor : public Linear {
 
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts);
+  // `padding_row`: a row (>= 0) that gets no gradient and starts at zero; -1: none.
+  Embedding(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts, int64_t padding_row = -1);
   FSDPP_MODULE_CALL
   // [B, T] -> [B, T, C]; backward adds into weight.grad in place (models/embedding_rows.h).
   torch::Tensor forward(const torch::Tensor& ids);
@@ -62,6 +63,9 @@ class Embedding : public Module {
                       double std) override;
 
   torch::Tensor weight;  // [V, C]
+
+ private:
+  int64_t padding_row_;
 };
 
 class RMSNorm : public Module {
@@ -109,8 +113,8 @@ class RotaryEmbedding : public Module {
   double attention_scaling = 1.0;  // YaRN scales the tables by this
 };
 
-// The extra factor DeepSeek-V3 applies to its softmax scale under YaRN with mscale_all_dim
-// (1 otherwise).
+// The extra factor DeepSeek-V3 applies to its softmax scale under any RoPE scaling but the
+// default that gives mscale_all_dim, YaRN's or not (1 otherwise).
 double yarn_softmax_scale(const RopeScaling& scaling);
 
 }  // namespace fsdpp

@@ -110,6 +110,12 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   c.rms_norm_eps = read<double>(j, "rms_norm_eps", origin, defaults.rms_norm_eps);
   read_rope(j, origin, c, defaults.rope_theta);
   c.tie_word_embeddings = read<bool>(j, "tie_word_embeddings", origin, false);
+  // Checked against a vocabulary that is there; check_decoder refuses any other.
+  if (auto pad = j.find("pad_token_id"); pad != j.end() && !pad->is_null() && c.vocab_size > 0) {
+    const int64_t id = read<int64_t>(j, "pad_token_id", origin, 0);
+    check_range(origin, "pad_token_id", id, -c.vocab_size, c.vocab_size - 1);
+    c.padding_row = id < 0 ? id + c.vocab_size : id;
+  }
   c.attention_bias = read<bool>(j, "attention_bias", origin, false);
   c.mlp_bias = read<bool>(j, "mlp_bias", origin, false);
   c.initializer_range = read<double>(j, "initializer_range", origin, 0.02);
@@ -121,8 +127,10 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
     c.latent_attention = read_latent_attention(j, origin);
     c.head_dim = c.latent_attention->qk_rope_head_dim;  // what RoPE rotates, as transformers sets it
   }
-  if (c.rope_scaling.original_max_position_embeddings == 0) {
-    c.rope_scaling.original_max_position_embeddings = c.max_position_embeddings;
+  RopeScaling& rope = c.rope_scaling;
+  if (rope.original_max_position_embeddings == 0) rope.original_max_position_embeddings = c.max_position_embeddings;
+  if (rope.factor == 0.0) {  // YaRN's factor left null: derived as transformers derives it
+    rope.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(rope.original_max_position_embeddings);
   }
 }
 
@@ -220,11 +228,11 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   // The weights' dtype is [model] dtype's to choose; the file's two names for it must agree.
   read<std::string>(file, spelled_key(file, {"dtype", "torch_dtype"}, origin), origin, "");
   // Multimodal files keep the language model's keys in text_config (older ones at the top).
+  // Where text_config is there, transformers reads the language model from it alone, its
+  // defaults filling what it lacks, whatever the top level says besides.
   json j = file;
   if (file.contains("text_config") && file["text_config"].is_object()) {
-    for (const auto& [key, value] : file["text_config"].items()) {
-      if (key != "model_type") j[key] = value;
-    }
+    j = file["text_config"];
     // Files before transformers 5 tie the embeddings in text_config, 5.x at the top: either ties.
     if (read<bool>(file, "tie_word_embeddings", origin, false)) j["tie_word_embeddings"] = true;
   }

@@ -30,7 +30,7 @@ struct RopeScaling {
   double beta_fast = 32.0;            // yarn: rotations above which frequencies are kept ...
   double beta_slow = 1.0;             // ... and below which they are interpolated
   double mscale = 0.0;                // yarn: attention_factor = m(factor, mscale) / m(factor, mscale_all_dim)
-  double mscale_all_dim = 0.0;        // yarn: also scales DeepSeek-V3's softmax by m(factor, mscale_all_dim)^2
+  double mscale_all_dim = 0.0;        // any scaling: DeepSeek-V3's softmax times m(factor, mscale_all_dim)^2
   std::optional<double> attention_factor;  // yarn: cos and sin scale, when given outright
   bool truncate = true;               // yarn: the correction range rounded outwards to whole dimensions
   std::vector<int64_t> mrope_section;  // multimodal RoPE: frequency pairs for the t, h, w axes
@@ -113,6 +113,10 @@ struct ModelConfig {
   int64_t sliding_window = 0;         // mistral: a token attends to the last W tokens only; 0: all
   RopeScaling rope_scaling;           // RoPE frequency scaling
   bool tie_word_embeddings = false;   // lm_head.weight is model.embed_tokens.weight
+  // pad_token_id as the embedding's row: transformers' embeddings (nn.Embedding's padding_idx)
+  // give it no gradient, and initialise it to zero. A negative id counts from the end, as
+  // there; -1 here: none.
+  int64_t padding_row = -1;
   bool attention_bias = false;        // bias on q/k/v/o (always on q/k/v for qwen2)
   bool mlp_bias = false;              // bias on the MLP projections (llama)
   double initializer_range = 0.02;    // std of the normal initialiser

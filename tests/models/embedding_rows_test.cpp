@@ -26,11 +26,13 @@ Case make_case() {
 // The weight's gradient after `passes` backward passes of the loss Σ rows * out_grad, plus,
 // when `tied`, Σ (head_input @ weightᵀ) * head_grad; with `ours` through embedding_rows, else
 // through ATen's embedding.
-at::Tensor weight_grad(const Case& c, const at::TensorOptions& options, bool ours, bool tied, int passes = 1) {
+// `padding_row` (-1: none) gets no gradient from the lookup, as ATen's padding_idx gives none.
+at::Tensor weight_grad(const Case& c, const at::TensorOptions& options, bool ours, bool tied, int passes = 1,
+                       int64_t padding_row = -1) {
   auto weight = c.weight.to(options, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
   for (int pass = 0; pass < passes; ++pass) {
     const auto ids = c.ids.to(options.device());
-    const auto rows = ours ? embedding_rows(weight, ids) : at::embedding(weight, ids);
+    const auto rows = ours ? embedding_rows(weight, ids, padding_row) : at::embedding(weight, ids, padding_row);
     auto loss = (rows * c.out_grad.to(options)).sum();
     if (tied) loss = loss + (at::linear(c.head_input.to(options), weight) * c.head_grad.to(options)).sum();
     loss.backward();
@@ -51,6 +53,11 @@ TEST_CASE("the embedding's backward adds into weight.grad what autograd would", 
       // In float32, each token's rows are summed in their order, as ATen's host backward sums them.
       const auto f32 = at::TensorOptions(at::kFloat);
       CHECK(at::equal(weight_grad(c, f32, true, false, passes), weight_grad(c, f32, false, false, passes)));
+      // A padding row: none of the lookup's gradient, all of a tied head's.
+      const int64_t pad = c.ids[0][0].item<int64_t>();
+      const auto padded = weight_grad(c, options, true, tied, passes, pad);
+      CHECK(torch::allclose(padded, weight_grad(c, options, false, tied, passes, pad), 1e-13, 1e-13));
+      if (!tied) CHECK(padded[pad].abs().sum().item<double>() == 0.0);
     }
   }
   // bf16 rows summed in float32 and rounded once: within bf16's rounding of the float64 sum.

@@ -94,7 +94,7 @@ at::Tensor check_routing(const CausalLM& model, const SafetensorsFile& reference
 TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
   const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral",
                                           "qwen3_moe", "qwen3_moe_unnormed", "deepseek_v3", "deepseek_v3_plain",
-                                          "llama_sharded");
+                                          "llama_sharded", "llama_yarn_pad", "deepseek_v3_linear");
   INFO("model " << model_name);
   auto [model, reference] = load_fixture(model_name);
 
@@ -130,7 +130,7 @@ TEST_CASE("logits, loss and gradients match transformers", "[models][parity]") {
 // over those a loss mask marks.
 TEST_CASE("packed documents give what each document gives alone through transformers", "[models][parity]") {
   const std::string model_name = GENERATE("llama_untied", "llama_tied_rope3", "qwen2", "qwen3", "mistral",
-                                          "qwen3_moe", "deepseek_v3");
+                                          "qwen3_moe", "deepseek_v3", "llama_yarn_pad");
   const bool masked = GENERATE(false, true);
   INFO("model " << model_name << (masked ? ", loss mask" : ""));
   auto [model, reference] = load_fixture(model_name);
@@ -175,7 +175,7 @@ TEST_CASE("LoRA adapters give peft's logits, loss and gradients", "[models][pari
 // gradient, vision tower included.
 TEST_CASE("Qwen2-VL and Qwen2.5-VL logits and gradients match transformers for text, images and video",
           "[models][parity]") {
-  const std::string model_name = GENERATE("qwen2_vl", "qwen2_5_vl");
+  const std::string model_name = GENERATE("qwen2_vl", "qwen2_5_vl", "qwen2_vl_yarn");
   INFO("model " << model_name);
   auto [loaded, reference] = load_fixture(model_name);
   auto* model = dynamic_cast<VisionLanguageLM*>(loaded.get());

@@ -32,6 +32,7 @@ void check_same_model(const ModelConfig& a, const ModelConfig& b) {
   CHECK(a.rope_theta == b.rope_theta);
   CHECK(a.sliding_window == b.sliding_window);
   CHECK(a.tie_word_embeddings == b.tie_word_embeddings);
+  CHECK(a.padding_row == b.padding_row);
   CHECK(a.attention_bias == b.attention_bias);
   CHECK(a.mlp_bias == b.mlp_bias);
   CHECK(a.initializer_range == b.initializer_range);
@@ -153,11 +154,23 @@ TEST_CASE("RoPE is read from rope_parameters, rope_scaling and the top level ali
     config.update({{"rope_theta", 1e4}, {"rope_parameters", {{"rope_theta", 5e5}, {"rope_type", "default"}}}});
     CHECK(refusal(config) ==
           "config.json: rope_theta 10000.0 and rope_parameters.rope_theta 500000.0 disagree (two places of one field)");
-    config.erase("rope_theta");
-    config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
-    CHECK(refusal(config) ==
-          "config.json: rope_parameters.rope_type \"default\" and rope_scaling.rope_type \"linear\" disagree (two "
-          "names of one block)");
+  }
+  SECTION("rope_scaling, where a file has a non-empty one, stands in for rope_parameters whole") {
+    config["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 5e5}};
+    config["rope_scaling"] = {{"type", "linear"}, {"factor", 3.0}};
+    const auto scaled = ModelConfig::from_json(config, "config.json");
+    CHECK(scaled.rope_scaling.factor == 3.0);
+    CHECK(scaled.rope_theta == 1e4);  // Llama's default: rope_parameters' theta is not read
+    config["rope_scaling"] = json::object();
+    CHECK(ModelConfig::from_json(config, "config.json").rope_scaling.factor == 2.0);
+  }
+  SECTION("the original context at the top wins; YaRN's null factor is the context's growth") {
+    config["max_position_embeddings"] = 64;
+    config["original_max_position_embeddings"] = 16;
+    config["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", nullptr}, {"original_max_position_embeddings", 32}};
+    const auto yarn = ModelConfig::from_json(config, "config.json");
+    CHECK(yarn.rope_scaling.original_max_position_embeddings == 16);
+    CHECK(yarn.rope_scaling.factor == 4.0);
   }
   SECTION("what the engine does not do is refused, not ignored") {
     auto partial = config, nested = config, sliding = config;
@@ -193,4 +206,39 @@ TEST_CASE("a multimodal file ties its embeddings where either version put the ke
   inner["text_config"]["tie_word_embeddings"] = true;
   CHECK(ModelConfig::from_json(top, "config.json").tie_word_embeddings);
   CHECK(ModelConfig::from_json(inner, "config.json").tie_word_embeddings);
+  // The rest of the language model comes from text_config alone, as transformers reads it:
+  // the defaults fill what it lacks, not the top level.
+  auto leaky = config;
+  leaky.update({{"rms_norm_eps", 0.5}, {"rope_theta", 500.0}, {"pad_token_id", 3}});
+  leaky["text_config"].erase("rms_norm_eps");
+  const auto text = ModelConfig::from_json(leaky, "config.json");
+  CHECK(text.rms_norm_eps == 1e-5);
+  CHECK(text.rope_theta == 1e6);
+  CHECK(text.padding_row == -1);
+}
+
+TEST_CASE("pad_token_id names the embedding row without a gradient, counting from the end when negative",
+          "[models]") {
+  auto config = tiny("llama");
+  CHECK(ModelConfig::from_json(config, "config.json").padding_row == -1);
+  config["pad_token_id"] = nullptr;
+  CHECK(ModelConfig::from_json(config, "config.json").padding_row == -1);
+  const int64_t vocab = config["vocab_size"].get<int64_t>();
+  config["pad_token_id"] = 5;
+  CHECK(ModelConfig::from_json(config, "config.json").padding_row == 5);
+  config["pad_token_id"] = -1;  // nn.Embedding's padding_idx = -1: the last row
+  CHECK(ModelConfig::from_json(config, "config.json").padding_row == vocab - 1);
+  // A fresh model starts the row at zero, as transformers' initialisation does.
+  const auto model = build_model(ModelConfig::from_json(config, "config.json"), at::TensorOptions(at::kFloat));
+  init_parameters(*model, /*seed=*/3, 0.02);
+  at::Tensor embedding;  // [V, C]
+  for (const auto& p : unique_named_parameters(*model)) {
+    if (p.name == "model.embed_tokens.weight") embedding = p.tensor;
+  }
+  REQUIRE(embedding.defined());
+  CHECK(embedding[vocab - 1].abs().sum().item<double>() == 0.0);
+  CHECK(embedding[0].abs().sum().item<double>() > 0.0);
+  config["pad_token_id"] = vocab;
+  CHECK(refusal(config) == "config.json: pad_token_id must be in [" + std::to_string(-vocab) + ", " +
+                               std::to_string(vocab - 1) + "], got " + std::to_string(vocab));
 }

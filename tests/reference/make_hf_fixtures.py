@@ -2,6 +2,7 @@
 # `transformers`, which the C++ parity tests load to check fsdpp's model implementations.
 # Run with the project venv: .venv/bin/python tests/reference/make_hf_fixtures.py OUTDIR
 import argparse
+import json
 import os
 import sys
 import time
@@ -10,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+from transformers import AutoConfig, DeepseekV3Config, DeepseekV3ForCausalLM
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.utils import logging
 
@@ -54,7 +55,16 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 16,
 }
 
-# name -> (seed, model class, config, extra save_pretrained arguments)
+
+def context_outside_block(config):
+    """Phi-3's layout: the pre-extension context at the top of config.json alone, and YaRN's
+    factor left null for transformers to derive from it."""
+    config["rope_parameters"].pop("original_max_position_embeddings")
+    config["rope_parameters"]["factor"] = None
+
+
+# name -> (seed, model class, config, extra save_pretrained arguments; "edit": a change made
+# to the saved config.json, which transformers must read back to the same model)
 MODELS = {
     "llama_untied": (1, LlamaForCausalLM,
                      LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0), {}),
@@ -100,6 +110,22 @@ MODELS = {
                                            n_shared_experts=1, moe_intermediate_size=10, first_k_dense_replace=0,
                                            routed_scaling_factor=1.5, norm_topk_prob=False, rope_interleave=False,
                                            tie_word_embeddings=True), {}),
+    # A padding token in every row, whose embedding row gets no gradient but the tied head's;
+    # YaRN over a context given outside its block, with the factor derived from it.
+    "llama_yarn_pad": (11, LlamaForCausalLM,
+                       LlamaConfig(**COMMON, tie_word_embeddings=True, pad_token_id=7,
+                                   original_max_position_embeddings=16,
+                                   rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                       {"edit": context_outside_block}),
+    # DeepSeek-V3 scales its softmax by mscale_all_dim under any scaling but the default.
+    "deepseek_v3_linear": (12, DeepseekV3ForCausalLM,
+                           DeepseekV3Config(**{**COMMON, "num_key_value_heads": 6}, q_lora_rank=None,
+                                            kv_lora_rank=14, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12,
+                                            n_routed_experts=6, n_group=1, topk_group=1, num_experts_per_tok=2,
+                                            n_shared_experts=1, moe_intermediate_size=10, first_k_dense_replace=0,
+                                            tie_word_embeddings=False,
+                                            rope_scaling={"rope_type": "linear", "factor": 2.0,
+                                                          "mscale_all_dim": 0.8}), {}),
     "llama_sharded": (5, LlamaForCausalLM,
                       LlamaConfig(**COMMON, tie_word_embeddings=False, rope_theta=10000.0),
                       {"max_shard_size": "20KB"}),
@@ -112,6 +138,21 @@ def by_checkpoint_name(model, tensors, prefix):
     (experts.gate_up_proj [E, 2I, C], experts.down_proj [E, C, I]) and splits them one by one
     when it saves, as fsdpp names them; its own save-time conversion does the split."""
     return {prefix + n: t.contiguous() for n, t in revert_weight_conversion(model, dict(tensors)).items()}
+
+
+def edit_config(directory, edit, model):
+    """Applies `edit` to the saved config.json and makes sure transformers reads the edited file
+    to the model the references come from: the same rotary frequencies and scaling."""
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    edit(config)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    again = type(model)(AutoConfig.from_pretrained(directory)).model.rotary_emb
+    if not (torch.equal(again.inv_freq, model.model.rotary_emb.inv_freq)
+            and again.attention_scaling == model.model.rotary_emb.attention_scaling):
+        fail(f"{directory}: transformers reads the edited config.json to another RoPE")
 
 
 def fail(msg):
@@ -186,6 +227,8 @@ def make_one(outdir, name, seed, cls, config, save_args):
 
     gen = torch.Generator().manual_seed(INPUT_SEED)
     input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    if config.pad_token_id is not None:
+        input_ids[:, 2] = config.pad_token_id
     # DeepSeek-V3's routers return the experts they chose: kept by a hook, layer by layer.
     chosen = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: chosen.append(out[-1].detach()))
@@ -218,7 +261,11 @@ def make_one(outdir, name, seed, cls, config, save_args):
     # The checkpoint holds the weights the reference outputs came from, before the step.
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
+    save_args = dict(save_args)
+    edit = save_args.pop("edit", None)
     model.save_pretrained(d, **save_args)
+    if edit:
+        edit_config(d, edit, model)
 
     # Clip by the global norm, then one AdamW step with decay on matrices only.
     ref["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM).reshape(())

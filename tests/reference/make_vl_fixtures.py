@@ -3,12 +3,13 @@
 # gradients of the last; the C++ parity test loads them. Run with the project venv:
 #   .venv/bin/python tests/reference/make_vl_fixtures.py OUTDIR
 import argparse
+import json
 import os
 import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import AutoConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
@@ -37,7 +38,24 @@ MODELS = {
         text_config=TEXT, vision_config=dict(depth=2, hidden_size=24, out_hidden_size=48, num_heads=3,
                                              intermediate_size=40, window_size=16, fullatt_block_indexes=[1],
                                              tokens_per_second=2, **PATCHING), **TOKENS)),
+    # YaRN's attention factor on the multimodal rotation; the norm's epsilon left to the text
+    # model's default, with another at the top of the file, which transformers ignores (EDITS).
+    "qwen2_vl_yarn": (Qwen2VLForConditionalGeneration, Qwen2VLConfig(
+        text_config={**{k: v for k, v in TEXT.items() if k != "rms_norm_eps"},
+                     "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "mrope_section": [1, 1, 2],
+                                      "original_max_position_embeddings": 64}},
+        vision_config=dict(depth=1, embed_dim=24, hidden_size=48, num_heads=3, mlp_ratio=2, **PATCHING), **TOKENS)),
 }
+
+
+def leak_text_keys(config):
+    config["text_config"].pop("rms_norm_eps")
+    config["rms_norm_eps"] = 0.5
+
+
+# name -> a change made to the saved config.json, which transformers must read back to the
+# same model.
+EDITS = {"qwen2_vl_yarn": leak_text_keys}
 
 
 def block(token, grid):
@@ -87,6 +105,15 @@ def make_one(outdir, name, cls, config):
             elif n.endswith("bias"):
                 p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(out)
+    if name in EDITS:
+        path = os.path.join(out, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        EDITS[name](saved)
+        with open(path, "w") as f:
+            json.dump(saved, f, indent=2)
+        if AutoConfig.from_pretrained(out).text_config.to_dict() != config.text_config.to_dict():
+            sys.exit(f"make_vl_fixtures: transformers reads the edited {path} to another language model")
     reference = {}
     gen = torch.Generator().manual_seed(20240601)
     for case, (ids, kwargs) in cases(gen).items():
