@@ -109,6 +109,12 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
     }
     parse_dtype(meta->at("model").at("dtype").get<std::string>());
     if (meta->contains("config_hash") && !meta->at("config_hash").is_string()) throw UserError("config_hash is not a string");
+    if (meta->contains("settings")) {
+      const json& settings = meta->at("settings");
+      if (!settings.is_object() || !std::all_of(settings.begin(), settings.end(), [](const json& v) { return v.is_string(); })) {
+        throw UserError("settings is not an object of strings");
+      }
+    }
     if (meta->contains("client_state")) check_client_state(meta->at("client_state"));
     for (const auto& [name, f] : meta->at("files").items()) {
       if (!is_plain_file_name(name)) {

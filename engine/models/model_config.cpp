@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <tuple>
 
 namespace fsdpp {
 
@@ -220,6 +221,45 @@ void read_vision_language(const json& file, const std::string& origin, ModelConf
 }
 
 }  // namespace
+
+std::vector<std::string> ModelConfig::differences(const ModelConfig& other) const {
+  std::vector<std::string> out;
+  const auto compare = [&](const char* name, const auto& mine, const auto& theirs) {
+    if (mine != theirs) out.push_back(std::string(name) + " " + json(mine).dump() + " -> " + json(theirs).dump());
+  };
+  compare("model_type", model_type, other.model_type);
+  for (auto [name, a, b] : {std::tuple{"vocab_size", vocab_size, other.vocab_size},
+                            {"hidden_size", hidden_size, other.hidden_size},
+                            {"intermediate_size", intermediate_size, other.intermediate_size},
+                            {"num_hidden_layers", num_hidden_layers, other.num_hidden_layers},
+                            {"num_attention_heads", num_attention_heads, other.num_attention_heads},
+                            {"num_key_value_heads", num_key_value_heads, other.num_key_value_heads},
+                            {"head_dim", head_dim, other.head_dim},
+                            {"sliding_window", sliding_window, other.sliding_window},
+                            {"pad_token_id", padding_row, other.padding_row},
+                            {"image_token_id", image_token_id, other.image_token_id},
+                            {"video_token_id", video_token_id, other.video_token_id},
+                            {"vision_start_token_id", vision_start_token_id, other.vision_start_token_id}}) {
+    compare(name, a, b);
+  }
+  compare("rms_norm_eps", rms_norm_eps, other.rms_norm_eps);
+  compare("rope_theta", rope_theta, other.rope_theta);
+  compare("tie_word_embeddings", tie_word_embeddings, other.tie_word_embeddings);
+  compare("attention_bias", attention_bias, other.attention_bias);
+  compare("mlp_bias", mlp_bias, other.mlp_bias);
+  compare("hidden_act", hidden_act, other.hidden_act);
+  // Unscaled RoPE reads none of the scaling's fields but the multimodal sections.
+  const bool plain = rope_scaling.rope_type == RopeType::plain && other.rope_scaling.rope_type == RopeType::plain;
+  const bool same_rope = plain ? rope_scaling.mrope_section == other.rope_scaling.mrope_section
+                               : rope_scaling == other.rope_scaling;
+  for (auto [name, same] : {std::pair{"rope_scaling", same_rope},
+                            {"experts", moe == other.moe},
+                            {"latent attention", latent_attention == other.latent_attention},
+                            {"vision_config", vision == other.vision}}) {
+    if (!same) out.push_back(name);
+  }
+  return out;
+}
 
 ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) {
   if (!file.is_object()) throw UserError(origin + ": a model config must be a JSON object");

@@ -136,6 +136,12 @@ struct ModelConfig {
   }
   int64_t value_head_dim() const { return latent_attention ? latent_attention->v_head_dim : head_dim; }
 
+  // The fields in which `other` computes otherwise than this config, by their config.json
+  // names with both values ("num_attention_heads 3 -> 15"; a section by its name alone):
+  // empty where both build the same model. What changes no output (the initialiser's
+  // range, the context length where no scaling reads it) is not counted.
+  std::vector<std::string> differences(const ModelConfig& other) const;
+
   // Reads and validates `path`; every problem names the file and key.
   static ModelConfig from_file(const std::filesystem::path& path);
   static ModelConfig from_text(const std::string& text, const std::string& origin);

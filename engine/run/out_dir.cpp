@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/json_text.h"
+#include "core/log.h"
 #include "core/mapped_file.h"
 #include "io/hf_dir.h"
 #include "io/peft_adapter.h"
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 namespace fsdpp {
@@ -37,7 +39,8 @@ std::optional<RunIdentity> recorded_identity(const fs::path& out_dir) {
   try {
     const json j = parse_json(read_text_file(file), file.string());
     return RunIdentity{j.at("model").get<std::string>(), j.at("data").get<std::string>(),
-                       j.at("config_hash").get<std::string>()};
+                       j.at("config_hash").get<std::string>(),
+                       j.value("settings", json::object()).get<std::map<std::string, std::string>>()};
   } catch (const std::exception&) {  // not JSON, or not a run's fields
     throw UserError(file.string() + ": not the record of a run (delete it, or choose another [train] out_dir)");
   }
@@ -46,12 +49,12 @@ std::optional<RunIdentity> recorded_identity(const fs::path& out_dir) {
 void record_identity(const fs::path& out_dir, const RunIdentity& run) {
   fs::create_directories(out_dir);
   const std::string text =
-      json{{"model", run.model}, {"data", run.data}, {"config_hash", run.config_hash}}.dump(1) + "\n";
+      json{{"model", run.model}, {"data", run.data}, {"config_hash", run.config_hash}, {"settings", run.settings}}
+          .dump(1) + "\n";
   write_file_atomically(out_dir / kIdentityFile, text.data(), text.size());
 }
 
-}  // namespace
-
+// The hash of the settings a checkpoint was written with; "" when its metadata will not say.
 std::string settings_of(const fs::path& checkpoint) {
   try {
     return parse_json(read_text_file(checkpoint / "metadata.json"), "").value("config_hash", "");
@@ -60,10 +63,12 @@ std::string settings_of(const fs::path& checkpoint) {
   }
 }
 
+}  // namespace
+
 RunIdentity RunIdentity::of(const RunConfig& config) {
   return {fs::absolute(config.model.path).lexically_normal().string(),
           config.data.train.empty() ? "" : fs::absolute(config.data.train).lexically_normal().string(),
-          fsdpp::config_hash(config)};
+          fsdpp::config_hash(config), run_settings(config)};
 }
 
 void check_out_dir(const RunConfig& config) {
@@ -71,19 +76,53 @@ void check_out_dir(const RunConfig& config) {
   const RunIdentity mine = RunIdentity::of(config);
   const fs::path out_dir = config.train.out_dir;
   const std::string elsewhere = "choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it";
-  if (const auto recorded = recorded_identity(out_dir); recorded && *recorded != mine) {
+  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
+  const auto recorded = recorded_identity(out_dir);
+  if (recorded && (recorded->model != mine.model || recorded->data != mine.data)) {
     throw UserError(out_dir.string() + ": holds another run (model " + recorded->model + ", data " + recorded->data +
-                    ", settings " + recorded->config_hash + "; this run's: " + mine.config_hash + "): " + elsewhere);
+                    "; this run's: model " + mine.model + ", data " + mine.data + "): " + elsewhere);
+  }
+  // Resumed, the run goes on with the settings it is given; started afresh, it would mix
+  // its files with those of the run before.
+  if (recorded && fresh && recorded->config_hash != mine.config_hash) {
+    throw UserError(out_dir.string() + ": holds a run of this model and data with other settings (" +
+                    settings_change(recorded->settings, mine.settings) + "): resume it ([checkpoint] resume = "
+                    "\"latest\"), or " + elsewhere);
   }
   const auto checkpoints = list_checkpoints(config.checkpoint.dir);
-  bool others = false;
-  for (const auto& c : checkpoints) others = others || settings_of(c.path) != mine.config_hash;
-  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
-  if (!checkpoints.empty() && (others || fresh)) {
+  if (checkpoints.empty()) return;
+  // Without a record in out_dir, checkpoints another run's settings wrote are that run's (a
+  // [checkpoint] dir outside out_dir, shared by mistake).
+  const bool others = !recorded && std::any_of(checkpoints.begin(), checkpoints.end(), [&](const auto& c) {
+    return settings_of(c.path) != mine.config_hash;
+  });
+  if (others || fresh) {
     throw UserError(config.checkpoint.dir + ": holds the checkpoints of " + (others ? "another run" : "this run") +
                     " (up to step " + std::to_string(checkpoints.back().step) + "); " +
                     (others ? elsewhere : "resume it ([checkpoint] resume = \"latest\"), or " + elsewhere));
   }
+}
+
+std::string settings_change(const std::map<std::string, std::string>& before,
+                            const std::map<std::string, std::string>& after) {
+  if (before.empty()) return "settings not recorded";
+  constexpr size_t kNamed = 6;
+  std::vector<std::string> changes;
+  const auto shown = [](const std::map<std::string, std::string>& settings, const std::string& key) {
+    auto it = settings.find(key);
+    return it == settings.end() ? std::string("(unset)") : it->second;
+  };
+  std::set<std::string> keys;
+  for (const auto* settings : {&before, &after}) {
+    for (const auto& [key, value] : *settings) keys.insert(key);
+  }
+  for (const std::string& key : keys) {
+    if (shown(before, key) != shown(after, key)) changes.push_back(key + " " + shown(before, key) + " -> " + shown(after, key));
+  }
+  std::string text;
+  for (size_t i = 0; i < std::min(changes.size(), kNamed); ++i) text += (i ? ", " : "") + changes[i];
+  if (changes.size() > kNamed) text += " and " + std::to_string(changes.size() - kNamed) + " more";
+  return text.empty() ? "the same settings" : text;
 }
 
 namespace {
@@ -214,17 +253,28 @@ OutDirLock::~OutDirLock() {
   held_locks().erase(it);
 }
 
-void record_run(const RunConfig& config) { record_identity(config.train.out_dir, RunIdentity::of(config)); }
+void record_run(const RunConfig& config) {
+  const RunIdentity mine = RunIdentity::of(config);
+  const auto recorded = config.train.reuse_out_dir ? std::nullopt : recorded_identity(config.train.out_dir);
+  if (recorded && recorded->config_hash != mine.config_hash) {
+    log_warn(config.train.out_dir, ": the run goes on with other settings than it had: ",
+             settings_change(recorded->settings, mine.settings));
+  }
+  record_identity(config.train.out_dir, mine);
+}
+
+bool of_this_run(const RunConfig& config, const fs::path& checkpoint) {
+  return !config.train.reuse_out_dir || settings_of(checkpoint) == config_hash(config);
+}
 
 std::optional<fs::path> latest_of_this_run(const RunConfig& config) {
   return later_of_this_run(config, config.checkpoint.dir, -1);
 }
 
 std::optional<fs::path> later_of_this_run(const RunConfig& config, const fs::path& root, int64_t step) {
-  const std::string mine = config_hash(config);
   const auto checkpoints = list_checkpoints(root);
   for (auto it = checkpoints.rbegin(); it != checkpoints.rend() && it->step > step; ++it) {
-    if (settings_of(it->path) == mine) return it->path;
+    if (of_this_run(config, it->path)) return it->path;
   }
   return std::nullopt;
 }

@@ -1,12 +1,16 @@
 // A run's output directory as one run's alone: the run records who it is there (run.json:
-// its model, its data and the hash of its settings), refuses to train into a directory that
-// holds another run's files or, starting afresh, its own checkpoints, and resume = "latest"
-// picks among its own checkpoints only. [train] reuse_out_dir = true lifts the refusal.
+// its model, its data and its settings), refuses to train into a directory that holds
+// another model's or data's run or, starting afresh, a run of its own, and takes every
+// checkpoint under its [checkpoint] dir as its own. A resumed run may change its settings (a
+// learning rate, a batch size, timeouts), and is told which changed. [train] reuse_out_dir =
+// true lifts the refusal and shares the directory: runs beside each other are then told
+// apart by their settings.
 #pragma once
 
 #include "run/run_config.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,14 +22,14 @@ struct RunIdentity {
   std::string model;        // [model] path, absolute
   std::string data;         // [data] train, absolute
   std::string config_hash;  // config_hash of its settings
+  std::map<std::string, std::string> settings;  // run_settings; empty in records that predate them
 
   static RunIdentity of(const RunConfig& config);
-  bool operator==(const RunIdentity&) const = default;
 };
 
 // Refuses, in one line naming the directory and what to do, a run whose [train] out_dir holds
-// another run's files, or that starts afresh where its own checkpoints are. Every rank checks
-// alike, before any rendezvous.
+// another model's or data's run, or that starts afresh where a run of its own is. Every rank
+// checks alike, before any rendezvous.
 void check_out_dir(const RunConfig& config);
 // Refuses, in one line naming the key, a training run whose outputs would destroy files or be
 // lost after the training: an export at the end ([checkpoint] save_final) into one of its
@@ -56,15 +60,21 @@ class OutDirLock {
 };
 
 // Records the run in <out_dir>/run.json (rank 0, once its set-up succeeded: a run that was
-// refused claims nothing).
+// refused claims nothing), warning of the settings it changed from the run's record.
 void record_run(const RunConfig& config);
 
-// The hash of the settings a checkpoint was written with; "" when its metadata will not say.
-std::string settings_of(const std::filesystem::path& checkpoint);
+// The settings in which `after` differs from `before`, key by key: "optimizer.lr 0.001 ->
+// 0.005, data.batch_size 8 -> 9" (six named at most, then a count).
+std::string settings_change(const std::map<std::string, std::string>& before,
+                            const std::map<std::string, std::string>& after);
 
-// The newest complete checkpoint under [checkpoint] dir that this run's settings wrote.
+// Whether `checkpoint` is this run's: any under its own [checkpoint] dir; beside other runs
+// ([train] reuse_out_dir), one its present settings wrote.
+bool of_this_run(const RunConfig& config, const std::filesystem::path& checkpoint);
+
+// The newest complete checkpoint of this run under [checkpoint] dir.
 std::optional<std::filesystem::path> latest_of_this_run(const RunConfig& config);
-// The newest checkpoint of this run's settings under `root` whose step is later than `step`:
+// The newest checkpoint of this run under `root` whose step is later than `step`:
 // one a run that went back to an earlier checkpoint would leave behind it, which resume =
 // "latest" would take and whose age would have rotation delete the earlier step's saves.
 std::optional<std::filesystem::path> later_of_this_run(const RunConfig& config, const std::filesystem::path& root,

@@ -105,7 +105,9 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
                                                    checkpoint_->dir().string());
     }
   } else if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && rank == 0) {
-    log_info("resume: no checkpoint in ", config.checkpoint.dir, " yet; starting fresh");
+    const size_t beside = list_checkpoints(config.checkpoint.dir).size();
+    log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet",
+             beside == 0 ? "" : " (the " + std::to_string(beside) + " there are other settings' runs)", "; starting fresh");
   }
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);

@@ -70,10 +70,14 @@ void from_json(const json& j, ClientState& state) {
   state.loss = loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
 }
 
+std::map<std::string, std::string> run_settings(const RunConfig& config) {
+  return config.source.settings({"checkpoint", "metrics", "train.steps", "train.out_dir", "train.reuse_out_dir",
+                                 "train.log_every", "train.eval_every", "train.eval_batches", "train.threads"});
+}
+
 std::string config_hash(const RunConfig& config) {
-  const std::string text = config.source.canonical_text(
-      {"checkpoint", "metrics", "train.steps", "train.out_dir", "train.reuse_out_dir", "train.log_every",
-       "train.eval_every", "train.eval_batches", "train.threads"});
+  std::string text;
+  for (const auto& [key, value] : run_settings(config)) text += key + " = " + value + "\n";
   return format_crc32c(crc32c(text.data(), text.size()));
 }
 
@@ -85,7 +89,7 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   const fs::path final_dir = checkpoint_path(root, step);
   if (fs::exists(final_dir)) {  // the same on every rank: a step is saved once
     // Beside another run ([train] reuse_out_dir), its checkpoint of this step is not ours.
-    if (settings_of(final_dir) != config_hash(config_)) {
+    if (!of_this_run(config_, final_dir)) {
       throw UserError(final_dir.string() + ": holds another run's checkpoint of step " + std::to_string(step) +
                       ", which this run's would replace; choose another [checkpoint] dir");
     }
@@ -176,16 +180,16 @@ std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::
   fs::rename(staging, final_dir);
   fsync_directory(root);
   // Beside another run ([train] reuse_out_dir), its checkpoints are not this run's to rotate.
-  const std::string mine = config_hash(config_);
   return rotate_checkpoints(root, config_.checkpoint.keep, static_cast<uintmax_t>(config_.checkpoint.max_gb * 1e9),
-                            [&](const CheckpointEntry& c) { return settings_of(c.path) == mine; });
+                            [&](const CheckpointEntry& c) { return of_this_run(config_, c.path); });
 }
 
 json Run::metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
                    const at::Tensor& files, const at::Tensor& rows) const {
   const int world = comm_->size();
   json meta = {{"format", kCheckpointFormat}, {"version", 1},    {"step", step}, {"world_size", world},
-               {"meshes", fsdp_->mesh_shapes()}, {"config_hash", config_hash(config_)}};
+               {"meshes", fsdp_->mesh_shapes()}, {"config_hash", config_hash(config_)},
+               {"settings", run_settings(config_)}};
   for (int r = 0; r < world; ++r) {
     meta["files"][rank_file_name(r)] = {{"bytes", files[r][0].item<int64_t>()},
                                         {"checksum", format_crc32c(static_cast<uint32_t>(files[r][1].item<int64_t>()))}};

@@ -11,6 +11,7 @@
 #include "run/run_config.h"
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,8 +27,9 @@ inline constexpr std::pair<const char*, at::Tensor AdamW::ParamState::*> kSavedM
 // checkpoint.
 std::optional<std::filesystem::path> resume_path(const RunConfig& config);
 
-// A hash of the settings that shape the run (every section but [checkpoint] and [metrics],
-// and of [train] only what changes the updates).
+// The settings that shape the run, by dotted key (every section but [checkpoint] and
+// [metrics], and of [train] only what changes the updates), and a hash of them.
+std::map<std::string, std::string> run_settings(const RunConfig& config);
 std::string config_hash(const RunConfig& config);
 
 }  // namespace fsdpp

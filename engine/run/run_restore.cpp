@@ -13,6 +13,7 @@
 #include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"
+#include "models/model_config.h"
 #include "run/out_dir.h"
 
 #include <ATen/ATen.h>
@@ -65,9 +66,10 @@ ResumePoint Run::resume() {
   const std::string where = checkpoint.dir().string();
   const json& saved = meta.at("data");
   if (batches_) check_data_position(saved, batches_->identity(), where);
-  if (meta.value("config_hash", "") != config_hash(config_)) {
-    log_warn(where, ": written with other settings (", meta.value("config_hash", "?"), ", this run ",
-             config_hash(config_), "); resuming anyway");
+  if (meta.value("config_hash", "") != config_hash(config_) && comm_->rank() == 0) {
+    const auto saved_settings = meta.value("settings", json::object()).get<std::map<std::string, std::string>>();
+    log_warn(where, ": resuming with other settings than it was saved with: ",
+             settings_change(saved_settings, run_settings(config_)));
   }
   const ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
   restore_optimizer(checkpoint);
@@ -130,6 +132,15 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
   if (saved_lora != lora) {
     throw UserError(where + ": holds " + (saved_lora.is_null() ? "no LoRA adapters" : "the LoRA adapters " + saved_lora.dump()) +
                     ", where this run has " + (lora.is_null() ? "none" : lora.dump()));
+  }
+  // A model of the same shapes may still compute otherwise (its heads split anew, its RoPE
+  // rebased): a checkpoint resumes the model it saved.
+  const auto changed = ModelConfig::from_file(checkpoint.verified("config.json")).differences(model().config());
+  if (!changed.empty()) {
+    std::string fields;
+    for (const auto& field : changed) fields += (fields.empty() ? "" : ", ") + field;
+    throw UserError(where + ": saved another model than this run's [model] " + config_.model.path + " (" +
+                    fields + " from the checkpoint's config.json to this run's)");
   }
   const std::vector<ShardRows> shards = fsdp_->shard_rows();
   std::unordered_set<std::string> names;  // a MoE model holds tens of thousands of tensors

@@ -3,6 +3,7 @@
 #include "run/train_loop.h"
 
 #include "core/device.h"
+#include "core/failpoint.h"
 #include "core/log.h"
 #include "data/data.h"
 #include "metrics/metrics.h"
@@ -139,17 +140,29 @@ StepMetrics step_metrics(int64_t step, double lr, const StepFigures& f, TrainSum
   return m;
 }
 
+// Whether any rank caught a stop signal: every rank votes, so that all stop after one step.
+bool stop_voted(Run& run) {
+  at::Tensor votes = at::full({1}, stop_signal != 0 ? 1.0 : 0.0, at::TensorOptions(at::kDouble).device(run.device()));
+  run.comm().all_reduce_sum(votes);
+  return votes.item<double>() > 0;
+}
+
 // What follows a step when due: evaluation on the held-out batches, and a checkpoint
-// (periodic, the last step's, or the one a stop signal asks for).
-void after_step(Run& run, int64_t step, bool stopping, MetricsSink* metrics, const ClientState& state) {
+// (periodic, the last step's, or the one a stop signal asks for). Returns whether the run
+// stops after this step: `stopping`, or a signal that arrived during the evaluation, whose
+// length the ranks would otherwise spend on another step before saving.
+bool after_step(Run& run, int64_t step, bool stopping, MetricsSink* metrics, const ClientState& state) {
   const RunConfig& config = run.config();
   const TrainConfig& tc = config.train;
   if (tc.eval_every > 0 && (step % tc.eval_every == 0 || step == tc.steps)) {
+    failpoint("signal-mid-eval", SIGTERM);
     if (const auto e = run.evaluate(); e && metrics) metrics->record_eval(step, e->loss, e->perplexity);
+    if (!stopping && config.checkpoint.save_on_signal && step < tc.steps) stopping = stop_voted(run);
   }
   const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
   const bool last = config.checkpoint.save_final && step == tc.steps;
   if (periodic || last || stopping) run.save(step, state, config.checkpoint.dir);
+  return stopping;
 }
 
 }  // namespace
@@ -189,9 +202,10 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
     summary.final_loss = m.loss;
     summary.steps = step;
-    after_step(run, step, f.stopping, metrics.get(),
-               {.skipped_steps = summary.skipped_steps, .tokens_seen = step * step_tokens, .loss = m.loss});
-    if (f.stopping) {
+    const bool stopping =
+        after_step(run, step, f.stopping, metrics.get(),
+                   {.skipped_steps = summary.skipped_steps, .tokens_seen = step * step_tokens, .loss = m.loss});
+    if (stopping) {
       summary.stop_signal = stop_signal != 0 ? static_cast<int>(stop_signal) : SIGTERM;
       if (rank == 0) log_warn("stopped by ", ::strsignal(summary.stop_signal), " after step ", step);
       return summary;

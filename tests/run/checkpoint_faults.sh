@@ -3,12 +3,13 @@
 #  - a save killed with SIGKILL mid-write (rank 1) or just before its commit (rank 0) leaves
 #    the previous checkpoint loadable, is never taken as the latest, and resuming works;
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
-#    status 143, and resuming continues after that step; one raised during a step stops the
-#    run after that step;
+#    status 143, and resuming continues after that step; one raised during a step, or during
+#    the evaluation after it, stops the run after that step;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
 #    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
-#    error naming the file, by `fsdpp export` and by a resumed run.
+#    error naming the file, by `fsdpp export` and by a resumed run; so is a resume into a
+#    model that computes otherwise than the one saved.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -80,6 +81,17 @@ saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
 [ "$saved" = "step-00000001 " ] || fail "signal mid-step: saved '$saved', not step-00000001 alone"
 echo "ok   SIGTERM during step 1: exit $rc, ${saved% } saved"
 
+# One that arrives during the evaluation after step 2 stops the run after step 2: the ranks
+# vote again once the evaluation is over, rather than train step 3 first.
+run="$out/signal-mid-eval"
+FSDPP_FAILPOINT=signal-mid-eval FSDPP_FAILPOINT_RANK=1 train "$run" --set train.steps=100 --set train.eval_every=2 \
+  --set data.eval_fraction=0.1 >"$run.log" 2>&1
+rc=$?
+saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
+[ "$rc" -eq 143 ] || fail "signal mid-eval: launcher exited $rc, not 143: $(grep -v ' info ' "$run.log" | tail -2)"
+[ "$saved" = "step-00000002 " ] || fail "signal mid-eval: saved '$saved', not step-00000002 alone"
+echo "ok   SIGTERM during the evaluation after step 2: exit $rc, ${saved% } saved"
+
 # Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
 good="$out/checkpoint-mid-write/checkpoints/step-00000005"
 expect_refused() {  # NAME FILE_IN_MESSAGE WORDS -- COMMAND...
@@ -115,4 +127,13 @@ expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safete
 # rotation delete the new saves as the oldest: refused at start, naming both.
 expect_refused "resume from step 5 beside the run's own step 10" "step-00000010 is a later checkpoint" "" -- \
   train "$out/checkpoint-mid-write" --set "checkpoint.resume=\"$good\""
+# A checkpoint resumes the model it saved: one of the same shapes that computes otherwise
+# (another RoPE base and norm epsilon) is refused, naming each field.
+other="$out/other-model" && mkdir -p "$other"
+sed -e 's/"rope_theta": 10000.0/"rope_theta": 500000.0/' -e 's/"rms_norm_eps": 1e-06/"rms_norm_eps": 0.001/' \
+  tests/assets/models/fsdp-llama/config.json >"$other/config.json"
+expect_refused "resume into a model of the same shapes that computes otherwise" "step-00000005: saved another model" \
+  "rms_norm_eps 1e-06 -> 0.001, rope_theta 10000.0 -> 500000.0" -- \
+  "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$other/run\"" --set "model.path=\"$other\"" \
+  --set "checkpoint.resume=\"$good\""
 exit $status

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs never mix in one [train] out_dir: a second run starting afresh where a run saved its
-# checkpoints is refused (resuming is the way on), another run's settings there are refused,
+# checkpoints, or where a run of other settings trained, is refused (resuming is the way on),
+# and so is another model's run; resumed, the run may change its settings and is told which;
 # [train] reuse_out_dir = true trains beside them anyway, and resume = "latest" then picks
-# only this run's checkpoints. Each refusal is one line with exit status 2.
+# only the checkpoints of this run's settings. Each refusal is one line with exit status 2.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -27,17 +28,23 @@ check "the same run afresh over its checkpoints" 2 \
   "checkpoints: holds the checkpoints of this run (up to step 2); resume it ([checkpoint] resume = \"latest\"), or choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it" \
   -- "${run[@]}"
 check "the same run resumed" 0 "continuing after step 2" -- "${run[@]}" --set train.steps=3 --set 'checkpoint.resume="latest"'
-check "another run's settings" 2 "$out: holds another run (model" -- "${run[@]}" --set policy.options.lora_rank=2
-check "another run resuming its latest" 2 "$out: holds another run (model" \
-  -- "${run[@]}" --set policy.options.lora_rank=2 --set 'checkpoint.resume="latest"'
-# Beside them on request: "latest" finds none of this run's (the full run's steps 2 and 3
+check "other settings afresh" 2 \
+  "$out: holds a run of this model and data with other settings (policy.options.lora_rank (unset) -> 2): resume it" \
+  -- "${run[@]}" --set policy.options.lora_rank=2
+check "another model's run" 2 "$out: holds another run (model" \
+  -- "${run[@]}" --set 'model.path="examples/models/tiny-llama"' --set 'checkpoint.resume="latest"'
+check "the run resumed with another learning rate and batch size" 0 \
+  "the run goes on with other settings than it had: data.batch_size 12 -> 6, optimizer.lr 0.01 -> 0.005" \
+  -- "${run[@]}" --set train.steps=4 --set 'checkpoint.resume="latest"' --set optimizer.lr=5e-3 --set data.batch_size=6
+grep -q "continuing after step 3" "$out.log" || { echo "FAIL: the changed run did not resume step 3"; failures=$((failures + 1)); }
+# Beside them on request: "latest" finds none of this run's (the full run's steps 2 to 4
 # are not its own), so it starts afresh; its own step 1 is then the one it resumes, though
-# the other run's step 3 is newer; and it would not replace the other's step 2.
+# the other run's step 4 is newer; and it would not replace the other's step 2.
 beside=(--set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set 'checkpoint.resume="latest"'
         --set checkpoint.keep=0)
 check "another run beside, resuming none of the first's" 0 "done: 1 steps" -- "${run[@]}" "${beside[@]}" --set train.steps=1
 if grep -q "continuing after" "$out.log"; then echo "FAIL: resumed another run's checkpoint"; failures=$((failures + 1)); fi
-check "its own latest, beside the other's" 0 "continuing after step 1" -- "${run[@]}" "${beside[@]}" --set train.steps=4
+check "its own latest, beside the other's" 0 "continuing after step 1" -- "${run[@]}" "${beside[@]}" --set train.steps=5
 check "another run's step kept" 2 "step-00000002: holds another run's checkpoint of step 2, which this run's would replace" \
   -- "${run[@]}" --set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set train.steps=2
 [ $failures = 0 ] && echo "runs never mix in one out_dir" || exit 1
