@@ -349,6 +349,21 @@ std::string ConfigFile::where(const std::string& section, const std::string& key
 
 const std::filesystem::path& ConfigFile::path() const { return doc_->path; }
 
+std::string ConfigFile::canonical_text(const std::vector<std::string>& excluded) const {
+  toml::table copy = doc_->root;
+  for (const auto& name : excluded) {
+    const auto dot = name.find('.');
+    if (dot == std::string::npos) {
+      copy.erase(name);
+    } else if (auto* section = copy[name.substr(0, dot)].as_table()) {
+      section->erase(name.substr(dot + 1));
+    }
+  }
+  std::ostringstream out;
+  out << toml::toml_formatter(copy, toml::format_flags::none);
+  return out.str();
+}
+
 std::map<std::string, std::string> ConfigFile::settings(const std::vector<std::string>& excluded) const {
   std::map<std::string, std::string> out;
   const auto left_out = [&](const std::string& key) {
@@ -364,10 +379,10 @@ std::map<std::string, std::string> ConfigFile::settings(const std::vector<std::s
         continue;
       }
       std::ostringstream text;
-      // A finite float as its shortest exact text (0.005, where TOML's writer gives 17 digits).
+      // A finite float as its shortest exact text (0.0005, where TOML's writer gives 17 digits).
       if (const auto number = node.template value<double>(); node.is_floating_point() && std::isfinite(*number)) {
         char shortest[32];
-        const auto end = std::to_chars(shortest, shortest + sizeof shortest, *number).ptr;
+        const auto end = std::to_chars(shortest, shortest + sizeof shortest, *number, std::chars_format::general).ptr;
         text << std::string_view(shortest, static_cast<size_t>(end - shortest));
       } else {
         node.visit([&](const auto& value) { text << value; });

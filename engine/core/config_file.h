@@ -95,6 +95,10 @@ class ConfigFile {
   // ConfigSection::where of `key` in `section`.
   std::string where(const std::string& section, const std::string& key) const;
   const std::filesystem::path& path() const;
+  // The document after overrides as normalised TOML (keys sorted, comments and layout
+  // dropped), leaving out the `excluded` sections and "section.key" entries: equal texts
+  // mean equal settings.
+  std::string canonical_text(const std::vector<std::string>& excluded = {}) const;
   // Every value of the document after overrides by its dotted key ("optimizer.lr",
   // "policy.options.lora_rank") as TOML text, leaving out the `excluded` sections and keys
   // (and what lies under them): equal maps mean equal settings.

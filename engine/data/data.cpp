@@ -2,6 +2,7 @@
 #include "data/data.h"
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/log.h"
 #include "loss/next_token_loss.h"
 
@@ -145,7 +146,7 @@ MicroBatch TokenWindows::rows(int64_t micro, int64_t first, int64_t count) const
 
 nlohmann::json TokenWindows::identity() const {
   return {{"train", std::filesystem::absolute(config_.train).lexically_normal().string()},
-          {"tokens", tokens_->size()}, {"begin", range_.begin}, {"end", range_.end}, {"shuffle", config_.shuffle},
+          {"contents", file_fingerprint(config_.train)}, {"tokens", tokens_->size()}, {"begin", range_.begin}, {"end", range_.end}, {"shuffle", config_.shuffle},
           {"seq_len", config_.seq_len}, {"seed", config_.seed}, {"batch_size", config_.batch_size}};
 }
 

@@ -227,12 +227,24 @@ bool written_by_export(const std::string& name) {
   return std::find(std::begin(kCompanionFiles), std::end(kCompanionFiles), name) != std::end(kCompanionFiles);
 }
 
+// `dir` through its links, or as written where they do not resolve (check_export_target
+// then says why).
+fs::path resolved_links(const fs::path& dir) {
+  std::error_code error;
+  const fs::path path = fs::weakly_canonical(fs::absolute(dir), error);
+  return error ? fs::absolute(dir).lexically_normal() : path;
+}
+
 }  // namespace
 
 void check_export_target(const fs::path& dir) {
-  if (fs::is_symlink(fs::symlink_status(dir)) && !fs::exists(fs::status(dir))) {
-    throw UserError(dir.string() + ": is a link to " + fs::read_symlink(dir).string() +
-                    ", which does not exist; an export writes through a link only to a directory");
+  std::error_code error;
+  if (fs::is_symlink(fs::symlink_status(dir, error)) && !fs::exists(fs::status(dir, error))) {
+    std::error_code unread;
+    throw UserError(dir.string() + ": is a link to " + fs::read_symlink(dir, unread).string() +
+                    (error && error != std::errc::no_such_file_or_directory ? " (" + error.message() + ")"
+                                                                             : ", which does not exist") +
+                    "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
 }
@@ -241,7 +253,7 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
                          at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source)
     // Through links: a link to a directory keeps naming the new export, whose staging
     // directory is made beside the real one, on its file system, where the swap can happen.
-    : dir_(fs::weakly_canonical(fs::absolute(dir))),
+    : dir_(resolved_links(dir)),
       staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
   check_export_target(dir_);
   remove_tree(staging_);  // an interrupted export's

@@ -83,19 +83,17 @@ void check_out_dir(const RunConfig& config) {
                     "; this run's: model " + mine.model + ", data " + mine.data + "): " + elsewhere);
   }
   // Resumed, the run goes on with the settings it is given; started afresh, it would mix
-  // its files with those of the run before.
-  if (recorded && fresh && recorded->config_hash != mine.config_hash) {
+  // its files with those of the run before. (A record without settings predates them.)
+  if (recorded && fresh && recorded->config_hash != mine.config_hash && !recorded->settings.empty()) {
     throw UserError(out_dir.string() + ": holds a run of this model and data with other settings (" +
                     settings_change(recorded->settings, mine.settings) + "): resume it ([checkpoint] resume = "
                     "\"latest\"), or " + elsewhere);
   }
   const auto checkpoints = list_checkpoints(config.checkpoint.dir);
   if (checkpoints.empty()) return;
-  // Without a record in out_dir, checkpoints another run's settings wrote are that run's (a
-  // [checkpoint] dir outside out_dir, shared by mistake).
-  const bool others = !recorded && std::any_of(checkpoints.begin(), checkpoints.end(), [&](const auto& c) {
-    return settings_of(c.path) != mine.config_hash;
-  });
+  // A [checkpoint] dir outside out_dir may hold other runs' checkpoints (of_this_run).
+  const bool others = std::any_of(checkpoints.begin(), checkpoints.end(),
+                                  [&](const auto& c) { return !of_this_run(config, c.path); });
   if (others || fresh) {
     throw UserError(config.checkpoint.dir + ": holds the checkpoints of " + (others ? "another run" : "this run") +
                     " (up to step " + std::to_string(checkpoints.back().step) + "); " +
@@ -256,7 +254,7 @@ OutDirLock::~OutDirLock() {
 void record_run(const RunConfig& config) {
   const RunIdentity mine = RunIdentity::of(config);
   const auto recorded = config.train.reuse_out_dir ? std::nullopt : recorded_identity(config.train.out_dir);
-  if (recorded && recorded->config_hash != mine.config_hash) {
+  if (recorded && recorded->config_hash != mine.config_hash && !recorded->settings.empty()) {
     log_warn(config.train.out_dir, ": the run goes on with other settings than it had: ",
              settings_change(recorded->settings, mine.settings));
   }
@@ -264,7 +262,10 @@ void record_run(const RunConfig& config) {
 }
 
 bool of_this_run(const RunConfig& config, const fs::path& checkpoint) {
-  return !config.train.reuse_out_dir || settings_of(checkpoint) == config_hash(config);
+  const fs::path own = config.checkpoint.dir;
+  const bool in_own_dir = !config.train.reuse_out_dir && path_within(own, config.train.out_dir) &&
+                          fs::weakly_canonical(checkpoint.parent_path()) == fs::weakly_canonical(own);
+  return in_own_dir || settings_of(checkpoint) == config_hash(config);
 }
 
 std::optional<fs::path> latest_of_this_run(const RunConfig& config) {

@@ -1,10 +1,11 @@
 // A run's output directory as one run's alone: the run records who it is there (run.json:
 // its model, its data and its settings), refuses to train into a directory that holds
-// another model's or data's run or, starting afresh, a run of its own, and takes every
-// checkpoint under its [checkpoint] dir as its own. A resumed run may change its settings (a
-// learning rate, a batch size, timeouts), and is told which changed. [train] reuse_out_dir =
-// true lifts the refusal and shares the directory: runs beside each other are then told
-// apart by their settings.
+// another model's or data's run or, starting afresh, a run of other settings or its own
+// checkpoints, and takes every checkpoint under its [checkpoint] dir inside out_dir as its
+// own. A resumed run may change its settings (a learning rate, a batch size, timeouts), and
+// is told which changed. [train] reuse_out_dir = true lifts the refusal and shares the
+// directory: runs beside each other are then told apart by their settings, as are those in
+// a [checkpoint] dir outside out_dir.
 #pragma once
 
 #include "run/run_config.h"
@@ -68,8 +69,10 @@ void record_run(const RunConfig& config);
 std::string settings_change(const std::map<std::string, std::string>& before,
                             const std::map<std::string, std::string>& after);
 
-// Whether `checkpoint` is this run's: any under its own [checkpoint] dir; beside other runs
-// ([train] reuse_out_dir), one its present settings wrote.
+// Whether `checkpoint` is this run's: any directly under its own [checkpoint] dir where that
+// lies inside its out_dir; elsewhere (a [checkpoint] dir outside out_dir, a directory the
+// Python API saves into) and beside other runs ([train] reuse_out_dir), one its present
+// settings wrote.
 bool of_this_run(const RunConfig& config, const std::filesystem::path& checkpoint);
 
 // The newest complete checkpoint of this run under [checkpoint] dir.

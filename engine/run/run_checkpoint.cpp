@@ -70,14 +70,19 @@ void from_json(const json& j, ClientState& state) {
   state.loss = loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
 }
 
-std::map<std::string, std::string> run_settings(const RunConfig& config) {
-  return config.source.settings({"checkpoint", "metrics", "train.steps", "train.out_dir", "train.reuse_out_dir",
-                                 "train.log_every", "train.eval_every", "train.eval_batches", "train.threads"});
-}
+namespace {
+
+// What does not shape the run: where it writes, how often it reports, how long it goes on.
+const std::vector<std::string> kNotSettings = {"checkpoint", "metrics", "train.steps", "train.out_dir",
+                                               "train.reuse_out_dir", "train.log_every", "train.eval_every",
+                                               "train.eval_batches", "train.threads"};
+
+}  // namespace
+
+std::map<std::string, std::string> run_settings(const RunConfig& config) { return config.source.settings(kNotSettings); }
 
 std::string config_hash(const RunConfig& config) {
-  std::string text;
-  for (const auto& [key, value] : run_settings(config)) text += key + " = " + value + "\n";
+  const std::string text = config.source.canonical_text(kNotSettings);
   return format_crc32c(crc32c(text.data(), text.size()));
 }
 

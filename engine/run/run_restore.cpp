@@ -48,6 +48,14 @@ void check_data_position(const json& saved, const json& data, const std::string&
     for (const auto& [key, value] : identity->items()) keys.insert(key);
   }
   for (const char* key : {"batch_size", "epoch", "window"}) keys.erase(key);
+  // Checkpoints older than the token file's fingerprint carry none to compare.
+  if (!saved.contains("contents")) keys.erase("contents");
+  if (keys.contains("contents") && saved.value("train", json()) == data.value("train", json()) &&
+      saved.at("contents") != data.value("contents", json())) {
+    throw UserError(where + ": cannot resume: " + data.value("train", std::string()) + " changed since the checkpoint (" +
+                    saved.at("contents").dump() + " then, " + data.value("contents", json()).dump() +
+                    " now): the same window index would name other tokens");
+  }
   for (const std::string& key : keys) {
     if (saved.value(key, json()) != data.value(key, json())) {
       throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
@@ -66,7 +74,7 @@ ResumePoint Run::resume() {
   const std::string where = checkpoint.dir().string();
   const json& saved = meta.at("data");
   if (batches_) check_data_position(saved, batches_->identity(), where);
-  if (meta.value("config_hash", "") != config_hash(config_) && comm_->rank() == 0) {
+  if (meta.value("config_hash", "") != config_hash(config_) && meta.contains("settings") && comm_->rank() == 0) {
     const auto saved_settings = meta.value("settings", json::object()).get<std::map<std::string, std::string>>();
     log_warn(where, ": resuming with other settings than it was saved with: ",
              settings_change(saved_settings, run_settings(config_)));

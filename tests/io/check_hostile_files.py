@@ -122,17 +122,19 @@ def checkpoint_cases(ckpt):
     expect("generator state zeroed", ["rank-00000.safetensors: rng/cpu is not a generator state"],
            "train", CONFIG, "--set", f'train.out_dir="{WORK}/resumed"', "--set", f'checkpoint.resume="{broken_rng}"')
     # A checkpoint of another architecture is refused at resume, before the run uses a row: a
-    # wider vocabulary would read the checkpoint's rows in range, more layers leave some out.
+    # wider vocabulary would read the checkpoint's rows in range (its shape is refused), fewer
+    # layers would leave some out (the config is refused, naming the field).
     source = json.load(open("tests/assets/models/fsdp-llama/config.json"))
-    for name, change, pattern in [
+    layers = source["num_hidden_layers"]
+    for name, change, patterns in [
             ("a wider vocabulary", {"vocab_size": source["vocab_size"] + 24},
-             f"tensor 'model.embed_tokens.weight' is [{source['vocab_size']}, "),
-            ("fewer layers", {"num_hidden_layers": source["num_hidden_layers"] - 1},
-             f"holds a tensor 'model.layers.{source['num_hidden_layers'] - 1}.")]:
+             [f"tensor 'model.embed_tokens.weight' is [{source['vocab_size']}, ", "another architecture"]),
+            ("fewer layers", {"num_hidden_layers": layers - 1},
+             ["saved another model than this run's", f"num_hidden_layers {layers} -> {layers - 1}"])]:
         other = os.path.join(WORK, "other-" + name.replace(" ", "-"))
         os.makedirs(other)
         json.dump({**source, **change}, open(os.path.join(other, "config.json"), "w"))
-        expect(f"resume onto {name}", [pattern, "another architecture"],
+        expect(f"resume onto {name}", patterns,
                "train", CONFIG, "--set", f'model.path="{other}"', "--set", f'train.out_dir="{other}-run"',
                "--set", f'checkpoint.resume="{ckpt}"')
     expect("export onto its source", ["would overwrite or contain the checkpoint"], "export", ckpt, ckpt)

@@ -8,8 +8,8 @@
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
 #    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
-#    error naming the file, by `fsdpp export` and by a resumed run; so is a resume into a
-#    model that computes otherwise than the one saved.
+#    error naming the file, by `fsdpp export` and by a resumed run; so is a resume over a
+#    token file rewritten in place, or into a model that computes otherwise than the one saved.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -127,6 +127,15 @@ expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safete
 # rotation delete the new saves as the oldest: refused at start, naming both.
 expect_refused "resume from step 5 beside the run's own step 10" "step-00000010 is a later checkpoint" "" -- \
   train "$out/checkpoint-mid-write" --set "checkpoint.resume=\"$good\""
+# A token file rewritten in place since the checkpoint (its last token changed) is refused,
+# naming it: the saved window index would name other tokens.
+tokens="$out/tokens.tok" && cp data/licenses.tok "$tokens"
+rewritten=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/rewritten\"" --set "data.train=\"$tokens\"")
+"$FSDPP" "${rewritten[@]}" --set train.steps=2 --set checkpoint.save_every=2 >"$out/rewritten.log" 2>&1 ||
+  fail "rewritten data: the first run failed"
+printf '\x0b' | dd of="$tokens" bs=1 seek=$(( $(stat -c %s "$tokens") - 2 )) conv=notrunc status=none
+expect_refused "resume over a token file rewritten in place" "tokens.tok changed since the checkpoint" "" -- \
+  "$FSDPP" "${rewritten[@]}" --set train.steps=4 --set 'checkpoint.resume="latest"'
 # A checkpoint resumes the model it saved: one of the same shapes that computes otherwise
 # (another RoPE base and norm epsilon) is refused, naming each field.
 other="$out/other-model" && mkdir -p "$other"
