@@ -155,17 +155,16 @@ void check_replaceable_dir(const std::filesystem::path& dir, const std::string& 
   if (error) throw UserError(dir.string() + ": cannot list it (" + error.message() + ")");
 }
 
-std::string file_fingerprint(const std::filesystem::path& path) {
+std::string file_fingerprint(const MappedFile& file) {
   constexpr size_t kBlocks = 64, kBlock = 4096;
-  const auto file = MappedFile::open(path);
-  const size_t size = file->size();
+  const size_t size = file.size();
   uint32_t crc = crc32c(&size, sizeof size);
-  if (size <= kBlocks * kBlock) return format_crc32c(crc32c(file->data(), size, crc));
+  if (size <= kBlocks * kBlock) return format_crc32c(crc32c(file.data(), size, crc));
   for (size_t i = 0; i < kBlocks; ++i) {
     // Block i starts i / (kBlocks - 1) of the way to the last whole block: the first and the
     // last bytes are always read.
     const size_t at = (size - kBlock) * i / (kBlocks - 1);
-    crc = crc32c(file->data() + at, kBlock, crc);
+    crc = crc32c(file.data() + at, kBlock, crc);
   }
   return format_crc32c(crc);
 }

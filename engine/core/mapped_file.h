@@ -64,10 +64,10 @@ void check_replaceable_dir(const std::filesystem::path& dir, const std::string& 
 // a regular file (a FIFO in its place would block a plain read forever).
 std::string read_text_file(const std::filesystem::path& path);
 
-// "crc32c:..." of a file's size and of 64 blocks of 4 KiB spread evenly over it (all of it
-// when smaller): what tells a file rewritten in place from the one it was, at the cost of
-// 64 page reads however large it is.
-std::string file_fingerprint(const std::filesystem::path& path);
+// "crc32c:..." of a mapped file's size and of 64 blocks of 4 KiB spread evenly over it (all
+// of it when smaller): what tells a file rewritten in place from the one it was, at the cost
+// of 64 page reads however large it is.
+std::string file_fingerprint(const MappedFile& file);
 
 // Writes `path` through a temporary file that is fsynced and renamed into place on commit(),
 // so a crash leaves either the old file or the new one, never a torn one. Destroyed

@@ -2,7 +2,6 @@
 #include "data/data.h"
 
 #include "core/error.h"
-#include "core/mapped_file.h"
 #include "core/log.h"
 #include "loss/next_token_loss.h"
 
@@ -146,8 +145,9 @@ MicroBatch TokenWindows::rows(int64_t micro, int64_t first, int64_t count) const
 
 nlohmann::json TokenWindows::identity() const {
   return {{"train", std::filesystem::absolute(config_.train).lexically_normal().string()},
-          {"contents", file_fingerprint(config_.train)}, {"tokens", tokens_->size()}, {"begin", range_.begin}, {"end", range_.end}, {"shuffle", config_.shuffle},
-          {"seq_len", config_.seq_len}, {"seed", config_.seed}, {"batch_size", config_.batch_size}};
+          {"contents", tokens_->fingerprint()}, {"tokens", tokens_->size()}, {"begin", range_.begin},
+          {"end", range_.end}, {"shuffle", config_.shuffle}, {"seq_len", config_.seq_len}, {"seed", config_.seed},
+          {"batch_size", config_.batch_size}};
 }
 
 EvalResult TokenWindows::evaluate(CausalLM& model, int64_t max_windows, Comm* group) const {

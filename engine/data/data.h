@@ -22,6 +22,9 @@ class TokenFile {
   int64_t size() const { return header_.count; }
   int64_t vocab_size() const { return header_.vocab; }
   const std::filesystem::path& path() const { return file_->path(); }
+  // The file's fingerprint as mapped (core/mapped_file.h): a checkpoint's data position
+  // carries over only to the same contents.
+  std::string fingerprint() const { return file_fingerprint(*file_); }
   // Tokens [begin, begin + length) as int64.
   at::Tensor slice(int64_t begin, int64_t length) const;  // [length]
   // Whether the file carries a loss mask, and its flags [begin, begin + length): true where

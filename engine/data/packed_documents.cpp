@@ -2,7 +2,6 @@
 #include "data/packed_documents.h"
 
 #include "core/error.h"
-#include "core/mapped_file.h"
 #include "core/log.h"
 #include "loss/next_token_loss.h"
 
@@ -188,9 +187,9 @@ MicroBatch PackedDocuments::assemble(const std::vector<const PackedRow*>& rows) 
 
 nlohmann::json PackedDocuments::identity() const {
   return {{"train", std::filesystem::absolute(config_.train).lexically_normal().string()},
-          {"contents", file_fingerprint(config_.train)}, {"tokens", tokens_->size()}, {"documents", train_documents_}, {"rows", rows_.size()},
-          {"packing", config_.packing}, {"shuffle", config_.shuffle}, {"seq_len", config_.seq_len},
-          {"seed", config_.seed}, {"batch_size", config_.batch_size},
+          {"contents", tokens_->fingerprint()}, {"tokens", tokens_->size()}, {"documents", train_documents_},
+          {"rows", rows_.size()}, {"packing", config_.packing}, {"shuffle", config_.shuffle},
+          {"seq_len", config_.seq_len}, {"seed", config_.seed}, {"batch_size", config_.batch_size},
           {"train_on", config_.train_on == TrainOn::all ? "all" : "completion"}};
 }
 

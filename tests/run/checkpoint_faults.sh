@@ -71,26 +71,23 @@ train "$run" --set train.steps=$((last + 2)) --set checkpoint.save_every=0 >"$ru
 grep -q "continuing after step $last" "$run.resume.log" || fail "SIGTERM: resume did not continue after step $last"
 echo "ok   SIGTERM after step $last: exit $rc, $saved saved, resumed to step $((last + 2))"
 
-# A stop signal that arrives during a step (rank 1 raises SIGTERM in step 1's forward) stops
-# the run after that step, not after the next: a second SIGTERM there would kill rank 1.
-run="$out/signal-mid-step"
-FSDPP_FAILPOINT=signal-mid-step FSDPP_FAILPOINT_RANK=1 train "$run" --set train.steps=100 >"$run.log" 2>&1
-rc=$?
-saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
-[ "$rc" -eq 143 ] || fail "signal mid-step: launcher exited $rc, not 143: $(grep -v ' info ' "$run.log" | tail -2)"
-[ "$saved" = "step-00000001 " ] || fail "signal mid-step: saved '$saved', not step-00000001 alone"
-echo "ok   SIGTERM during step 1: exit $rc, ${saved% } saved"
-
-# One that arrives during the evaluation after step 2 stops the run after step 2: the ranks
-# vote again once the evaluation is over, rather than train step 3 first.
-run="$out/signal-mid-eval"
-FSDPP_FAILPOINT=signal-mid-eval FSDPP_FAILPOINT_RANK=1 train "$run" --set train.steps=100 --set train.eval_every=2 \
-  --set data.eval_fraction=0.1 >"$run.log" 2>&1
-rc=$?
-saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
-[ "$rc" -eq 143 ] || fail "signal mid-eval: launcher exited $rc, not 143: $(grep -v ' info ' "$run.log" | tail -2)"
-[ "$saved" = "step-00000002 " ] || fail "signal mid-eval: saved '$saved', not step-00000002 alone"
-echo "ok   SIGTERM during the evaluation after step 2: exit $rc, ${saved% } saved"
+# A stop signal that arrives during a step (rank 1 raises SIGTERM in step 1's forward), or
+# during the evaluation after step 2 (the ranks vote again once it is over), stops the run
+# after that step, not after the next: a second SIGTERM there would kill rank 1.
+stop_within() {  # NAME FAILPOINT STEP [--set ...]: the step saved alone, exit status 143
+  local name=$1 point=$2 want rc saved run
+  want=$(printf 'step-%08d ' "$3")
+  shift 3
+  run="$out/$point"
+  FSDPP_FAILPOINT=$point FSDPP_FAILPOINT_RANK=1 train "$run" --set train.steps=100 "$@" >"$run.log" 2>&1
+  rc=$?
+  saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
+  [ "$rc" -eq 143 ] || fail "signal $name: launcher exited $rc, not 143: $(grep -v ' info ' "$run.log" | tail -2)"
+  [ "$saved" = "$want" ] || fail "signal $name: saved '$saved', not ${want% } alone"
+  echo "ok   SIGTERM $name: exit $rc, ${saved% } saved"
+}
+stop_within "during step 1" signal-mid-step 1
+stop_within "during the evaluation after step 2" signal-mid-eval 2 --set train.eval_every=2 --set data.eval_fraction=0.1
 
 # Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
 good="$out/checkpoint-mid-write/checkpoints/step-00000005"
