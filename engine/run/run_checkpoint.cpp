@@ -81,6 +81,8 @@ const std::vector<std::string> kNotSettings = {"checkpoint", "metrics", "train.s
 
 std::map<std::string, std::string> run_settings(const RunConfig& config) { return config.source.settings(kNotSettings); }
 
+// Over the normalised TOML rather than run_settings: the form earlier runs recorded in
+// run.json and their checkpoints, which must go on matching.
 std::string config_hash(const RunConfig& config) {
   const std::string text = config.source.canonical_text(kNotSettings);
   return format_crc32c(crc32c(text.data(), text.size()));
