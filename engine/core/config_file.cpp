@@ -111,14 +111,16 @@ int64_t ConfigSection::get_int(const std::string& key, int64_t fallback, int64_t
   return value;
 }
 
-double ConfigSection::get_double(const std::string& key, double fallback, double min, double max) {
+double ConfigSection::get_double(const std::string& key, double fallback, double min, double max, Max bound) {
   auto* node = static_cast<const toml::node*>(lookup(key, "a float"));
   if (node == nullptr) return fallback;
   // An integer too large for a double converts with rounding; the range check then applies.
   const double value = node->is_integer() ? static_cast<double>(**node->as_integer()) : **node->as_floating_point();
-  if (!std::isfinite(value) || value < min || value > max) {
+  const bool above = bound == Max::included ? value > max : value >= max;
+  if (!std::isfinite(value) || value < min || above) {
     std::ostringstream message;
-    message << "must be a finite number in [" << min << ", " << max << "], got " << value;
+    message << "must be a finite number in [" << min << ", " << max << (bound == Max::included ? "]" : ")")
+            << ", got " << value;
     fail(key, message.str());
   }
   return value;

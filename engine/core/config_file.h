@@ -29,10 +29,12 @@ class ConfigSection {
  public:
   ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::string name);
 
-  // Every number is range-checked where it enters: a value outside [min, max] is a failure
-  // naming the range. Floats must be finite; integers are accepted for them.
+  // Every number is range-checked where it enters: a value outside [min, max] (or [min, max)
+  // where max is excluded) is a failure naming the range. Floats must be finite; integers are
+  // accepted for them.
+  enum class Max { included, excluded };
   int64_t get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max);
-  double get_double(const std::string& key, double fallback, double min, double max);
+  double get_double(const std::string& key, double fallback, double min, double max, Max bound = Max::included);
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
   // The value of the named choice (`fallback` when the key is absent); any other name is a

@@ -10,7 +10,7 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.train = s.get_string("train", "");
   c.seq_len = s.get_int("seq_len", c.seq_len, 1, kMaxBatchTokens);
   c.batch_size = s.get_int("batch_size", c.batch_size, 1, kMaxBatchTokens);
-  c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction, 0, 1);
+  c.eval_fraction = s.get_double("eval_fraction", c.eval_fraction, 0, 1, ConfigSection::Max::excluded);
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0, 0, kMaxSeed));
   c.shuffle = s.get_bool("shuffle", c.shuffle);
   c.packing = s.get_bool("packing", c.packing);
@@ -19,9 +19,6 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   if (c.batch_size > kMaxBatchTokens / c.seq_len) {
     s.fail("batch_size", "a global batch of " + std::to_string(c.batch_size) + " x " + std::to_string(c.seq_len) +
                              " tokens is more than " + std::to_string(kMaxBatchTokens) + " (batch_size x seq_len)");
-  }
-  if (c.eval_fraction >= 1) {
-    s.fail("eval_fraction", "must be in [0, 1), got " + std::to_string(c.eval_fraction));
   }
   return c;
 }

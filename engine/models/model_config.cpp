@@ -117,8 +117,15 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
     check_range(origin, "pad_token_id", id, -c.vocab_size, c.vocab_size - 1);
     c.padding_row = id < 0 ? id + c.vocab_size : id;
   }
-  c.attention_bias = read<bool>(j, "attention_bias", origin, false);
-  c.mlp_bias = read<bool>(j, "mlp_bias", origin, false);
+  // transformers' classes honour only some bias switches: Llama both, Qwen3, Qwen3-MoE and
+  // DeepSeek-V3 attention_bias alone, Mistral and the Qwen2 family neither (Qwen2's q/k/v
+  // always carry one: DecoderFamily::qkv_bias). A switch its class ignores is ignored here,
+  // so a file builds the model transformers builds from it.
+  const std::string& type = c.model_type;
+  if (type == "llama" || type == "qwen3" || type == "qwen3_moe" || type == "deepseek_v3") {
+    c.attention_bias = read<bool>(j, "attention_bias", origin, false);
+  }
+  if (type == "llama") c.mlp_bias = read<bool>(j, "mlp_bias", origin, false);
   c.initializer_range = read<double>(j, "initializer_range", origin, 0.02);
   c.hidden_act = read<std::string>(j, "hidden_act", origin, "silu");
   read_attention_window(j, origin, c);

@@ -63,6 +63,13 @@ expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
 expect "evaluation with nothing held out" "[train] eval_every = 3 evaluates the held-out part" \
   -- train "$work/ok.toml" --set train.eval_every=3
 
+expect "an open range's end" "[data] eval_fraction: must be a finite number in [0, 1), got 1" \
+  -- train "$work/ok.toml" --set data.eval_fraction=1
+expect "below an open range" "[data] eval_fraction: must be a finite number in [0, 1), got -1e-09" \
+  -- train "$work/ok.toml" --set data.eval_fraction=-1e-9
+expect "a beta that never forgets" "[optimizer] beta2: must be a finite number in [0, 1), got 1" \
+  -- train "$work/ok.toml" --set optimizer.beta2=1.0
+
 expect "a --set past 64-bit integers" "--set train.steps=9223372036854775808: invalid TOML value" \
   -- train "$work/ok.toml" --set train.steps=9223372036854775808
 expect "a --set past a value" "--set train.steps.x=1: train.steps is a value, not a table of keys" \

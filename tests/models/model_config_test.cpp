@@ -1,7 +1,8 @@
 // config.json as transformers 4.x and 5.x write it: each field read under either version's
 // name, to the model transformers 5 reads from the same file (tests/assets/configs, saved
 // again by transformers in tests/reference/make_config_fixtures.py), and two names of one
-// field that disagree refused on one line naming both.
+// field that disagree refused on one line naming both; each family's bias switches honoured
+// as its transformers classes honour them.
 #include "core/error.h"
 #include "core/module_tree.h"
 #include "models/registry.h"
@@ -9,8 +10,11 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <vector>
 
 using namespace fsdpp;
 using nlohmann::json;
@@ -85,6 +89,28 @@ TEST_CASE("a config.json reads to the model transformers 5 reads from it, in 4.x
   const std::string dir = std::string(fixtures) + "/configs/" + kind + "/" + family;
   INFO(dir << ": original.json against transformers' config.json");
   check_same_model(ModelConfig::from_file(dir + "/original.json"), ModelConfig::from_file(dir + "/config.json"));
+}
+
+TEST_CASE("a family builds the decoder biases transformers builds, whatever switches its file sets", "[models][parity]") {
+  const std::string family = GENERATE("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "qwen2_vl",
+                                      "qwen2_5_vl");
+  const char* fixtures = std::getenv("FSDPP_FIXTURE_DIR");
+  REQUIRE(fixtures != nullptr);
+  const std::string dir = std::string(fixtures) + "/configs/biased/" + family;
+  INFO(dir << ": attention_bias and mlp_bias set, against transformers' biases.json");
+  std::ifstream expected_file(dir + "/biases.json");
+  REQUIRE(expected_file);
+  const auto expected = json::parse(expected_file).get<std::vector<std::string>>();
+  const auto model = build_model(ModelConfig::from_file(dir + "/config.json"), torch::TensorOptions().device(torch::kMeta));
+  std::vector<std::string> built;
+  for (const auto& p : unique_named_parameters(*model)) {
+    const auto layers = p.name.find("layers.");
+    if (layers != std::string::npos && p.name.ends_with(".bias") && p.name.find("visual") == std::string::npos) {
+      built.push_back(p.name.substr(layers));
+    }
+  }
+  std::sort(built.begin(), built.end());
+  CHECK(built == expected);
 }
 
 TEST_CASE("two names of one config.json field must agree", "[models]") {

@@ -9,9 +9,10 @@
 #    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
 #    error naming the file, by `fsdpp export` and by a resumed run; so is a resume over a
-#    token file rewritten in place, or into a model that computes otherwise than the one saved.
+#    token file rewritten in place, into a file of documents, or into a model that computes
+#    otherwise than the one saved.
 set -uo pipefail
-: "${FSDPP:?}" "${WORK:?}"
+: "${FSDPP:?}" "${WORK:?}" "${PYTHON:?}"
 bash scripts/make_corpus.sh >/dev/null
 out="$WORK/checkpoint-faults"
 rm -rf "$out" && mkdir -p "$out"
@@ -133,6 +134,19 @@ rewritten=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/rewrit
 printf '\x0b' | dd of="$tokens" bs=1 seek=$(( $(stat -c %s "$tokens") - 2 )) conv=notrunc status=none
 expect_refused "resume over a token file rewritten in place" "tokens.tok changed since the checkpoint" "" -- \
   "$FSDPP" "${rewritten[@]}" --set train.steps=4 --set 'checkpoint.resume="latest"'
+# A token file with document ends is read by its documents: a position counted in windows of
+# a stream does not carry over to it, and the refusal says so rather than naming a field.
+# (A model of 300 tokens: byte-level documents add an end-of-document token to the 256 bytes.)
+cp /usr/share/common-licenses/Apache-2.0 "$out/apache.txt" && cp /usr/share/common-licenses/GPL-3 "$out/gpl.txt"
+"$PYTHON" scripts/prepare_data.py --out "$out/documents.tok" "$out/apache.txt" "$out/gpl.txt" >/dev/null ||
+  fail "documents: prepare_data.py failed"
+windows=(train tests/assets/fsdp-llama.toml --set 'model.path="tests/assets/models/tiny-qwen3"')
+"$FSDPP" "${windows[@]}" --set "train.out_dir=\"$out/windows\"" --set train.steps=1 --set checkpoint.save_every=1 \
+  >"$out/windows.log" 2>&1 || fail "documents: the run over windows failed"
+expect_refused "resume from windows of a stream into a file of documents" "counts windows of a token stream" \
+  "documents.tok gives rows of whole documents" -- \
+  "$FSDPP" "${windows[@]}" --set "checkpoint.resume=\"$out/windows/checkpoints/step-00000001\"" \
+  --set "train.out_dir=\"$out/documents\"" --set "data.train=\"$out/documents.tok\""
 # A checkpoint resumes the model it saved: one of the same shapes that computes otherwise
 # (another RoPE base and norm epsilon) is refused, naming each field.
 other="$out/other-model" && mkdir -p "$other"
