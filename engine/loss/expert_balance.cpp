@@ -21,14 +21,12 @@ std::vector<std::string> routing_bias_names(Module& model) {
   return names;
 }
 
-ExpertBalance::ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, std::vector<std::string> bias_names,
-                             int64_t micro_batches)
+ExpertBalance::ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, std::vector<std::string> bias_names)
     : coefficient_(moe.router_aux_loss_coef),
       bias_update_rate_(config.bias_update_rate),
-      bias_names_(std::move(bias_names)),
-      micro_batches_(micro_batches) {}
+      bias_names_(std::move(bias_names)) {}
 
-at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm, double gradient_scale) {
+at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm, int64_t micro_batches, double gradient_scale) {
   // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
   // and the router rows, all as float64 (counts are exact in it far past any batch). The
   // sums stay on the routers' device until then: one transfer, not one per layer.
@@ -52,7 +50,8 @@ at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm, double g
   step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
   aux_sum_ += (global_counts * global.narrow(0, L * E, E)).sum().item<double>() * static_cast<double>(E) /
               (global_rows * global_rows);
-  const double weight = coefficient_ / static_cast<double>(micro_batches_);
+  ++micro_batches_seen_;
+  const double weight = coefficient_ / static_cast<double>(micro_batches);
   return add_load_balancing_loss(log, global_counts, global_rows, weight * gradient_scale) / gradient_scale;
 }
 
@@ -71,13 +70,14 @@ void ExpertBalance::update_routing_bias(ShardedView& view) const {
 
 ExpertLoad ExpertBalance::finish_step() {
   ExpertLoad load;
-  if (coefficient_ > 0) load.aux_loss = aux_sum_ / static_cast<double>(micro_batches_);
+  if (coefficient_ > 0 && micro_batches_seen_ > 0) load.aux_loss = aux_sum_ / static_cast<double>(micro_batches_seen_);
   if (step_counts_.defined()) {
     const auto ratio = std::get<0>(step_counts_.max(1)) / step_counts_.mean(1).clamp_min(1e-30);  // [L]
     load.max_over_mean = ratio.max().item<double>();
   }
   step_counts_ = at::Tensor();
   aux_sum_ = 0.0;
+  micro_batches_seen_ = 0;
   return load;
 }
 

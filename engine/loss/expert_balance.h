@@ -21,7 +21,7 @@ class ShardedView;
 
 // The step's routing figures, the same on every rank.
 struct ExpertLoad {
-  std::optional<double> aux_loss;  // the load-balancing loss before its weight, mean over micro-batches
+  std::optional<double> aux_loss;  // the load-balancing loss before its weight, mean over the step's micro-batches
   double max_over_mean = 0.0;      // tokens of the busiest expert over its layer's mean, worst layer
 };
 
@@ -32,16 +32,16 @@ std::vector<std::string> routing_bias_names(Module& model);
 class ExpertBalance {
  public:
   // For a model with `moe` experts whose routing biases are the parameters `bias_names`
-  // (routing_bias_names), training steps of `micro_batches` micro-batches.
-  ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, std::vector<std::string> bias_names,
-                int64_t micro_batches);
+  // (routing_bias_names).
+  ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, std::vector<std::string> bias_names);
 
-  // Adds the micro-batch's weighted load-balancing loss, divided over the step's
-  // micro-batches, to its coming backward; returns this rank's share of its value (0-dim, no
-  // grad). A collective over `comm`. The shares' gradients sum over the ranks to the loss's;
-  // `gradient_scale` multiplies them for a caller that divides the summed gradients after
-  // (by the world size, to average them).
-  at::Tensor micro_batch_loss(RoutingLog& log, Comm& comm, double gradient_scale = 1.0);
+  // Adds the micro-batch's weighted load-balancing loss, divided over the `micro_batches` its
+  // step has (a caller's own forward passes 1: each carries the whole weight, as a
+  // transformers model's loss does), to its coming backward; returns this rank's share of its
+  // value (0-dim, no grad). A collective over `comm`. The shares' gradients sum over the ranks
+  // to the loss's; `gradient_scale` multiplies them for a caller that divides the summed
+  // gradients after (by the world size, to average them).
+  at::Tensor micro_batch_loss(RoutingLog& log, Comm& comm, int64_t micro_batches, double gradient_scale = 1.0);
   // After the optimizer step: moves each routing bias by bias_update_rate toward balance, in
   // this rank's rows of `view`, from the step's counts over every rank (so every rank moves
   // its rows alike).
@@ -53,7 +53,7 @@ class ExpertBalance {
   double coefficient_;
   double bias_update_rate_;
   std::vector<std::string> bias_names_;
-  int64_t micro_batches_;
+  int64_t micro_batches_seen_ = 0;  // this step's so far
   at::Tensor step_counts_;  // [L, E] float64: tokens routed per layer and expert this step, all ranks
   double aux_sum_ = 0.0;    // Σ over this step's micro-batches of the unweighted loss
 };

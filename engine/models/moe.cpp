@@ -6,6 +6,8 @@
 #include "models/moe.h"
 
 #include <ATen/ATen.h>
+
+#include <limits>
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace fsdpp {
@@ -228,7 +230,8 @@ MoeBlock::Choice MoeBlock::route(const torch::Tensor& flat) {
   at::Tensor selected;
   {
     // The choice: scores plus the bias, the best two of each group scoring the group; experts
-    // outside the best groups score 0, as transformers masks them.
+    // outside the best groups score -inf, as transformers 5 masks them, so a biased score
+    // below 0 in a best group still wins over every expert outside them.
     at::NoGradGuard no_grad;
     const int64_t N = scores.size(0), G = config_.n_group, E = config_.num_experts;
     const auto biased = scores + router_->e_score_correction_bias.to(scores.scalar_type());  // [N, E]
@@ -236,7 +239,7 @@ MoeBlock::Choice MoeBlock::route(const torch::Tensor& flat) {
     const auto best_groups = std::get<1>(group_scores.topk(config_.topk_group, -1));           // [N, topk_group]
     const auto in_best = at::zeros({N, G}, scores.options().dtype(at::kBool)).scatter(1, best_groups, true);
     const auto allowed = in_best.unsqueeze(-1).expand({N, G, E / G}).reshape({N, E});
-    selected = std::get<1>(biased.masked_fill(allowed.logical_not(), 0.0).topk(K, -1));    // [N, K]
+    selected = std::get<1>(biased.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity()).topk(K, -1));    // [N, K]
   }
   auto weights = scores.gather(1, selected);  // [N, K]
   if (config_.norm_topk_prob) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);

@@ -142,7 +142,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
              "flush to zero");
   }
   if (const auto& moe = model().config().moe) {
-    experts_.emplace(*moe, config.experts, routing_bias_names(model()), config.train.grad_accum);
+    experts_.emplace(*moe, config.experts, routing_bias_names(model()));
   }
   if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
   model_files_ = model_files_dir(config.model);
@@ -212,7 +212,7 @@ StepFigures Run::step(double lr, const std::function<bool()>& stop_requested) {
     // Dividing by the step's global target count makes the gradient summed over ranks and
     // micro-batches that of the mean loss over the whole step.
     auto loss = next_token_loss_sum(batch.logits(model()), batch.target) / static_cast<double>(step_targets);
-    if (experts_) loss = loss + experts_->micro_batch_loss(*model().routing(), *comm_, scale);
+    if (experts_) loss = loss + experts_->micro_batch_loss(*model().routing(), *comm_, tc.grad_accum, scale);
     (scaler_ ? loss * scale : loss).backward();
     loss_sum += loss.detach().to(at::kDouble);
   }

@@ -64,7 +64,8 @@ void Run::check_balance_consumed(const char* what) const {
 void Run::balance_experts(double grad_divisor) {
   if (experts_ && at::GradMode::is_enabled()) {
     balanced_after_ = fsdp_->backwards_ended();
-    experts_->micro_batch_loss(*model().routing(), *comm_, grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
+    experts_->micro_batch_loss(*model().routing(), *comm_, /*micro_batches=*/1,
+                               grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
   }
 }
 

@@ -55,7 +55,7 @@ StepRouting run_step(CausalLM& model, ExpertBalance& balance, Comm& comm, int64_
     const auto logits = model(ids);                               // [B, T, V]
     step.last = at::stack(counted(*model.routing()));
     step.counts = step.counts.defined() ? step.counts + step.last : step.last;
-    step.shares += balance.micro_batch_loss(*model.routing(), comm).item<double>();
+    step.shares += balance.micro_batch_loss(*model.routing(), comm, kMicroBatches).item<double>();
   }
   return step;
 }
@@ -77,7 +77,7 @@ TEST_CASE("routing biases move toward balance by the rate, from the whole step's
   const auto names = routing_bias_names(*model);
   REQUIRE(names.size() == 2);  // layers 1 and 2; layer 0 is dense
   const double rate = 0.01;
-  ExpertBalance balance(*config.moe, ExpertsConfig{.bias_update_rate = rate}, names, kMicroBatches);
+  ExpertBalance balance(*config.moe, ExpertsConfig{.bias_update_rate = rate}, names);
   auto comm = Comm::single();
   {  // biases away from zero, so that an update setting them rather than moving them shows
     at::NoGradGuard no_grad;
@@ -133,7 +133,7 @@ TEST_CASE("the logged load-balancing loss is the one the step's micro-batches ad
   auto model = build_model(config, torch::TensorOptions().dtype(at::kDouble));
   init_parameters(*model, /*seed=*/9, /*std=*/0.3);
   at::manual_seed(4);
-  ExpertBalance balance(*config.moe, ExpertsConfig{}, routing_bias_names(*model), kMicroBatches);
+  ExpertBalance balance(*config.moe, ExpertsConfig{}, routing_bias_names(*model));
   auto comm = Comm::single();
 
   const StepRouting step = run_step(*model, balance, *comm, 40);

@@ -169,10 +169,12 @@ def perturb(model):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                 p.copy_(0.2 * torch.randn_like(p))
-        # DeepSeek-V3's routing bias starts at 0, where a port that ignores it would pass.
+        # DeepSeek-V3's routing bias starts at 0, where a port that ignores it would pass; below
+        # the sigmoid scores, so that biased scores are negative and experts outside the best
+        # groups must be masked below them, not to 0.
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
-                b.copy_(0.05 * torch.randn_like(b))
+                b.copy_(-1.0 + 0.05 * torch.randn_like(b))
 
 
 def packed_reference(model, gen, vocab_size):

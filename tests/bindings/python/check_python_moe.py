@@ -6,7 +6,8 @@ update happen inside fsdpp.Run, as in the binary, without the loop writing eithe
   aux_loss, the first step's loss and gradient norm within 1e-6 relative and the later
   losses within 1e-3 (transformers' float32 rotary tables; see check_python_run.py); and at
   world 2 under torchrun, gradients averaged, equal to world 1 within 1e-10 (each rank's
-  share of the load-balancing loss survives the average).
+  share of the load-balancing loss survives the average); the run file's [train] grad_accum,
+  the binary's own loop's, does not divide the weight of the loop's forwards;
 - a second forward with autograd before the first one's backward is refused;
 - DeepSeek-V3 with [experts] bias_update_rate: world 2 equal to world 1 within 1e-10, the
   routing biases included, each bias having moved by whole multiples of the rate.
@@ -24,7 +25,9 @@ from check_python_run import ROWS, backward_and_step, batches, compare_transform
 
 STEPS = 3
 BIAS_RATE = 1e-3
-OVERRIDES = {"qwen3_moe": {}, "deepseek_v3": {"experts.bias_update_rate": BIAS_RATE}}
+# The binary's [train] grad_accum divides its own micro-batches' weights; a loop's forwards
+# each carry the whole weight whatever it says.
+OVERRIDES = {"qwen3_moe": {"train.grad_accum": 4}, "deepseek_v3": {"experts.bias_update_rate": BIAS_RATE}}
 
 
 def cross_entropy(logits, ids):
