@@ -52,6 +52,9 @@ class ByteTokenizer:
     def chat(self, messages):
         raise BadRecord("a chat needs --tokenizer with a chat template (byte-level tokens have none)")
 
+    def ends_with_eos(self, ids):
+        return bool(ids) and ids[-1] == self.eos_id
+
 
 class HfTokenizer:
     def __init__(self, path):
@@ -67,6 +70,15 @@ class HfTokenizer:
             fail(f"{path}: the tokenizer has no end-of-text token (eos_token)")
         self.eos_id = self.tok.eos_token_id
         self.vocab_size = len(self.tok)
+
+    def ends_with_eos(self, ids):
+        """Whether the document's last token but blank ones is the end-of-text token: a chat
+        template whose turns end with it (eos "<|im_end|>", as instruct models set it) wrote it
+        already, followed by a newline."""
+        k = len(ids)
+        while k > 0 and ids[k - 1] != self.eos_id and not self.tok.decode([ids[k - 1]]).strip():
+            k -= 1
+        return k > 0 and ids[k - 1] == self.eos_id
 
     def encode(self, text):
         # verbose=False: a document longer than the model's context is no concern here.
@@ -227,7 +239,7 @@ def prepare(args):
                 for ids, marks in parts:
                     # One end-of-text token, learned where the document ends on something learned
                     # (not after a chat's closing user turn); a template may have written it already.
-                    if not ids or ids[-1] != tokenizer.eos_id:
+                    if not tokenizer.ends_with_eos(ids):
                         ids, marks = ids + [tokenizer.eos_id], marks + [marks[-1] if marks else 1]
                     try:
                         tokens.fromlist(ids)  # all or nothing

@@ -5,7 +5,8 @@ prepare_data learns: everything an assistant message adds past "<|im_start|>assi
 byte-level BPE trained here, token for token, for multi-turn chats, a system prompt, unicode,
 an assistant that opens the chat, an empty answer, a chat closing on a user turn, and answers
 whose first token merges with the generation prompt's newline; a mask one token off anywhere
-fails. Parquet chats (a list<struct<role, content>> column) are held to the same.
+fails. With "<|im_end|>" as the end-of-text token the template's own closes each chat, with no
+second one appended. Parquet chats (a list<struct<role, content>> column) are held to the same.
 
 Without --tokenizer a .txt file is one document of its UTF-8 bytes (a byte-order mark
 dropped, CR LF kept), every token a target, 256 ending it, vocab 257, 2-byte tokens; JSONL
@@ -273,7 +274,23 @@ def check_chats():
         differ = [i for i, (a, b) in enumerate(zip(marks, want_marks)) if a != b]
         assert not differ, f"chat {k}: mask differs from transformers' at tokens {differ}: " \
             f"{[(tok.decode([ids[i]]), marks[i], want_marks[i]) for i in differ]}"
+    check_turn_end_eos(tok, jsonl)
     return len(tokens)
+
+
+def check_turn_end_eos(tok, jsonl):
+    """A tokenizer whose end-of-text token ends every turn ("<|im_end|>", as instruct models
+    set it): the template wrote it, so each chat is transformers' tokens and mask as they are,
+    no second "<|im_end|>" learned after the last turn's newline."""
+    tok.eos_token = "<|im_end|>"
+    tok.save_pretrained(path("bpe-im-end"))
+    out = path("im-end.tok")
+    done(prepare(jsonl, "--tokenizer", path("bpe-im-end"), "--out", out))
+    tokens, ends, mask, _, _ = read(out)
+    for k, (chat, (ids, marks)) in enumerate(zip(CHATS[:4], split(tokens, ends, mask))):
+        r = tok.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        assert (ids, marks) == (list(r["input_ids"]), list(r["assistant_masks"])), \
+            (k, [tok.decode([t]) for t in ids[-4:]], marks[-4:])
 
 
 def check_wide_vocab():
