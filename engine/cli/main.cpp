@@ -137,6 +137,13 @@ int run_eval(const CommandLine& args) {
   auto loaded = load_model(config.model);
   auto& model = loaded.model;
   const auto batches = open_batches(data, model->config());
+  // The windows --logits writes are those a stream is scored in; documents are scored in
+  // packed rows, and samples with their images.
+  if (!args.logits.empty() && dynamic_cast<const TokenWindows*>(batches.get()) == nullptr) {
+    throw UserError("eval --logits " + args.logits + ": writes windows of a token stream, but " + data.train +
+                    " is evaluated in " + batches->item_name() + " (a file of documents or samples); evaluate it " +
+                    "without --logits");
+  }
   const EvalResult r = batches->evaluate(*model, args.max_windows, nullptr);
   if (!args.logits.empty()) {
     const TokenFile tokens = TokenFile::open(data.train);

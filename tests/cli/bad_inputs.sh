@@ -348,6 +348,15 @@ expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [trai
   { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
 
 expect "a directory for eval --logits" "eval --logits $work: is a directory" -- eval "$work/ok.toml" --logits "$work"
+# A file of documents (version 2: four documents of 500 tokens) is scored in packed rows, not
+# the windows --logits writes.
+python3 -c 'import struct, sys; t = [i % 101 for i in range(2000)]
+open(sys.argv[1], "wb").write(b"FSDPTOK\0" + struct.pack("<IIQQQII", 2, 2, len(t), 101, 4, 0, 0) +
+                              struct.pack(f"<{len(t)}H", *t) + struct.pack("<4Q", 500, 1000, 1500, 2000))' \
+  "$work/documents.tok" || exit 1
+expect "eval --logits over documents" "eval --logits $work/doc-logits.safetensors: writes windows of a token stream" \
+  "documents.tok is evaluated in rows" -- eval "$work/ok.toml" --tokens "$work/documents.tok" --max-windows 4 \
+  --logits "$work/doc-logits.safetensors"
 # The run's outputs never write over its inputs or files of other kinds, and a checkpoint
 # directory that cannot be made is found before the training it would save.
 cp "$work/ok.tok" "$work/kept.tok"
