@@ -27,6 +27,11 @@ std::string error_location(lua_State* L) {
 
 PolicyRun& run_of(lua_State* L) { return **static_cast<PolicyRun**>(lua_getextraspace(L)); }
 
+void add_warning(PolicyRun& run, std::string text) {
+  log_warn(text);
+  run.plan.warnings.push_back(std::move(text));
+}
+
 void push_policy_value(lua_State* L, const PolicyValue& value) {
   std::visit([L](const auto& v) {
     using T = std::decay_t<decltype(v)>;

@@ -31,6 +31,9 @@ struct PolicyRun {
 };
 
 PolicyRun& run_of(lua_State* L);
+// A policy's warning, kept in the plan and logged as it is made: a script that fails after
+// it may fail for the reason it gives.
+void add_warning(PolicyRun& run, std::string text);
 
 // A fresh Lua state for `run` with the sandbox's libraries, budget and memory cap, and the
 // engine's module and plan functions (sandbox.cpp); nullptr when Lua cannot allocate it.

@@ -104,7 +104,7 @@ int module_find(lua_State* L) {
   if (by_class && !run.classes.count(cls) && run.warned_classes.insert(cls).second) {
     std::string have;
     for (const auto& c : run.classes) have += (have.empty() ? "" : ", ") + c;
-    run.plan.warnings.push_back(caller_location(L) + ": the model has no class '" + cls + "' (it has: " + have + ")");
+    add_warning(run, caller_location(L) + ": the model has no class '" + cls + "' (it has: " + have + ")");
   }
   lua_newtable(L);
   const int result = lua_gettop(L);

@@ -286,11 +286,11 @@ int api_log(lua_State* L) {
 }
 
 int api_warn(lua_State* L) {
-  auto& warnings = run_of(L).plan.warnings;  // logged once the policy has run
-  if (warnings.size() >= kMaxWarnings) {
+  PolicyRun& run = run_of(L);
+  if (run.plan.warnings.size() >= kMaxWarnings) {
     throw ScriptError(concat("warn: more than ", kMaxWarnings, " warnings (a warn inside a loop?)"));
   }
-  warnings.push_back(caller_location(L) + ": " + joined_args(L));
+  add_warning(run, caller_location(L) + ": " + joined_args(L));
   return 0;
 }
 

@@ -156,8 +156,7 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
       throw UserError(where + "its evaluation ended without a plan" +
                       (result.signal ? " (signal " + std::to_string(result.signal) + ")" : std::string()));
   }
-  Plan plan = deserialize_plan(result.output);
-  for (const auto& w : plan.warnings) log_warn(w);
+  Plan plan = deserialize_plan(result.output);  // its warnings logged as the script made them
   if (plan.units.empty()) {
     throw UserError(script.string() + ": the policy wrapped nothing: no wrap{...} call declared a unit" +
                     (plan.warnings.empty() ? "" : " (its warnings above may say why)"));

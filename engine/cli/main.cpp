@@ -78,6 +78,7 @@ int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
   config.check_paths();
   config.require_data();
+  config.check_eval_schedule();
   check_outputs(config);
   auto build_plan = [&config](CausalLM& model, int world, int rank) {
     return run_configured_policy(config.policy, model, world, rank);

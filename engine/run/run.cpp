@@ -146,7 +146,6 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   }
   if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
   model_files_ = model_files_dir(config.model);
-  if (rank == 0) record_run(config);
 }
 
 Run::~Run() = default;

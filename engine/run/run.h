@@ -78,7 +78,8 @@ class Run {
 
   // Restores the checkpoint [checkpoint] resume names, when there is one: the optimizer, the
   // data position, the RNG state (the parameters came in with the shards). A data stream the
-  // position cannot carry over to is refused with the reason.
+  // position cannot carry over to is refused with the reason. Then records the run in its
+  // out_dir (run.json), so that a refused resume leaves the record as it was.
   ResumePoint resume();
   // One optimizer step at learning rate `lr` over this rank's rows of the step's micro-batches.
   // `stop_requested` says whether this rank caught a stop signal; it is asked once the step's
@@ -175,6 +176,7 @@ class Run {
                                             const std::filesystem::path& final_dir) const;
   // Restoring (run/run_restore.cpp): AdamW's moments and step count from the checkpoint, the
   // loss scale, and each rank's CPU generator (rank r % the saved world's at another size).
+  ResumePoint restore(const ShardedCheckpoint& checkpoint);
   void restore_optimizer(const ShardedCheckpoint& checkpoint);
   void restore_loss_scale(const ShardedCheckpoint& checkpoint);
   void restore_rng(const ShardedCheckpoint& checkpoint) const;

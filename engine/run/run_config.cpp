@@ -119,12 +119,15 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter";
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
   if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";
-  if (run.train.eval_every > 0 && run.data.eval_fraction == 0) {
-    throw UserError(annotated.where("train", "eval_every") + ": [train] eval_every = " +
-                    std::to_string(run.train.eval_every) + " evaluates the held-out part of [data] train, and "
+  return run;
+}
+
+void RunConfig::check_eval_schedule() const {
+  if (train.eval_every > 0 && data.eval_fraction == 0) {
+    throw UserError(source.where("train", "eval_every") + ": [train] eval_every = " +
+                    std::to_string(train.eval_every) + " evaluates the held-out part of [data] train, and "
                     "[data] eval_fraction = 0 holds none out: set eval_fraction, or eval_every = 0");
   }
-  return run;
 }
 
 void RunConfig::check_paths() const {

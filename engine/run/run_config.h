@@ -86,6 +86,9 @@ struct RunConfig {
   void check_paths() const;
   // A run that draws its own batches (fsdpp train, fsdpp eval) needs [data] train.
   void require_data() const;
+  // fsdpp train's own loop: [train] eval_every evaluates a held-out part, which [data]
+  // eval_fraction must hold out (fsdpp eval and a caller-driven run follow no schedule).
+  void check_eval_schedule() const;
 };
 
 }  // namespace fsdpp

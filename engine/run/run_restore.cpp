@@ -76,8 +76,12 @@ void check_data_position(const json& saved, const json& data, const std::string&
 }  // namespace
 
 ResumePoint Run::resume() {
-  if (!checkpoint_) return {};
-  const ShardedCheckpoint& checkpoint = *checkpoint_;
+  const ResumePoint point = checkpoint_ ? restore(*checkpoint_) : ResumePoint{};
+  if (comm_->rank() == 0) record_run(config_);
+  return point;
+}
+
+ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
   const json& meta = checkpoint.metadata();
   const std::string where = checkpoint.dir().string();
   const json& saved = meta.at("data");

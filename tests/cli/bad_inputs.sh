@@ -62,6 +62,9 @@ expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
 
 expect "evaluation with nothing held out" "[train] eval_every = 3 evaluates the held-out part" \
   -- train "$work/ok.toml" --set train.eval_every=3
+# fsdpp eval follows no schedule: with nothing held out it scores all of [data] train.
+"$FSDPP" eval "$work/ok.toml" --set train.eval_every=3 >"$work/eval.out" 2>&1 ||
+  { echo "FAIL eval refused [train] eval_every with nothing held out: $(tail -1 "$work/eval.out")"; failures=$((failures + 1)); }
 
 expect "an open range's end" "[data] eval_fraction: must be a finite number in [0, 1), got 1" \
   -- train "$work/ok.toml" --set data.eval_fraction=1
@@ -313,6 +316,14 @@ printf 'local opt = options{recompute = {"boolean", default = false}}\nwrap(ctx.
   >"$work/own_policy.lua"
 expect "custom policy option" "[policy.options] recompte: the policy $work/own_policy.lua has no such option; did you mean 'recompute'?" \
   -- train "$work/ok.toml" --set "policy.name=\"$work/own_policy.lua\"" --set policy.options.recompte=true
+# A policy's warnings are logged as it makes them: one that fails after a warning shows the
+# warning that says why, before its error.
+printf 'local layers = ctx.model:find{class = "LlamaDecoderLayr"}\nwrap(layers, {})\n' >"$work/typo_policy.lua"
+"$FSDPP" plan "$work/ok.toml" --set "policy.name=\"$work/typo_policy.lua\"" >/dev/null 2>"$work/typo.err"
+if ! grep -q "typo_policy.lua:1: the model has no class 'LlamaDecoderLayr'" "$work/typo.err" ||
+   ! tail -1 "$work/typo.err" | grep -q "^fsdpp: error: policy error: .*typo_policy.lua:2: wrap"; then
+  echo "FAIL a failing policy's warning: $(cat "$work/typo.err")"; failures=$((failures + 1))
+fi
 expect "missing adapter" "[model] adapter: $work/no-such-adapter: no such directory" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
 mkdir -p "$work/wide_adapter"

@@ -3,7 +3,8 @@
 # checkpoints, or where a run of other settings trained, is refused (resuming is the way on),
 # and so is another model's run; resumed, the run may change its settings and is told which;
 # [train] reuse_out_dir = true trains beside them anyway, and resume = "latest" then picks
-# only the checkpoints of this run's settings. Each refusal is one line with exit status 2.
+# only the checkpoints of this run's settings. Each refusal is one line with exit status 2,
+# and leaves the run's record (run.json) as it was.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -28,6 +29,12 @@ check "the same run afresh over its checkpoints" 2 \
   "checkpoints: holds the checkpoints of this run (up to step 2); resume it ([checkpoint] resume = \"latest\"), or choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it" \
   -- "${run[@]}"
 check "the same run resumed" 0 "continuing after step 2" -- "${run[@]}" --set train.steps=3 --set 'checkpoint.resume="latest"'
+# A refused resume leaves the run's record as it was: the next resume compares with the
+# settings the run trained with.
+cp "$out/run.json" "$out.record"
+check "a resume over windows of another length" 2 "counts windows of a stream with seq_len = 32, but this run has 16" \
+  -- "${run[@]}" --set train.steps=4 --set 'checkpoint.resume="latest"' --set data.seq_len=16
+cmp -s "$out/run.json" "$out.record" || { echo "FAIL: a refused resume rewrote run.json"; failures=$((failures + 1)); }
 check "other settings afresh" 2 \
   "$out: holds a run of this model and data with other settings (policy.options.lora_rank (unset) -> 2): resume it" \
   -- "${run[@]}" --set policy.options.lora_rank=2
