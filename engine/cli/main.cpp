@@ -91,9 +91,11 @@ int run_train(const CommandLine& args) {
 }
 
 int run_plan(const CommandLine& args) {
-  const RunConfig config = load_run(args);
+  RunConfig config = load_run(args);
+  config.data.train.clear();  // a plan reads no data
+  config.check_paths();
   const PolicyConfig& policy = config.policy;
-  const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.model.path));
+  const ModelConfig model_config = model_config_of(config.model);
   const at::ScalarType dtype = config.model.dtype;
   auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const auto script = find_policy(policy, model_config.model_type);
@@ -127,15 +129,23 @@ int run_export(const CommandLine& args) {
 }
 
 int run_eval(const CommandLine& args) {
-  const RunConfig config = load_run(args);  // [policy] validated too, though evaluation does not shard
+  RunConfig config = load_run(args);
   DataConfig data = config.data;
   if (args.tokens.empty()) config.require_data();
   if (!args.tokens.empty()) {
     data.train = args.tokens;
     data.eval_fraction = 0;  // all of FILE
+    config.data.train.clear();  // not read: FILE is, and names itself where it is missing
   }
+  config.check_paths();
   if (!args.logits.empty()) check_logits_target(args.logits);
-  auto loaded = load_model(config.model);
+  // The policy puts on the adapters training would (a [model] adapter must agree with them),
+  // and its [policy.options] are checked as there; evaluation does not shard.
+  const auto skeleton =
+      build_model(model_config_of(config.model), torch::TensorOptions().dtype(config.model.dtype).device(torch::kMeta));
+  const Plan plan = run_policy(find_policy(config.policy, skeleton->config().model_type), *skeleton,
+                               {.world_size = 1, .rank = 0, .training = false, .options = config.policy.options});
+  auto loaded = load_model(config.model, /*unallocated=*/false, plan.lora ? &*plan.lora : nullptr);
   auto& model = loaded.model;
   const auto batches = open_batches(data, model->config());
   // The windows --logits writes are those a stream is scored in; documents are scored in

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 
 namespace fsdpp {
@@ -58,6 +59,26 @@ std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::o
     throw UserError(file.origin + ": r " + std::to_string(file.rank) + ", lora_alpha " + std::to_string(file.alpha) +
                     " differ from the policy's lora{rank = " + std::to_string(declared->rank) + ", alpha = " +
                     std::to_string(declared->alpha) + "} at " + declared->origin);
+  }
+  // An adapter on a module the policy leaves out would be dropped without a word, and one the
+  // policy adds would start afresh beside trained ones.
+  const auto only_in = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    std::vector<std::string> left;
+    for (const auto& name : a) {
+      if (std::find(b.begin(), b.end(), name) == b.end()) left.push_back(name);
+    }
+    return left;
+  };
+  const auto named = [](const std::vector<std::string>& names) {
+    return names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+  };
+  const auto dropped = only_in(file.targets, declared->targets), added = only_in(declared->targets, file.targets);
+  if (!dropped.empty() || !added.empty()) {
+    throw UserError(file.origin + ": adapters on " + std::to_string(file.targets.size()) + " modules, the policy's " +
+                    "lora{...} at " + declared->origin + " on " + std::to_string(declared->targets.size()) +
+                    (dropped.empty() ? "" : "; the policy leaves out " + named(dropped)) +
+                    (added.empty() ? "" : "; the file has none on " + named(added)) +
+                    " (lora_targets must name the adapter's modules)");
   }
   return *declared;
 }

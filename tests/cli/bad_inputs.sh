@@ -97,8 +97,11 @@ expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda"
 expect "backend for another device" "nccl runs on GPUs, but device is 'cpu'" \
   -- train "$work/ok.toml" --set 'parallel.device="cpu"' --set 'parallel.backend="nccl"'
 
-expect "missing model dir" "--set model.path=\"$work/no-such-model\": [model] path: $work/no-such-model: no such file or directory" \
-  -- train "$work/ok.toml" --set "model.path=\"$work/no-such-model\""
+for command in train plan eval; do
+  expect "$command with a missing model dir" \
+    "--set model.path=\"$work/no-such-model\": [model] path: $work/no-such-model: no such file or directory" \
+    -- $command "$work/ok.toml" --set "model.path=\"$work/no-such-model\""
+done
 # A path error names the key, where it was set and, for a relative path, what it resolves against.
 expect "missing relative data file" \
   "--set data.train=\"data/licences.tok\": [data] train: data/licences.tok: no such file or directory (relative paths resolve against the working directory $PWD)" \
@@ -344,6 +347,29 @@ PY
 expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
   "q_proj.lora_A.weight' has shape [2, 7], the model's [2, 48]" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/wide_adapter\""
+# Layer 0's q_proj and v_proj adapted; a policy naming q_proj alone would drop v_proj's and
+# start layer 1's q_proj afresh, in training and in evaluation alike.
+mkdir -p "$work/qv_adapter"
+python3 - "$work/qv_adapter" <<'PY' || exit 1
+import json, struct, sys
+shapes = {"q_proj.lora_A": [2, 48], "q_proj.lora_B": [48, 2], "v_proj.lora_A": [2, 48], "v_proj.lora_B": [16, 2]}
+header, data = {}, b""
+for factor, shape in shapes.items():
+    size = 4 * shape[0] * shape[1]
+    header[f"base_model.model.model.layers.0.self_attn.{factor}.weight"] = {
+        "dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + size]}
+    data += b"\0" * size
+blob = json.dumps(header).encode()
+open(sys.argv[1] + "/adapter_model.safetensors", "wb").write(struct.pack("<Q", len(blob)) + blob + data)
+json.dump({"peft_type": "LORA", "r": 2, "lora_alpha": 4}, open(sys.argv[1] + "/adapter_config.json", "w"))
+PY
+narrower=(--set "model.adapter=\"$work/qv_adapter\"" --set policy.options.lora_rank=2 --set policy.options.lora_alpha=4
+          --set 'policy.options.lora_targets="q_proj"')
+for command in train eval; do
+  expect "$command with a policy's LoRA narrower than the adapter" "qv_adapter/adapter_config.json: adapters on 2 modules" \
+    "the policy leaves out model.layers.0.self_attn.v_proj; the file has none on model.layers.1.self_attn.q_proj" \
+    -- $command "$work/ok.toml" "${narrower[@]}"
+done
 
 # The export at the end replaces its directory: refused at start where that would delete
 # what no export wrote, the file or directory left as it was.
