@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 namespace fsdpp {
@@ -38,6 +39,16 @@ nlohmann::json read_adapter_config(const std::filesystem::path& path) {
   return j;
 }
 
+// The module a modules_to_save entry names that holds `tensor` (an engine name), if any: PEFT
+// takes every module whose path ends with the entry, as text ("embed_tokens" names
+// model.embed_tokens, "norm" every layer's input_layernorm too), the outermost where several do.
+std::optional<std::string> saved_module_of(const std::string& tensor, const std::string& entry) {
+  for (size_t dot = tensor.find('.'); dot != std::string::npos; dot = tensor.find('.', dot + 1)) {
+    if (const std::string module = tensor.substr(0, dot); module.ends_with(entry)) return module;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
@@ -60,26 +71,30 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
   if (!(plan.alpha > 0) || !(plan.dropout >= 0 && plan.dropout < 1)) {
     throw UserError(config_path.string() + ": lora_alpha must be positive and lora_dropout in [0, 1)");
   }
+  std::vector<std::string> to_save;
   if (j.contains("modules_to_save") && j["modules_to_save"].is_array()) {
     for (const auto& m : j["modules_to_save"]) {
-      if (!m.is_string()) throw UserError(config_path.string() + ": modules_to_save must list module paths");
-      plan.trainable.push_back(m.get<std::string>());
+      if (!m.is_string()) throw UserError(config_path.string() + ": modules_to_save must list module names");
+      to_save.push_back(m.get<std::string>());
     }
   }
-  std::set<std::string> targets;
+  std::set<std::string> targets, saved;  // saved: the modules_to_save entries' modules, by path
   for (const auto& [name, entry] : adapter.weights_->entries()) {
     const std::string engine = engine_tensor_name(name);
     const auto at = engine.find(".lora_A.");
     if (at != std::string::npos) targets.insert(engine.substr(0, at));
-    const bool saved_module = std::any_of(plan.trainable.begin(), plan.trainable.end(),
-                                          [&](const std::string& m) { return path_under(engine, m); });
-    if (!is_adapter_parameter(engine) && !saved_module) {
+    if (is_adapter_parameter(engine)) continue;
+    std::optional<std::string> module;
+    for (auto m = to_save.begin(); m != to_save.end() && !module; ++m) module = saved_module_of(engine, *m);
+    if (!module) {
       throw UserError((dir / kWeightsFile).string() + ": tensor '" + name +
                       "' is neither a LoRA factor nor in modules_to_save");
     }
+    saved.insert(*module);
   }
   if (targets.empty()) throw UserError((dir / kWeightsFile).string() + ": holds no lora_A tensor");
   plan.targets.assign(targets.begin(), targets.end());
+  plan.trainable.assign(saved.begin(), saved.end());
   return adapter;
 }
 

@@ -13,14 +13,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_hf_fixtures import BATCH, COMMON, INPUT_SEED, SEQ, fail, perturb  # noqa: E402
 
-# Rank 3 (not a power of two), adapters in attention and in the MLP; the Qwen2 model ties its
-# embeddings and also trains its final norm and lm_head (PEFT's modules_to_save).
+# Rank 3 (not a power of two), adapters in attention and in the MLP; the Qwen2 model also
+# trains every norm and its embedding (PEFT's modules_to_save, named as PEFT users name them:
+# by the end of a module's path, "norm" taking input_layernorm and the rest).
 MODELS = {
     "lora_llama": (11, LlamaForCausalLM, LlamaConfig(**COMMON, tie_word_embeddings=False),
                    LoraConfig(r=3, lora_alpha=7, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])),
     "lora_qwen2": (12, Qwen2ForCausalLM, Qwen2Config(**COMMON, tie_word_embeddings=False),
                    LoraConfig(r=5, lora_alpha=16, lora_dropout=0.0, target_modules=["k_proj", "o_proj", "up_proj"],
-                              modules_to_save=["model.norm"])),
+                              modules_to_save=["norm", "embed_tokens"])),
 }
 
 
