@@ -100,4 +100,15 @@ void from_json(const nlohmann::json& j, LoraPlan& lora) {
   j.at("origin").get_to(lora.origin);
 }
 
+std::optional<std::string> adapted_tied_head(Module& model, const LoraPlan& lora) {
+  if (std::find(lora.targets.begin(), lora.targets.end(), "lm_head") == lora.targets.end()) return {};
+  for (const auto& group : tied_parameter_groups(model)) {
+    if (std::find(group.begin(), group.end(), "lm_head.weight") == group.end()) continue;
+    for (const auto& name : group) {
+      if (name != "lm_head.weight") return name;
+    }
+  }
+  return {};
+}
+
 }  // namespace fsdpp

@@ -5,6 +5,9 @@
 #include "models/causal_lm.h"
 #include "models/lora_plan.h"
 
+#include <optional>
+#include <string>
+
 namespace fsdpp {
 
 // Adds an adapter to every target of `lora` (each must be a Linear) and freezes every base
@@ -15,6 +18,11 @@ void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOption
 // A target's weight [out, in] with its adapter merged in: base + B A × alpha / rank, in
 // float64 so the merge adds no rounding of its own (factors A [rank, in], B [out, rank]).
 at::Tensor merged_lora_weight(const at::Tensor& base, const at::Tensor& a, const at::Tensor& b, const LoraPlan& lora);
+
+// Where `lora` adapts the output head of a model that ties it to its embedding: the
+// embedding's parameter name. The adapter changes the head alone, so the merged model's head
+// is a weight of its own (lm_head.weight, the embedding's values merged) and its config unties them.
+std::optional<std::string> adapted_tied_head(Module& model, const LoraPlan& lora);
 
 // Whether a parameter name is an adapter's ("...q_proj.lora_A.weight").
 bool is_adapter_parameter(const std::string& name);

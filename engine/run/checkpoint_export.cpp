@@ -17,8 +17,25 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 
 namespace fsdpp {
+
+namespace {
+
+// `config` with its output head untied, in every place its file ties it.
+ModelConfig untied(const ModelConfig& config) {
+  ModelConfig out = config;
+  out.tie_word_embeddings = false;
+  auto raw = std::make_shared<nlohmann::json>(config.raw ? *config.raw : nlohmann::json::object());
+  (*raw)["tie_word_embeddings"] = false;
+  if (raw->contains("text_config") && (*raw)["text_config"].is_object()) (*raw)["text_config"]["tie_word_embeddings"] = false;
+  out.raw = raw;
+  return out;
+}
+
+}  // namespace
 
 ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
                                 std::optional<at::ScalarType> dtype, size_t max_shard_bytes, bool merge_lora) {
@@ -47,7 +64,7 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
   const at::ScalarType out_dtype = dtype.value_or(run_dtype);
   constexpr std::string_view kPrefix = "model/";
   std::vector<TensorSpec> specs;
-  std::map<std::string, at::Tensor> params;  // by name, the skeleton's
+  std::map<std::string, NamedParameter> source_of;  // by exported name, the skeleton's parameter it holds
   for (const auto& p : unique_named_parameters(*skeleton)) {
     // Every parameter the config's model has must be there: an HF directory without one
     // would load with that weight initialised at random.
@@ -55,16 +72,24 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
       throw UserError(dir.string() + "/metadata.json: no tensor model/" + p.name + ", which a " + config.model_type +
                       " with its config.json has");
     }
-    params[p.name] = p.tensor;
-    if (!is_adapter_parameter(p.name)) specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
+    if (is_adapter_parameter(p.name)) continue;
+    source_of.emplace(p.name, p);
+    specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
+  }
+  ModelConfig out_config = config;
+  if (const auto head = lora ? adapted_tied_head(*skeleton, *lora) : std::nullopt) {
+    source_of.emplace("lm_head.weight", source_of.at(*head));
+    specs.push_back({"lm_head.weight", out_dtype, source_of.at(*head).tensor.sizes().vec()});
+    out_config = untied(config);
   }
   // The tokenizer and generation config of the model the run was trained from, where it lies.
-  HfDirWriter writer(config, specs, out, out_dtype, max_shard_bytes, model_meta.value("source", ""));
+  HfDirWriter writer(out_config, specs, out, out_dtype, max_shard_bytes, model_meta.value("source", ""));
   ExportSummary summary{checkpoint.step(), 0, 0};
   for (const auto& spec : specs) {
     // In the masters' dtype, the checkpoint's rows as they were saved.
     at::Tensor tensor = at::empty(spec.shape, at::TensorOptions().dtype(master_dtype(run_dtype)));
-    fill(spec.name, params.at(spec.name), tensor, 0);
+    const NamedParameter& source = source_of.at(spec.name);
+    fill(source.name, source.tensor, tensor, 0);
     const std::string module = spec.name.substr(0, spec.name.rfind('.'));
     if (lora && spec.name.ends_with(".weight") &&
         std::find(lora->targets.begin(), lora->targets.end(), module) != lora->targets.end()) {

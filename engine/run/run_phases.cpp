@@ -67,17 +67,20 @@ std::vector<std::pair<std::string, at::Tensor>> Run::full_weights(size_t unit, a
     for (auto& [name, t] : gathered) weights.emplace_back(name, t.to(dtype));
     return weights;
   }
-  // A target's factors are its children, so they share its unit.
+  // A target's factors are its children, so they share its unit; a tied head's unit holds
+  // the embedding too.
   std::map<std::string, at::Tensor> by_name(gathered.begin(), gathered.end());
+  const auto merged = [&](const std::string& module, const at::Tensor& t) {
+    const auto a = by_name.find(module + ".lora_A.weight"), b = by_name.find(module + ".lora_B.weight");
+    return a != by_name.end() && b != by_name.end() ? merged_lora_weight(t, a->second, b->second, *lora).to(dtype)
+                                                    : t.to(dtype);
+  };
   for (const auto& [name, t] : gathered) {
     if (is_adapter_parameter(name)) continue;
-    const std::string module = name.substr(0, name.rfind('.'));
-    const auto a = by_name.find(module + ".lora_A.weight"), b = by_name.find(module + ".lora_B.weight");
-    if (name.ends_with(".weight") && a != by_name.end() && b != by_name.end()) {
-      weights.emplace_back(name, merged_lora_weight(t, a->second, b->second, *lora).to(dtype));
-    } else {
-      weights.emplace_back(name, t.to(dtype));
-    }
+    weights.emplace_back(name, name.ends_with(".weight") ? merged(name.substr(0, name.rfind('.')), t) : t.to(dtype));
+  }
+  if (const auto head = adapted_tied_head(model(), *lora); head && by_name.contains(*head)) {
+    weights.emplace_back("lm_head.weight", merged("lm_head", by_name.at(*head)));
   }
   return weights;
 }

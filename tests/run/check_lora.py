@@ -13,7 +13,8 @@ down_proj; B zero, A as peft draws it). Then:
   - peft.PeftModel.from_pretrained loads the saved adapter and gives `fsdpp eval`'s logits,
     and `fsdpp export --merge-lora` gives a model transformers loads with the same logits, on
     an HF base and on a fresh one rebuilt from its recorded seed, and warns of nothing on
-    loading either (no unknown or missing config key or weight)."""
+    loading either (no unknown or missing config key or weight); an adapter on the head of a
+    model that ties it to its embedding is merged into an untied head."""
 import json
 import os
 import shutil
@@ -223,7 +224,37 @@ def main():
     err = max(((merged[k] - full[k]).abs().max() / full[k].abs().max()).item() for k in frozen)
     ok &= report(len(frozen) > 0 and err <= 1e-9, f"its {len(frozen)} frozen tensors vs a full-model run's fresh "
                  f"initial weights {err:.2e} (allowed 1e-9)")
+    ok &= check_tied_head()
     sys.exit(0 if ok else 1)
+
+
+def check_tied_head():
+    """An adapter on lm_head of a model that ties it to its embedding: the merged export unties
+    them, and transformers gives the adapted model's logits (the head's adapter kept, the
+    embedding as it was)."""
+    tied = os.path.join(WORK, "tied")
+    shutil.rmtree(tied, ignore_errors=True)
+    os.makedirs(os.path.join(tied, "base"))
+    with open("tests/assets/models/fsdp-llama/config.json") as f:
+        config = json.load(f)
+    json.dump({**config, "tie_word_embeddings": True}, open(os.path.join(tied, "base", "config.json"), "w"))
+    fsdpp("train", CONFIG, "--set", f'model.path="{tied}/base"', "--set", 'model.dtype="float64"', "--set",
+          "policy.options.lora_rank=3", "--set", 'policy.options.lora_targets="q_proj,lm_head"', "--set",
+          "train.steps=2", "--set", f'train.out_dir="{tied}/run"')
+    checkpoint = f"{tied}/run/checkpoints/step-00000002"
+    logits_file = os.path.join(tied, "logits.safetensors")
+    fsdpp("eval", CONFIG, "--set", f'model.path="{checkpoint}"', "--set", 'model.dtype="float64"',
+          "--max-windows", "2", "--logits", logits_file)
+    engine = load_file(logits_file)
+    fsdpp("export", checkpoint, f"{tied}/merged", "--merge-lora")
+    model, warned = load_quietly(transformers.AutoModelForCausalLM, f"{tied}/merged", dtype=torch.float64)
+    with torch.no_grad():
+        merged_logits = model(engine["input_ids"]).logits
+    err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    untied = not model.config.tie_word_embeddings and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    return report(untied and err <= 1e-5 and not warned,
+                  f"a tied model's adapted lm_head: the merged export unties it ({untied}), loads in transformers, "
+                  f"which warns of {warned or 'nothing'}, with fsdpp eval's logits {err:.2e} (allowed 1e-5)")
 
 
 if __name__ == "__main__":

@@ -759,7 +759,36 @@ def main():
     ok &= backwards_of_every_shape(run_file)
     ok &= save_refused_at_world_2(run_file, work, torchrun)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
+    ok &= tied_head_adapter(os.path.join(fixtures, "llama_tied_rope3"), os.path.join(work, "tied-head"))
     return 0 if ok else 1
+
+
+def tied_head_adapter(model_dir, work):
+    """A tied model with an adapter on lm_head, trained a step: full_weights gives the head as a
+    weight of its own, adapter merged, and equals fsdpp export --merge-lora bitwise, which
+    unties the two."""
+    import fsdpp
+    from safetensors.torch import load_file
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    run = fsdpp.Run(write_run_file(work, model_dir), {"policy.options.lora_rank": 2,
+                                                      "policy.options.lora_targets": "q_proj,lm_head"})
+    vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+    ids = batches(vocab)[0][0]
+    logits = run.model(ids[:, :-1])
+    torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1)).backward()
+    run.step()
+    weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+    saved = run.save(os.path.join(work, "saved"))
+    exported = os.path.join(work, "exported")
+    subprocess.run([os.environ["FSDPP"], "export", saved, exported, "--dtype", "float64", "--merge-lora"], check=True,
+                   timeout=120, stderr=subprocess.DEVNULL)
+    export = load_file(os.path.join(exported, "model.safetensors"))
+    head = "lm_head.weight" in weights and not torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
+    same = set(export) == set(weights) and all(torch.equal(export[k], weights[k]) for k in weights)
+    print(f"{'ok  ' if head and same else 'FAIL'} a tied model's adapted lm_head: full_weights gives it apart from the "
+          f"embedding ({head}) and {'equals' if same else 'DIFFERS from'} the merged export, {len(export)} tensors")
+    return head and same
 
 
 if __name__ == "__main__":
