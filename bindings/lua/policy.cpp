@@ -9,6 +9,7 @@
 #include "policy_dir.h"
 
 #include <algorithm>
+#include <set>
 
 namespace fsdpp {
 
@@ -79,17 +80,25 @@ std::filesystem::path policy_dir() {
 
 std::filesystem::path find_policy(const PolicyConfig& config, const std::string& model_type) {
   const std::string name = config.name.empty() ? model_type : config.name;
+  const std::string where = config.name_where.empty() ? "" : config.name_where + ": ";
   if (name.ends_with(".lua") || name.find('/') != std::string::npos) {
-    if (!std::filesystem::exists(name)) throw UserError("[policy] name: no policy file " + name);
+    if (!std::filesystem::exists(name)) {
+      const std::string relative = std::filesystem::path(name).is_relative()
+          ? " (relative paths resolve against the working directory " + std::filesystem::current_path().string() + ")"
+          : "";
+      throw UserError(where + "[policy] name: no policy file " + name + relative);
+    }
     return name;
   }
   const auto path = policy_dir() / (name + ".lua");
   if (!std::filesystem::exists(path)) {
-    std::string shipped;
+    std::set<std::string> names;
     for (const auto& f : std::filesystem::directory_iterator(policy_dir())) {
-      if (f.path().extension() == ".lua") shipped += (shipped.empty() ? "" : ", ") + f.path().stem().string();
+      if (f.path().extension() == ".lua") names.insert(f.path().stem().string());
     }
-    throw UserError("[policy] name: no shipped policy '" + name + "' in " + policy_dir().string() +
+    std::string shipped;
+    for (const auto& n : names) shipped += (shipped.empty() ? "" : ", ") + n;
+    throw UserError(where + "[policy] name: no shipped policy '" + name + "' in " + policy_dir().string() +
                     " (shipped: " + shipped + ")");
   }
   return path;

@@ -21,6 +21,7 @@ struct GivenOption {
 
 struct PolicyConfig {
   std::string name;                  // a shipped policy's name, or a path to a .lua file; "" picks the model's own
+  std::string name_where;            // where name was set ("file:line" or the "--set ..."); "" when it was not
   std::vector<GivenOption> options;  // [policy.options], in file order
 
   static PolicyConfig from_section(ConfigSection& section);

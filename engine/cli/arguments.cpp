@@ -32,8 +32,9 @@ commands:
 
 constexpr const char* kTrainHelp = R"(usage: fsdpp train CONFIG [--set section.key=value ...] [--verbose]
 
-Trains the model described by CONFIG (sections [model] [data] [optimizer] [scheduler]
-[train] [checkpoint] [metrics]; see examples/tiny-llama.toml). Each --set overrides one key,
+Trains the model described by CONFIG (sections [model] [data] [optimizer] [loss_scale]
+[scheduler] [train] [checkpoint] [metrics] [experts] [parallel] [policy]; see
+examples/tiny-llama.toml and README.md). Each --set overrides one key,
 its value read as TOML (a bare word is taken as a string). --verbose adds debug lines, such
 as the Lua traceback of a policy error.
 )";
@@ -47,9 +48,11 @@ when eval_fraction is 0). A token file with document ends is evaluated by its do
 rows laid out as training lays them out ([data] packing, train_on; --max-windows counts
 rows); any other over consecutive non-overlapping windows of data.seq_len tokens, each
 predicting its tokens 2..seq_len, as transformers does with labels = input_ids.
-[model] path may name a sharded checkpoint. --logits FILE also writes the first windows
-(--max-windows of them, default 1) and their logits to FILE as safetensors (input_ids
-[N, T] int64, logits [N, T, V] float32), for comparison with another implementation.
+--max-windows 0 (the default) evaluates all of them. [model] path may name a sharded
+checkpoint; the [policy]'s LoRA adapters are put on as training puts them. --logits FILE
+also writes the first windows of a token stream (--max-windows of them, at least 1) and
+their logits to FILE as safetensors (input_ids [N, T] int64, logits [N, T, V] float32), for
+comparison with another implementation.
 )";
 
 constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N] [--merge-lora]

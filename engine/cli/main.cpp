@@ -116,8 +116,12 @@ int run_plan(const CommandLine& args) {
 }
 
 int run_export(const CommandLine& args) {
-  const std::optional<at::ScalarType> dtype =
-      args.dtype.empty() ? std::nullopt : std::optional<at::ScalarType>(parse_dtype(args.dtype));
+  std::optional<at::ScalarType> dtype;
+  try {
+    if (!args.dtype.empty()) dtype = parse_dtype(args.dtype);
+  } catch (const UserError& e) {
+    throw UserError(std::string("export --dtype: ") + e.what());
+  }
   const auto start = std::chrono::steady_clock::now();
   const ExportSummary s =
       export_checkpoint(args.checkpoint, args.out, dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)),

@@ -327,6 +327,10 @@ if ! grep -q "typo_policy.lua:1: the model has no class 'LlamaDecoderLayr'" "$wo
    ! tail -1 "$work/typo.err" | grep -q "^fsdpp: error: policy error: .*typo_policy.lua:2: wrap"; then
   echo "FAIL a failing policy's warning: $(cat "$work/typo.err")"; failures=$((failures + 1))
 fi
+expect "an unknown shipped policy" "--set policy.name=\"nosuch\": [policy] name: no shipped policy 'nosuch'" \
+  -- train "$work/ok.toml" --set 'policy.name="nosuch"'
+expect "an export dtype that is none" "export --dtype: dtype 'int8' is not one of" \
+  -- export "$work/no-such-checkpoint" "$work/exported" --dtype int8
 expect "missing adapter" "[model] adapter: $work/no-such-adapter: no such directory" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
 mkdir -p "$work/wide_adapter"
