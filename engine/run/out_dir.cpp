@@ -78,9 +78,13 @@ void check_out_dir(const RunConfig& config) {
   const std::string elsewhere = "choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it";
   const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
   const auto recorded = recorded_identity(out_dir);
-  if (recorded && (recorded->model != mine.model || recorded->data != mine.data)) {
-    throw UserError(out_dir.string() + ": holds another run (model " + recorded->model + ", data " + recorded->data +
-                    "; this run's: model " + mine.model + ", data " + mine.data + "): " + elsewhere);
+  // A run fed rows by its caller (the Python API) reads no data file: it may go on from a run
+  // that read one, and that run from it.
+  const auto data_of = [](const RunIdentity& run) { return run.data.empty() ? std::string("its caller's") : run.data; };
+  if (recorded && (recorded->model != mine.model ||
+                   (!recorded->data.empty() && !mine.data.empty() && recorded->data != mine.data))) {
+    throw UserError(out_dir.string() + ": holds another run (model " + recorded->model + ", data " + data_of(*recorded) +
+                    "; this run's: model " + mine.model + ", data " + data_of(mine) + "): " + elsewhere);
   }
   // Resumed, the run goes on with the settings it is given; started afresh, it would mix
   // its files with those of the run before. (A record without settings predates them.)

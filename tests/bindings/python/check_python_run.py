@@ -760,7 +760,32 @@ def main():
     ok &= save_refused_at_world_2(run_file, work, torchrun)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     ok &= tied_head_adapter(os.path.join(fixtures, "llama_tied_rope3"), os.path.join(work, "tied-head"))
+    ok &= resume_of_a_binary_run(os.path.join(work, "binary-run"))
     return 0 if ok else 1
+
+
+def resume_of_a_binary_run(out_dir):
+    """A run fsdpp train saved goes on in Python from its own out_dir: the loop brings its own
+    rows, so the run's data file is no other run's."""
+    import fsdpp
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    subprocess.run(["bash", "scripts/make_corpus.sh"], cwd=root, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    run_file = os.path.join(root, "tests/assets/fsdp-llama.toml")
+    subprocess.run([os.environ["FSDPP"], "train", run_file, "--set", f'train.out_dir="{out_dir}"', "--set",
+                    "train.steps=2", "--set", "checkpoint.save_every=2"], cwd=root, check=True, timeout=300,
+                   stderr=subprocess.DEVNULL)
+    cwd = os.getcwd()
+    os.chdir(root)  # where the run file's relative paths resolve
+    try:
+        steps = fsdpp.Run(run_file, {"train.out_dir": out_dir, "checkpoint.resume": "latest"}).steps
+        message = f"resumed at step {steps}"
+    except fsdpp.Error as e:
+        steps, message = None, str(e)
+    finally:
+        os.chdir(cwd)
+    print(f"{'ok  ' if steps == 2 else 'FAIL'} a Python run in the out_dir of a run fsdpp train saved: {message}")
+    return steps == 2
 
 
 def tied_head_adapter(model_dir, work):
