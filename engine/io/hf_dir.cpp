@@ -171,6 +171,14 @@ void BaseIdentity::check_same(const BaseIdentity& now, const std::string& where)
   there.erase("path");
   here.erase("path");
   if (there == here) return;
+  if (there.contains("files") != here.contains("files")) {  // one from weights, one fresh
+    const auto described = [](const nlohmann::json& base) {
+      return base.contains("files") ? "weights " + base["files"].dump()
+                                    : "a fresh model from its config.json (seed " + base.value("init_seed", json()).dump() + ")";
+    };
+    throw UserError(where + ": holds the adapters of another base model than " + now.path.string() + " (" +
+                    described(there) + " there, " + described(here) + " now)");
+  }
   std::string differences;
   for (const auto& [key, value] : there.items()) {
     if (here.value(key, nlohmann::json()) != value) {

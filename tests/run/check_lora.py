@@ -163,6 +163,19 @@ def main():
     errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
     ok &= report(proc.returncode == 2 and len(errors) == 1 and "another base model" in errors[0],
                  f"resuming onto a changed base is refused: {errors}")
+    # Onto a fresh base of the same config.json (no weights): the refusal says which is which.
+    fresh_base = os.path.join(WORK, "fresh-base")
+    shutil.rmtree(fresh_base, ignore_errors=True)
+    os.makedirs(fresh_base)
+    shutil.copy(f"{WORK}/base/config.json", fresh_base)
+    proc = subprocess.run([FSDPP, "train", CONFIG, "--set", f'model.path="{fresh_base}"', "--set",
+                           f'train.out_dir="{WORK}/refused-fresh"', "--set", f'checkpoint.resume="{saved}"',
+                           "--set", "data.shuffle=false"] + [a for s in f64 for a in ("--set", s)],
+                          capture_output=True, text=True, timeout=600)
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
+    ok &= report(proc.returncode == 2 and len(errors) == 1 and "model.safetensors" in errors[0] and
+                 "a fresh model from its config.json (seed 11) now" in errors[0],
+                 f"resuming onto a fresh base is refused, saying so: {errors}")
 
     logits_file = os.path.join(WORK, "logits.safetensors")
     fsdpp("eval", CONFIG, "--set", f'model.path="{WORK}/base"', "--set", f'model.adapter="{ref}/adapter"',
