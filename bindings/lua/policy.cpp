@@ -17,8 +17,24 @@ namespace {
 
 using namespace lua;
 
-// The `ctx` global: world, rank, training, the model handle, its config,
-// no_split_modules and expert_modules (the classes holding a MoE layer's routed experts).
+// A list of the class names of the model's modules for which `chosen` holds, each once.
+template <class Chosen>
+void push_classes(lua_State* L, const PolicyRun& run, Chosen chosen) {
+  lua_newtable(L);
+  std::vector<std::string> classes;
+  for (const auto& e : run.modules) {
+    const std::string& cls = e.module->class_name();
+    if (chosen(*e.module) && std::find(classes.begin(), classes.end(), cls) == classes.end()) {
+      classes.push_back(cls);
+      lua_pushstring(L, cls.c_str());
+      lua_rawseti(L, -2, static_cast<lua_Integer>(classes.size()));
+    }
+  }
+}
+
+// The `ctx` global: world, rank, training, the model handle, its config, no_split_modules,
+// expert_modules (the classes holding a MoE layer's routed experts) and float32_modules
+// (those transformers keeps in float32).
 void push_context(lua_State* L, const PolicyRun& run) {
   const ModelConfig& c = run.model->config();
   lua_newtable(L);
@@ -58,17 +74,10 @@ void push_context(lua_State* L, const PolicyRun& run) {
     lua_rawseti(L, -2, ++i);
   }
   lua_setfield(L, -2, "no_split_modules");
-  lua_newtable(L);
-  std::vector<std::string> experts;
-  for (const auto& e : run.modules) {
-    const std::string& cls = e.module->class_name();
-    if (e.module->routed_experts() && std::find(experts.begin(), experts.end(), cls) == experts.end()) {
-      experts.push_back(cls);
-      lua_pushstring(L, cls.c_str());
-      lua_rawseti(L, -2, static_cast<lua_Integer>(experts.size()));
-    }
-  }
+  push_classes(L, run, [](const Module& m) { return m.routed_experts(); });
   lua_setfield(L, -2, "expert_modules");
+  push_classes(L, run, [](const Module& m) { return m.keeps_float32(); });
+  lua_setfield(L, -2, "float32_modules");
 }
 
 }  // namespace

@@ -58,6 +58,11 @@ class Module : public torch::nn::Module {
   // parameters are held only in the dtype they compute in.
   virtual bool updated_without_gradient(const std::string& /*local_name*/) const { return false; }
 
+  // True for a module whose parameters its transformers class keeps in float32 whatever the
+  // model's dtype (DeepSeek-V3's router): exports write them in float32, and the shipped
+  // policies gather them so (ctx.float32_modules).
+  virtual bool keeps_float32() const { return false; }
+
   // Fills one of this module's own parameters (by its local name) for a fresh model,
   // drawing from `gen`; modules that own parameters override it.
   virtual void init_parameter(const std::string& local_name, torch::Tensor& tensor,

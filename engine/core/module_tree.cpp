@@ -43,6 +43,17 @@ std::vector<NamedParameter> unique_named_parameters(Module& root) {
   return out;
 }
 
+std::map<std::string, at::ScalarType> written_dtypes(Module& root, at::ScalarType dtype) {
+  std::map<std::string, at::ScalarType> dtypes;
+  for (const auto& e : named_modules(root)) {
+    const at::ScalarType written = e.module->keeps_float32() ? at::promote_types(dtype, at::kFloat) : dtype;
+    for (const auto& item : e.module->named_parameters(/*recurse=*/false)) {
+      dtypes.emplace(e.path.empty() ? item.key() : e.path + "." + item.key(), written);
+    }
+  }
+  return dtypes;
+}
+
 std::vector<std::vector<std::string>> tied_parameter_groups(Module& root) {
   std::map<const void*, std::vector<std::string>> by_tensor;
   std::vector<const void*> order;

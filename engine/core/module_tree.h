@@ -4,6 +4,7 @@
 
 #include "core/module.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ std::vector<NamedParameter> unique_named_parameters(Module& root);
 
 // Groups of names that reach the same tensor; only groups of two or more.
 std::vector<std::vector<std::string>> tied_parameter_groups(Module& root);
+
+// The dtype a parameter is written in where the model is written in `dtype`: float32 at least
+// for a parameter of a module that keeps float32 (Module::keeps_float32), as transformers
+// saves it. By parameter name.
+std::map<std::string, at::ScalarType> written_dtypes(Module& root, at::ScalarType dtype);
 
 // Whether dotted `path` is `prefix` or lies below it ("" is above every path).
 bool path_under(const std::string& path, const std::string& prefix);

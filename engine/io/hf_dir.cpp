@@ -277,14 +277,13 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
 
   shards_.emplace_back();
   size_t shard_bytes = 0;
-  for (TensorSpec spec : specs) {
-    spec.dtype = dtype;
+  for (const TensorSpec& spec : specs) {
     if (shard_bytes > 0 && shard_bytes + spec.bytes() > max_shard_bytes) {
       shards_.emplace_back();
       shard_bytes = 0;
     }
     shard_bytes += spec.bytes();
-    shards_.back().push_back(std::move(spec));
+    shards_.back().push_back(spec);
   }
   for (size_t i = 0; i < shards_.size(); ++i) {
     char file[64];

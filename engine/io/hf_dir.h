@@ -77,7 +77,8 @@ void check_export_target(const std::filesystem::path& dir);
 
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
 // generation config of `source` (the model directory the weights came from, when there is
-// one), then the tensors of `specs` (HF names, full shapes) in order, into
+// one), then the tensors of `specs` (HF names, full shapes, each in its dtype; `dtype` is
+// the one config.json names) in order, into
 // model.safetensors, or into shards of at most `max_shard_bytes` listed by an index when they
 // are larger. Holds one tensor at a time. Where `dir` is a link, the directory it names is
 // replaced and the link kept. All of it goes into a fresh directory beside `dir`,

@@ -62,6 +62,7 @@ class GroupedTopkRouter : public Module {
   torch::Tensor forward(const torch::Tensor& x);  // [N, C] -> [N, E] scores in (0, 1)
   void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) override;
   bool updated_without_gradient(const std::string& name) const override { return name == "e_score_correction_bias"; }
+  bool keeps_float32() const override { return true; }
 
   torch::Tensor weight;                   // [E, C]
   torch::Tensor e_score_correction_bias;  // [E]

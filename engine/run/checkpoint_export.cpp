@@ -65,6 +65,7 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
   constexpr std::string_view kPrefix = "model/";
   std::vector<TensorSpec> specs;
   std::map<std::string, NamedParameter> source_of;  // by exported name, the skeleton's parameter it holds
+  const auto written = written_dtypes(*skeleton, out_dtype);
   for (const auto& p : unique_named_parameters(*skeleton)) {
     // Every parameter the config's model has must be there: an HF directory without one
     // would load with that weight initialised at random.
@@ -74,7 +75,7 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
     }
     if (is_adapter_parameter(p.name)) continue;
     source_of.emplace(p.name, p);
-    specs.push_back({p.name, out_dtype, p.tensor.sizes().vec()});
+    specs.push_back({p.name, written.at(p.name), p.tensor.sizes().vec()});
   }
   ModelConfig out_config = config;
   if (const auto head = lora ? adapted_tied_head(*skeleton, *lora) : std::nullopt) {

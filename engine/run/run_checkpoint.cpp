@@ -288,7 +288,8 @@ void Run::export_final(int64_t step) {
   on_every_rank("export", config.export_dir, " (the last step's checkpoint is saved; fsdpp export can write it elsewhere)", [&] {
     if (rank != 0) return;
     std::vector<TensorSpec> specs;
-    for (const auto& r : fsdp_->shard_rows()) specs.push_back({r.name, config.export_dtype, r.full_shape});
+    const auto written = written_dtypes(model(), config.export_dtype);
+    for (const auto& r : fsdp_->shard_rows()) specs.push_back({r.name, written.at(r.name), r.full_shape});
     writer = std::make_unique<HfDirWriter>(model().config(), specs, config.export_dir, config.export_dtype,
                                            max_shard_bytes, model_files_);
   });

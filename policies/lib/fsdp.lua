@@ -184,6 +184,16 @@ function M.standard(spec)
       warn("experts = \"unit\": this model has no routed experts")
     end
   end
+  -- What transformers keeps in float32 whatever the model's dtype (DeepSeek-V3's router)
+  -- gathers in float32 under a lower param_dtype: a unit of its own inside its layer's, kept
+  -- gathered after its forward (its layer reads the routing bias once it has scored).
+  local below_float32 = {bfloat16 = true, bf16 = true, float16 = true, fp16 = true}
+  if below_float32[unit.param_dtype] then
+    M.wrap_classes(ctx.float32_modules, M.unit_options{
+      precision = precision{param = "float32", reduce = unit.reduce_dtype},
+      reshard_after_forward = false,
+    })
+  end
   if mode == "replicate" and #vision > 0 then
     for _, tower in ipairs(ctx.model:find{path = "^visual$"}) do
       wrap(tower, M.unit_options{mesh = mesh{shard = 1, replicate = ctx.world_size}, reshard_after_forward = false})

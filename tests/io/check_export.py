@@ -75,6 +75,12 @@ def check(name, model_path, sharded_bf16, bf16_tolerance=2e-2, sets=(), auto_cla
         print(f"{'ok  ' if good else 'FAIL'} {name} {variant} export ({len(files)} files): transformers logits vs the "
               f"engine's, max relative difference {err:.2e} (allowed {tolerance:g}); transformers warned "
               f"{warned or 'nothing'}")
+    # What transformers keeps in float32 (DeepSeek-V3's router) a bfloat16 export writes so.
+    kept = {k: str(t.dtype) for k, t in tensors(f"{base}/bf16").items() if k.endswith(("mlp.gate.weight", "e_score_correction_bias"))}
+    if name == "deepseek_v3":
+        fp32 = len(kept) > 0 and all(d == "torch.float32" for d in kept.values())
+        ok &= fp32
+        print(f"{'ok  ' if fp32 else 'FAIL'} {name}: the bf16 export's routers as transformers keeps them: {kept}")
     streamed, offline = tensors(f"{base}/run/model"), tensors(f"{base}/fp32")
     same = streamed.keys() == offline.keys() and all(torch.equal(streamed[k], offline[k]) for k in offline)
     tied = json.load(open(f"{base}/fp32/config.json"))["tie_word_embeddings"]

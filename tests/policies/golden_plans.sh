@@ -58,6 +58,8 @@ golden deepseek_v3 deepseek_v3 tests/assets/models/fsdp-deepseek-v3
 golden deepseek_v3-expert-units deepseek_v3 tests/assets/models/fsdp-deepseek-v3 \
   --set 'policy.options.experts="unit"' --set 'policy.options.experts_offload="cpu"'
 golden transformer_auto-deepseek_v3 transformer_auto tests/assets/models/fsdp-deepseek-v3
+# In bf16 the routers, which transformers keeps in float32, gather in float32 in units of their own.
+golden deepseek_v3-bf16 deepseek_v3 tests/assets/models/fsdp-deepseek-v3 --set 'policy.options.param_dtype="bf16"'
 golden llama-lora llama tests/assets/models/fsdp-llama --set policy.options.lora_rank=4 \
   --set 'policy.options.lora_targets="q_proj,v_proj,down_proj"' --set 'policy.options.lora_trainable="model.norm"'
 golden llama-lora-bf16 llama tests/assets/models/fsdp-llama --set policy.options.lora_rank=4 \
