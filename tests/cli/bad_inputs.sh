@@ -333,32 +333,14 @@ expect "an export dtype that is none" "export --dtype: dtype 'int8' is not one o
   -- export "$work/no-such-checkpoint" "$work/exported" --dtype int8
 expect "missing adapter" "[model] adapter: $work/no-such-adapter: no such directory" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
-mkdir -p "$work/wide_adapter"
-python3 - "$work/wide_adapter" <<'PY' || exit 1
+# write_adapter DIR SHAPES: a rank-2 PEFT adapter of zeros on layer 0's attention, SHAPES a
+# JSON map from "q_proj.lora_A" and the like to each factor's shape.
+write_adapter() {
+  mkdir -p "$1"
+  python3 - "$1" "$2" <<'PY' || exit 1
 import json, struct, sys
-# A rank-2 adapter for a q_proj 7 wide, where the fixture's is 48: made for another base.
-shapes = {"lora_A": [2, 7], "lora_B": [48, 2]}
 header, data = {}, b""
-for factor, shape in shapes.items():
-    size = 4 * shape[0] * shape[1]
-    header[f"base_model.model.model.layers.0.self_attn.q_proj.{factor}.weight"] = {
-        "dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + size]}
-    data += b"\0" * size
-blob = json.dumps(header).encode()
-open(sys.argv[1] + "/adapter_model.safetensors", "wb").write(struct.pack("<Q", len(blob)) + blob + data)
-json.dump({"peft_type": "LORA", "r": 2, "lora_alpha": 4}, open(sys.argv[1] + "/adapter_config.json", "w"))
-PY
-expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
-  "q_proj.lora_A.weight' has shape [2, 7], the model's [2, 48]" \
-  -- train "$work/ok.toml" --set "model.adapter=\"$work/wide_adapter\""
-# Layer 0's q_proj and v_proj adapted; a policy naming q_proj alone would drop v_proj's and
-# start layer 1's q_proj afresh, in training and in evaluation alike.
-mkdir -p "$work/qv_adapter"
-python3 - "$work/qv_adapter" <<'PY' || exit 1
-import json, struct, sys
-shapes = {"q_proj.lora_A": [2, 48], "q_proj.lora_B": [48, 2], "v_proj.lora_A": [2, 48], "v_proj.lora_B": [16, 2]}
-header, data = {}, b""
-for factor, shape in shapes.items():
+for factor, shape in json.loads(sys.argv[2]).items():
     size = 4 * shape[0] * shape[1]
     header[f"base_model.model.model.layers.0.self_attn.{factor}.weight"] = {
         "dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data) + size]}
@@ -367,6 +349,16 @@ blob = json.dumps(header).encode()
 open(sys.argv[1] + "/adapter_model.safetensors", "wb").write(struct.pack("<Q", len(blob)) + blob + data)
 json.dump({"peft_type": "LORA", "r": 2, "lora_alpha": 4}, open(sys.argv[1] + "/adapter_config.json", "w"))
 PY
+}
+# For a q_proj 7 wide, where the fixture's is 48: made for another base.
+write_adapter "$work/wide_adapter" '{"q_proj.lora_A": [2, 7], "q_proj.lora_B": [48, 2]}'
+expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
+  "q_proj.lora_A.weight' has shape [2, 7], the model's [2, 48]" \
+  -- train "$work/ok.toml" --set "model.adapter=\"$work/wide_adapter\""
+# Layer 0's q_proj and v_proj adapted; a policy naming q_proj alone would drop v_proj's and
+# start layer 1's q_proj afresh, in training and in evaluation alike.
+write_adapter "$work/qv_adapter" \
+  '{"q_proj.lora_A": [2, 48], "q_proj.lora_B": [48, 2], "v_proj.lora_A": [2, 48], "v_proj.lora_B": [16, 2]}'
 narrower=(--set "model.adapter=\"$work/qv_adapter\"" --set policy.options.lora_rank=2 --set policy.options.lora_alpha=4
           --set 'policy.options.lora_targets="q_proj"')
 for command in train eval; do

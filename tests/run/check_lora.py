@@ -215,15 +215,7 @@ def main():
     shutil.rmtree(fresh, ignore_errors=True)
     fsdpp("train", CONFIG, "--set", 'model.dtype="float64"', "--set", "policy.options.lora_rank=3", "--set",
           "train.steps=2", "--set", f'train.out_dir="{fresh}"')
-    fresh_checkpoint = f"{fresh}/checkpoints/step-00000002"
-    fsdpp("eval", CONFIG, "--set", f'model.path="{fresh_checkpoint}"', "--set", 'model.dtype="float64"',
-          "--max-windows", "2", "--logits", logits_file)
-    engine = load_file(logits_file)
-    fsdpp("export", fresh_checkpoint, f"{fresh}/merged", "--merge-lora")
-    model, warned = load_quietly(transformers.AutoModelForCausalLM, f"{fresh}/merged", dtype=torch.float64)
-    with torch.no_grad():
-        merged_logits = model(engine["input_ids"]).logits
-    err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    _, warned, err = merged_against_eval(f"{fresh}/checkpoints/step-00000002", f"{fresh}/merged")
     ok &= report(err <= 1e-5 and not warned, f"on a fresh base, fsdpp export --merge-lora loads in transformers, "
                  f"which warns of {warned or 'nothing'}: its logits vs fsdpp eval's of the checkpoint {err:.2e} "
                  f"(allowed 1e-5)")
@@ -241,6 +233,21 @@ def main():
     sys.exit(0 if ok else 1)
 
 
+def merged_against_eval(checkpoint, merged):
+    """(transformers model, its loading warnings, max relative logit difference) of the
+    float64 LoRA `checkpoint` exported merged into `merged`, against fsdpp eval's logits of
+    the checkpoint itself."""
+    logits_file = merged + ".logits.safetensors"
+    fsdpp("eval", CONFIG, "--set", f'model.path="{checkpoint}"', "--set", 'model.dtype="float64"',
+          "--max-windows", "2", "--logits", logits_file)
+    engine = load_file(logits_file)
+    fsdpp("export", checkpoint, merged, "--merge-lora")
+    model, warned = load_quietly(transformers.AutoModelForCausalLM, merged, dtype=torch.float64)
+    with torch.no_grad():
+        merged_logits = model(engine["input_ids"]).logits
+    return model, warned, ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+
+
 def check_tied_head():
     """An adapter on lm_head of a model that ties it to its embedding: the merged export unties
     them, and transformers gives the adapted model's logits (the head's adapter kept, the
@@ -254,16 +261,7 @@ def check_tied_head():
     fsdpp("train", CONFIG, "--set", f'model.path="{tied}/base"', "--set", 'model.dtype="float64"', "--set",
           "policy.options.lora_rank=3", "--set", 'policy.options.lora_targets="q_proj,lm_head"', "--set",
           "train.steps=2", "--set", f'train.out_dir="{tied}/run"')
-    checkpoint = f"{tied}/run/checkpoints/step-00000002"
-    logits_file = os.path.join(tied, "logits.safetensors")
-    fsdpp("eval", CONFIG, "--set", f'model.path="{checkpoint}"', "--set", 'model.dtype="float64"',
-          "--max-windows", "2", "--logits", logits_file)
-    engine = load_file(logits_file)
-    fsdpp("export", checkpoint, f"{tied}/merged", "--merge-lora")
-    model, warned = load_quietly(transformers.AutoModelForCausalLM, f"{tied}/merged", dtype=torch.float64)
-    with torch.no_grad():
-        merged_logits = model(engine["input_ids"]).logits
-    err = ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    model, warned, err = merged_against_eval(f"{tied}/run/checkpoints/step-00000002", f"{tied}/merged")
     untied = not model.config.tie_word_embeddings and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     return report(untied and err <= 1e-5 and not warned,
                   f"a tied model's adapted lm_head: the merged export unties it ({untied}), loads in transformers, "
