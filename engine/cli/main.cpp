@@ -92,7 +92,10 @@ int run_train(const CommandLine& args) {
 
 int run_plan(const CommandLine& args) {
   RunConfig config = load_run(args);
-  config.data.train.clear();  // a plan reads no data
+  // A plan reads no data, adapter or checkpoint.
+  config.data.train.clear();
+  config.model.adapter.clear();
+  config.checkpoint.resume = {};
   config.check_paths();
   const PolicyConfig& policy = config.policy;
   const ModelConfig model_config = model_config_of(config.model);
@@ -141,6 +144,7 @@ int run_eval(const CommandLine& args) {
     data.eval_fraction = 0;  // all of FILE
     config.data.train.clear();  // not read: FILE is, and names itself where it is missing
   }
+  config.checkpoint.resume = {};  // evaluation resumes nothing
   config.check_paths();
   if (!args.logits.empty()) check_logits_target(args.logits);
   // The policy puts on the adapters training would (a [model] adapter must agree with them),

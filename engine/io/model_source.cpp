@@ -49,19 +49,16 @@ ShardFill with_adapters(ShardFill base, CausalLM& model, const std::optional<Pef
   };
 }
 
-// The adapters to put on: the policy's, which config.adapter must then agree with, or
-// config.adapter's own.
-std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::optional<PeftAdapter>& adapter) {
-  if (!adapter) return declared ? std::optional(*declared) : std::nullopt;
-  if (!declared) return adapter->plan();
-  const LoraPlan& file = adapter->plan();
-  if (declared->rank != file.rank || declared->alpha != file.alpha) {
-    throw UserError(file.origin + ": r " + std::to_string(file.rank) + ", lora_alpha " + std::to_string(file.alpha) +
-                    " differ from the policy's lora{rank = " + std::to_string(declared->rank) + ", alpha = " +
-                    std::to_string(declared->alpha) + "} at " + declared->origin);
+// The policy's adapters where adapters are held already (`held`, by the file or checkpoint at
+// `where`): the same rank, alpha and modules, or refused naming what differs. An adapter on a
+// module the policy leaves out would be dropped without a word, and one the policy adds would
+// start afresh beside trained ones.
+void check_agrees(const LoraPlan& declared, const LoraPlan& held, const std::string& where) {
+  if (declared.rank != held.rank || declared.alpha != held.alpha) {
+    throw UserError(where + ": r " + std::to_string(held.rank) + ", lora_alpha " + std::to_string(held.alpha) +
+                    " differ from the policy's lora{rank = " + std::to_string(declared.rank) + ", alpha = " +
+                    std::to_string(declared.alpha) + "} at " + declared.origin);
   }
-  // An adapter on a module the policy leaves out would be dropped without a word, and one the
-  // policy adds would start afresh beside trained ones.
   const auto only_in = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
     std::vector<std::string> left;
     for (const auto& name : a) {
@@ -72,14 +69,22 @@ std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::o
   const auto named = [](const std::vector<std::string>& names) {
     return names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
   };
-  const auto dropped = only_in(file.targets, declared->targets), added = only_in(declared->targets, file.targets);
+  const auto dropped = only_in(held.targets, declared.targets), added = only_in(declared.targets, held.targets);
   if (!dropped.empty() || !added.empty()) {
-    throw UserError(file.origin + ": adapters on " + std::to_string(file.targets.size()) + " modules, the policy's " +
-                    "lora{...} at " + declared->origin + " on " + std::to_string(declared->targets.size()) +
+    throw UserError(where + ": adapters on " + std::to_string(held.targets.size()) + " modules, the policy's " +
+                    "lora{...} at " + declared.origin + " on " + std::to_string(declared.targets.size()) +
                     (dropped.empty() ? "" : "; the policy leaves out " + named(dropped)) +
-                    (added.empty() ? "" : "; the file has none on " + named(added)) +
-                    " (lora_targets must name the adapter's modules)");
+                    (added.empty() ? "" : "; it has none on " + named(added)) +
+                    " (lora_targets must name the adapters' modules)");
   }
+}
+
+// The adapters to put on: the policy's, which config.adapter must then agree with, or
+// config.adapter's own.
+std::optional<LoraPlan> adapters_to_apply(const LoraPlan* declared, const std::optional<PeftAdapter>& adapter) {
+  if (!adapter) return declared ? std::optional(*declared) : std::nullopt;
+  if (!declared) return adapter->plan();
+  check_agrees(*declared, adapter->plan(), adapter->plan().origin);
   return *declared;
 }
 
@@ -145,9 +150,17 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
   std::shared_ptr<const ShardedCheckpoint> checkpoint;
   if (from_checkpoint) {
     checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(config.path));
-    // A LoRA run's checkpoint carries its adapters whatever the policy of this run says.
+    // A LoRA run's checkpoint carries its adapters (config.adapter replaces them); a policy
+    // that declares adapters must declare those.
     const auto meta = checkpoint->metadata().value("model", nlohmann::json::object());
-    if (!loaded.lora && meta.contains("lora")) loaded.lora = meta["lora"].get<LoraPlan>();
+    if (meta.contains("lora") && !adapter) {
+      const auto held = meta["lora"].get<LoraPlan>();
+      if (loaded.lora) {
+        check_agrees(*loaded.lora, held, checkpoint->dir().string());
+      } else {
+        loaded.lora = held;
+      }
+    }
   }
   auto build = [&](const ModelConfig& model_config) {
     loaded.model = build_model(model_config, opts);

@@ -256,8 +256,11 @@ OutDirLock::~OutDirLock() {
 }
 
 void record_run(const RunConfig& config) {
-  const RunIdentity mine = RunIdentity::of(config);
+  RunIdentity mine = RunIdentity::of(config);
   const auto recorded = config.train.reuse_out_dir ? std::nullopt : recorded_identity(config.train.out_dir);
+  // A run fed by its caller keeps the data the record names, so that a run of other data is
+  // still refused the out_dir after it.
+  if (recorded && mine.data.empty()) mine.data = recorded->data;
   if (recorded && recorded->config_hash != mine.config_hash && !recorded->settings.empty()) {
     log_warn(config.train.out_dir, ": the run goes on with other settings than it had: ",
              settings_change(recorded->settings, mine.settings));

@@ -97,6 +97,13 @@ expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda"
 expect "backend for another device" "nccl runs on GPUs, but device is 'cpu'" \
   -- train "$work/ok.toml" --set 'parallel.device="cpu"' --set 'parallel.backend="nccl"'
 
+# What a command does not read, it does not check: a plan reads no adapter or checkpoint, an
+# evaluation resumes nothing.
+for command in plan eval; do
+  "$FSDPP" $command "$work/ok.toml" --set "checkpoint.resume=\"$work/no-such-checkpoint\"" \
+    $([ $command = plan ] && echo --set "model.adapter=\"$work/no-such-adapter\"") >/dev/null 2>"$work/unread.err" ||
+    { echo "FAIL $command checked a path it does not read: $(tail -1 "$work/unread.err")"; failures=$((failures + 1)); }
+done
 for command in train plan eval; do
   expect "$command with a missing model dir" \
     "--set model.path=\"$work/no-such-model\": [model] path: $work/no-such-model: no such file or directory" \
@@ -363,7 +370,7 @@ narrower=(--set "model.adapter=\"$work/qv_adapter\"" --set policy.options.lora_r
           --set 'policy.options.lora_targets="q_proj"')
 for command in train eval; do
   expect "$command with a policy's LoRA narrower than the adapter" "qv_adapter/adapter_config.json: adapters on 2 modules" \
-    "the policy leaves out model.layers.0.self_attn.v_proj; the file has none on model.layers.1.self_attn.q_proj" \
+    "the policy leaves out model.layers.0.self_attn.v_proj; it has none on model.layers.1.self_attn.q_proj" \
     -- $command "$work/ok.toml" "${narrower[@]}"
 done
 

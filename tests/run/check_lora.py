@@ -261,9 +261,16 @@ def check_tied_head():
     fsdpp("train", CONFIG, "--set", f'model.path="{tied}/base"', "--set", 'model.dtype="float64"', "--set",
           "policy.options.lora_rank=3", "--set", 'policy.options.lora_targets="q_proj,lm_head"', "--set",
           "train.steps=2", "--set", f'train.out_dir="{tied}/run"')
-    model, warned, err = merged_against_eval(f"{tied}/run/checkpoints/step-00000002", f"{tied}/merged")
+    checkpoint = f"{tied}/run/checkpoints/step-00000002"
+    # A policy declaring other adapters than the checkpoint holds is refused, not obeyed.
+    proc = subprocess.run([FSDPP, "eval", CONFIG, "--set", f'model.path="{checkpoint}"', "--set",
+                           "policy.options.lora_rank=3", "--set", 'policy.options.lora_targets="q_proj"'],
+                          capture_output=True, text=True, timeout=600)
+    refused = proc.returncode == 2 and "the policy leaves out lm_head" in proc.stderr
+    report(refused, f"eval of the checkpoint under a policy without its lm_head adapter: {proc.stderr.strip()[-300:]}")
+    model, warned, err = merged_against_eval(checkpoint, f"{tied}/merged")
     untied = not model.config.tie_word_embeddings and not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
-    return report(untied and err <= 1e-5 and not warned,
+    return refused and report(untied and err <= 1e-5 and not warned,
                   f"a tied model's adapted lm_head: the merged export unties it ({untied}), loads in transformers, "
                   f"which warns of {warned or 'nothing'}, with fsdpp eval's logits {err:.2e} (allowed 1e-5)")
 

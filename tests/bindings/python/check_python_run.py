@@ -785,7 +785,15 @@ def resume_of_a_binary_run(out_dir):
     finally:
         os.chdir(cwd)
     print(f"{'ok  ' if steps == 2 else 'FAIL'} a Python run in the out_dir of a run fsdpp train saved: {message}")
-    return steps == 2
+    # The Python run kept the record's data: a run of another data file is still refused.
+    other = os.path.join(os.path.dirname(out_dir), "other.tok")
+    shutil.copy(os.path.join(root, "data/licenses.tok"), other)
+    proc = subprocess.run([os.environ["FSDPP"], "train", run_file, "--set", f'train.out_dir="{out_dir}"', "--set",
+                           f'data.train="{other}"', "--set", 'checkpoint.resume="latest"'], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    refused = proc.returncode == 2 and "holds another run" in proc.stderr
+    print(f"{'ok  ' if refused else 'FAIL'} then a run of other data is refused: {proc.stderr.strip()[-200:]}")
+    return steps == 2 and refused
 
 
 def tied_head_adapter(model_dir, work):
