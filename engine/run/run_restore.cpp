@@ -40,9 +40,6 @@ void check_data_position(const json& saved, const json& data, const std::string&
                             "with no data position");
   }
   if (!saved.is_object()) throw UserError(where + "/metadata.json: data must be an object, got " + saved.dump());
-  // Every field of the stream's identity but the batch size, which slices the same stream: a
-  // packed stream's documents, rows and packing too (a changed split or packing lays its rows
-  // out anew). The position itself is the saved one's alone.
   const auto counted = [](const json& identity) {
     return identity.contains("documents") ? "rows of whole documents" : "windows of a token stream";
   };
@@ -51,6 +48,9 @@ void check_data_position(const json& saved, const json& data, const std::string&
                     data.value("train", std::string()) + " gives " + counted(data) +
                     " (a token file with document ends is read by its documents)");
   }
+  // Every field of the stream's identity but the batch size, which slices the same stream: a
+  // packed stream's documents, rows and packing too (a changed split or packing lays its rows
+  // out anew). The position itself is the saved one's alone.
   std::set<std::string> keys;
   for (const json* identity : {&saved, &data}) {
     for (const auto& [key, value] : identity->items()) keys.insert(key);
