@@ -187,7 +187,8 @@ GroupedTopkRouter::GroupedTopkRouter(const DecoderFamily& family, const ModelCon
 torch::Tensor GroupedTopkRouter::forward(const torch::Tensor& x) {
   // In float32 as transformers scores, or float64 for a float64 model.
   const auto dtype = at::promote_types(x.scalar_type(), at::kFloat);
-  return at::linear(x.to(dtype), weight.to(dtype)).sigmoid();
+  const auto scores = at::linear(x.to(dtype), weight.to(dtype)).sigmoid();  // [N, E]
+  return at::stack({scores, scores.detach() + e_score_correction_bias.to(dtype)});  // [2, N, E]
 }
 
 void GroupedTopkRouter::init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) {
@@ -226,7 +227,8 @@ MoeBlock::Choice MoeBlock::route(const torch::Tensor& flat) {
     if (config_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
     return {probabilities, selected, weights.to(flat.scalar_type())};
   }
-  auto scores = (*router_)(flat);  // [N, E]
+  const auto scored = (*router_)(flat);  // [2, N, E]
+  const auto scores = scored[0], biased = scored[1];  // [N, E] each
   at::Tensor selected;
   {
     // The choice: scores plus the bias, the best two of each group scoring the group; experts
@@ -234,7 +236,6 @@ MoeBlock::Choice MoeBlock::route(const torch::Tensor& flat) {
     // below 0 in a best group still wins over every expert outside them.
     at::NoGradGuard no_grad;
     const int64_t N = scores.size(0), G = config_.n_group, E = config_.num_experts;
-    const auto biased = scores + router_->e_score_correction_bias.to(scores.scalar_type());  // [N, E]
     const auto group_scores = std::get<0>(biased.view({N, G, E / G}).topk(2, -1)).sum(-1);  // [N, G]
     const auto best_groups = std::get<1>(group_scores.topk(config_.topk_group, -1));           // [N, topk_group]
     const auto in_best = at::zeros({N, G}, scores.options().dtype(at::kBool)).scatter(1, best_groups, true);

@@ -59,7 +59,10 @@ class GroupedTopkRouter : public Module {
  public:
   GroupedTopkRouter(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  torch::Tensor forward(const torch::Tensor& x);  // [N, C] -> [N, E] scores in (0, 1)
+  // [N, C] -> [2, N, E]: the scores in (0, 1), then the scores plus the bias (no gradient)
+  // that choose the experts. Both come from one call, so that nothing reads the bias after
+  // the call, when a unit of the router's own may have freed its gathered parameters.
+  torch::Tensor forward(const torch::Tensor& x);
   void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen, double std) override;
   bool updated_without_gradient(const std::string& name) const override { return name == "e_score_correction_bias"; }
   bool keeps_float32() const override { return true; }

@@ -185,13 +185,11 @@ function M.standard(spec)
     end
   end
   -- What transformers keeps in float32 whatever the model's dtype (DeepSeek-V3's router)
-  -- gathers in float32 under a lower param_dtype: a unit of its own inside its layer's, kept
-  -- gathered after its forward (its layer reads the routing bias once it has scored).
+  -- gathers in float32 under a lower param_dtype: a unit of its own inside its layer's.
   local below_float32 = {bfloat16 = true, bf16 = true, float16 = true, fp16 = true}
   if below_float32[unit.param_dtype] then
     M.wrap_classes(ctx.float32_modules, M.unit_options{
       precision = precision{param = "float32", reduce = unit.reduce_dtype},
-      reshard_after_forward = false,
     })
   end
   if mode == "replicate" and #vision > 0 then

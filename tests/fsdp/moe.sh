@@ -7,7 +7,8 @@
 # accumulation, each layer's experts a unit of their own (gathered over 2 ranks in backward)
 # and the layers around them recomputed in backward. DeepSeek-V3 (latent attention, 96
 # experts in 4 groups, a shared expert) alike, with its routing biases moved after every step
-# from the counts over all ranks; the biases must have moved, by whole steps of the rate.
+# from the counts over all ranks; the biases must have moved, by whole steps of the rate. Its
+# routers then get units of their own that free their weights and biases after forward.
 # Those run in float64, where experts compute one product each; a float32 Qwen3-MoE runs them
 # as one grouped product.
 set -euo pipefail
@@ -40,6 +41,8 @@ grouped=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe-grouped"' --set d
 deepseek=(--set 'model.path="tests/assets/models/fsdp-deepseek-v3"' --set data.seq_len=8 --set experts.bias_update_rate=0.01
   --metric expert_load)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name deepseek "${deepseek[@]}"
+"$PYTHON" tests/fsdp/check_fsdp.py 2 --name deepseek-router-units "${deepseek[@]}" \
+  --tested-set 'policy.name="tests/assets/policies/router_units.lua"'
 "$PYTHON" - "$WORK/fsdp/deepseek/world3/model" <<'PY'
 import sys
 from safetensors.torch import load_file
