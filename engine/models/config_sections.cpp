@@ -222,7 +222,8 @@ MoeConfig read_deepseek_moe(const json& j, int64_t layers, const std::string& or
   m.num_experts = read<int64_t>(j, experts, origin, 256);
   m.num_experts_per_tok = read<int64_t>(j, "num_experts_per_tok", origin, 8);
   m.moe_intermediate_size = read<int64_t>(j, "moe_intermediate_size", origin, 2048);
-  m.norm_topk_prob = read<bool>(j, "norm_topk_prob", origin, true);
+  // transformers tests the switch as it stands, so a null is false, not the default.
+  m.norm_topk_prob = read_nullable<bool>(j, "norm_topk_prob", origin, true, false);
   m.first_k_dense_replace = read<int64_t>(j, "first_k_dense_replace", origin, 3);
   m.n_shared_experts = read<int64_t>(j, "n_shared_experts", origin, 1);
   m.routed_scaling_factor = read<double>(j, "routed_scaling_factor", origin, 2.5);
@@ -251,7 +252,7 @@ LatentAttentionConfig read_latent_attention(const json& j, const std::string& or
   a.qk_nope_head_dim = read<int64_t>(j, "qk_nope_head_dim", origin, 128);
   a.qk_rope_head_dim = read<int64_t>(j, "qk_rope_head_dim", origin, 64);
   a.v_head_dim = read<int64_t>(j, "v_head_dim", origin, 128);
-  a.rope_interleave = read<bool>(j, "rope_interleave", origin, true);
+  a.rope_interleave = read_nullable<bool>(j, "rope_interleave", origin, true, false);  // null: false (a bare if)
   if (a.q_lora_rank != 0) check_range(origin, "q_lora_rank", a.q_lora_rank, 1, kMaxWidth);
   for (auto [key, value] : {std::pair{"kv_lora_rank", a.kv_lora_rank}, {"qk_nope_head_dim", a.qk_nope_head_dim},
                             {"qk_rope_head_dim", a.qk_rope_head_dim}, {"v_head_dim", a.v_head_dim}}) {

@@ -139,6 +139,18 @@ TEST_CASE("two names of one config.json field must agree", "[models]") {
     deepseek["n_routed_experts"] = 16;
     CHECK(refusal(deepseek) == "config.json: n_routed_experts 16 and num_local_experts 8 disagree (two names of one field)");
   }
+  SECTION("DeepSeek-V3's switches read null as false, as transformers tests them (if config.norm_topk_prob:)") {
+    auto deepseek = tiny("deepseek_v3");
+    deepseek.update({{"n_routed_experts", 8}, {"num_experts_per_tok", 2}, {"n_group", 2}, {"topk_group", 1},
+                     {"first_k_dense_replace", 0}});
+    const auto defaults = ModelConfig::from_json(deepseek, "config.json");
+    CHECK(defaults.moe->norm_topk_prob);
+    CHECK(defaults.latent_attention->rope_interleave);
+    deepseek.update({{"norm_topk_prob", nullptr}, {"rope_interleave", nullptr}});
+    const auto nulls = ModelConfig::from_json(deepseek, "config.json");
+    CHECK_FALSE(nulls.moe->norm_topk_prob);
+    CHECK_FALSE(nulls.latent_attention->rope_interleave);
+  }
   SECTION("dtype and torch_dtype") {
     auto config = tiny("llama");
     config.update({{"dtype", "bfloat16"}, {"torch_dtype", "bfloat16"}});
