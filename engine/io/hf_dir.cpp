@@ -228,6 +228,23 @@ constexpr const char* kCompanionFiles[] = {"tokenizer.json",      "tokenizer_con
                                            "merges.txt",          "chat_template.jinja",   "chat_template.json",
                                            "generation_config.json"};
 
+// What an export's safetensors files carry in their metadata, beside transformers' "format":
+// a directory whose weights lack it is a model no export wrote, which an export never replaces.
+const std::map<std::string, std::string> kExportMetadata = {{"format", "pt"}, {"written_by", "fsdpp export"}};
+
+// The weights file of the model in `dir` (model.safetensors, or the first of its shards);
+// empty where there is none.
+fs::path weights_file_in(const fs::path& dir) {
+  if (fs::is_regular_file(dir / "model.safetensors")) return dir / "model.safetensors";
+  std::vector<fs::path> shards;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with("model-") && name.ends_with(".safetensors")) shards.push_back(it->path());
+  }
+  return shards.empty() ? fs::path() : *std::min_element(shards.begin(), shards.end());
+}
+
 // Whether an export writes a file named `name`.
 bool written_by_export(const std::string& name) {
   if (name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json") return true;
@@ -255,6 +272,15 @@ void check_export_target(const fs::path& dir) {
                     "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
+  if (!fs::is_directory(dir) || fs::is_empty(dir)) return;
+  const fs::path weights = weights_file_in(dir);
+  const std::string refusal = dir.string() + ": holds a model that no export wrote (";
+  const std::string choose = "); an export replaces only an empty directory or an earlier export: choose another directory";
+  if (weights.empty()) throw UserError(refusal + "it has no model.safetensors" + choose);
+  const auto mark = SafetensorsFile::open(weights)->metadata();
+  if (mark.count("written_by") == 0 || mark.at("written_by") != kExportMetadata.at("written_by")) {
+    throw UserError(refusal + weights.filename().string() + " bears no export's mark" + choose);
+  }
 }
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
@@ -264,6 +290,11 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
     : dir_(resolved_links(dir)),
       staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
   check_export_target(dir_);
+  std::error_code error;
+  if (!source.empty() && fs::equivalent(source, dir_, error)) {
+    throw UserError(dir_.string() + ": is the model this export comes from; an export never replaces it: choose "
+                    "another directory");
+  }
   remove_tree(staging_);  // an interrupted export's
   fs::create_directories(staging_);
   json config = model_config.raw ? *model_config.raw : json::object();
@@ -305,7 +336,7 @@ void HfDirWriter::write(const std::string& name, const at::Tensor& full) {
               "' out of order");
   if (!writer_) {
     writer_ = std::make_unique<SafetensorsWriter>(staging_ / files_[shard_], shards_[shard_],
-                                                  std::map<std::string, std::string>{{"format", "pt"}});
+                                                  kExportMetadata);
   }
   writer_->write(full);
   ++in_shard_;
@@ -314,7 +345,7 @@ void HfDirWriter::write(const std::string& name, const at::Tensor& full) {
 void HfDirWriter::finish() {
   if (writer_) writer_->commit();
   writer_.reset();
-  if (shards_.size() == 1 && shards_[0].empty()) write_safetensors(staging_ / files_[0], {}, {{"format", "pt"}});
+  if (shards_.size() == 1 && shards_[0].empty()) write_safetensors(staging_ / files_[0], {}, kExportMetadata);
   if (shards_.size() > 1) write_index();
   fsync_directory(staging_);
   // The old export and the new trade places in one step; the old is then removed. Where the

@@ -72,7 +72,7 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
 // Refuses, in one line, an export into `dir` that would delete anything but an earlier
 // export: `dir` may be missing, an empty directory, or a directory of files an export writes
-// (or a link to one of these directories).
+// whose weights bear an export's mark (or a link to one of these directories).
 void check_export_target(const std::filesystem::path& dir);
 
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
@@ -83,8 +83,8 @@ void check_export_target(const std::filesystem::path& dir);
 // are larger. Holds one tensor at a time. Where `dir` is a link, the directory it names is
 // replaced and the link kept. All of it goes into a fresh directory beside `dir`,
 // which finish() swaps in for `dir` at once: no file of an earlier export survives, and a
-// reader never sees half of either. A `dir` holding anything else is refused at once
-// (check_export_target).
+// reader never sees half of either. A `dir` holding anything else, or `source` itself, is
+// refused at once (check_export_target).
 class HfDirWriter {
  public:
   HfDirWriter(const ModelConfig& config, const std::vector<TensorSpec>& specs, const std::filesystem::path& dir,

@@ -88,7 +88,7 @@ struct CheckpointEntry {
 };
 
 // The complete checkpoints under `root` (directories step-N with a metadata.json), oldest
-// first; a missing root has none.
+// first; a missing root has none. UserError for a step-N that is not a complete checkpoint.
 std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& root);
 std::optional<CheckpointEntry> latest_checkpoint(const std::filesystem::path& root);
 

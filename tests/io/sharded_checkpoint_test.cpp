@@ -122,6 +122,30 @@ TEST_CASE("rotation: keeps the newest `keep`, honours the size cap, never delete
   CHECK_FALSE(fs::exists(staging_path(root, 50)));
 }
 
+TEST_CASE("a step-N that is not a complete checkpoint is refused, not passed over", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("torn");
+  remove_tree(root);
+  fake_checkpoint(root, 10, 1000);
+  fake_checkpoint(root, 20, 1000);
+  fs::remove(checkpoint_path(root, 20) / "metadata.json");  // a resume would take step 10
+  const auto refusal = [&] {
+    try {
+      list_checkpoints(root);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("listed");
+  };
+  CHECK(refusal() == checkpoint_path(root, 20).string() +
+                         ": named as a checkpoint, but it holds no metadata.json, so it is not a complete one (a save "
+                         "lands whole); move it out of [checkpoint] dir");
+  remove_tree(checkpoint_path(root, 20));
+  std::ofstream(checkpoint_path(root, 30)) << "notes";
+  CHECK_THAT(refusal(), Catch::Contains("step-00000030: named as a checkpoint, but it is not a directory"));
+  fs::remove(checkpoint_path(root, 30));
+  CHECK(latest_checkpoint(root)->step == 10);
+}
+
 TEST_CASE("rotation counts and deletes only the checkpoints it is given as its own", "[checkpoint]") {
   const fs::path root = testing::scratch_dir("rotate-shared");
   remove_tree(root);
