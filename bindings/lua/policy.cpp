@@ -78,6 +78,8 @@ void push_context(lua_State* L, const PolicyRun& run) {
   lua_setfield(L, -2, "expert_modules");
   push_classes(L, run, [](const Module& m) { return m.keeps_float32(); });
   lua_setfield(L, -2, "float32_modules");
+  push_classes(L, run, [](const Module& m) { return m.is_container(); });
+  lua_setfield(L, -2, "container_modules");
 }
 
 }  // namespace

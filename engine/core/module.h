@@ -4,6 +4,7 @@
 // Models call children only through operator(), never child->forward(...).
 #pragma once
 
+#include "core/error.h"
 #include "core/recompute.h"
 
 #include <torch/nn/module.h>
@@ -58,6 +59,10 @@ class Module : public torch::nn::Module {
   // parameters are held only in the dtype they compute in.
   virtual bool updated_without_gradient(const std::string& /*local_name*/) const { return false; }
 
+  // True for a container (ModuleList, Sequential): its owner calls each child, so it has no
+  // forward of its own, and a unit can never gather around it (policies: ctx.container_modules).
+  virtual bool is_container() const { return false; }
+
   // True for a module whose parameters its transformers class keeps in float32 whatever the
   // model's dtype (DeepSeek-V3's router): exports write them in float32, and the shipped
   // policies gather them so (ctx.float32_modules).
@@ -105,6 +110,7 @@ bool is_allocated(const torch::Tensor& t);
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}
+  bool is_container() const override { return true; }
   template <class T>
   std::shared_ptr<T> add(int64_t index, std::shared_ptr<T> child) {
     return register_child(std::to_string(index), std::move(child));
@@ -115,6 +121,7 @@ class Sequential : public Module {
 class ModuleList : public Module {
  public:
   ModuleList() : Module("ModuleList") {}
+  bool is_container() const override { return true; }
   template <class T>
   std::shared_ptr<T> append(std::shared_ptr<T> child) {
     return register_child(std::to_string(size_++), std::move(child));
@@ -167,7 +174,10 @@ torch::Tensor Module::call_forward(Derived& self, Args&&... args) {
       });
     }
   } else {
-    TORCH_CHECK(!checkpoint_, class_name_, ": activation checkpointing needs a forward of tensors only");
+    if (checkpoint_) {
+      throw UserError(class_name_ + ": activation checkpointing needs a forward of tensors only, and this one takes "
+                      "others; checkpoint the module around it");
+    }
   }
   if (!output.defined()) {
     output = std::apply([&self](auto&&... a) { return self.forward(std::forward<decltype(a)>(a)...); },

@@ -25,6 +25,15 @@ int depth(const UnitPlan& unit) {
 
 std::string where(const UnitPlan& unit) { return unit.origin.empty() ? "plan" : unit.origin; }
 
+// A unit's hooks run around its modules' forwards: a container has none of its own (its
+// owner calls each child), so its parameters would never be gathered.
+void check_has_forward(const UnitPlan& unit, const std::string& path, const Module& module) {
+  if (module.is_container()) {
+    throw UserError(where(unit) + ": module '" + path + "' is a " + module.class_name() +
+                    ", which has no forward of its own (its owner calls each child): wrap its children");
+  }
+}
+
 // The plan's units with the root added when the plan lacks one, each checked for paths that
 // exist and modules wrapped once.
 std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::string, Module*>& by_path) {
@@ -44,6 +53,13 @@ std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::stri
     if (unit.modules.empty()) throw UserError(where(unit) + ": wrap of an empty module list");
     for (const auto& path : unit.modules) {
       if (!by_path.count(path)) throw UserError(where(unit) + ": no module at path '" + path + "'");
+      check_has_forward(unit, path, *by_path.at(path));
+      for (const auto& other : unit.modules) {
+        if (other != path && path_under(path, other)) {
+          throw UserError(where(unit) + ": one wrap lists '" + path + "' and '" + (other.empty() ? "<root>" : other) +
+                          "', which holds it; list either, or wrap the inner one in a unit of its own");
+        }
+      }
       auto [it, fresh] = wrapped.emplace(path, where(unit));
       if (!fresh) {
         throw UserError(where(unit) + ": module '" + (path.empty() ? "<root>" : path) +
@@ -63,7 +79,10 @@ void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
     throw UserError(where(unit) + ": " + e.what());
   }
   // As FSDP2 reads it: k = 1 keeps everything gathered, k = shard frees everything.
-  const int k = unit.reshard_after_forward == kWholeShardGroup ? r.mesh.shard : unit.reshard_after_forward;
+  int k = unit.reshard_after_forward == kWholeShardGroup ? r.mesh.shard : unit.reshard_after_forward;
+  // A one-rank shard group has nothing to keep a part of: any k frees everything there, so a
+  // plan made for k ranks runs in a single process too.
+  if (r.mesh.shard == 1 && k > 1) k = 1;
   if (k < 1 || r.mesh.shard % k != 0) {
     throw UserError(where(unit) + ": reshard_after_forward = " + std::to_string(k) +
                     " does not divide the unit's shard size " + std::to_string(r.mesh.shard));
@@ -77,6 +96,17 @@ void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
   }
   r.reduce_dtype = unit.reduce_dtype.value_or(master_dtype(model_dtype));
   for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
+}
+
+// Why a unit holding no parameter is refused: it would gather nothing, and the engine takes
+// every unit for one that does.
+std::string empty_unit(const ResolvedUnit& r) {
+  if (r.declared.origin == "root (implicit)") {
+    return "the policy's units hold every parameter, so the root unit added for the rest would hold none: leave "
+           "some modules (the final norm, say) to the root";
+  }
+  return where(r.declared) + ": unit " + r.name + " holds no parameters (any under its modules belong to units " +
+         "inside it): drop this wrap, or wrap fewer modules inside it";
 }
 
 // The model's parameters, each with every path that reaches it (tied ones have several);
@@ -174,6 +204,7 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     ResolvedUnit r{.declared = std::move(unit)};
     resolve_options(r, world, model_dtype);
     claims.claim(r, resolved);
+    if (r.numel == 0) throw UserError(empty_unit(r));
     r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     r.expert_bytes_gathered = r.expert_numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     resolved.total_numel += r.numel;

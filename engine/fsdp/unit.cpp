@@ -6,6 +6,7 @@
 #include "fsdp/unit.h"
 
 #include "core/device.h"
+#include "core/error.h"
 #include "fsdp/fsdp_state.h"
 
 #include <ATen/ATen.h>
@@ -92,11 +93,9 @@ void FsdpUnit::install_hooks() {
   Module* first = modules_.front();
   Module* last = modules_.back();
   hooks_.emplace_back(first, first->add_pre_forward_hook([this](Module&, Module::Tensors& inputs) {
-    if (state_->in_backward()) {  // a recomputation inside backward
-      unshard();
-      return;
-    }
-    state_->on_pre_forward(this);
+    // A recomputation inside backward gathers and casts as the forward did, and no more.
+    const bool recomputing = state_->in_backward();
+    if (!recomputing) state_->on_pre_forward(this);
     unshard();
     if (options_.param_dtype) {
       for (auto& x : inputs) {
@@ -105,6 +104,7 @@ void FsdpUnit::install_hooks() {
         }
       }
     }
+    if (recomputing) return;
     std::vector<size_t> positions;
     torch::autograd::variable_list needing_grad;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -117,16 +117,28 @@ void FsdpUnit::install_hooks() {
     auto routed = PostBackward::apply(at::TensorList(needing_grad), reinterpret_cast<int64_t>(this));
     for (size_t k = 0; k < positions.size(); ++k) inputs[positions[k]] = routed[k];
   }));
+  // The hooks sit on the first and the last module listed, so the forward must call them in
+  // that order: a later one called before the first would compute on parameters not gathered.
+  for (size_t i = 1; i < modules_.size(); ++i) {
+    Module* later = modules_[i];
+    hooks_.emplace_back(later, later->add_pre_forward_hook([this, i](Module&, Module::Tensors&) {
+      if (!unsharded_ && !state_->in_backward()) {
+        throw UserError("unit " + name_ + ": the forward called its module " + std::to_string(i + 1) + " of " +
+                        std::to_string(modules_.size()) + " (" + modules_[i]->class_name() + ") before the first (" +
+                        modules_.front()->class_name() + "); list a unit's modules in the order the forward calls them");
+      }
+    }));
+  }
   hooks_.emplace_back(last, last->add_post_forward_hook([this](Module&, torch::Tensor& output) {
-    if (state_->in_backward()) return;
-    if (options_.post_forward_group) {
+    const bool recomputing = state_->in_backward();  // backward goes on with them gathered
+    if (!recomputing && options_.post_forward_group) {
       keep_post_forward_slice();
       free_params();
-    } else if (options_.reshard_after_forward) {
+    } else if (!recomputing && options_.reshard_after_forward) {
       reshard();
     }
     if (options_.output_dtype && output.is_floating_point()) output = output.to(*options_.output_dtype);
-    if (output.requires_grad()) {
+    if (!recomputing && output.requires_grad()) {
       output.register_hook([this](const at::Tensor&) { pre_backward(); });
     }
   }));

@@ -178,6 +178,7 @@ class Run {
   // loss scale, and each rank's CPU generator (rank r % the saved world's at another size).
   ResumePoint restore(const ShardedCheckpoint& checkpoint);
   void restore_optimizer(const ShardedCheckpoint& checkpoint);
+  void warn_schedule_change(const nlohmann::json& meta, int64_t step, const std::string& where) const;
   void restore_loss_scale(const ShardedCheckpoint& checkpoint);
   void restore_rng(const ShardedCheckpoint& checkpoint) const;
   // UserError unless the checkpoint holds every tensor this run trains, at its full shape, no

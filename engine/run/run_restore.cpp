@@ -14,6 +14,7 @@
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"
 #include "models/model_config.h"
+#include "optim/lr_schedule.h"
 #include "run/out_dir.h"
 
 #include <ATen/ATen.h>
@@ -81,6 +82,21 @@ ResumePoint Run::resume() {
   return point;
 }
 
+// [train] steps is how long a run goes on, no setting of its own, but the decay of the learning
+// rate spans it: a resume that moves the end moves the rates of the steps after the saved one.
+void Run::warn_schedule_change(const json& meta, int64_t step, const std::string& where) const {
+  const int64_t planned = meta.value("scheduler", json::object()).value("total_steps", int64_t{0});
+  if (planned <= 0 || planned == config_.train.steps || comm_->rank() != 0) return;
+  const LrSchedule before(config_.scheduler, config_.optimizer.lr, planned);
+  const LrSchedule now(config_.scheduler, config_.optimizer.lr, config_.train.steps);
+  for (int64_t s = step + 1; s <= config_.train.steps; ++s) {  // the first step whose rate moves
+    if (before.at(s) == now.at(s)) continue;
+    log_warn(where, ": [train] steps ", planned, " -> ", config_.train.steps, " moves the learning-rate schedule's end: ",
+             "step ", s, " takes ", now.at(s), " where the run as saved would have taken ", before.at(s));
+    return;
+  }
+}
+
 ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
   const json& meta = checkpoint.metadata();
   const std::string where = checkpoint.dir().string();
@@ -92,6 +108,7 @@ ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
              settings_change(saved_settings, run_settings(config_)));
   }
   const ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+  warn_schedule_change(meta, point.step, where);
   restore_optimizer(checkpoint);
   if (batches_) {
     ShuffledOrder& order = batches_->order();

@@ -310,6 +310,24 @@ TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[f
   CHECK_THAT(error_of({.units = {{.modules = {"model.layers.0"}, .mesh = {.replicate = 2, .shard = 3}}}}, 4),
              Catch::Contains("mesh replicate 2 × shard 3 ≠ world 4"));
   CHECK_THAT(error_of({}, 1), Catch::Contains("policy wrapped nothing"));
+  // Plans that cannot run are refused before any step, naming the policy's line.
+  CHECK(error_of({.units = {{.modules = {"model", "lm_head"}}, {.modules = {""}, .origin = "p.lua:5"}}}, 1) == "p.lua:5: unit <root> holds no parameters (any under its modules belong to units inside it): "
+                       "drop this wrap, or wrap fewer modules inside it");
+  CHECK_THAT(error_of({.units = {{.modules = {"model", "lm_head"}}}}, 1),
+             Catch::Contains("the root unit added for the rest would hold none"));
+  CHECK(error_of({.units = {{.modules = {"model.layers"}, .origin = "p.lua:2"}}}, 1) ==
+        "p.lua:2: module 'model.layers' is a ModuleList, which has no forward of its own (its owner calls each child): "
+        "wrap its children");
+  CHECK(error_of({.units = {{.modules = {"model.layers.0", "model.layers.0.mlp"}, .origin = "p.lua:6"}}}, 1) ==
+        "p.lua:6: one wrap lists 'model.layers.0.mlp' and 'model.layers.0', which holds it; list either, or wrap the "
+        "inner one in a unit of its own");
+  // k ranks' worth of reshard_after_forward on a one-rank shard group frees everything, as
+  // it does on k ranks.
+  const auto single = resolve_plan({.units = {{.modules = {"model.layers.0"}, .reshard_after_forward = 2}}}, *model, 1,
+                                   at::kFloat);
+  CHECK(single.units[0].reshard_after_forward == kWholeShardGroup);
+  CHECK_THAT(error_of({.units = {{.modules = {"model.layers.0"}, .reshard_after_forward = 2}}}, 3),
+             Catch::Contains("reshard_after_forward = 2 does not divide the unit's shard size 3"));
   // Inner units first, the root last with what is left.
   Plan plan{.units = {{.modules = {""}}, {.modules = {"model.layers.1"}}}};
   const auto resolved = resolve_plan(plan, *model, 2, at::kFloat);
@@ -317,6 +335,52 @@ TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[f
   CHECK(resolved.units[0].name == "model.layers.1");
   CHECK(resolved.units[1].name == "<root>");
   CHECK(resolved.units[0].numel + resolved.units[1].numel == model->recursive_param_count());
+}
+
+TEST_CASE("a unit's modules listed out of forward order stop the forward with the unit's name", "[fsdp]") {
+  auto model = tiny(false);
+  Plan plan{.units = {{.modules = {"model.layers.1", "model.layers.0"}}, {.modules = {""}}}};
+  FsdpState state(*model, Comm::single(), resolve_plan(plan, *model, 1, at::kFloat));
+  const auto ids = torch::randint(0, 40, {2, 6}, torch::kLong);
+  CHECK_THROWS_WITH((*model)(ids),
+                    "unit model.layers.1+model.layers.0: the forward called its module 2 of 2 (LlamaDecoderLayer) "
+                    "before the first (LlamaDecoderLayer); list a unit's modules in the order the forward calls them");
+}
+
+TEST_CASE("a recomputed unit casts its inputs as its forward did, inside a unit of another dtype", "[fsdp]") {
+  // Each layer's attention gathers in float32 inside its float64 layer, which recomputes in
+  // backward: the recomputation must hand the attention float32 as the forward did.
+  auto config = tiny(false)->config();
+  auto model = build_model(config, torch::TensorOptions().dtype(at::kDouble));
+  init_parameters(*model, 5, 0.1);
+  auto twin = build_model(config, torch::TensorOptions().dtype(at::kDouble));
+  {
+    at::NoGradGuard no_grad;
+    const auto from = unique_named_parameters(*model);
+    const auto to = unique_named_parameters(*twin);
+    for (size_t i = 0; i < from.size(); ++i) to[i].tensor.copy_(from[i].tensor);
+  }
+  const auto plan_of = [](bool recompute) {
+    Plan plan;
+    for (int layer = 0; layer < 3; ++layer) {
+      const std::string path = "model.layers." + std::to_string(layer);
+      plan.units.push_back({.modules = {path + ".self_attn"}, .param_dtype = at::kFloat, .output_dtype = at::kDouble});
+      plan.units.push_back({.modules = {path}, .activation_checkpoint = recompute});
+    }
+    plan.units.push_back({.modules = {""}});
+    return plan;
+  };
+  FsdpState recomputed(*model, Comm::single(), resolve_plan(plan_of(true), *model, 1, at::kDouble));
+  FsdpState kept(*twin, Comm::single(), resolve_plan(plan_of(false), *twin, 1, at::kDouble));
+  const auto ids = torch::randint(0, 40, {2, 9}, torch::kLong);
+  CHECK(loss_of(*model, ids) == loss_of(*twin, ids));
+  const auto a = recomputed.sharded_parameters();
+  const auto b = kept.sharded_parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].name);
+    CHECK(at::equal(a[i].tensor.grad(), b[i].tensor.grad()));
+  }
 }
 
 TEST_CASE("a frozen base computed in bf16 is held in bf16 alone and computes what fp32 masters would", "[fsdp]") {

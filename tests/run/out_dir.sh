@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs never mix in one [train] out_dir: a second run starting afresh where a run saved its
 # checkpoints, or where a run of other settings trained, is refused (resuming is the way on),
-# and so is another model's run; resumed, the run may change its settings and is told which;
+# and so is another model's run; resumed, the run may change its settings and is told which
+# (and how its learning rate moves where it changes [train] steps);
 # [train] reuse_out_dir = true trains beside them anyway, and resume = "latest" then picks
 # only the checkpoints of this run's settings. Each refusal is one line with exit status 2,
 # and leaves the run's record (run.json) as it was.
@@ -54,4 +55,12 @@ if grep -q "continuing after" "$out.log"; then echo "FAIL: resumed another run's
 check "its own latest, beside the other's" 0 "continuing after step 1" -- "${run[@]}" "${beside[@]}" --set train.steps=5
 check "another run's step kept" 2 "step-00000002: holds another run's checkpoint of step 2, which this run's would replace" \
   -- "${run[@]}" --set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set train.steps=2
+# A run of 3 steps resumed to go on to 6: the cosine decay's end moves from step 3 to 6, so
+# step 5 takes another rate than the run's end would have had (step 4 is at the peak either way).
+longer=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out-longer\"" --set metrics.progress='"never"')
+rm -rf "$out-longer"
+"$FSDPP" "${longer[@]}" --set train.steps=3 >"$out.log" 2>&1 || { echo "FAIL: the 3-step run"; failures=$((failures + 1)); }
+check "a resume that moves the schedule's end" 0 \
+  "step-00000003: [train] steps 3 -> 6 moves the learning-rate schedule's end: step 5 takes " \
+  -- "${longer[@]}" --set train.steps=6 --set 'checkpoint.resume="latest"'
 [ $failures = 0 ] && echo "runs never mix in one out_dir" || exit 1
