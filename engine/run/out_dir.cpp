@@ -54,12 +54,17 @@ void record_identity(const fs::path& out_dir, const RunIdentity& run) {
   write_file_atomically(out_dir / kIdentityFile, text.data(), text.size());
 }
 
-// The hash of the settings a checkpoint was written with; "" when its metadata will not say.
-std::string settings_of(const fs::path& checkpoint) {
+// What a checkpoint's metadata says of the run that wrote it: the hash of its settings and
+// its out_dir; "" for what it will not say.
+struct Writer {
+  std::string config_hash, out_dir;
+};
+Writer writer_of(const fs::path& checkpoint) {
   try {
-    return parse_json(read_text_file(checkpoint / "metadata.json"), "").value("config_hash", "");
+    const auto meta = parse_json(read_text_file(checkpoint / "metadata.json"), "");
+    return {meta.value("config_hash", ""), meta.value("run", nlohmann::json::object()).value("out_dir", "")};
   } catch (const std::exception&) {
-    return "";
+    return {};
   }
 }
 
@@ -272,7 +277,16 @@ bool of_this_run(const RunConfig& config, const fs::path& checkpoint) {
   const fs::path own = config.checkpoint.dir;
   const bool in_own_dir = !config.train.reuse_out_dir && path_within(own, config.train.out_dir) &&
                           fs::weakly_canonical(checkpoint.parent_path()) == fs::weakly_canonical(own);
-  return in_own_dir || settings_of(checkpoint) == config_hash(config);
+  if (in_own_dir) return true;
+  const Writer writer = writer_of(checkpoint);
+  // An out_dir holds one run unless runs share it by choice, whatever its settings now.
+  const bool own_out_dir = !config.train.reuse_out_dir && !config.train.out_dir.empty() &&
+                           writer.out_dir == canonical_out_dir(config);
+  return own_out_dir || writer.config_hash == config_hash(config);
+}
+
+std::string canonical_out_dir(const RunConfig& config) {
+  return config.train.out_dir.empty() ? "" : fs::weakly_canonical(fs::absolute(config.train.out_dir)).string();
 }
 
 std::optional<fs::path> latest_of_this_run(const RunConfig& config) {

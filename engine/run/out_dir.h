@@ -71,9 +71,11 @@ std::string settings_change(const std::map<std::string, std::string>& before,
 
 // Whether `checkpoint` is this run's: any directly under its own [checkpoint] dir where that
 // lies inside its out_dir; elsewhere (a [checkpoint] dir outside out_dir, a directory the
-// Python API saves into) and beside other runs ([train] reuse_out_dir), one its present
-// settings wrote.
+// Python API saves into), one a run of its out_dir wrote, or beside other runs ([train]
+// reuse_out_dir), one its present settings wrote.
 bool of_this_run(const RunConfig& config, const std::filesystem::path& checkpoint);
+// The run's out_dir as its checkpoints record it (absolute, links resolved); "" for none.
+std::string canonical_out_dir(const RunConfig& config);
 
 // The newest complete checkpoint of this run under [checkpoint] dir.
 std::optional<std::filesystem::path> latest_of_this_run(const RunConfig& config);

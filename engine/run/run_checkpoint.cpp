@@ -223,6 +223,7 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
   }
   meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
   meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
+  meta["run"] = {{"out_dir", canonical_out_dir(config_)}};
   meta["model"] = {{"dtype", dtype_name(config_.model.dtype)}, {"source", model_files_.string()}};
   if (loaded_.lora) {
     meta["model"]["lora"] = *loaded_.lora;

@@ -4,7 +4,8 @@
 # and so is another model's run; resumed, the run may change its settings and is told which
 # (and how its learning rate moves where it changes [train] steps);
 # [train] reuse_out_dir = true trains beside them anyway, and resume = "latest" then picks
-# only the checkpoints of this run's settings. Each refusal is one line with exit status 2,
+# only the checkpoints of this run's settings; a [checkpoint] dir outside out_dir holds the
+# run's own by the out_dir they record. Each refusal is one line with exit status 2,
 # and leaves the run's record (run.json) as it was.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
@@ -63,4 +64,12 @@ rm -rf "$out-longer"
 check "a resume that moves the schedule's end" 0 \
   "step-00000003: [train] steps 3 -> 6 moves the learning-rate schedule's end: step 5 takes " \
   -- "${longer[@]}" --set train.steps=6 --set 'checkpoint.resume="latest"'
+# Checkpoints in a [checkpoint] dir outside out_dir are the run's by the out_dir they record:
+# resumed with another learning rate, the run goes on from them as it would from its own.
+outside=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out-outside\"" --set metrics.progress='"never"'
+         --set "checkpoint.dir=\"$out-outside-checkpoints\"")
+rm -rf "$out-outside" "$out-outside-checkpoints"
+"$FSDPP" "${outside[@]}" --set train.steps=2 >"$out.log" 2>&1 || { echo "FAIL: the run saving outside"; failures=$((failures + 1)); }
+check "a resume from a dir outside out_dir, with another learning rate" 0 "continuing after step 2" \
+  -- "${outside[@]}" --set train.steps=3 --set 'checkpoint.resume="latest"' --set optimizer.lr=5e-3
 [ $failures = 0 ] && echo "runs never mix in one out_dir" || exit 1
