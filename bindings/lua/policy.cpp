@@ -117,6 +117,15 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
 
 namespace {
 
+// A script's text as the stand-alone interpreter reads a file: without a UTF-8 byte-order
+// mark, and with a first line that opens with '#' (#!/usr/bin/env lua) blanked, its newline
+// kept so that errors name the file's own line numbers.
+std::string chunk_text(std::string text) {
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
+  if (text.starts_with("#")) text.erase(0, std::min(text.find('\n'), text.size()));
+  return text;
+}
+
 // The evaluation itself, in whichever process calls it.
 Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
                      const PolicyLimits& limits) {
@@ -131,7 +140,7 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   run.lib_dir = policy_dir() / "lib";
   run.memory_cap = limits.memory_bytes;
   run.instructions_left = limits.instructions;
-  const std::string source = read_text_file(script);
+  const std::string source = chunk_text(read_text_file(script));
 
   lua_State* L = open_sandbox(run);
   if (L == nullptr) throw UserError(script.string() + ": cannot create a Lua state");

@@ -60,6 +60,9 @@ std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::stri
                           "', which holds it; list either, or wrap the inner one in a unit of its own");
         }
       }
+      if (std::count(unit.modules.begin(), unit.modules.end(), path) > 1) {
+        throw UserError(where(unit) + ": one wrap lists module '" + (path.empty() ? "<root>" : path) + "' twice");
+      }
       auto [it, fresh] = wrapped.emplace(path, where(unit));
       if (!fresh) {
         throw UserError(where(unit) + ": module '" + (path.empty() ? "<root>" : path) +
@@ -140,9 +143,10 @@ class ParameterClaims {
         const void* impl = item.value().unsafeGetTensorImpl();
         if (!claimed_.insert(impl).second) continue;
         const auto& paths = aliases_[impl];
+        const auto held = std::find_if(paths.begin(), paths.end(), covered);
         for (const auto& alias : paths) {
           if (!covered(alias)) {
-            throw UserError(where(r.declared) + ": tied parameters " + paths.front() + " and " + alias +
+            throw UserError(where(r.declared) + ": tied parameters " + *held + " and " + alias +
                             " must be in one unit, but unit " + r.name + " holds only the first");
           }
         }

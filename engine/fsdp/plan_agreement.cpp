@@ -32,9 +32,12 @@ void require_same_plan(const ResolvedPlan& plan, Comm& world) {
   at::Tensor all = at::empty({world.size()}, at::kLong);  // [world]
   world.all_gather(all, mine);
   const auto sums = all.accessor<int64_t, 1>();
+  // The policy file, from where it declared its first unit ("policies/llama.lua:4").
+  const std::string origin = plan.units.empty() ? std::string() : plan.units.front().declared.origin;
+  const std::string policy = origin.empty() ? "plan" : origin.substr(0, origin.rfind(':'));
   for (int r = 1; r < world.size(); ++r) {
     if (sums[r] != sums[0]) {
-      throw UserError("plan: rank " + std::to_string(r) + "'s plan differs from rank 0's (its units, meshes, " +
+      throw UserError(policy + ": rank " + std::to_string(r) + "'s plan differs from rank 0's (its units, meshes, " +
                       "precision or their order): a policy must plan alike on every rank, whatever ctx.rank, " +
                       "math.random or the order pairs() visits a table in");
     }

@@ -39,6 +39,11 @@ bool present(const fs::path& path) {
 // Without model.safetensors or its index: UserError if weight files are there all the same.
 void require_no_weight_files(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("rank-") && entry.path().extension() == ".safetensors") {
+      throw UserError(dir.string() + ": holds " + name + ", a checkpoint's rank file, but not metadata.json and " +
+                      "metadata.crc32c beside it, so it is not a complete checkpoint");
+    }
     if (entry.path().extension() == ".safetensors") {
       throw UserError(dir.string() + ": holds " + entry.path().filename().string() +
                       " but neither model.safetensors nor model.safetensors.index.json, which name the "

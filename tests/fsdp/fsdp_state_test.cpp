@@ -302,7 +302,12 @@ TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[f
   };
   CHECK_THAT(error_of({.units = {{.modules = {"model.embed_tokens"}, .origin = "p.lua:3"}}}, 1),
              Catch::Contains("p.lua:3") && Catch::Contains("tied parameters model.embed_tokens.weight and lm_head.weight"));
+  CHECK(error_of({.units = {{.modules = {"lm_head"}, .origin = "p.lua:2"}}}, 1) ==
+        "p.lua:2: tied parameters lm_head.weight and model.embed_tokens.weight must be in one unit, but unit lm_head "
+        "holds only the first");
   CHECK(error_of({.units = {{.modules = {"model.embed_tokens", "lm_head"}}}}, 1).empty());
+  CHECK(error_of({.units = {{.modules = {"model.layers.0", "model.layers.0"}, .origin = "p.lua:7"}}}, 1) ==
+        "p.lua:7: one wrap lists module 'model.layers.0' twice");
   CHECK_THAT(error_of({.units = {{.modules = {"model.layers.7"}, .origin = "p.lua:4"}}}, 1),
              Catch::Contains("p.lua:4: no module at path 'model.layers.7'"));
   CHECK_THAT(error_of({.units = {{.modules = {"model.layers.0"}}, {.modules = {"model.layers.0"}, .origin = "p.lua:9"}}}, 1),

@@ -137,6 +137,14 @@ def checkpoint_cases(ckpt):
         expect(f"resume onto {name}", patterns,
                "train", CONFIG, "--set", f'model.path="{other}"', "--set", f'train.out_dir="{other}-run"',
                "--set", f'checkpoint.resume="{ckpt}"')
+    # A checkpoint that lost its metadata, given as a model: named as a torn checkpoint, not as
+    # a model directory short of model.safetensors.
+    torn = os.path.join(WORK, "torn-checkpoint")
+    shutil.copytree(ckpt, torn)
+    os.remove(os.path.join(torn, "metadata.json"))
+    expect("a checkpoint without its metadata as [model] path",
+           ["torn-checkpoint: holds rank-0000", "a checkpoint's rank file", "not a complete checkpoint"],
+           "train", CONFIG, "--set", f'model.path="{torn}"', "--set", f'train.out_dir="{torn}-run"')
     expect("export onto its source", ["would overwrite or contain the checkpoint"], "export", ckpt, ckpt)
     expect("export into its source", ["would overwrite or contain the checkpoint"],
            "export", ckpt, os.path.join(ckpt, "model"))

@@ -261,6 +261,11 @@ wrap(layers[2], {precision = precision{compute = "fp8"}})
              Catch::Contains("escape.lua:1: precision: compute = 'int4' is not \"fp8\""));
 }
 
+TEST_CASE("a script opening with a byte-order mark or a #! line runs, and keeps its line numbers", "[lua]") {
+  CHECK(policy_error("\xEF\xBB\xBF#!/usr/bin/env lua\nwrap(ctx.model)\n").empty());
+  CHECK(policy_error("#!/usr/bin/env lua\nwrap(ctx.model)\nerror('here')\n").ends_with("escape.lua:3: here"));
+}
+
 TEST_CASE("editing a policy file changes the plan without rebuilding", "[lua]") {
   auto model = meta_model();
   const auto path = write_policy("edit.lua", "wrap(ctx.model:get('model.layers.0'))\n");
