@@ -101,17 +101,6 @@ void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
   for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
 }
 
-// Why a unit holding no parameter is refused: it would gather nothing, and the engine takes
-// every unit for one that does.
-std::string empty_unit(const ResolvedUnit& r) {
-  if (r.declared.origin == "root (implicit)") {
-    return "the policy's units hold every parameter, so the root unit added for the rest would hold none: leave "
-           "some modules (the final norm, say) to the root";
-  }
-  return where(r.declared) + ": unit " + r.name + " holds no parameters (any under its modules belong to units " +
-         "inside it): drop this wrap, or wrap fewer modules inside it";
-}
-
 // The model's parameters, each with every path that reaches it (tied ones have several);
 // units claim theirs innermost first, so a parameter belongs to the deepest unit covering it.
 class ParameterClaims {
@@ -208,7 +197,10 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     ResolvedUnit r{.declared = std::move(unit)};
     resolve_options(r, world, model_dtype);
     claims.claim(r, resolved);
-    if (r.numel == 0) throw UserError(empty_unit(r));
+    // Every parameter under its modules belongs to units inside it (a root left with none, a
+    // block whose parts are each a unit): there is nothing for it to gather, as fully_shard
+    // on such a module does nothing.
+    if (r.numel == 0) continue;
     r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     r.expert_bytes_gathered = r.expert_numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     resolved.total_numel += r.numel;

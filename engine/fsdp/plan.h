@@ -89,7 +89,7 @@ struct ResolvedUnit {
 };
 
 struct ResolvedPlan {
-  std::vector<ResolvedUnit> units;        // in application order: inner first, root last
+  std::vector<ResolvedUnit> units;        // in application order: inner first, root last; none of no parameters
   std::optional<LoraPlan> lora;           // as declared
   std::vector<PolicyOption> options;      // as declared
   int64_t total_numel = 0;

@@ -267,7 +267,7 @@ fs::path resolved_links(const fs::path& dir) {
 
 }  // namespace
 
-void check_export_target(const fs::path& dir) {
+void check_export_target(const fs::path& dir, bool in_own_out_dir) {
   std::error_code error;
   if (fs::is_symlink(fs::symlink_status(dir, error)) && !fs::exists(fs::status(dir, error))) {
     std::error_code unread;
@@ -277,7 +277,7 @@ void check_export_target(const fs::path& dir) {
                     "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
-  if (!fs::is_directory(dir) || fs::is_empty(dir)) return;
+  if (in_own_out_dir || !fs::is_directory(dir) || fs::is_empty(dir)) return;
   const fs::path weights = weights_file_in(dir);
   const std::string refusal = dir.string() + ": holds a model that no export wrote (";
   const std::string choose = "); an export replaces only an empty directory or an earlier export: choose another directory";
@@ -289,12 +289,13 @@ void check_export_target(const fs::path& dir) {
 }
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
-                         at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source)
+                         at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source,
+                         bool in_own_out_dir)
     // Through links: a link to a directory keeps naming the new export, whose staging
     // directory is made beside the real one, on its file system, where the swap can happen.
     : dir_(resolved_links(dir)),
       staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
-  check_export_target(dir_);
+  check_export_target(dir_, in_own_out_dir);
   std::error_code error;
   if (!source.empty() && fs::equivalent(source, dir_, error)) {
     throw UserError(dir_.string() + ": is the model this export comes from; an export never replaces it: choose "

@@ -72,8 +72,10 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
 // Refuses, in one line, an export into `dir` that would delete anything but an earlier
 // export: `dir` may be missing, an empty directory, or a directory of files an export writes
-// whose weights bear an export's mark (or a link to one of these directories).
-void check_export_target(const std::filesystem::path& dir);
+// whose weights bear an export's mark (or a link to one of these directories). A run's own
+// export in its out_dir (`in_own_out_dir`) needs no mark: the run owns that directory, and
+// exports from before the mark are there.
+void check_export_target(const std::filesystem::path& dir, bool in_own_out_dir = false);
 
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
 // generation config of `source` (the model directory the weights came from, when there is
@@ -84,12 +86,12 @@ void check_export_target(const std::filesystem::path& dir);
 // replaced and the link kept. All of it goes into a fresh directory beside `dir`,
 // which finish() swaps in for `dir` at once: no file of an earlier export survives, and a
 // reader never sees half of either. A `dir` holding anything else, or `source` itself, is
-// refused at once (check_export_target).
+// refused at once (check_export_target, to which `in_own_out_dir` passes).
 class HfDirWriter {
  public:
   HfDirWriter(const ModelConfig& config, const std::vector<TensorSpec>& specs, const std::filesystem::path& dir,
               at::ScalarType dtype, size_t max_shard_bytes = size_t{2} << 30,
-              const std::filesystem::path& source = {});
+              const std::filesystem::path& source = {}, bool in_own_out_dir = false);
   ~HfDirWriter();
 
   void write(const std::string& name, const at::Tensor& full);

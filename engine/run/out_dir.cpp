@@ -146,7 +146,7 @@ void check_export_dir(const RunConfig& config) {
     }
   }
   try {
-    check_export_target(dir);
+    check_export_target(dir, export_in_out_dir(config));
   } catch (const UserError& e) {
     throw UserError(where + e.what());
   }
@@ -283,6 +283,10 @@ bool of_this_run(const RunConfig& config, const fs::path& checkpoint) {
   const bool own_out_dir = !config.train.reuse_out_dir && !config.train.out_dir.empty() &&
                            writer.out_dir == canonical_out_dir(config);
   return own_out_dir || writer.config_hash == config_hash(config);
+}
+
+bool export_in_out_dir(const RunConfig& config) {
+  return !config.train.out_dir.empty() && path_within(config.checkpoint.export_dir, config.train.out_dir);
 }
 
 std::string canonical_out_dir(const RunConfig& config) {

@@ -74,6 +74,8 @@ std::string settings_change(const std::map<std::string, std::string>& before,
 // Python API saves into), one a run of its out_dir wrote, or beside other runs ([train]
 // reuse_out_dir), one its present settings wrote.
 bool of_this_run(const RunConfig& config, const std::filesystem::path& checkpoint);
+// Whether [checkpoint] export_dir lies in the run's out_dir, which the run owns.
+bool export_in_out_dir(const RunConfig& config);
 // The run's out_dir as its checkpoints record it (absolute, links resolved); "" for none.
 std::string canonical_out_dir(const RunConfig& config);
 

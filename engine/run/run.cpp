@@ -162,8 +162,11 @@ void Run::shard(const Plan& plan) {
   require_same_plan(resolved, *comm_);
   // A tied head's weight is the embedding's, named by the path that reaches it first.
   const std::string head = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  const auto& root_params = resolved.units.back().params;
-  head_in_root_ = std::any_of(root_params.begin(), root_params.end(), [&](const auto& p) { return p.name == head; });
+  // The root unit is the last, where it holds a parameter at all (a plan leaves out units of none).
+  const ResolvedUnit& last = resolved.units.back();
+  const bool root_kept = std::count(last.declared.modules.begin(), last.declared.modules.end(), "") > 0;
+  head_in_root_ = root_kept && std::any_of(last.params.begin(), last.params.end(),
+                                           [&](const auto& p) { return p.name == head; });
   computes_float16_ = std::any_of(resolved.units.begin(), resolved.units.end(),
                                   [](const auto& unit) { return unit.compute_dtype == at::kHalf; });
   if (rank == 0) {
