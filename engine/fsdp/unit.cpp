@@ -125,7 +125,8 @@ void FsdpUnit::install_hooks() {
       if (!unsharded_ && !state_->in_backward()) {
         throw UserError("unit " + name_ + ": the forward called its module " + std::to_string(i + 1) + " of " +
                         std::to_string(modules_.size()) + " (" + modules_[i]->class_name() + ") before the first (" +
-                        modules_.front()->class_name() + "); list a unit's modules in the order the forward calls them");
+                        modules_.front()->class_name() + ") or after the last; list a unit's modules in the order " +
+                        "the forward calls them");
       }
     }));
   }

@@ -189,19 +189,26 @@ std::vector<CheckpointEntry> list_checkpoints(const fs::path& root) {
   if (!fs::is_directory(root)) return out;
   for (const auto& e : fs::directory_iterator(root)) {
     const auto step = step_of(e.path().filename().string());
-    if (!step) continue;
-    // A save lands whole by a rename, so a step-N that is not a complete checkpoint was
-    // damaged or put there: passed over, a resume would start from an older step (or none)
-    // and the next save of step N would be skipped or overwrite it.
-    if (!e.is_directory() || !fs::is_regular_file(e.path() / "metadata.json")) {
-      throw UserError(e.path().string() + ": named as a checkpoint, but " +
-                      (e.is_directory() ? "it holds no metadata.json" : "it is not a directory") +
-                      ", so it is not a complete one (a save lands whole); move it out of [checkpoint] dir");
+    if (step && e.is_directory() && fs::is_regular_file(e.path() / "metadata.json")) {
+      out.push_back({*step, e.path(), directory_bytes(e.path())});
     }
-    out.push_back({*step, e.path(), directory_bytes(e.path())});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return out;
+}
+
+void check_complete_checkpoints(const fs::path& root) {
+  std::error_code error;
+  for (fs::directory_iterator it(root, error), end; !error && it != end; it.increment(error)) {
+    const fs::path& path = it->path();
+    if (!step_of(path.filename().string())) continue;
+    const bool directory = fs::is_directory(path, error);
+    if (!directory || !fs::is_regular_file(path / "metadata.json", error)) {
+      throw UserError(path.string() + ": named as a checkpoint, but " +
+                      (directory ? "it holds no metadata.json" : "it is not a directory") +
+                      ", so it is not a complete one (a save lands whole); move it out of [checkpoint] dir");
+    }
+  }
 }
 
 std::optional<CheckpointEntry> latest_checkpoint(const fs::path& root) {

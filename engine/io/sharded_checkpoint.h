@@ -88,8 +88,13 @@ struct CheckpointEntry {
 };
 
 // The complete checkpoints under `root` (directories step-N with a metadata.json), oldest
-// first; a missing root has none. UserError for a step-N that is not a complete checkpoint.
+// first; a missing root has none.
 std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& root);
+// UserError for a step-N under `root` that is not a complete checkpoint. A save lands whole
+// by a rename, so such a one was damaged or put there: passed over at start, a resume would
+// begin from an older step (or none), and the next save of step N would be skipped. Runs
+// check at start only: mid-run, a neighbour's rotation may rename entries as they are listed.
+void check_complete_checkpoints(const std::filesystem::path& root);
 std::optional<CheckpointEntry> latest_checkpoint(const std::filesystem::path& root);
 
 // Among the complete checkpoints `ours` accepts (a run's own, where others share the

@@ -71,8 +71,8 @@ std::string settings_change(const std::map<std::string, std::string>& before,
 
 // Whether `checkpoint` is this run's: any directly under its own [checkpoint] dir where that
 // lies inside its out_dir; elsewhere (a [checkpoint] dir outside out_dir, a directory the
-// Python API saves into), one a run of its out_dir wrote, or beside other runs ([train]
-// reuse_out_dir), one its present settings wrote.
+// Python API saves into), one a run of its out_dir wrote (not sharing it), or one its present
+// settings wrote; beside other runs ([train] reuse_out_dir), one its present settings wrote.
 bool of_this_run(const RunConfig& config, const std::filesystem::path& checkpoint);
 // Whether [checkpoint] export_dir lies in the run's out_dir, which the run owns.
 bool export_in_out_dir(const RunConfig& config);

@@ -81,6 +81,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   // leaving mid-rendezvous would make the others report a lost connection instead.
   if (!config.data.train.empty()) rows_ = rows_per_rank(config, env.world_size);
   if (env.rank == 0) out_dir_lock_ = OutDirLock::claim(config);
+  check_complete_checkpoints(config.checkpoint.dir);
   check_out_dir(config);
   comm_ = init_distributed(env, config.parallel);
   device_ = comm_->device();

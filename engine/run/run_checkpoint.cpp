@@ -223,7 +223,8 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
   }
   meta["optimizer"] = {{"name", "adamw"}, {"steps", adam_steps.value_or(0)}};
   meta["scheduler"] = {{"step", step}, {"total_steps", config_.train.steps}};
-  meta["run"] = {{"out_dir", canonical_out_dir(config_)}};
+  // Runs that share an out_dir by choice are told apart by their settings alone.
+  meta["run"] = {{"out_dir", config_.train.reuse_out_dir ? std::string() : canonical_out_dir(config_)}};
   meta["model"] = {{"dtype", dtype_name(config_.model.dtype)}, {"source", model_files_.string()}};
   if (loaded_.lora) {
     meta["model"]["lora"] = *loaded_.lora;

@@ -350,7 +350,8 @@ TEST_CASE("a unit's modules listed out of forward order stop the forward with th
   const auto ids = torch::randint(0, 40, {2, 6}, torch::kLong);
   CHECK_THROWS_WITH((*model)(ids),
                     "unit model.layers.1+model.layers.0: the forward called its module 2 of 2 (LlamaDecoderLayer) "
-                    "before the first (LlamaDecoderLayer); list a unit's modules in the order the forward calls them");
+                    "before the first (LlamaDecoderLayer) or after the last; list a unit's modules in the order the "
+                    "forward calls them");
 }
 
 TEST_CASE("a recomputed unit casts its inputs as its forward did, inside a unit of another dtype", "[fsdp]") {
