@@ -4,6 +4,7 @@
 
 #include "core/config_file.h"
 #include "core/log.h"
+#include "core/mapped_file.h"
 
 #include <algorithm>
 #include <cstring>
@@ -82,6 +83,14 @@ void protected_call(lua_State* L, int nargs, int nresults) {
   throw ScriptError(text);
 }
 
+std::string cut_line(std::string text, size_t total) {
+  if (total <= kMaxLineBytes && text.size() <= kMaxLineBytes) return text;
+  size_t cut = std::min(text.size(), kMaxLineBytes);
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // inside a character
+  text.resize(cut);
+  return text + "... (" + std::to_string(total) + " bytes in all)";
+}
+
 std::string caller_location(lua_State* L) {
   // The innermost frame of the policy itself, past helpers of policies/lib, so a unit
   // declared through a library call still points at the line that asked for it.
@@ -102,6 +111,14 @@ std::string chunk_name(const std::filesystem::path& script) {
   const auto relative = std::filesystem::relative(script, policy_dir());
   if (!relative.empty() && *relative.begin() != "..") return "@policies/" + relative.string();
   return "@" + script.string();
+}
+
+int load_script(lua_State* L, const std::filesystem::path& script) {
+  std::string text = read_text_file(script);
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
+  // The '#' line's newline stays, so that errors name the file's own line numbers.
+  if (text.starts_with("#")) text.erase(0, std::min(text.find('\n'), text.size()));
+  return luaL_loadbufferx(L, text.data(), text.size(), chunk_name(script).c_str(), "t");
 }
 
 bool starts_with_location(const std::string& message) {
@@ -125,7 +142,10 @@ int message_handler(lua_State* L) {
   }
   luaL_traceback(L, L, message.c_str(), 1);
   log_line(LogLevel::debug, lua_tostring(L, -1));
-  lua_pushstring(L, message.substr(0, message.find('\n')).c_str());
+  // Every line of the message (a UserError writes its newlines out), cut as a log line is.
+  const size_t total = message.size();
+  message = cut_line(std::move(message), total);
+  lua_pushlstring(L, message.data(), message.size());
   return 1;
 }
 

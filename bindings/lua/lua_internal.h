@@ -81,10 +81,18 @@ void protected_call(lua_State* L, int nargs, int nresults);
 // lua_pcall's message handler: the error as one line with its file:line (also for error
 // objects that are not strings); the traceback goes to the debug log.
 int message_handler(lua_State* L);
+// What a message or a log line keeps of a policy's text, which may be any size: at most
+// kMaxLineBytes of `text`, cut between UTF-8 characters, then "... (`total` bytes in all)".
+inline constexpr size_t kMaxLineBytes = 4096;
+std::string cut_line(std::string text, size_t total);
 // "file:line" of the policy code calling the current C function.
 std::string caller_location(lua_State* L);
 // The chunk name a script is loaded under: "@policies/..." for shipped files.
 std::string chunk_name(const std::filesystem::path& script);
+// Loads a script file as the stand-alone interpreter reads one (without a UTF-8 byte-order
+// mark, a first line opening with '#' blanked), text only, under its chunk_name; lua_load's
+// status, with the chunk or the error message pushed.
+int load_script(lua_State* L, const std::filesystem::path& script);
 
 void push_policy_value(lua_State* L, const PolicyValue& value);
 void push_module(lua_State* L, int index);

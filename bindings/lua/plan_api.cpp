@@ -254,8 +254,7 @@ int api_lora(lua_State* L) {
 }
 
 // What log and warn keep of a policy's text, which lives in the engine's memory, outside the
-// Lua heap's cap: a line of at most this many bytes, and at most this many warnings.
-constexpr size_t kMaxLineBytes = 4096;
+// Lua heap's cap: lines of at most kMaxLineBytes, and at most this many warnings.
 constexpr size_t kMaxWarnings = 1000;
 
 // The arguments as Lua's tostring gives them, space-separated, cut at kMaxLineBytes (a
@@ -276,8 +275,7 @@ std::string joined_args(lua_State* L) {
     }
     lua_pop(L, 1);
   }
-  if (total > kMaxLineBytes) text = text.substr(0, kMaxLineBytes) + concat("... (", total, " bytes in all)");
-  return text;
+  return cut_line(std::move(text), total);
 }
 
 int api_log(lua_State* L) {

@@ -4,7 +4,6 @@
 #include "core/error.h"
 #include "core/isolated.h"
 #include "core/log.h"
-#include "core/mapped_file.h"
 #include "fsdp/plan_text.h"
 #include "policy_dir.h"
 
@@ -117,15 +116,6 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
 
 namespace {
 
-// A script's text as the stand-alone interpreter reads a file: without a UTF-8 byte-order
-// mark, and with a first line that opens with '#' (#!/usr/bin/env lua) blanked, its newline
-// kept so that errors name the file's own line numbers.
-std::string chunk_text(std::string text) {
-  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
-  if (text.starts_with("#")) text.erase(0, std::min(text.find('\n'), text.size()));
-  return text;
-}
-
 // The evaluation itself, in whichever process calls it.
 Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
                      const PolicyLimits& limits) {
@@ -140,7 +130,6 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   run.lib_dir = policy_dir() / "lib";
   run.memory_cap = limits.memory_bytes;
   run.instructions_left = limits.instructions;
-  const std::string source = chunk_text(read_text_file(script));
 
   lua_State* L = open_sandbox(run);
   if (L == nullptr) throw UserError(script.string() + ": cannot create a Lua state");
@@ -150,7 +139,7 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   lock_globals(L);
   lua_pushcfunction(L, message_handler);
   const int handler = lua_gettop(L);
-  int status = luaL_loadbufferx(L, source.data(), source.size(), chunk_name(script).c_str(), "t");
+  int status = load_script(L, script);
   if (status == LUA_OK) status = lua_pcall(L, 0, 0, handler);
   if (status != LUA_OK) {
     run.memory_cap = SIZE_MAX;  // room to report the failure

@@ -6,7 +6,6 @@
 // line with the script's file:line (lua_internal.cpp's message handler); the traceback goes
 // to the debug log.
 #include "bindings/lua/lua_internal.h"
-#include "core/mapped_file.h"
 
 #include <chrono>
 #include <set>
@@ -90,8 +89,7 @@ int api_require(lua_State* L) {
   if (!std::filesystem::is_regular_file(path)) {
     throw ScriptError("require: no module '" + name + "' in " + run.lib_dir.string());
   }
-  const std::string source = read_text_file(path);
-  if (luaL_loadbufferx(L, source.data(), source.size(), chunk_name(path).c_str(), "t") != LUA_OK) {
+  if (load_script(L, path) != LUA_OK) {
     throw ScriptError(lua_tostring(L, -1));
   }
   protected_call(L, 0, 1);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -92,12 +93,16 @@ TEST_CASE("sandbox escapes fail with file:line", "[lua]") {
       {"error with a number", "\nerror(42)\n", "escape.lua:2: 42"},
       {"error at level 0", "local x = 1\nerror('no position', 0)\n", "escape.lua:2: no position"},
       {"bytecode as the policy", "\x1bLua", "escape.lua: attempt to load a binary chunk"},
+      // Every line of a message, and of a long one what a line shows.
+      {"error of two lines", "error('first\\nsecond')\n", "escape.lua:1: first\\nsecond"},
+      {"error of a megabyte", "error(string.rep('x', 1 << 20))\n", "xxx... (104"},
   };
   for (const auto& e : escapes) {
     INFO(e.name);
     const std::string error = policy_error(e.script);
     CHECK_THAT(error, Catch::Contains(e.expect));
     CHECK(error.find('\n') == std::string::npos);  // one line; the traceback is for --verbose
+    CHECK(error.size() < 4200);
   }
 }
 
@@ -264,6 +269,14 @@ wrap(layers[2], {precision = precision{compute = "fp8"}})
 TEST_CASE("a script opening with a byte-order mark or a #! line runs, and keeps its line numbers", "[lua]") {
   CHECK(policy_error("\xEF\xBB\xBF#!/usr/bin/env lua\nwrap(ctx.model)\n").empty());
   CHECK(policy_error("#!/usr/bin/env lua\nwrap(ctx.model)\nerror('here')\n").ends_with("escape.lua:3: here"));
+  // A library file is read alike by require.
+  const fs::path dir = testing::scratch_dir("policy-lib");
+  fs::create_directories(dir / "lib");
+  std::ofstream(dir / "lib" / "marked.lua") << "\xEF\xBB\xBF#!/usr/bin/env lua\nlocal M = {}\nM.fail = function() error('in lib') end\nreturn M\n";
+  ::setenv("FSDPP_POLICY_DIR", dir.c_str(), 1);
+  const std::string required = policy_error("local m = require('marked')\nwrap(ctx.model)\nm.fail()\n");
+  ::unsetenv("FSDPP_POLICY_DIR");
+  CHECK_THAT(required, Catch::EndsWith("lib/marked.lua:3: in lib"));
 }
 
 TEST_CASE("editing a policy file changes the plan without rebuilding", "[lua]") {
