@@ -36,7 +36,8 @@ void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
     r.attention_factor = read<double>(block, "attention_factor", where, 1.0);
     check_positive(where, "attention_factor", *r.attention_factor);
   }
-  r.truncate = read<bool>(block, "truncate", where, true);
+  // transformers tests it for truth: null truncates nothing.
+  r.truncate = read_nullable<bool>(block, "truncate", where, true, false);
   check_positive(where, "beta_fast", r.beta_fast);
   check_positive(where, "beta_slow", r.beta_slow);
 }

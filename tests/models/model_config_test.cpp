@@ -209,6 +209,9 @@ TEST_CASE("RoPE is read from rope_parameters, rope_scaling and the top level ali
     const auto yarn = ModelConfig::from_json(config, "config.json");
     CHECK(yarn.rope_scaling.original_max_position_embeddings == 16);
     CHECK(yarn.rope_scaling.factor == 4.0);
+    CHECK(yarn.rope_scaling.truncate);
+    config["rope_parameters"]["truncate"] = nullptr;  // tested for truth, as transformers does
+    CHECK_FALSE(ModelConfig::from_json(config, "config.json").rope_scaling.truncate);
   }
   SECTION("what the engine does not do is refused, not ignored") {
     auto partial = config, nested = config, sliding = config;
