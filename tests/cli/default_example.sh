@@ -5,6 +5,7 @@
 # rather than a loss that merely fell from its random start (ln 256 = 5.55 nats).
 set -euo pipefail
 : "${FSDPP:?}" "${WORK:?}"
+mkdir -p "$WORK"
 bash scripts/make_corpus.sh >/dev/null
 out="$WORK/default-example"
 rm -rf "$out"

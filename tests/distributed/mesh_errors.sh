@@ -3,6 +3,7 @@
 # factor, and the launcher exits 2 repeating that message as its own last line, naming the rank.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
+mkdir -p "$WORK"
 bash scripts/make_corpus.sh >/dev/null
 status=0
 check() {

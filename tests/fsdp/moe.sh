@@ -13,6 +13,7 @@
 # as one grouped product.
 set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
+mkdir -p "$WORK"
 moe=(--set 'model.path="tests/assets/models/fsdp-qwen3-moe"' --set data.seq_len=8 --metric aux_loss --metric expert_load)
 "$PYTHON" tests/fsdp/check_fsdp.py 2 3 --name moe "${moe[@]}"
 # The same model as transformers 5 saves it (num_local_experts, rope_parameters, its own

@@ -5,6 +5,7 @@
 # dtypes it computes and reduces in.
 set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
+mkdir -p "$WORK"
 bf16=(--dtype float32 --tolerance 0 --set 'policy.options.param_dtype="bfloat16"'
       --expect-log 'precision: compute bfloat16, reduce float32')
 "$PYTHON" tests/fsdp/check_fsdp.py 1 --name one-path-bf16 "${bf16[@]}"

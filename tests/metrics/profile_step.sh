@@ -5,6 +5,7 @@
 # <out_dir>/ops-step-N-rank-R.json. A negative step is refused naming the key.
 set -euo pipefail
 : "${FSDPP:?}" "${WORK:?}"
+mkdir -p "$WORK"
 bash scripts/make_corpus.sh >/dev/null
 out="$WORK/profile-step"
 rm -rf "$out"

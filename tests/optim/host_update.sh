@@ -5,6 +5,7 @@
 # saved between steps (their rows and AdamW's moments), at world 1 and, offloaded, at world 2.
 set -euo pipefail
 : "${FSDPP:?}" "${PYTHON:?}" "${WORK:?}"
+mkdir -p "$WORK"
 both=(--dtype float32 --tolerance 0 --set data.eval_fraction=0.1 --set train.eval_every=3
       --set checkpoint.save_every=4 --set checkpoint.keep=0
       --tested-set 'optimizer.host_update="overlapped"' --reference-set 'optimizer.host_update="in_step"')
