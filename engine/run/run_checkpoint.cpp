@@ -70,24 +70,6 @@ void from_json(const json& j, ClientState& state) {
   state.loss = loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
 }
 
-namespace {
-
-// What does not shape the run: where it writes, how often it reports, how long it goes on.
-const std::vector<std::string> kNotSettings = {"checkpoint", "metrics", "train.steps", "train.out_dir",
-                                               "train.reuse_out_dir", "train.log_every", "train.eval_every",
-                                               "train.eval_batches", "train.threads"};
-
-}  // namespace
-
-std::map<std::string, std::string> run_settings(const RunConfig& config) { return config.source.settings(kNotSettings); }
-
-// Over the normalised TOML rather than run_settings: the form earlier runs recorded in
-// run.json and their checkpoints, which must go on matching.
-std::string config_hash(const RunConfig& config) {
-  const std::string text = config.source.canonical_text(kNotSettings);
-  return format_crc32c(crc32c(text.data(), text.size()));
-}
-
 bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
 
 void Run::save(int64_t step, const ClientState& state, const fs::path& root) {

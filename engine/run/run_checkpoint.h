@@ -27,9 +27,4 @@ inline constexpr std::pair<const char*, at::Tensor AdamW::ParamState::*> kSavedM
 // checkpoint.
 std::optional<std::filesystem::path> resume_path(const RunConfig& config);
 
-// The settings that shape the run, by dotted key (every section but [checkpoint] and
-// [metrics], and of [train] only what changes the updates), and a hash of them.
-std::map<std::string, std::string> run_settings(const RunConfig& config);
-std::string config_hash(const RunConfig& config);
-
 }  // namespace fsdpp

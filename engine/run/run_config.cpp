@@ -1,6 +1,7 @@
 // Parsing of a run's TOML file into its sections' configs.
 #include "run/run_config.h"
 
+#include "core/checksum.h"
 #include "core/config_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -99,6 +100,24 @@ const std::map<std::string, std::vector<std::string>>& section_keys() {
 
 }  // namespace
 
+namespace {
+
+// What does not shape the run: where it writes, how often it reports, how long it goes on.
+const std::vector<std::string> kNotSettings = {"checkpoint", "metrics", "train.steps", "train.out_dir",
+                                               "train.reuse_out_dir", "train.log_every", "train.eval_every",
+                                               "train.eval_batches", "train.threads"};
+
+}  // namespace
+
+std::map<std::string, std::string> run_settings(const RunConfig& config) { return config.source.settings(kNotSettings); }
+
+// Over the normalised TOML rather than run_settings: the form earlier runs recorded in
+// run.json and their checkpoints, which must go on matching.
+std::string config_hash(const RunConfig& config) {
+  const std::string text = config.source.canonical_text(kNotSettings);
+  return format_crc32c(crc32c(text.data(), text.size()));
+}
+
 RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
   return parse(ConfigFile::load(path, overrides));
 }
@@ -117,7 +136,13 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model";
   if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter";
-  if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics.jsonl";
+  // Runs beside each other ([train] reuse_out_dir) keep the records of their settings apart,
+  // where each fresh run's would truncate the others'.
+  if (run.metrics.jsonl.empty()) {
+    const std::string hash = config_hash(run);
+    const std::string name = run.train.reuse_out_dir ? "metrics-" + hash.substr(hash.find(':') + 1) : "metrics";
+    run.metrics.jsonl = run.train.out_dir + "/" + name + ".jsonl";
+  }
   if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";
   return run;
 }

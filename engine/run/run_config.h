@@ -14,6 +14,8 @@
 #include "optim/optimizer_config.h"
 
 #include <filesystem>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace fsdpp {
@@ -90,5 +92,10 @@ struct RunConfig {
   // eval_fraction must hold out (fsdpp eval and a caller-driven run follow no schedule).
   void check_eval_schedule() const;
 };
+
+// The settings that shape the run, by dotted key (every section but [checkpoint] and
+// [metrics], and of [train] only what changes the updates), and a hash of them.
+std::map<std::string, std::string> run_settings(const RunConfig& config);
+std::string config_hash(const RunConfig& config);
 
 }  // namespace fsdpp

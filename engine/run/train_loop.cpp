@@ -92,6 +92,8 @@ void log_run(Run& run, int64_t step_tokens) {
            " x ", config.data.seq_len, "), ", run.comm().size(), " rank(s), ", run.units(), " FSDP units, ",
            at::get_num_threads(), " threads per rank, ", run.batches().order().size(), " ", run.batches().item_name(),
            " per epoch");
+  // Beside other runs each writes a metrics file of its own settings: which is this one's.
+  if (tc.reuse_out_dir) log_info("metrics: ", config.metrics.jsonl);
   if (const int64_t positions = run.model().config().max_position_embeddings; config.data.seq_len > positions) {
     log_warn("data: seq_len ", config.data.seq_len, " is longer than the model's max_position_embeddings ", positions,
              ": positions past it are ones the model was not made for");

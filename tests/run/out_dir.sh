@@ -3,12 +3,13 @@
 # checkpoints, or where a run of other settings trained, is refused (resuming is the way on),
 # and so is another model's run; resumed, the run may change its settings and is told which
 # (and how its learning rate moves where it changes [train] steps);
-# [train] reuse_out_dir = true trains beside them anyway, and resume = "latest" then picks
-# only the checkpoints of this run's settings; a [checkpoint] dir outside out_dir holds the
+# [train] reuse_out_dir = true trains beside them anyway, each run writing metrics of its
+# own, and resume = "latest" then picks only the checkpoints of this run's settings; a [checkpoint] dir outside out_dir holds the
 # run's own by the out_dir they record. Each refusal is one line with exit status 2,
 # and leaves the run's record (run.json) as it was.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
+mkdir -p "$WORK"
 bash scripts/make_corpus.sh >/dev/null
 out="$WORK/out-dir"
 rm -rf "$out"
@@ -54,6 +55,13 @@ beside=(--set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set 'c
 check "another run beside, resuming none of the first's" 0 "done: 1 steps" -- "${run[@]}" "${beside[@]}" --set train.steps=1
 if grep -q "continuing after" "$out.log"; then echo "FAIL: resumed another run's checkpoint"; failures=$((failures + 1)); fi
 check "its own latest, beside the other's" 0 "continuing after step 1" -- "${run[@]}" "${beside[@]}" --set train.steps=5
+# Each keeps its own metrics: the first run's steps 1-4 in metrics.jsonl, this one's 1-5 in
+# the file its log names.
+own_metrics=$(sed -n 's/.* metrics: \(.*metrics-[0-9a-f]*\.jsonl\)$/\1/p' "$out.log")
+if [ "$(grep -c '"grad_norm"' "$out/metrics.jsonl")" != 4 ] || [ -z "$own_metrics" ] ||
+   [ "$(grep -c '"grad_norm"' "$own_metrics")" != 5 ]; then
+  echo "FAIL: runs beside each other mixed their metrics ('$own_metrics')"; failures=$((failures + 1))
+fi
 check "another run's step kept" 2 "step-00000002: holds another run's checkpoint of step 2, which this run's would replace" \
   -- "${run[@]}" --set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set train.steps=2
 # A run of 3 steps resumed to go on to 6: the cosine decay's end moves from step 3 to 6, so
