@@ -28,7 +28,11 @@ Linear::Linear(torch::Tensor tied_weight) : Module("Linear") {
   weight = register_parameter("weight", std::move(tied_weight));
 }
 
-torch::Tensor Linear::forward(const torch::Tensor& x) {
+torch::Tensor Linear::forward(const torch::Tensor& input) {
+  // A product computes in its weight's dtype, the one its unit gathers in: an input of another
+  // (the output of an inner unit computing in another dtype, with no precision.output) is
+  // cast to it, as a unit casts its own forward's inputs.
+  const torch::Tensor x = input.scalar_type() == weight.scalar_type() ? input : input.to(weight.scalar_type());
   auto out = fp8_products && x.is_cuda() && x.scalar_type() == at::kBFloat16
                  ? (bias.defined() ? fp8_linear(x, weight) + bias : fp8_linear(x, weight))
                  : at::linear(x, weight, bias);

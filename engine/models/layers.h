@@ -18,8 +18,9 @@ class Linear : public Module {
   // Shares `weight` instead of owning one (tied embeddings).
   explicit Linear(torch::Tensor tied_weight);
   FSDPP_MODULE_CALL
-  // [..., in] -> [..., out]; with an adapter, plus lora_B(lora_A(dropout(x))) * alpha / rank.
-  torch::Tensor forward(const torch::Tensor& x);
+  // [..., in] -> [..., out] in the weight's dtype; with an adapter, plus
+  // lora_B(lora_A(dropout(x))) * alpha / rank.
+  torch::Tensor forward(const torch::Tensor& input);
   void init_parameter(const std::string& name, torch::Tensor& t, at::Generator& gen,
                       double std) override;
   // Adds PEFT's low-rank adapter: children lora_A [rank, in] and lora_B [out, rank].

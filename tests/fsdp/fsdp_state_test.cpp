@@ -390,6 +390,37 @@ TEST_CASE("a recomputed unit casts its inputs as its forward did, inside a unit 
   }
 }
 
+TEST_CASE("layers computing in float32 inside a bf16 root hand its products an input they cast to bf16", "[fsdp]") {
+  // No layer casts its output: the root's final norm returns float32 (its bf16 weight times a
+  // float32 input, as transformers' norm does), which lm_head multiplies in its own bf16.
+  auto model = tiny(false);
+  auto twin = tiny(false);
+  Plan plan;
+  for (int layer = 0; layer < 3; ++layer) {
+    plan.units.push_back({.modules = {"model.layers." + std::to_string(layer)}, .param_dtype = at::kFloat});
+  }
+  plan.units.push_back({.modules = {""}, .param_dtype = at::kBFloat16});
+  FsdpState state(*model, Comm::single(), resolve_plan(plan, *model, 1, at::kFloat));
+  const auto ids = torch::randint(0, 40, {2, 9}, torch::kLong);
+  const auto logits = (*model)(ids);
+  CHECK(logits.scalar_type() == at::kBFloat16);
+  const double mixed = loss_of(*model, ids), full = loss_of(*twin, ids);
+  CHECK(std::abs(mixed - full) < 2e-2 * std::abs(full));
+  for (const auto& p : state.sharded_parameters()) {
+    INFO(p.name);
+    CHECK(p.tensor.grad().defined());
+  }
+  // The cast is the product's first step: bitwise what an input already in bf16 gives.
+  Linear head(30, 40, /*bias=*/true, torch::TensorOptions().dtype(at::kBFloat16));
+  {
+    at::NoGradGuard no_grad;
+    head.weight.copy_(torch::randn({40, 30}));
+    head.bias.copy_(torch::randn({40}));
+  }
+  const auto x = torch::randn({3, 30});
+  CHECK(at::equal(head(x), head(x.to(at::kBFloat16))));
+}
+
 TEST_CASE("a frozen base computed in bf16 is held in bf16 alone and computes what fp32 masters would", "[fsdp]") {
   auto lora = tiny_lora();
   auto reference = tiny_lora();  // the same values with nothing frozen: every shard an fp32 master
