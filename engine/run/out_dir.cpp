@@ -134,9 +134,17 @@ std::string settings_change(const std::map<std::string, std::string>& before,
 
 namespace {
 
+// "file:line: [section] key: " opening an output path's messages; a path the file leaves
+// unset lies in [train] out_dir, whose line is named.
+std::string output_where(const RunConfig& config, const std::string& section, const std::string& key) {
+  const std::string name = "[" + section + "] " + key;
+  if (config.source.settings().contains(section + "." + key)) return config.source.where(section, key) + ": " + name + ": ";
+  return config.source.where("train", "out_dir") + ": " + name + " (unset: in [train] out_dir): ";
+}
+
 void check_export_dir(const RunConfig& config) {
   const fs::path dir = config.checkpoint.export_dir;
-  const std::string where = config.source.where("checkpoint", "export_dir") + ": [checkpoint] export_dir: ";
+  const std::string where = output_where(config, "checkpoint", "export_dir");
   for (const auto& [key, path] : {std::pair<const char*, fs::path>{"[train] out_dir", config.train.out_dir},
                                   {"[checkpoint] dir", config.checkpoint.dir},
                                   {"[model] path", config.model.path}}) {
@@ -156,14 +164,14 @@ void check_adapter_dir(const RunConfig& config) {
   try {
     check_adapter_target(config.checkpoint.adapter_dir);
   } catch (const UserError& e) {
-    throw UserError(config.source.where("checkpoint", "adapter_dir") + ": [checkpoint] adapter_dir: " + e.what());
+    throw UserError(output_where(config, "checkpoint", "adapter_dir") + e.what());
   }
 }
 
 // Made now, so that a path that cannot hold checkpoints is found before the training they save.
 void check_checkpoint_dir(const RunConfig& config) {
   const fs::path dir = config.checkpoint.dir;
-  const std::string where = config.source.where("checkpoint", "dir") + ": [checkpoint] dir: " + dir.string();
+  const std::string where = output_where(config, "checkpoint", "dir") + dir.string();
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw UserError(where + ": cannot make it: " + error.message());
@@ -176,7 +184,7 @@ void check_metrics_file(const RunConfig& config) {
   const fs::path file = config.metrics.jsonl;
   std::error_code error;
   if (!fs::is_regular_file(fs::status(file, error))) return;
-  const std::string where = config.source.where("metrics", "jsonl") + ": [metrics] jsonl: " + file.string();
+  const std::string where = output_where(config, "metrics", "jsonl") + file.string();
   std::ifstream in(file);
   std::string first;
   std::getline(in, first);

@@ -405,6 +405,11 @@ expect "eval --logits over the token file" "eval --logits $work/kept.tok: exists
 expect "metrics over the token file" "[metrics] jsonl: $work/kept.tok: holds something other than a run's metrics" \
   -- train "$work/ok.toml" --set "data.train=\"$work/kept.tok\"" --set "metrics.jsonl=\"$work/kept.tok\""
 cmp -s "$work/ok.tok" "$work/kept.tok" || { echo "FAIL a refused output changed the token file"; failures=$((failures + 1)); }
+# Left unset, the metrics file lies in out_dir, and the message names where out_dir was set.
+mkdir -p "$work/held" && cp "$work/ok.tok" "$work/held/metrics.jsonl"
+expect "metrics left unset, over a file in out_dir" \
+  "--set train.out_dir=\"$work/held\": [metrics] jsonl (unset: in [train] out_dir): $work/held/metrics.jsonl: holds something other" \
+  -- train "$work/ok.toml" --set "train.out_dir=\"$work/held\""
 expect "a checkpoint dir under a file" "[checkpoint] dir: $work/a-file/checkpoints: cannot make it" \
   -- train "$work/ok.toml" --set "checkpoint.dir=\"$work/a-file/checkpoints\""
 expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes: holds 'notes.txt', which an adapter does not write" \
