@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -34,7 +35,14 @@ double seconds_since(Clock::time_point t) {
 // resets itself, so a second signal ends the process at once.
 volatile std::sig_atomic_t stop_signal = 0;
 
-extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
+// Says so at once, where the saved step may be minutes away (write(2) alone is safe here).
+extern "C" void on_stop_signal(int sig) {
+  stop_signal = sig;
+  static constexpr char kTerm[] = "fsdpp: SIGTERM: finishing the step in flight and saving it; a second signal stops at once, unsaved\n";
+  static constexpr char kInt[] = "fsdpp: SIGINT: finishing the step in flight and saving it; a second signal stops at once, unsaved\n";
+  const bool term = sig == SIGTERM;
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, term ? kTerm : kInt, (term ? sizeof kTerm : sizeof kInt) - 1);
+}
 
 void catch_stop_signals() {
   struct sigaction sa {};

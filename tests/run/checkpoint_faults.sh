@@ -66,6 +66,8 @@ rc=$?
 saved=$(ls "$run/checkpoints" 2>/dev/null | tail -1)
 last=$(tail -1 "$run/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
 [ "$rc" -eq 143 ] || fail "SIGTERM: launcher exited $rc, not 143"
+grep -qF "fsdpp: SIGTERM: finishing the step in flight and saving it; a second signal stops at once, unsaved" "$run.log" ||
+  fail "SIGTERM: no rank said it would finish the step and save"
 [ "$saved" = "$(printf 'step-%08d' "$last")" ] || fail "SIGTERM: saved '$saved' but the last step was $last"
 train "$run" --set train.steps=$((last + 2)) --set checkpoint.save_every=0 >"$run.resume.log" 2>&1 ||
   fail "SIGTERM: resuming failed"
