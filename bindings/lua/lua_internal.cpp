@@ -54,14 +54,28 @@ std::string to_string_arg(lua_State* L, int index, const char* what) {
   return std::string(text, length);
 }
 
+std::string key_text(lua_State* L, int index) {
+  switch (lua_type(L, index)) {
+    case LUA_TSTRING:
+      return "'" + std::string(lua_tostring(L, index)) + "'";
+    case LUA_TNUMBER: {
+      lua_pushvalue(L, index);  // a copy: lua_tostring on the key itself would confuse lua_next
+      std::string text = "[" + std::string(lua_tostring(L, -1)) + "]";
+      lua_pop(L, 1);
+      return text;
+    }
+    default:
+      return std::string("of type ") + luaL_typename(L, index);
+  }
+}
+
 void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what) {
   for (lua_pushnil(L); lua_next(L, table) != 0; lua_pop(L, 1)) {
-    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      const std::string near = nearest_name(key, allowed);
-      throw ScriptError(std::string(what) + ": unknown option '" + key + "'" +
-                        (near.empty() ? "" : "; did you mean '" + near + "'?"));
-    }
+    const bool named = lua_type(L, -2) == LUA_TSTRING;
+    if (named && std::find(allowed.begin(), allowed.end(), lua_tostring(L, -2)) != allowed.end()) continue;
+    const std::string near = named ? nearest_name(lua_tostring(L, -2), allowed) : "";
+    throw ScriptError(std::string(what) + ": unknown option " + key_text(L, -2) +
+                      (near.empty() ? "" : "; did you mean '" + near + "'?"));
   }
 }
 

@@ -72,6 +72,8 @@ int guarded(lua_State* L) {
 std::string to_string_arg(lua_State* L, int index, const char* what);
 // Checks that a table has only `allowed` string keys (naming the nearest for a typo).
 void check_keys(lua_State* L, int table, const std::vector<std::string>& allowed, const char* what);
+// A table key as messages name it: 'name', [1], or "of type table".
+std::string key_text(lua_State* L, int index);
 // Pushes table[key] without metamethods (a policy's table may carry any) and returns its type.
 int raw_field(lua_State* L, int table, const char* key);
 // Calls the function below its `nargs` arguments in protected mode. A Lua error (a bad

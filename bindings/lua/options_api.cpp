@@ -155,11 +155,10 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
   const std::vector<std::string> keys = {"min", "max", "default", "doc"};
   for (lua_pushnil(L); lua_next(L, spec) != 0; lua_pop(L, 1)) {
     if (lua_isinteger(L, -2) && lua_tointeger(L, -2) >= 1 && lua_tointeger(L, -2) <= n) continue;  // the list
-    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-      const std::string near = nearest_name(key, keys);
-      throw ScriptError(what + ": unknown key '" + key + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?"));
-    }
+    const bool named = lua_type(L, -2) == LUA_TSTRING;
+    if (named && std::find(keys.begin(), keys.end(), lua_tostring(L, -2)) != keys.end()) continue;
+    const std::string near = named ? nearest_name(lua_tostring(L, -2), keys) : "";
+    throw ScriptError(what + ": unknown key " + key_text(L, -2) + (near.empty() ? "" : "; did you mean '" + near + "'?"));
   }
   for (lua_Integer i = 1; i <= n; ++i) {
     lua_rawgeti(L, spec, i);

@@ -147,6 +147,9 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
   CHECK_THAT(policy_error("\n\nwrap(nil)\n"), Catch::Contains("escape.lua:3: wrap expects a module or a list of modules, got nil"));
   CHECK_THAT(policy_error("wrap(ctx.model:get('model.layers.0'), {reshard_after_froward = true})\n"),
              Catch::Contains("escape.lua:1: wrap: unknown option 'reshard_after_froward'; did you mean 'reshard_after_forward'?"));
+  // Keys that are not names are shown as Lua writes them.
+  CHECK_THAT(policy_error("wrap(ctx.model, {true})\n"), Catch::EndsWith("escape.lua:1: wrap: unknown option [1]"));
+  CHECK_THAT(policy_error("wrap(ctx.model, {[{}] = 1})\n"), Catch::EndsWith("escape.lua:1: wrap: unknown option of type table"));
   CHECK_THAT(policy_error("local m = ctx.model:get('model.layerz')\n"), Catch::Contains("escape.lua:1: get: no module at path 'model.layerz'"));
   // A string holding a NUL byte is refused whole, not read up to the NUL ('model.layers.0').
   CHECK_THAT(policy_error("local m = ctx.model:get('model.layers.0\\0.mlp')\n"),
@@ -441,6 +444,7 @@ TEST_CASE("a bad options{...} declaration is the policy's error, at its line", "
              Catch::Contains("escape.lua:1: options: k: the default 0 is not an integer >= 1"));
   CHECK_THAT(policy_error("options{k = {'integer', mni = 1}}\n"),
              Catch::Contains("escape.lua:1: options: k: unknown key 'mni'; did you mean 'min'?"));
+  CHECK_THAT(policy_error("options{k = {'integer', [2.5] = 1}}\n"), Catch::EndsWith("escape.lua:1: options: k: unknown key [2.5]"));
   CHECK_THAT(policy_error("options{k = {doc = 'x'}}\n"), Catch::Contains("escape.lua:1: options: k: names no kind or value"));
   CHECK_THAT(policy_error("options{k = 3}\n"), Catch::Contains("escape.lua:1: options: k: expected a table"));
   CHECK_THAT(policy_error("options{k = {'integer'}}\noptions{k = {'string'}}\n"),
