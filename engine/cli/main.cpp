@@ -239,13 +239,13 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fsdpp: error: out of host memory: %s\n", one_line(*refused).c_str());
       return 2;
     }
-    std::fprintf(stderr, "fsdpp: internal error: %s\n", message.c_str());
+    std::fprintf(stderr, "fsdpp: internal error: %s\n", one_line(message).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "fsdpp: error: out of host memory\n");
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpp: internal error: %s\n", e.what());
+    std::fprintf(stderr, "fsdpp: internal error: %s\n", one_line(e.what()).c_str());
     return 1;
   }
 }
