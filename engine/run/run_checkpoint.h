@@ -11,7 +11,6 @@
 #include "run/run_config.h"
 
 #include <filesystem>
-#include <map>
 #include <optional>
 #include <string>
 #include <utility>
