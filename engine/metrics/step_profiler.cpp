@@ -6,6 +6,7 @@
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -34,6 +35,9 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::start() {
+  // Without a GPU, Kineto's start-up logs its failed device query as an error; the user's own
+  // KINETO_LOG_LEVEL is kept.
+  if (!at::globalContext().hasCUDA()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   torch::autograd::profiler::prepareProfiler(config(), activities());
   torch::autograd::profiler::enableProfiler(config(), activities());
   active_ = true;

@@ -10,7 +10,10 @@ bash scripts/make_corpus.sh >/dev/null
 out="$WORK/profile-step"
 rm -rf "$out"
 "$FSDPP" train examples/tiny-llama.toml --set train.steps=3 --set train.threads=1 --set metrics.profile_step=2 \
-  --set "train.out_dir=\"$out\"" --set checkpoint.save_final=false --set metrics.progress=never
+  --set "train.out_dir=\"$out\"" --set checkpoint.save_final=false --set metrics.progress=never 2>"$out.log" ||
+  { cat "$out.log" >&2; exit 1; }
+# Without a GPU the profiler keeps its failed device query to itself: the run prints its log alone.
+if grep -qv ' info ' "$out.log"; then echo "the traced run printed: $(grep -v ' info ' "$out.log")" >&2; exit 1; fi
 trace="$out/profile-step-2-rank-0.json"
 python3 - "$trace" <<'PY'
 import json, sys
