@@ -73,6 +73,7 @@ int api_mesh(lua_State* L) {
   check_keys(L, 1, {"replicate", "shard"}, "mesh");
   const int world = run.context.world_size;
   int shard = -1;
+  std::string auto_rule;  // why "auto" took the size it took
   raw_field(L, 1, "shard");
   if (lua_type(L, -1) == LUA_TSTRING) {
     if (std::string(lua_tostring(L, -1)) != "auto") throw ScriptError("mesh: shard must be an integer, -1 or \"auto\"");
@@ -81,11 +82,16 @@ int api_mesh(lua_State* L) {
             : params < 10'000'000'000 ? 1
             : params < 80'000'000'000 ? std::min(8, world)
                                       : world;
+    auto_rule = run.context.training ? "every rank, as a trained model's" : concat("for a model of ", params, " parameters not trained");
   } else if (!lua_isnil(L, -1)) {
     shard = mesh_size(L, "shard", /*all_allowed=*/true);
   }
   lua_pop(L, 1);
   const int replicate = mesh_field(L, 1, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
+  if (!auto_rule.empty() && int64_t{replicate} * shard != world) {
+    throw ScriptError(concat("mesh: shard = \"auto\" takes ", shard, " ranks here (", auto_rule, "), and replicate ",
+                             replicate, " × ", shard, " ≠ world ", world, ": leave replicate out, or give shard a number"));
+  }
   lua_newtable(L);
   lua_pushinteger(L, replicate);
   lua_setfield(L, -2, "replicate");

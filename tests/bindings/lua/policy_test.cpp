@@ -298,6 +298,11 @@ TEST_CASE("mesh{shard = 'auto'} follows the size rule for models not trained", "
   auto frozen = run_policy(path, *model, {.world_size = 16, .training = false});
   CHECK(frozen.units[0].mesh.shard == 1);  // a small model: every rank holds it whole
   CHECK(frozen.units[0].mesh.replicate == 16);
+  // A replicate that does not fit what "auto" took says what it took, and why.
+  const auto misfit = write_policy("misfit.lua", "wrap(ctx.model, {mesh = mesh{shard = 'auto', replicate = 2}})\n");
+  CHECK_THROWS_WITH(run_policy(misfit, *model, {.world_size = 4, .training = true}),
+                    Catch::EndsWith("misfit.lua:1: mesh: shard = \"auto\" takes 4 ranks here (every rank, as a trained "
+                                    "model's), and replicate 2 × 4 ≠ world 4: leave replicate out, or give shard a number"));
 }
 
 TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fused_linear_logprob lm_head", "[lua]") {
