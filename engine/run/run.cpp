@@ -142,9 +142,16 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
     log_warn("loss scale: off with units computing in float16 ([loss_scale] mode = \"off\"): small gradients "
              "flush to zero");
   }
-  if (const auto& moe = model().config().moe) {
-    experts_.emplace(*moe, config.experts, routing_bias_names(model()));
-  }
+  // A model whose every layer is dense (Qwen3-MoE's mlp_only_layers naming them all) routes
+  // nothing, and transformers adds no load-balancing loss for it.
+  const ModelConfig& shape = model().config();
+  const auto routes = [&shape] {
+    for (int64_t layer = 0; layer < shape.num_hidden_layers; ++layer) {
+      if (shape.moe->is_moe_layer(layer)) return true;
+    }
+    return false;
+  };
+  if (shape.moe && routes()) experts_.emplace(*shape.moe, config.experts, routing_bias_names(model()));
   if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
   model_files_ = model_files_dir(config.model);
 }

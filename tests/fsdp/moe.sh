@@ -8,7 +8,8 @@
 # and the layers around them recomputed in backward. DeepSeek-V3 (latent attention, 96
 # experts in 4 groups, a shared expert) alike, with its routing biases moved after every step
 # from the counts over all ranks; the biases must have moved, by whole steps of the rate. Its
-# routers then get units of their own that free their weights and biases after forward.
+# routers then get units of their own that free their weights and biases after forward. A
+# Qwen3-MoE file whose layers are all dense trains as the dense model it is.
 # Those run in float64, where experts compute one product each; a float32 Qwen3-MoE runs them
 # as one grouped product.
 set -euo pipefail
@@ -28,6 +29,18 @@ AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).save_p
 PY
 "$PYTHON" tests/fsdp/check_fsdp.py 2 --name moe-transformers5 --set "model.path=\"$saved\"" --set data.seq_len=8 \
   --metric aux_loss
+# Every layer dense (mlp_only_layers naming them all): nothing is routed and no balance kept.
+dense="$WORK/fsdp/moe-all-dense"
+"$PYTHON" - tests/assets/models/fsdp-qwen3-moe "$dense" <<'PY'
+import sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.from_pretrained(sys.argv[1])
+config.mlp_only_layers = list(range(config.num_hidden_layers))
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[2])
+PY
+"$PYTHON" tests/fsdp/check_fsdp.py 2 --name moe-all-dense --set "model.path=\"$dense\"" --set data.seq_len=8
 "$PYTHON" tests/fsdp/check_fsdp.py 2 4 --name moe-expert-units "${moe[@]}" --set train.grad_accum=2 \
   --tested-set 'policy.options.experts="unit"' --tested-set policy.options.experts_reshard_after_forward=2 \
   --tested-set policy.options.activation_checkpoint=true
