@@ -277,10 +277,16 @@ void check_export_target(const fs::path& dir, bool in_own_out_dir) {
                     "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
-  if (in_own_out_dir || !fs::is_directory(dir) || fs::is_empty(dir)) return;
+  if (!fs::is_directory(dir) || fs::is_empty(dir)) return;
   const fs::path weights = weights_file_in(dir);
-  const std::string refusal = dir.string() + ": holds a model that no export wrote (";
-  const std::string choose = "); an export replaces only an empty directory or an earlier export: choose another directory";
+  // In a run's out_dir an unmarked model may be an export older than the mark, or a model the
+  // user put there: only the user can tell, so it is theirs to move.
+  const std::string refusal =
+      dir.string() + (in_own_out_dir ? ": holds a model without an export's mark (" : ": holds a model that no export wrote (");
+  const std::string choose = in_own_out_dir
+      ? "): an export from before exports were marked, or a model of your own, which the export at the end would "
+        "replace; move it away, or choose another [checkpoint] export_dir"
+      : "); an export replaces only an empty directory or an earlier export: choose another directory";
   if (weights.empty()) throw UserError(refusal + "it has no model.safetensors" + choose);
   const auto mark = SafetensorsFile::open(weights)->metadata();
   if (mark.count("written_by") == 0 || mark.at("written_by") != kExportMetadata.at("written_by")) {

@@ -72,9 +72,9 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
 // Refuses, in one line, an export into `dir` that would delete anything but an earlier
 // export: `dir` may be missing, an empty directory, or a directory of files an export writes
-// whose weights bear an export's mark (or a link to one of these directories). A run's own
-// export in its out_dir (`in_own_out_dir`) needs no mark: the run owns that directory, and
-// exports from before the mark are there.
+// whose weights bear an export's mark (or a link to one of these directories). In a run's
+// out_dir (`in_own_out_dir`) the refusal allows that an unmarked model may be an export from
+// before the mark.
 void check_export_target(const std::filesystem::path& dir, bool in_own_out_dir = false);
 
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
