@@ -5,6 +5,7 @@
 #include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "core/module_tree.h"
+#include "models/config_fields.h"
 #include "models/lora.h"
 
 #include <nlohmann/json.hpp>
@@ -23,19 +24,20 @@ constexpr const char* kWeightsFile = "adapter_model.safetensors";
 nlohmann::json read_adapter_config(const std::filesystem::path& path) {
   const nlohmann::json j = parse_json(read_text_file(path), path.string());
   if (!j.is_object()) throw UserError(path.string() + ": an adapter config must be a JSON object");
-  if (j.value("peft_type", std::string("LORA")) != "LORA") {
-    throw UserError(path.string() + ": peft_type '" + j.value("peft_type", std::string()) + "' is not LORA");
+  const std::string origin = path.string();
+  const auto peft_type = config_fields::read<std::string>(j, "peft_type", origin, "LORA");
+  if (peft_type != "LORA") throw UserError(origin + ": peft_type '" + peft_type + "' is not LORA");
+  for (const char* unsupported : {"use_dora", "use_rslora", "lora_bias"}) {
+    if (config_fields::read<bool>(j, unsupported, origin, false)) {
+      throw UserError(origin + ": " + unsupported + " = true is not supported");
+    }
   }
-  for (const char* unsupported : {"use_dora", "use_rslora"}) {
-    if (j.value(unsupported, false)) throw UserError(path.string() + ": " + unsupported + " = true is not supported");
-  }
-  if (j.value("bias", std::string("none")) != "none") throw UserError(path.string() + ": bias must be \"none\"");
+  if (config_fields::read<std::string>(j, "bias", origin, "none") != "none") throw UserError(origin + ": bias must be \"none\"");
   for (const char* pattern : {"rank_pattern", "alpha_pattern"}) {
     if (j.contains(pattern) && !j[pattern].is_null() && !j[pattern].empty()) {
       throw UserError(path.string() + ": " + pattern + " is not supported (one rank and alpha for every target)");
     }
   }
-  if (j.value("lora_bias", false)) throw UserError(path.string() + ": lora_bias = true is not supported");
   return j;
 }
 

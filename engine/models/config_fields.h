@@ -46,6 +46,12 @@ T read(const nlohmann::json& j, const std::string& key, const std::string& origi
       throw UserError(origin + ": " + key + " must be a list of integers, got " + it->dump());
     }
   }
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!it->is_boolean()) throw UserError(origin + ": " + key + " must be true or false, got " + it->dump());
+  }
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!it->is_string()) throw UserError(origin + ": " + key + " must be a string, got " + it->dump());
+  }
   if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number() || !std::isfinite(it->get<double>())) {
       throw UserError(origin + ": " + key + " must be a finite number, got " + it->dump());

@@ -362,6 +362,12 @@ write_adapter "$work/wide_adapter" '{"q_proj.lora_A": [2, 7], "q_proj.lora_B": [
 expect "adapter of another base" "wide_adapter/adapter_model.safetensors" \
   "q_proj.lora_A.weight' has shape [2, 7], the model's [2, 48]" \
   -- train "$work/ok.toml" --set "model.adapter=\"$work/wide_adapter\""
+# A field of the wrong type in adapter_config.json names the file and the field.
+cp -r "$work/wide_adapter" "$work/typed_adapter"
+python3 -c 'import json, sys; json.dump({"peft_type": "LORA", "r": 2, "use_dora": "false"}, open(sys.argv[1], "w"))' \
+  "$work/typed_adapter/adapter_config.json"
+expect "adapter config field of another type" "typed_adapter/adapter_config.json: use_dora must be true or false, got \"false\"" \
+  -- train "$work/ok.toml" --set "model.adapter=\"$work/typed_adapter\""
 # Layer 0's q_proj and v_proj adapted; a policy naming q_proj alone would drop v_proj's and
 # start layer 1's q_proj afresh, in training and in evaluation alike.
 write_adapter "$work/qv_adapter" \
@@ -384,6 +390,13 @@ expect "export_dir that is a file" "[checkpoint] export_dir: $work/a-file: is a 
   -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work/a-file\""
 expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [train] out_dir $work/out" \
   -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work\""
+# A model of the user's where the run's export goes, in its own out_dir, is not replaced either.
+mkdir -p "$work/own/model" && cp "$FIXTURES/llama_untied/config.json" "$FIXTURES/llama_untied/model.safetensors" "$work/own/model/"
+expect "a model of one's own in out_dir/model" \
+  "[checkpoint] export_dir (unset: in [train] out_dir): $work/own/model: holds a model without an export's mark" \
+  -- train "$work/ok.toml" --set "train.out_dir=\"$work/own\""
+cmp -s "$FIXTURES/llama_untied/model.safetensors" "$work/own/model/model.safetensors" ||
+  { echo "FAIL a refused export changed the model in out_dir"; failures=$((failures + 1)); }
 [ "$(cat "$work/notes/notes.txt" "$work/a-file")" = "$(printf 'mine\nmine')" ] ||
   { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
 
