@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 namespace fsdpp {
 
@@ -41,6 +42,47 @@ void check_client_state(const json& client) {
   if (client.contains("tokens_seen")) int_value(client.at("tokens_seen"), "client_state.tokens_seen", 0, INT64_MAX);
   if (client.contains("loss") && !client.at("loss").is_number() && !client.at("loss").is_null()) {
     throw UserError("client_state.loss is not a number");
+  }
+}
+
+// `parent[key]`, where present, as `is` says it must be (`what`: "a string", ...).
+void check_type(const json& parent, const std::string& path, const char* key, bool (json::*is)() const noexcept,
+                const char* what) {
+  if (parent.contains(key) && !(parent.at(key).*is)()) throw UserError(path + "." + key + " is not " + what);
+}
+
+bool strings_only(const json& value) {
+  return std::all_of(value.begin(), value.end(), [](const json& v) { return v.is_string(); });
+}
+
+// The model's record, as the readers of a checkpoint's LoRA plan and base identity take it.
+void check_model(const json& model) {
+  if (!model.is_object()) throw UserError("model is not an object");
+  parse_dtype(model.at("dtype").get<std::string>());
+  check_type(model, "model", "source", &json::is_string, "a string");
+  if (model.contains("lora")) {
+    const json& lora = model.at("lora");
+    if (!lora.is_object() || !lora.value("origin", json()).is_string()) throw UserError("model.lora names no origin");
+    for (const char* list : {"targets", "trainable"}) {
+      if (!lora.is_object() || !lora.contains(list) || !lora.at(list).is_array() || !strings_only(lora.at(list))) {
+        throw UserError("model.lora." + std::string(list) + " is not a list of module names");
+      }
+    }
+    int_field(lora, "model.lora", "rank", 1, 65536);
+    const json alpha = lora.value("alpha", json()), dropout = lora.value("dropout", json());
+    if (!alpha.is_number() || !(alpha.get<double>() > 0) || !std::isfinite(alpha.get<double>()) ||
+        !dropout.is_number() || !(dropout.get<double>() >= 0 && dropout.get<double>() < 1)) {
+      throw UserError("model.lora's alpha must be positive and its dropout in [0, 1)");
+    }
+  }
+  if (model.contains("base")) {
+    const json& base = model.at("base");
+    if (!base.is_object() || !base.value("path", json()).is_string()) throw UserError("model.base names no path");
+    check_type(base, "model.base", "config.json", &json::is_string, "a string");
+    check_type(base, "model.base", "init_seed", &json::is_number_unsigned, "an integer >= 0");
+    if (base.contains("files") && (!base.at("files").is_object() || !strings_only(base.at("files")))) {
+      throw UserError("model.base.files is not an object of checksums");
+    }
   }
 }
 
@@ -107,7 +149,15 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
       int_field(meta->at("data"), "data", "epoch", 0, INT64_MAX);
       int_field(meta->at("data"), "data", "window", 0, INT64_MAX);
     }
-    parse_dtype(meta->at("model").at("dtype").get<std::string>());
+    check_model(meta->at("model"));
+    if (meta->contains("scheduler")) {
+      const json& scheduler = meta->at("scheduler");
+      if (!scheduler.is_object()) throw UserError("scheduler is not an object");
+      if (scheduler.contains("total_steps")) int_field(scheduler, "scheduler", "total_steps", 0, kMaxSteps);
+    }
+    if (meta->contains("run") && (!meta->at("run").is_object() || !meta->at("run").value("out_dir", json("")).is_string())) {
+      throw UserError("run.out_dir is not a string");
+    }
     if (meta->contains("config_hash") && !meta->at("config_hash").is_string()) throw UserError("config_hash is not a string");
     if (meta->contains("settings")) {
       const json& settings = meta->at("settings");

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -27,7 +28,10 @@ std::optional<int64_t> step_of(const std::string& dir_name) {
   if (!dir_name.starts_with("step-") || dir_name.size() == 5) return std::nullopt;
   const std::string digits = dir_name.substr(5);
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
-  return std::stoll(digits);
+  // A number past 64 bits names no step a run saves: another name, passed over like step-abc.
+  int64_t step = 0;
+  if (std::from_chars(digits.data(), digits.data() + digits.size(), step).ec != std::errc{}) return std::nullopt;
+  return step;
 }
 
 // metadata.json's checksum, from metadata.crc32c: edits and corruption show before any of its

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <functional>
 
 using namespace fsdpp;
 namespace fs = std::filesystem;
@@ -95,6 +96,23 @@ TEST_CASE("sharded checkpoint: metadata that does not add up is refused naming t
     m["client_state"] = {{"skipped_steps", 0}, {"tokens_seen", -5}};
   });
   CHECK_THAT(open_error(tokens), Catch::Contains("client_state.tokens_seen"));
+  // Fields read elsewhere (an export, a resume) are checked here, where their file is named.
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> fields = {
+      {[](json& m) { m["model"]["source"] = 5; }, "model.source is not a string"},
+      {[](json& m) { m["model"]["lora"] = 5; }, "model.lora names no origin"},
+      {[](json& m) { m["model"]["lora"] = {{"origin", "x"}, {"targets", {"q_proj"}}, {"trainable", json::array()},
+                                          {"rank", 0}, {"alpha", 1}, {"dropout", 0}}; },
+       "model.lora.rank must be an integer in [1, 65536]"},
+      {[](json& m) { m["model"]["base"] = 5; }, "model.base names no path"},
+      {[](json& m) { m["model"]["base"] = {{"path", "p"}, {"init_seed", -1}}; }, "model.base.init_seed is not an integer >= 0"},
+      {[](json& m) { m["scheduler"] = "x"; }, "scheduler is not an object"},
+      {[](json& m) { m["scheduler"] = {{"total_steps", "ten"}}; }, "scheduler.total_steps must be an integer"},
+      {[](json& m) { m["run"] = 5; }, "run.out_dir is not a string"},
+  };
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const auto forged = two_rank_checkpoint(root / ("field" + std::to_string(i)), full, fields[i].first);
+    CHECK_THAT(open_error(forged), Catch::Contains("/metadata.json") && Catch::Contains(fields[i].second));
+  }
   const auto foreign = two_rank_checkpoint(root / "foreign", full, [](json& m) { m["format"] = "other"; });
   CHECK_THAT(open_error(foreign), Catch::Contains("foreign/metadata.json"));
   // Still taken for a checkpoint, so that open() says what is wrong rather than the
@@ -107,6 +125,7 @@ TEST_CASE("rotation: keeps the newest `keep`, honours the size cap, never delete
   remove_tree(root);
   for (int64_t step : {10, 20, 30, 40}) fake_checkpoint(root, step, 1000);
   fs::create_directories(staging_path(root, 50));  // an interrupted save: never listed
+  fs::create_directories(root / "step-99999999999999999999");  // past 64 bits: no step's name
   REQUIRE(list_checkpoints(root).size() == 4);
   CHECK(latest_checkpoint(root)->step == 40);
 
