@@ -45,9 +45,10 @@ MetricsSink::MetricsSink(const MetricsConfig& config, int64_t total_steps, int64
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes
-  // (TensorBoard, given a new event file, shows the redone steps after the old ones).
+  // (TensorBoard, given a new event file, shows the redone steps after the old ones). A pipe
+  // or a device has no records to keep, and reading one would wait for a writer.
   std::string kept;
-  if (resumed_after > 0) {
+  if (resumed_after > 0 && std::filesystem::is_regular_file(jsonl_path)) {
     std::ifstream old(jsonl_path);
     for (std::string line; std::getline(old, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);

@@ -80,4 +80,17 @@ rm -rf "$out-outside" "$out-outside-checkpoints"
 "$FSDPP" "${outside[@]}" --set train.steps=2 >"$out.log" 2>&1 || { echo "FAIL: the run saving outside"; failures=$((failures + 1)); }
 check "a resume from a dir outside out_dir, with another learning rate" 0 "continuing after step 2" \
   -- "${outside[@]}" --set train.steps=3 --set 'checkpoint.resume="latest"' --set optimizer.lr=5e-3
+# Metrics sent into a pipe: a resumed run has no records to read back from it, and does not
+# wait there for a writer (two readers in turn take the two runs' records).
+piped=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out-piped\"" --set metrics.progress='"never"'
+       --set "metrics.jsonl=\"$out.fifo\"" --set 'checkpoint.resume="latest"')
+rm -rf "$out-piped" "$out.fifo" && mkfifo "$out.fifo"
+{ cat "$out.fifo"; cat "$out.fifo"; } >"$out.piped.jsonl" &
+reader=$!
+timeout 60 "$FSDPP" "${piped[@]}" --set train.steps=2 >"$out.log" 2>&1 &&
+  timeout 60 "$FSDPP" "${piped[@]}" --set train.steps=3 >"$out.log" 2>&1 &&
+  grep -q "continuing after step 2" "$out.log" && [ "$(grep -c '"grad_norm"' "$out.piped.jsonl")" = 3 ] ||
+  { echo "FAIL: a resume writing its metrics into a pipe: $(tail -2 "$out.log")"; failures=$((failures + 1)); }
+kill "$reader" 2>/dev/null
+wait "$reader" 2>/dev/null
 [ $failures = 0 ] && echo "runs never mix in one out_dir" || exit 1
