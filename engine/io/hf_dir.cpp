@@ -261,8 +261,11 @@ bool written_by_export(const std::string& name) {
 // then says why).
 fs::path resolved_links(const fs::path& dir) {
   std::error_code error;
-  const fs::path path = fs::weakly_canonical(fs::absolute(dir), error);
-  return error ? fs::absolute(dir).lexically_normal() : path;
+  fs::path path = fs::weakly_canonical(fs::absolute(dir), error);
+  if (error) path = fs::absolute(dir).lexically_normal();
+  // "out/" names the directory "out", beside which its staging directory is made.
+  if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();
+  return path;
 }
 
 }  // namespace

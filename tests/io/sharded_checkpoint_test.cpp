@@ -216,6 +216,10 @@ TEST_CASE("HF writer: replaces an earlier export, and refuses a directory holdin
   CHECK(fs::exists(earlier / "model.safetensors"));
   CHECK_FALSE(fs::exists(earlier / "model.safetensors.index.json"));
   CHECK_FALSE(fs::exists(earlier / "tokenizer.json"));
+  // A directory named with a trailing slash, made afresh, is the directory of that name.
+  export_into(root.string() + "/slashed/", size_t{1} << 20);
+  CHECK(fs::exists(root / "slashed" / "model.safetensors"));
+  CHECK_FALSE(fs::exists(root / ".partial-"));
   // Anything else stays, and so does the directory: refused before a file is written.
   const fs::path mine = root / "mine";
   fs::create_directories(mine / "sub");
