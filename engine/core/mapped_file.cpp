@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -71,10 +72,13 @@ MappedFile::~MappedFile() {
   if (size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
-AtomicFileWriter::AtomicFileWriter(std::filesystem::path path)
-    : path_(std::move(path)), tmp_(path_.string() + ".tmp") {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw UserError(tmp_.string() + ": cannot create (" + std::strerror(errno) + ")");
+AtomicFileWriter::AtomicFileWriter(std::filesystem::path path) : path_(std::move(path)) {
+  // A name no file had: a file of the user's beside `path` is never written over or removed.
+  std::string name = path_.string() + ".tmp-XXXXXX";
+  fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd_ < 0) throw UserError(path_.string() + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
+  tmp_ = name;
+  ::fchmod(fd_, 0644);  // mkostemp's 0600 would keep the file from its readers
 }
 
 AtomicFileWriter::~AtomicFileWriter() {

@@ -69,9 +69,9 @@ std::string read_text_file(const std::filesystem::path& path);
 // of 64 page reads however large it is.
 std::string file_fingerprint(const MappedFile& file);
 
-// Writes `path` through a temporary file that is fsynced and renamed into place on commit(),
-// so a crash leaves either the old file or the new one, never a torn one. Destroyed
-// uncommitted, it removes the temporary file.
+// Writes `path` through a temporary file of its own (<path>.tmp-XXXXXX) that is fsynced and
+// renamed into place on commit(), so a crash leaves either the old file or the new one, never
+// a torn one. Destroyed uncommitted, it removes the temporary file.
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(std::filesystem::path path);
