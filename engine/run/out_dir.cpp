@@ -142,17 +142,24 @@ std::string output_where(const RunConfig& config, const std::string& section, co
   return config.source.where("train", "out_dir") + ": " + name + " (unset: in [train] out_dir): ";
 }
 
-void check_export_dir(const RunConfig& config) {
-  const fs::path dir = config.checkpoint.export_dir;
-  const std::string where = output_where(config, "checkpoint", "export_dir");
+// Refuses a directory that `what` at the end replaces whole where it holds the run's own
+// out_dir, checkpoints or model.
+void check_holds_none_of_the_run(const RunConfig& config, const fs::path& dir, const std::string& where,
+                                 const std::string& what) {
   for (const auto& [key, path] : {std::pair<const char*, fs::path>{"[train] out_dir", config.train.out_dir},
                                   {"[checkpoint] dir", config.checkpoint.dir},
                                   {"[model] path", config.model.path}}) {
     if (path_within(path, dir)) {
-      throw UserError(where + dir.string() + " holds " + key + " " + path.string() +
-                      ", which the export at the end would replace; choose another directory");
+      throw UserError(where + dir.string() + " holds " + key + " " + path.string() + ", which " + what +
+                      " at the end would replace; choose another directory");
     }
   }
+}
+
+void check_export_dir(const RunConfig& config) {
+  const fs::path dir = config.checkpoint.export_dir;
+  const std::string where = output_where(config, "checkpoint", "export_dir");
+  check_holds_none_of_the_run(config, dir, where, "the export");
   try {
     check_export_target(dir, export_in_out_dir(config));
   } catch (const UserError& e) {
@@ -161,10 +168,12 @@ void check_export_dir(const RunConfig& config) {
 }
 
 void check_adapter_dir(const RunConfig& config) {
+  const std::string where = output_where(config, "checkpoint", "adapter_dir");
+  check_holds_none_of_the_run(config, config.checkpoint.adapter_dir, where, "the adapter");
   try {
     check_adapter_target(config.checkpoint.adapter_dir);
   } catch (const UserError& e) {
-    throw UserError(output_where(config, "checkpoint", "adapter_dir") + e.what());
+    throw UserError(where + e.what());
   }
 }
 
@@ -269,6 +278,8 @@ OutDirLock::~OutDirLock() {
 }
 
 void record_run(const RunConfig& config) {
+  // Beside other runs, the directory's record stays the run's that made it.
+  if (config.train.reuse_out_dir && fs::exists(fs::path(config.train.out_dir) / kIdentityFile)) return;
   RunIdentity mine = RunIdentity::of(config);
   const auto recorded = config.train.reuse_out_dir ? std::nullopt : recorded_identity(config.train.out_dir);
   // A run fed by its caller keeps the data the record names, so that a run of other data is

@@ -61,7 +61,8 @@ class OutDirLock {
 };
 
 // Records the run in <out_dir>/run.json (rank 0, once its set-up succeeded: a run that was
-// refused claims nothing), warning of the settings it changed from the run's record.
+// refused claims nothing), warning of the settings it changed from the run's record. A run
+// beside others ([train] reuse_out_dir) records itself only in a directory with no record.
 void record_run(const RunConfig& config);
 
 // The settings in which `after` differs from `before`, key by key: "optimizer.lr 0.001 ->

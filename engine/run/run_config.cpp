@@ -133,16 +133,14 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
     ConfigSection section = annotated.section(name);
     parse(section, run);
   }
+  // Runs beside each other ([train] reuse_out_dir) keep their records and models apart by
+  // their settings' hash, where each would replace or truncate the others'.
+  const std::string hash = config_hash(run);
+  const std::string own = run.train.reuse_out_dir ? "-" + hash.substr(hash.find(':') + 1) : "";
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";
-  if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model";
-  if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter";
-  // Runs beside each other ([train] reuse_out_dir) keep the records of their settings apart,
-  // where each fresh run's would truncate the others'.
-  if (run.metrics.jsonl.empty()) {
-    const std::string hash = config_hash(run);
-    const std::string name = run.train.reuse_out_dir ? "metrics-" + hash.substr(hash.find(':') + 1) : "metrics";
-    run.metrics.jsonl = run.train.out_dir + "/" + name + ".jsonl";
-  }
+  if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model" + own;
+  if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter" + own;
+  if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics" + own + ".jsonl";
   if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";
   return run;
 }

@@ -54,8 +54,10 @@ struct CheckpointConfig {
   double max_gb = 0.0;          // also delete the oldest while all together exceed this (never the newest); 0: no cap
   ResumeFrom resume;            // "latest", a checkpoint directory, or "" to start fresh
   bool save_on_signal = true;   // on SIGTERM or SIGINT: finish the step, save, exit with 128 + the signal
-  std::string export_dir;       // the HF export of the final model; "" means <train.out_dir>/model
+  std::string export_dir;       // the HF export of the final model; "" means <train.out_dir>/model (model-<settings
+                                // hash> under [train] reuse_out_dir)
   std::string adapter_dir;      // a LoRA run's final adapter, in PEFT's layout; "" means <train.out_dir>/adapter
+                                // (adapter-<settings hash> under [train] reuse_out_dir)
   at::ScalarType export_dtype = at::kFloat;  // its dtype; absent or "": [model] dtype
   double export_shard_mb = 2048;  // largest safetensors file of the export in MiB; above it the export is sharded
 

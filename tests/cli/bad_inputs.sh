@@ -425,6 +425,8 @@ expect "metrics left unset, over a file in out_dir" \
   -- train "$work/ok.toml" --set "train.out_dir=\"$work/held\""
 expect "a checkpoint dir under a file" "[checkpoint] dir: $work/a-file/checkpoints: cannot make it" \
   -- train "$work/ok.toml" --set "checkpoint.dir=\"$work/a-file/checkpoints\""
+expect "adapter_dir over the out_dir" "[checkpoint] adapter_dir: $work/out holds [train] out_dir $work/out, which the adapter at the end would replace" \
+  -- train "$work/ok.toml" --set policy.options.lora_rank=2 --set "checkpoint.adapter_dir=\"$work/out\""
 expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes: holds 'notes.txt', which an adapter does not write" \
   -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
 expect "a launch inside a launch" "launch: this process is a rank of fsdpp launch already" \

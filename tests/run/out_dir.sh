@@ -62,6 +62,12 @@ if [ "$(grep -c '"grad_norm"' "$out/metrics.jsonl")" != 4 ] || [ -z "$own_metric
    [ "$(grep -c '"grad_norm"' "$own_metrics")" != 5 ]; then
   echo "FAIL: runs beside each other mixed their metrics ('$own_metrics')"; failures=$((failures + 1))
 fi
+# Its adapter goes to a directory of its own settings, and run.json stays the first run's.
+adapters=$(ls -d "$out"/adapter-* 2>/dev/null | wc -l)
+if [ "$adapters" != 1 ] || [ -e "$out/adapter" ] || grep -q lora_rank "$out/run.json"; then
+  echo "FAIL: the run beside took the first run's outputs or record ($adapters adapter-* directories)"
+  failures=$((failures + 1))
+fi
 check "another run's step kept" 2 "step-00000002: holds another run's checkpoint of step 2, which this run's would replace" \
   -- "${run[@]}" --set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set train.steps=2
 # A run of 3 steps resumed to go on to 6: the cosine decay's end moves from step 3 to 6, so
