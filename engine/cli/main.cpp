@@ -145,6 +145,7 @@ int run_eval(const CommandLine& args) {
     config.data.train.clear();  // not read: FILE is, and names itself where it is missing
   }
   config.checkpoint.resume = {};  // evaluation resumes nothing
+  config.check_eval_seq_len();
   config.check_paths();
   if (!args.logits.empty()) check_logits_target(args.logits);
   // The policy puts on the adapters training would (a [model] adapter must agree with them),

@@ -151,6 +151,14 @@ void RunConfig::check_eval_schedule() const {
                     std::to_string(train.eval_every) + " evaluates the held-out part of [data] train, and "
                     "[data] eval_fraction = 0 holds none out: set eval_fraction, or eval_every = 0");
   }
+  if (train.eval_every > 0) check_eval_seq_len();
+}
+
+void RunConfig::check_eval_seq_len() const {
+  if (data.seq_len < 2) {
+    throw UserError(source.where("data", "seq_len") + ": [data] seq_len = " + std::to_string(data.seq_len) +
+                    " leaves an evaluation window no token to predict from an earlier one: evaluation needs 2 or more");
+  }
 }
 
 void RunConfig::check_paths() const {

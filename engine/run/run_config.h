@@ -91,8 +91,11 @@ struct RunConfig {
   // A run that draws its own batches (fsdpp train, fsdpp eval) needs [data] train.
   void require_data() const;
   // fsdpp train's own loop: [train] eval_every evaluates a held-out part, which [data]
-  // eval_fraction must hold out (fsdpp eval and a caller-driven run follow no schedule).
+  // eval_fraction must hold out (fsdpp eval and a caller-driven run follow no schedule), in
+  // windows an evaluation can score (check_eval_seq_len).
   void check_eval_schedule() const;
+  // An evaluation's windows of [data] seq_len tokens predict from 2 or more.
+  void check_eval_seq_len() const;
 };
 
 // The settings that shape the run, by dotted key (every section but [checkpoint] and

@@ -62,6 +62,11 @@ expect "unknown --set key" "--set train.stpes=3" "did you mean 'steps'?" \
 
 expect "evaluation with nothing held out" "[train] eval_every = 3 evaluates the held-out part" \
   -- train "$work/ok.toml" --set train.eval_every=3
+# Windows of one token have nothing to predict: refused at start, not at the first evaluation.
+for command in train eval; do
+  expect "$command evaluating windows of one token" "--set data.seq_len=1: [data] seq_len = 1 leaves an evaluation window no token" \
+    -- $command "$work/ok.toml" --set data.seq_len=1 --set data.eval_fraction=0.1 --set train.eval_every=2
+done
 # fsdpp eval follows no schedule: with nothing held out it scores all of [data] train.
 "$FSDPP" eval "$work/ok.toml" --set train.eval_every=3 >"$work/eval.out" 2>&1 ||
   { echo "FAIL eval refused [train] eval_every with nothing held out: $(tail -1 "$work/eval.out")"; failures=$((failures + 1)); }
