@@ -32,6 +32,7 @@ void read_yarn(const json& block, const std::string& where, RopeScaling& r) {
   r.beta_fast = read<double>(block, "beta_fast", where, 32.0);
   r.beta_slow = read<double>(block, "beta_slow", where, 1.0);
   r.mscale = read<double>(block, "mscale", where, 0.0);
+  check_between(where, "mscale", r.mscale, 0, 1000);
   if (block.contains("attention_factor") && !block["attention_factor"].is_null()) {
     r.attention_factor = read<double>(block, "attention_factor", where, 1.0);
     check_positive(where, "attention_factor", *r.attention_factor);
@@ -94,6 +95,7 @@ RopeScaling read_rope_scaling(const RopeBlock& rope, const std::string& origin) 
   check_positive(where, "factor", r.factor);
   // DeepSeek-V3 scales its softmax by it under any scaling but the default, YaRN's or not.
   r.mscale_all_dim = read<double>(block, "mscale_all_dim", where, 0.0);
+  check_between(where, "mscale_all_dim", r.mscale_all_dim, 0, 1000);
   r.mrope_section = read<std::vector<int64_t>>(block, "mrope_section", where, {});
   for (int64_t s : r.mrope_section) check_range(where, "mrope_section", s, 1, kMaxWidth);
   if (rope_type == "llama3") {
@@ -207,6 +209,7 @@ MoeConfig read_qwen3_moe(const json& j, int64_t layers, const std::string& origi
   m.decoder_sparse_step = read<int64_t>(j, "decoder_sparse_step", origin, 1);
   m.mlp_only_layers = read<std::vector<int64_t>>(j, "mlp_only_layers", origin, {});
   m.router_aux_loss_coef = read<double>(j, "router_aux_loss_coef", origin, 0.001);
+  check_between(origin, "router_aux_loss_coef", m.router_aux_loss_coef, 0, 1000);
   check_range(origin, experts, m.num_experts, 1, kMaxExperts);
   check_range(origin, "num_experts_per_tok", m.num_experts_per_tok, 1, m.num_experts);
   check_range(origin, "moe_intermediate_size", m.moe_intermediate_size, 1, kMaxWidth);
@@ -228,6 +231,7 @@ MoeConfig read_deepseek_moe(const json& j, int64_t layers, const std::string& or
   m.first_k_dense_replace = read<int64_t>(j, "first_k_dense_replace", origin, 3);
   m.n_shared_experts = read<int64_t>(j, "n_shared_experts", origin, 1);
   m.routed_scaling_factor = read<double>(j, "routed_scaling_factor", origin, 2.5);
+  check_between(origin, "routed_scaling_factor", m.routed_scaling_factor, 0, 1000);
   m.n_group = read<int64_t>(j, "n_group", origin, 8);
   m.topk_group = read<int64_t>(j, "topk_group", origin, 4);
   check_range(origin, experts, m.num_experts, 1, kMaxExperts);

@@ -127,6 +127,7 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   }
   if (type == "llama") c.mlp_bias = read<bool>(j, "mlp_bias", origin, false);
   c.initializer_range = read<double>(j, "initializer_range", origin, 0.02);
+  check_between(origin, "initializer_range", c.initializer_range, 0, 10);
   c.hidden_act = read<std::string>(j, "hidden_act", origin, "silu");
   read_attention_window(j, origin, c);
   if (c.model_type == "qwen3_moe") c.moe = read_qwen3_moe(j, c.num_hidden_layers, origin);

@@ -236,6 +236,25 @@ TEST_CASE("RoPE is read from rope_parameters, rope_scaling and the top level ali
   }
 }
 
+TEST_CASE("scales nothing else bounds are range-checked where they enter, before a run of NaN losses", "[models]") {
+  auto llama = tiny("llama");
+  llama["initializer_range"] = 1e300;
+  CHECK_THAT(refusal(llama), Catch::StartsWith("config.json: initializer_range must be in [0.0, 10.0], got 1e+300"));
+  auto deepseek = tiny("deepseek_v3");
+  deepseek["first_k_dense_replace"] = 1;
+  for (auto [family, key] : {std::pair{"deepseek_v3", "routed_scaling_factor"}, {"qwen3_moe", "router_aux_loss_coef"}}) {
+    auto big = std::string(family) == "deepseek_v3" ? deepseek : tiny(family);
+    if (std::string(family) == "qwen3_moe") big.update({{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 8}});
+    big[key] = 1e300;
+    CHECK_THAT(refusal(big), Catch::Contains(std::string(key) + " must be in [0.0, 1000.0]"));
+  }
+  for (const char* key : {"mscale", "mscale_all_dim"}) {
+    auto scaled = deepseek;
+    scaled["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16}, {key, -1e300}};
+    CHECK_THAT(refusal(scaled), Catch::Contains(std::string(key) + " must be in [0.0, 1000.0]"));
+  }
+}
+
 TEST_CASE("a multimodal file ties its embeddings where either version put the key", "[models]") {
   auto config = json::parse(R"({"model_type": "qwen2_vl", "image_token_id": 30, "video_token_id": 31,
     "vision_start_token_id": 32, "vision_config": {"depth": 1, "num_heads": 2, "embed_dim": 8, "hidden_size": 24}})");
