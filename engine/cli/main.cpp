@@ -119,6 +119,11 @@ int run_plan(const CommandLine& args) {
 }
 
 int run_export(const CommandLine& args) {
+  // Every rank would write the same directory.
+  if (const int world = DistEnv::from_environment().world_size; world > 1) {
+    throw UserError("export: runs as one process, and this is one of " + std::to_string(world) +
+                    " ranks; run fsdpp export without a launcher");
+  }
   std::optional<at::ScalarType> dtype;
   try {
     if (!args.dtype.empty()) dtype = parse_dtype(args.dtype);

@@ -291,6 +291,10 @@ MASTER_PORT=65536 RANK=0 WORLD_SIZE=2 expect "MASTER_PORT past 16 bits" \
   "environment: MASTER_PORT='65536' is not a whole number in [1, 65535]" -- train "$work/ok.toml"
 RANK=0 WORLD_SIZE=4294967297 expect "WORLD_SIZE past int" "environment: WORLD_SIZE='4294967297' is not a whole number" \
   -- train "$work/ok.toml"
+RANK=1 expect "RANK without WORLD_SIZE" "environment: RANK is set and WORLD_SIZE is not; a launcher sets both" \
+  -- train "$work/ok.toml"
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=7 LOCAL_WORLD_SIZE=2 expect "LOCAL_RANK past LOCAL_WORLD_SIZE" \
+  "environment: LOCAL_RANK 7 of LOCAL_WORLD_SIZE 2 does not fit a world of 1" -- train "$work/ok.toml"
 
 # Mesh sizes whose product wraps in 32 bits; a policy that plans otherwise on each rank.
 expect "mesh sizes whose product wraps" "policies/llama.lua:4: mesh replicate 2147483647 × shard 2147483647 ≠ world 1" \
@@ -436,6 +440,8 @@ expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes:
   -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
 expect "a launch inside a launch" "launch: this process is a rank of fsdpp launch already" \
   -- launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- train "$work/ok.toml"
+expect "export as ranks of a launch" "export: runs as one process, and this is one of 2 ranks" \
+  -- launch --nproc-per-node 2 -- export "$work/no-such-checkpoint" "$work/exported"
 expect "export of an empty CHECKPOINT" "export: needs CHECKPOINT and OUT, neither empty" -- export "" "$work/exported"
 compgen -G "$work.tmp*" >/dev/null && { echo "FAIL eval --logits left $(compgen -G "$work.tmp*")"; failures=$((failures + 1)); }
 
