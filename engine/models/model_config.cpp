@@ -269,10 +269,23 @@ std::vector<std::string> ModelConfig::differences(const ModelConfig& other) cons
   return out;
 }
 
+const std::vector<std::string>& supported_model_types() {
+  static const std::vector<std::string> types = {"deepseek_v3", "llama",    "mistral",  "qwen2",
+                                                 "qwen2_5_vl",  "qwen2_vl", "qwen3",    "qwen3_moe"};
+  return types;
+}
+
 ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) {
   if (!file.is_object()) throw UserError(origin + ": a model config must be a JSON object");
   ModelConfig c;
   c.model_type = read<std::string>(file, "model_type", origin, "", true);
+  // Before any field: another architecture's file lacks this one's keys, which is not its fault.
+  const auto& types = supported_model_types();
+  if (std::find(types.begin(), types.end(), c.model_type) == types.end()) {
+    std::string known;
+    for (const auto& type : types) known += (known.empty() ? "" : ", ") + type;
+    throw UserError(origin + ": model_type '" + c.model_type + "' is not supported (known: " + known + ")");
+  }
   // The weights' dtype is [model] dtype's to choose; the file's two names for it must agree.
   read<std::string>(file, spelled_key(file, {"dtype", "torch_dtype"}, origin), origin, "");
   // Multimodal files keep the language model's keys in text_config (older ones at the top).

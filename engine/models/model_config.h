@@ -98,6 +98,9 @@ struct LatentAttentionConfig {
   bool operator==(const LatentAttentionConfig&) const = default;
 };
 
+// The model_type values a config.json may name: those models/registry.cpp builds.
+const std::vector<std::string>& supported_model_types();
+
 struct ModelConfig {
   std::string model_type;             // registry key: "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", ...
   int64_t vocab_size = 0;             // embedding rows and logits width

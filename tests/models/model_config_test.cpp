@@ -236,6 +236,15 @@ TEST_CASE("RoPE is read from rope_parameters, rope_scaling and the top level ali
   }
 }
 
+TEST_CASE("another architecture's file is refused by its model_type, naming the file, before its fields", "[models]") {
+  json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 24}};
+  CHECK_THAT(refusal(gpt2), Catch::StartsWith("config.json: model_type 'gpt2' is not supported (known: deepseek_v3, "));
+  // The types read are the types built.
+  auto built = registered_model_types();
+  std::sort(built.begin(), built.end());
+  CHECK(built == supported_model_types());
+}
+
 TEST_CASE("scales nothing else bounds are range-checked where they enter, before a run of NaN losses", "[models]") {
   auto llama = tiny("llama");
   llama["initializer_range"] = 1e300;
