@@ -29,6 +29,7 @@ import argparse
 import os
 import struct
 import sys
+import tempfile
 from array import array
 
 from tqdm import tqdm
@@ -197,19 +198,36 @@ def write(out, tokens, ends, mask, vocab):
     if sys.byteorder != "little":
         packed.byteswap()
         ends.byteswap()
-    tmp = out + ".tmp"
+    tmp = None
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(tmp, "wb") as f:
+        # A name no file had, beside the output: a file of the user's is never written over.
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".tmp-", dir=os.path.dirname(os.path.abspath(out)))
+        os.chmod(tmp, 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(HEADER.pack(MAGIC, 2, width, len(tokens), vocab, len(ends), FLAG_MASK, 0))
             f.write(packed.tobytes())
             f.write(ends.tobytes())
             f.write(mask)
         os.replace(tmp, out)
     except OSError as e:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
         fail(f"cannot write {out}: {e.strerror}")
+
+
+def check_out(out, inputs):
+    """The output replaces only a token file, and never an input."""
+    if not os.path.exists(out):
+        return
+    if any(os.path.exists(path) and os.path.samefile(path, out) for path in inputs):
+        fail(f"--out {out}: is one of the inputs, which writing it would destroy; choose another file")
+    if not os.path.isfile(out):
+        fail(f"--out {out}: exists and is not a file")
+    with open(out, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            fail(f"--out {out}: holds something other than a token file, which writing it would destroy; "
+                 "choose another file")
 
 
 def prepare(args):
@@ -220,6 +238,7 @@ def prepare(args):
             os.stat(path)
         except OSError as e:
             fail(f"cannot read {path}: {e.strerror}")
+    check_out(args.out, args.inputs)
     tokenizer = HfTokenizer(args.tokenizer) if args.tokenizer else ByteTokenizer()
     # Held as the file holds them: 2 bytes a token where the vocabulary allows.
     tokens, ends, mask, skipped = array("H" if tokenizer.vocab_size <= 65536 else "I"), [], bytearray(), 0

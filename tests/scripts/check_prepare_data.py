@@ -176,6 +176,18 @@ def check_refusals():
     refused(prepare(bad, "--out", out), f"{bad}:1: not JSON")
     refused(prepare(bad, "--out", out, "--skip-bad"), "no documents in the inputs")
     assert not os.path.exists(out), "a refused run wrote its output"
+    # The output replaces a token file alone, and never an input; a file of the user's named
+    # like its temporary file is left as it was.
+    notes = write_bytes("notes.txt", b"my notes\n")
+    refused(prepare(notes, "--out", notes), f"--out {notes}: is one of the inputs")
+    config = write_bytes("config.json", b"{}")
+    refused(prepare(good, "--out", config), f"--out {config}: holds something other than a token file")
+    assert open(notes, "rb").read() == b"my notes\n" and open(config, "rb").read() == b"{}"
+    kept = write_bytes("kept.tok.tmp", b"mine")
+    done(prepare(good, "--out", path("kept.tok")))
+    done(prepare(good, "--out", path("kept.tok")))  # over a token file: replaced
+    assert open(kept, "rb").read() == b"mine"
+    assert not [n for n in os.listdir(WORK) if n.startswith("kept.tok.tmp-")], "a temporary file was left"
 
 
 def check_progress():
