@@ -59,8 +59,9 @@ constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dty
 
 Writes the model of the sharded checkpoint CHECKPOINT (a step-N directory that training
 saved) to OUT as a Hugging Face directory: config.json plus model.safetensors, or shards
-of at most N MiB (default 2048, fractions allowed) with model.safetensors.index.json. D is float32, bfloat16
-or float16 (default: the dtype the run trained in). Runs on one machine without a process
+of at most N MiB (default 2048, fractions allowed) with model.safetensors.index.json. D is
+float32, bfloat16, float16 or float64, or bf16, fp16 and the like (default: the dtype the run
+trained in). Runs as one process on one machine, without a launcher or a process
 group and holds one full tensor at a time; every file's checksum is verified first.
 A LoRA run's checkpoint exports with --merge-lora: each adapted weight W becomes
 W + (alpha / r) B A and the adapters are left out.
