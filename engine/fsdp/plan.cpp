@@ -4,6 +4,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/module_tree.h"
 #include "fsdp/sharded_param.h"
 
@@ -190,9 +191,9 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
   ResolvedPlan resolved;
   for (auto& unit : units) {
     if (plan.lora && plan.lora->dropout > 0 && unit.activation_checkpoint) {
-      throw UserError(plan.lora->origin + ": lora dropout " + std::to_string(plan.lora->dropout) +
-                      " with activation_checkpoint on the unit declared at " + where(unit) +
-                      ": its recomputation would draw other dropout masks than its forward did");
+      throw UserError(concat(plan.lora->origin, ": lora dropout ", plan.lora->dropout,
+                             " with activation_checkpoint on the unit declared at ", where(unit),
+                             ": its recomputation would draw other dropout masks than its forward did"));
     }
     ResolvedUnit r{.declared = std::move(unit)};
     resolve_options(r, world, model_dtype);

@@ -360,7 +360,7 @@ wrap(ctx.model)
                     .lora = LoraPlan{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2,
                                      .dropout = 0.1, .origin = "u.lua:1"}};
   CHECK_THROWS_WITH(resolve_plan(checkpointed, *model, 1, at::kFloat),
-                    Catch::Contains("u.lua:1: lora dropout") && Catch::Contains("declared at u.lua:2"));
+                    Catch::Contains("u.lua:1: lora dropout 0.1 with") && Catch::Contains("declared at u.lua:2"));
   // A target that is no Linear is refused, naming it.
   LoraPlan wrong{.targets = {"model.layers.0.mlp"}, .rank = 2, .alpha = 2, .origin = "x.lua:1"};
   CHECK_THROWS_WITH(apply_lora(*meta_model(), wrong, meta),
