@@ -50,7 +50,7 @@ std::string shape_text(const at::Tensor& t) {
 class PythonRun {
  public:
   PythonRun(const std::string& path, const std::vector<std::string>& overrides, const std::string& grad_reduction)
-      : config_(RunConfig::load(path, overrides)),
+      : config_(RunConfig::load(path, overrides, "overrides:")),
         reduction_(grad_reduction_named(grad_reduction)),
         schedule_(config_.scheduler, config_.optimizer.lr, config_.train.steps) {
     config_.data.train.clear();  // the loop brings its own rows: [data] is not read

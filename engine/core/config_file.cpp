@@ -20,6 +20,7 @@ struct ConfigDocument {
   std::filesystem::path path;
   toml::table root;
   std::map<std::string, std::string> overridden;  // "section.key" -> the --set text
+  std::string override_label = "--set";           // how messages name an override: "--set" or the caller's word
   std::map<std::string, std::vector<std::string>> section_keys;  // every section's keys, for hints
 };
 
@@ -77,7 +78,7 @@ ConfigSection::ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::str
 
 std::string ConfigSection::where(const std::string& key) const {
   auto over = doc_->overridden.find(name_ + "." + key);
-  if (over != doc_->overridden.end()) return "--set " + over->second;
+  if (over != doc_->overridden.end()) return doc_->override_label + " " + over->second;
   const toml::node* node = doc_->root.at_path(name_ + "." + key).node();
   if (node == nullptr) node = doc_->root.get(name_);
   std::string location = doc_->path.string();
@@ -241,17 +242,17 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
   const auto eq = text.find('=');
   const auto dot = text.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
-    throw UserError("--set " + text + ": expected section.key=value");
+    throw UserError(doc.override_label + " " + text + ": expected section.key=value");
   }
   if (static_cast<size_t>(1 + std::count(text.begin(), text.begin() + eq, '.')) > kMaxKeyParts) {
-    throw UserError("--set " + text.substr(0, 64) + "...: a key of more than " + std::to_string(kMaxKeyParts) +
+    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: a key of more than " + std::to_string(kMaxKeyParts) +
                     " dotted parts");
   }
   const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
   const std::string value = text.substr(eq + 1);
   // One setting: a line break would let the rest of it be read as more TOML.
   if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
-    throw UserError("--set " + text + ": holds a line break or control character");
+    throw UserError(doc.override_label + " " + text + ": holds a line break or control character");
   }
   toml::table parsed;
   try {
@@ -263,7 +264,7 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
     const bool whole_number = value.size() >= sign + 19 && value.find_first_not_of("0123456789", sign) == std::string::npos;
     const bool quoted = !value.empty() && std::string_view("\"'[{").find(value.front()) != std::string_view::npos;
     if (whole_number || quoted) {
-      throw UserError("--set " + text + ": invalid TOML value: " + plain_words(std::string(e.description())));
+      throw UserError(doc.override_label + " " + text + ": invalid TOML value: " + plain_words(std::string(e.description())));
     }
     parsed.insert("v", value);
   }
@@ -275,7 +276,7 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
     const std::string part = rest.substr(0, dot_at);
     reached += (reached.empty() ? "" : ".") + part;
     if (const toml::node* there = table->get(part); there != nullptr && !there->is_table()) {
-      throw UserError("--set " + text + ": " + reached + " is a value, not a table of keys");
+      throw UserError(doc.override_label + " " + text + ": " + reached + " is a value, not a table of keys");
     }
     if (!table->get_as<toml::table>(part)) {
       table->insert_or_assign(part, toml::table{});
@@ -289,7 +290,8 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
 
 }  // namespace
 
-ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector<std::string>& overrides,
+                            const std::string& override_label) {
   if (!std::filesystem::exists(path)) throw UserError(path.string() + ": no such config file");
   // A FIFO or device in its place would block the read or never end.
   if (!std::filesystem::is_regular_file(path)) throw UserError(path.string() + ": not a regular file");
@@ -297,14 +299,15 @@ ConfigFile ConfigFile::load(const std::filesystem::path& path, const std::vector
   std::ostringstream text;
   text << in.rdbuf();
   if (!in) throw UserError(path.string() + ": cannot be read");
-  return parse(text.str(), path, overrides);
+  return parse(text.str(), path, overrides, override_label);
 }
 
 ConfigFile ConfigFile::parse(const std::string& text, const std::filesystem::path& path,
-                             const std::vector<std::string>& overrides) {
+                             const std::vector<std::string>& overrides, const std::string& override_label) {
   ConfigFile file;
   file.doc_ = std::make_shared<ConfigDocument>();
   file.doc_->path = path;
+  file.doc_->override_label = override_label;
   check_key_depth(text, path);
   try {
     file.doc_->root = toml::parse(text, path.string());
@@ -334,7 +337,7 @@ void ConfigFile::check_sections(const std::vector<std::string>& known) const {
       where += ":" + std::to_string(node.source().begin.line);
     } else {  // a section only a --set made
       for (const auto& [setting, text] : doc_->overridden) {
-        if (setting.starts_with(k + ".")) where = "--set " + text;
+        if (setting.starts_with(k + ".")) where = doc_->override_label + " " + text;
       }
     }
     throw UserError(where + ": unknown section [" + k + "]" + did_you_mean(k, known));

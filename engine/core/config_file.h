@@ -82,11 +82,13 @@ T ConfigSection::get_choice(const std::string& key, T fallback, std::initializer
 class ConfigFile {
  public:
   // Parses `path`, then applies overrides "section.key=value" (value read as TOML, or as a
-  // string when it does not parse as one).
-  static ConfigFile load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
+  // string when it does not parse as one), which messages name as `override_label` and the
+  // text ("--set train.steps=3", the Python API's "overrides: train.steps=3").
+  static ConfigFile load(const std::filesystem::path& path, const std::vector<std::string>& overrides,
+                         const std::string& override_label = "--set");
   // The same for the text of a file at `path` (named in messages).
   static ConfigFile parse(const std::string& text, const std::filesystem::path& path,
-                          const std::vector<std::string>& overrides);
+                          const std::vector<std::string>& overrides, const std::string& override_label = "--set");
 
   ConfigSection section(const std::string& name) const;
   // Errors for a top-level entry that is not one of `known` sections, blamed on the --set

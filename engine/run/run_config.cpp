@@ -118,8 +118,9 @@ std::string config_hash(const RunConfig& config) {
   return format_crc32c(crc32c(text.data(), text.size()));
 }
 
-RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
-  return parse(ConfigFile::load(path, overrides));
+RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides,
+                          const std::string& override_label) {
+  return parse(ConfigFile::load(path, overrides, override_label));
 }
 
 RunConfig RunConfig::parse(const ConfigFile& file) {

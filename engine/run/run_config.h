@@ -80,8 +80,10 @@ struct RunConfig {
   ParallelConfig parallel;
   PolicyConfig policy;
 
-  // Parses and validates every section of `path` after applying `overrides`.
-  static RunConfig load(const std::filesystem::path& path, const std::vector<std::string>& overrides);
+  // Parses and validates every section of `path` after applying `overrides` (named in
+  // messages as ConfigFile::load names them).
+  static RunConfig load(const std::filesystem::path& path, const std::vector<std::string>& overrides,
+                        const std::string& override_label = "--set");
   // Parses and validates every section of a file already read.
   static RunConfig parse(const ConfigFile& file);
   // Every path the run file names must exist; one line naming the key, where it was given

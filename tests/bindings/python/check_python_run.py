@@ -626,7 +626,7 @@ def bad_uses(run_file, other_model_dir, work):
         ("document offsets that do not cover the rows",
          lambda: run.model(ids, document_offsets=torch.tensor([0, 4])), "document_offsets: must rise from 0 to the 10"),
         ("a misspelt run-file key", lambda: fsdpp.Run(run_file, {"train.stpes": 3}),
-         "--set train.stpes=3: [train] stpes: unknown key; did you mean 'steps'?"),
+         "overrides: train.stpes=3: [train] stpes: unknown key; did you mean 'steps'?"),
         ("an override of no TOML type", lambda: fsdpp.Run(run_file, {"train.steps": [3]}),
          "overrides: train.steps: expected a bool, int, float, str or path, got list"),
         ("a policy option the policy lacks", lambda: fsdpp.Run(run_file, {"policy.options.lora_rnak": 8}),
