@@ -112,8 +112,9 @@ function M.wrap_embedding_and_head(opts)
 end
 
 -- The modules `names` (comma-separated module names or classes) select; each name that
--- selects nothing is reported with the Linear module names the model has.
-local function modules_named(names, what)
+-- selects nothing is reported with the names it could take: of the Linear modules where
+-- `linear_only`, else of the modules holding parameters of their own.
+local function modules_named(names, what, linear_only)
   local found, available = {}, {}
   for name in string.gmatch(names, "[^,%s]+") do
     local hits = ctx.model:find{where = function(m)
@@ -121,12 +122,15 @@ local function modules_named(names, what)
     end}
     if #hits == 0 then
       if next(available) == nil then
-        for _, m in ipairs(ctx.model:find{class = "Linear"}) do available[string.match(m:path(), "[^.]+$")] = true end
+        local candidates = linear_only and ctx.model:find{class = "Linear"}
+            or ctx.model:find{where = function(m) return m:own_param_count() > 0 end}
+        for _, m in ipairs(candidates) do available[string.match(m:path(), "[^.]+$")] = true end
       end
       local listed = {}
       for n in pairs(available) do listed[#listed + 1] = n end
       table.sort(listed)
-      warn(what .. ": '" .. name .. "' matches no module (Linear modules: " .. table.concat(listed, ", ") .. ")")
+      warn(what .. ": '" .. name .. "' matches no module (" .. (linear_only and "Linear modules" or "modules") .. ": " ..
+           table.concat(listed, ", ") .. ")")
     end
     for _, m in ipairs(hits) do found[#found + 1] = m end
   end
@@ -145,8 +149,8 @@ function M.lora_from_options()
                       doc = "comma-separated base modules that keep training (\"lm_head,norm\"); the rest is frozen"},
   }
   if opt.lora_rank == nil then return end
-  lora{targets = modules_named(opt.lora_targets, "lora_targets"), rank = opt.lora_rank, alpha = opt.lora_alpha,
-       dropout = opt.lora_dropout, trainable = modules_named(opt.lora_trainable, "lora_trainable")}
+  lora{targets = modules_named(opt.lora_targets, "lora_targets", true), rank = opt.lora_rank, alpha = opt.lora_alpha,
+       dropout = opt.lora_dropout, trainable = modules_named(opt.lora_trainable, "lora_trainable", false)}
 end
 
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data.

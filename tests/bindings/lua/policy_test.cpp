@@ -290,6 +290,18 @@ TEST_CASE("editing a policy file changes the plan without rebuilding", "[lua]") 
   CHECK(run_policy(path, *model, {}).units.size() == 3);
 }
 
+TEST_CASE("a LoRA option's name that matches nothing is warned of with the names it could take", "[lua]") {
+  auto model = meta_model();
+  const auto plan = run_policy(policy_dir() / "llama.lua", *model,
+                               {.options = {{"lora_rank", int64_t{2}}, {"lora_targets", std::string("q_proj,q_prj")},
+                                            {"lora_trainable", std::string("nrom")}}});
+  REQUIRE(plan.warnings.size() == 2);
+  // Adapters go on Linear layers alone; any module with parameters may keep training.
+  CHECK_THAT(plan.warnings[0], Catch::Contains("lora_targets: 'q_prj' matches no module (Linear modules: down_proj, "));
+  CHECK_THAT(plan.warnings[1], Catch::Contains("lora_trainable: 'nrom' matches no module (modules: down_proj, "
+                                               "embed_tokens, gate_proj, input_layernorm, k_proj, lm_head, norm, "));
+}
+
 TEST_CASE("mesh{shard = 'auto'} follows the size rule for models not trained", "[lua]") {
   auto model = meta_model();
   const auto path = write_policy("auto.lua", "wrap(ctx.model:get('model.layers.0'), {mesh = mesh{shard = 'auto'}})\n");
