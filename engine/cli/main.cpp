@@ -28,6 +28,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <iostream>
@@ -119,10 +121,12 @@ int run_plan(const CommandLine& args) {
 }
 
 int run_export(const CommandLine& args) {
-  // Every rank would write the same directory.
-  if (const int world = DistEnv::from_environment().world_size; world > 1) {
-    throw UserError("export: runs as one process, and this is one of " + std::to_string(world) +
-                    " ranks; run fsdpp export without a launcher");
+  // Every rank of a launch would write the same directory. A launcher's own variables alone
+  // tell: a batch script's allocation (Slurm's) runs its export as one process.
+  const char* world = std::getenv("WORLD_SIZE");
+  if (std::getenv("RANK") != nullptr && world != nullptr && std::strcmp(world, "1") != 0) {
+    throw UserError(std::string("export: runs as one process, and this is a rank of a launch of WORLD_SIZE ") + world +
+                    "; run fsdpp export without a launcher");
   }
   std::optional<at::ScalarType> dtype;
   try {

@@ -49,22 +49,25 @@ std::string first_host(std::string list) {
 
 DistEnv DistEnv::from_environment() {
   DistEnv e;
-  // Half a launcher's environment is a mistake to name, not a world of one to train alone.
-  if ((env("RANK") != nullptr) != (env("WORLD_SIZE") != nullptr)) {
-    throw UserError(std::string("environment: ") + (env("RANK") ? "RANK" : "WORLD_SIZE") + " is set and " +
-                    (env("RANK") ? "WORLD_SIZE" : "RANK") + " is not; a launcher sets both (fsdpp launch, torchrun)");
-  }
   if (env("RANK") && env("WORLD_SIZE")) {
     e.rank = env_int("RANK", 0);
     e.world_size = env_int("WORLD_SIZE", 1);
     e.local_rank = env_int("LOCAL_RANK", e.rank);
     e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
+    if (e.local_world_size < 1 || e.local_rank >= e.local_world_size || e.local_world_size > e.world_size) {
+      throw UserError("environment: LOCAL_RANK " + std::to_string(e.local_rank) + " of LOCAL_WORLD_SIZE " +
+                      std::to_string(e.local_world_size) + " does not fit a world of " + std::to_string(e.world_size));
+    }
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     e.rank = env_int("SLURM_PROCID", 0);
     e.world_size = env_int("SLURM_NTASKS", 1);
     e.local_rank = env_int("SLURM_LOCALID", 0);
     e.local_world_size = env_int("SLURM_NTASKS_PER_NODE", e.world_size);
     if (!env("MASTER_ADDR") && env("SLURM_JOB_NODELIST")) e.master_addr = first_host(env("SLURM_JOB_NODELIST"));
+  } else if (env("RANK") || env("WORLD_SIZE")) {
+    // Half a launcher's environment is a mistake to name, not a world of one to train alone.
+    throw UserError(std::string("environment: ") + (env("RANK") ? "RANK" : "WORLD_SIZE") + " is set and " +
+                    (env("RANK") ? "WORLD_SIZE" : "RANK") + " is not; a launcher sets both (fsdpp launch, torchrun)");
   }
   if (const char* addr = env("MASTER_ADDR")) e.master_addr = addr;
   e.master_port = env_int("MASTER_PORT", e.master_port, 1, 65535);
@@ -72,10 +75,6 @@ DistEnv DistEnv::from_environment() {
   if (e.rank >= e.world_size) {
     throw UserError("environment: RANK " + std::to_string(e.rank) + " is not below WORLD_SIZE " +
                     std::to_string(e.world_size));
-  }
-  if (e.local_world_size < 1 || e.local_rank >= e.local_world_size || e.local_world_size > e.world_size) {
-    throw UserError("environment: LOCAL_RANK " + std::to_string(e.local_rank) + " of LOCAL_WORLD_SIZE " +
-                    std::to_string(e.local_world_size) + " does not fit a world of " + std::to_string(e.world_size));
   }
   return e;
 }
