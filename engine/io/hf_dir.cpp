@@ -270,7 +270,7 @@ fs::path resolved_links(const fs::path& dir) {
 
 }  // namespace
 
-void check_export_target(const fs::path& dir, bool in_own_out_dir) {
+void check_export_target(const fs::path& dir, bool in_own_run_dir) {
   std::error_code error;
   if (fs::is_symlink(fs::symlink_status(dir, error)) && !fs::exists(fs::status(dir, error))) {
     std::error_code unread;
@@ -280,16 +280,10 @@ void check_export_target(const fs::path& dir, bool in_own_out_dir) {
                     "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
-  if (!fs::is_directory(dir) || fs::is_empty(dir)) return;
+  if (in_own_run_dir || !fs::is_directory(dir) || fs::is_empty(dir)) return;
   const fs::path weights = weights_file_in(dir);
-  // In a run's out_dir an unmarked model may be an export older than the mark, or a model the
-  // user put there: only the user can tell, so it is theirs to move.
-  const std::string refusal =
-      dir.string() + (in_own_out_dir ? ": holds a model without an export's mark (" : ": holds a model that no export wrote (");
-  const std::string choose = in_own_out_dir
-      ? "): an export from before exports were marked, or a model of your own, which the export at the end would "
-        "replace; move it away, or choose another [checkpoint] export_dir"
-      : "); an export replaces only an empty directory or an earlier export: choose another directory";
+  const std::string refusal = dir.string() + ": holds a model that no export wrote (";
+  const std::string choose = "); an export replaces only an empty directory or an earlier export: choose another directory";
   if (weights.empty()) throw UserError(refusal + "it has no model.safetensors" + choose);
   const auto mark = SafetensorsFile::open(weights)->metadata();
   if (mark.count("written_by") == 0 || mark.at("written_by") != kExportMetadata.at("written_by")) {
@@ -299,16 +293,22 @@ void check_export_target(const fs::path& dir, bool in_own_out_dir) {
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
                          at::ScalarType dtype, size_t max_shard_bytes, const fs::path& source,
-                         bool in_own_out_dir)
+                         bool in_own_run_dir)
     // Through links: a link to a directory keeps naming the new export, whose staging
     // directory is made beside the real one, on its file system, where the swap can happen.
     : dir_(resolved_links(dir)),
       staging_(dir_.parent_path() / (".partial-" + dir_.filename().string())) {
-  check_export_target(dir_, in_own_out_dir);
+  check_export_target(dir_, in_own_run_dir);
   std::error_code error;
   if (!source.empty() && fs::equivalent(source, dir_, error)) {
     throw UserError(dir_.string() + ": is the model this export comes from; an export never replaces it: choose "
                     "another directory");
+  }
+  std::error_code made;
+  fs::create_directories(dir_.parent_path(), made);
+  if (made || !fs::is_directory(dir_.parent_path())) {
+    throw UserError(dir_.string() + ": cannot make the directory it lies in (" +
+                    (made ? made.message() : std::string("not a directory")) + ")");
   }
   remove_tree(staging_);  // an interrupted export's
   fs::create_directories(staging_);

@@ -72,10 +72,10 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
 
 // Refuses, in one line, an export into `dir` that would delete anything but an earlier
 // export: `dir` may be missing, an empty directory, or a directory of files an export writes
-// whose weights bear an export's mark (or a link to one of these directories). In a run's
-// out_dir (`in_own_out_dir`) the refusal allows that an unmarked model may be an export from
-// before the mark.
-void check_export_target(const std::filesystem::path& dir, bool in_own_out_dir = false);
+// whose weights bear an export's mark (or a link to one of these directories). In the out_dir
+// of a run that recorded itself there (`in_own_run_dir`) no mark is needed: exports from
+// before the mark are there.
+void check_export_target(const std::filesystem::path& dir, bool in_own_run_dir = false);
 
 // Writes an HF directory tensor by tensor: config.json, the tokenizer, chat template and
 // generation config of `source` (the model directory the weights came from, when there is
@@ -86,12 +86,12 @@ void check_export_target(const std::filesystem::path& dir, bool in_own_out_dir =
 // replaced and the link kept. All of it goes into a fresh directory beside `dir`,
 // which finish() swaps in for `dir` at once: no file of an earlier export survives, and a
 // reader never sees half of either. A `dir` holding anything else, or `source` itself, is
-// refused at once (check_export_target, to which `in_own_out_dir` passes).
+// refused at once (check_export_target, to which `in_own_run_dir` passes).
 class HfDirWriter {
  public:
   HfDirWriter(const ModelConfig& config, const std::vector<TensorSpec>& specs, const std::filesystem::path& dir,
               at::ScalarType dtype, size_t max_shard_bytes = size_t{2} << 30,
-              const std::filesystem::path& source = {}, bool in_own_out_dir = false);
+              const std::filesystem::path& source = {}, bool in_own_run_dir = false);
   ~HfDirWriter();
 
   void write(const std::string& name, const at::Tensor& full);

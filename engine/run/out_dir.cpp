@@ -161,7 +161,7 @@ void check_export_dir(const RunConfig& config) {
   const std::string where = output_where(config, "checkpoint", "export_dir");
   check_holds_none_of_the_run(config, dir, where, "the export");
   try {
-    check_export_target(dir, export_in_out_dir(config));
+    check_export_target(dir, export_in_own_run_dir(config));
   } catch (const UserError& e) {
     throw UserError(where + e.what());
   }
@@ -304,8 +304,10 @@ bool of_this_run(const RunConfig& config, const fs::path& checkpoint) {
   return own_out_dir || writer.config_hash == config_hash(config);
 }
 
-bool export_in_out_dir(const RunConfig& config) {
-  return !config.train.out_dir.empty() && path_within(config.checkpoint.export_dir, config.train.out_dir);
+bool export_in_own_run_dir(const RunConfig& config) {
+  return !config.train.reuse_out_dir && !config.train.out_dir.empty() &&
+         fs::exists(fs::path(config.train.out_dir) / kIdentityFile) &&
+         path_within(config.checkpoint.export_dir, config.train.out_dir);
 }
 
 std::string canonical_out_dir(const RunConfig& config) {

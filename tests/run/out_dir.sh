@@ -78,6 +78,20 @@ rm -rf "$out-longer"
 check "a resume that moves the schedule's end" 0 \
   "step-00000003: [train] steps 3 -> 6 moves the learning-rate schedule's end: step 5 takes " \
   -- "${longer[@]}" --set train.steps=6 --set 'checkpoint.resume="latest"'
+# An export from before exports were marked, in the out_dir its run recorded itself in, is
+# the run's own to replace: the run goes on.
+"${PYTHON:-python3}" - "$out-longer/model/model.safetensors" <<'PY' || failures=$((failures + 1))
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+size = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + size])
+del header["__metadata__"]["written_by"]
+blob = json.dumps(header).encode()
+blob += b" " * (-len(blob) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(blob)) + blob + data[8 + size:])
+PY
+check "an unmarked export in its run's own out_dir" 0 "continuing after step 6" \
+  -- "${longer[@]}" --set train.steps=7 --set 'checkpoint.resume="latest"'
 # Checkpoints in a [checkpoint] dir outside out_dir are the run's by the out_dir they record:
 # resumed with another learning rate, the run goes on from them as it would from its own.
 outside=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out-outside\"" --set metrics.progress='"never"'
