@@ -203,17 +203,21 @@ def write(out, tokens, ends, mask, vocab):
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         # A name no file had, beside the output: a file of the user's is never written over.
         fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".tmp-", dir=os.path.dirname(os.path.abspath(out)))
-        os.chmod(tmp, 0o644)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it, where mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(HEADER.pack(MAGIC, 2, width, len(tokens), vocab, len(ends), FLAG_MASK, 0))
             f.write(packed.tobytes())
             f.write(ends.tobytes())
             f.write(mask)
         os.replace(tmp, out)
+        tmp = None
     except OSError as e:
+        fail(f"cannot write {out}: {e.strerror}")
+    finally:  # whatever stopped the write (Ctrl-C too)
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
-        fail(f"cannot write {out}: {e.strerror}")
 
 
 def check_out(out, inputs):
@@ -225,7 +229,8 @@ def check_out(out, inputs):
     if not os.path.isfile(out):
         fail(f"--out {out}: exists and is not a file")
     with open(out, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
+        head = f.read(len(MAGIC))
+        if head and head != MAGIC:  # an empty file (mktemp's) holds nothing to lose
             fail(f"--out {out}: holds something other than a token file, which writing it would destroy; "
                  "choose another file")
 

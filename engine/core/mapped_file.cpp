@@ -72,13 +72,32 @@ MappedFile::~MappedFile() {
   if (size_ > 0) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
+namespace {
+
+// The umask, read once as the program loads: reading it means setting it, which a thread
+// creating a file meanwhile would see.
+const mode_t kProcessUmask = [] {
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return mask;
+}();
+
+}  // namespace
+
 AtomicFileWriter::AtomicFileWriter(std::filesystem::path path) : path_(std::move(path)) {
   // A name no file had: a file of the user's beside `path` is never written over or removed.
   std::string name = path_.string() + ".tmp-XXXXXX";
   fd_ = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd_ < 0) throw UserError(path_.string() + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
   tmp_ = name;
-  ::fchmod(fd_, 0644);  // mkostemp's 0600 would keep the file from its readers
+  // mkostemp makes it 0600; the file gets what open(path, 0644) would have given.
+  if (::fchmod(fd_, 0644 & ~kProcessUmask) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    fd_ = -1;
+    throw UserError(tmp_.string() + ": cannot set its permissions (" + std::strerror(error) + ")");
+  }
 }
 
 AtomicFileWriter::~AtomicFileWriter() {

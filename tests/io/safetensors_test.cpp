@@ -6,6 +6,7 @@
 #include "scratch_dir.h"
 
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,9 @@ TEST_CASE("safetensors round trip keeps names, shapes, dtypes and values", "[io]
     CHECK(torch::equal(back, t));
   }
   CHECK(read_text_file(path.string() + ".tmp") == "mine");
+  const mode_t umask = ::umask(0);  // the test is the process's only thread here
+  ::umask(umask);
+  CHECK((fs::status(path).permissions() & fs::perms::all) == static_cast<fs::perms>(0644 & ~umask));
   for (const auto& entry : fs::directory_iterator(path.parent_path())) {
     CHECK_FALSE(entry.path().filename().string().starts_with("round.safetensors.tmp-"));  // no temporary file left
   }
