@@ -34,10 +34,11 @@ StepProfiler::~StepProfiler() {
   if (active_) torch::autograd::profiler::disableProfiler();
 }
 
-void StepProfiler::start() {
-  // Without a GPU, Kineto's start-up logs its failed device query as an error; the user's own
-  // KINETO_LOG_LEVEL is kept.
+void StepProfiler::quiet_without_gpu() {
   if (!at::globalContext().hasCUDA()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+}
+
+void StepProfiler::start() {
   torch::autograd::profiler::prepareProfiler(config(), activities());
   torch::autograd::profiler::enableProfiler(config(), activities());
   active_ = true;

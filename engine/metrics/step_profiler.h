@@ -15,6 +15,10 @@ class StepProfiler {
   StepProfiler(const StepProfiler&) = delete;
   StepProfiler& operator=(const StepProfiler&) = delete;
 
+  // Without a GPU, Kineto's start-up logs its failed device query as an ERROR line: this
+  // quiets it (KINETO_LOG_LEVEL, where the user set none). Called before the run starts its
+  // threads, since setting a variable races their reads of the environment.
+  static void quiet_without_gpu();
   // Begins recording on this thread (and GPU activity from any thread).
   void start();
   // Stops recording and writes the trace to `path`; the caller has waited for the device.

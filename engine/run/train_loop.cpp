@@ -20,6 +20,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <string_view>
 
 namespace fsdpp {
 
@@ -35,13 +36,22 @@ double seconds_since(Clock::time_point t) {
 // resets itself, so a second signal ends the process at once.
 volatile std::sig_atomic_t stop_signal = 0;
 
+// Set once the last step is saved and the export at the end runs.
+volatile std::sig_atomic_t exporting = 0;
+
 // Says so at once, where the saved step may be minutes away (write(2) alone is safe here).
 extern "C" void on_stop_signal(int sig) {
   stop_signal = sig;
-  static constexpr char kTerm[] = "fsdpp: SIGTERM: finishing the step in flight and saving it; a second signal stops at once, unsaved\n";
-  static constexpr char kInt[] = "fsdpp: SIGINT: finishing the step in flight and saving it; a second signal stops at once, unsaved\n";
-  const bool term = sig == SIGTERM;
-  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, term ? kTerm : kInt, (term ? sizeof kTerm : sizeof kInt) - 1);
+  static constexpr std::string_view kStep =
+      ": finishing the step in flight and saving it; a second signal stops at once, unsaved\n";
+  static constexpr std::string_view kExport =
+      ": finishing the export at the end; a second signal stops at once, with no export\n";
+  const std::string_view name = sig == SIGTERM ? "fsdpp: SIGTERM" : "fsdpp: SIGINT";
+  const std::string_view rest = exporting ? kExport : kStep;
+  char line[160];  // one write, so that the line reaches a launcher's reader whole
+  std::memcpy(line, name.data(), name.size());
+  std::memcpy(line + name.size(), rest.data(), rest.size());
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line, name.size() + rest.size());
 }
 
 void catch_stop_signals() {
@@ -179,6 +189,7 @@ bool after_step(Run& run, int64_t step, bool stopping, MetricsSink* metrics, con
 
 TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const TrainConfig& tc = config.train;
+  if (config.metrics.profile_step > 0) StepProfiler::quiet_without_gpu();
   Run run(config, build_plan);
   const int rank = run.comm().rank();
   TrainSummary summary;
@@ -221,7 +232,10 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
       return summary;
     }
   }
-  if (config.checkpoint.save_final) run.export_final(summary.steps);
+  if (config.checkpoint.save_final) {
+    exporting = 1;
+    run.export_final(summary.steps);
+  }
   return summary;
 }
 

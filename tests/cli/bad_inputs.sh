@@ -293,6 +293,14 @@ RANK=0 WORLD_SIZE=4294967297 expect "WORLD_SIZE past int" "environment: WORLD_SI
   -- train "$work/ok.toml"
 RANK=1 expect "RANK without WORLD_SIZE" "environment: RANK is set and WORLD_SIZE is not; a launcher sets both" \
   -- train "$work/ok.toml"
+# A batch script that exports WORLD_SIZE beside Slurm's own variables trains as Slurm says,
+# and exports as one process within its allocation.
+SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_NTASKS_PER_NODE=8 WORLD_SIZE=1 "$FSDPP" train "$work/ok.toml" \
+  --set "train.out_dir=\"$work/slurm\"" --set train.steps=1 >"$work/slurm.log" 2>&1 ||
+  { echo "FAIL a Slurm step with WORLD_SIZE exported: $(tail -1 "$work/slurm.log")"; failures=$((failures + 1)); }
+SLURM_PROCID=0 SLURM_NTASKS=4 "$FSDPP" export "$work/slurm/checkpoints/step-00000001" "$work/slurm-export" \
+  >"$work/slurm.log" 2>&1 ||
+  { echo "FAIL an export inside a Slurm allocation: $(tail -1 "$work/slurm.log")"; failures=$((failures + 1)); }
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=7 LOCAL_WORLD_SIZE=2 expect "LOCAL_RANK past LOCAL_WORLD_SIZE" \
   "environment: LOCAL_RANK 7 of LOCAL_WORLD_SIZE 2 does not fit a world of 1" -- train "$work/ok.toml"
 
@@ -399,10 +407,11 @@ expect "export_dir that is a file" "[checkpoint] export_dir: $work/a-file: is a 
   -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work/a-file\""
 expect "export_dir over the out_dir" "[checkpoint] export_dir: $work holds [train] out_dir $work/out" \
   -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work\""
-# A model of the user's where the run's export goes, in its own out_dir, is not replaced either.
+# A model of the user's where the run's export goes, in an out_dir no run recorded itself in,
+# is not replaced either (in a run's own, an unmarked model is an export from before the mark).
 mkdir -p "$work/own/model" && cp "$FIXTURES/llama_untied/config.json" "$FIXTURES/llama_untied/model.safetensors" "$work/own/model/"
 expect "a model of one's own in out_dir/model" \
-  "[checkpoint] export_dir (unset: in [train] out_dir): $work/own/model: holds a model without an export's mark" \
+  "[checkpoint] export_dir (unset: in [train] out_dir): $work/own/model: holds a model that no export wrote" \
   -- train "$work/ok.toml" --set "train.out_dir=\"$work/own\""
 cmp -s "$FIXTURES/llama_untied/model.safetensors" "$work/own/model/model.safetensors" ||
   { echo "FAIL a refused export changed the model in out_dir"; failures=$((failures + 1)); }
@@ -440,7 +449,7 @@ expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes:
   -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
 expect "a launch inside a launch" "launch: this process is a rank of fsdpp launch already" \
   -- launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- train "$work/ok.toml"
-expect "export as ranks of a launch" "export: runs as one process, and this is one of 2 ranks" \
+expect "export as ranks of a launch" "export: runs as one process, and this is a rank of a launch of WORLD_SIZE 2" \
   -- launch --nproc-per-node 2 -- export "$work/no-such-checkpoint" "$work/exported"
 expect "export of an empty CHECKPOINT" "export: needs CHECKPOINT and OUT, neither empty" -- export "" "$work/exported"
 compgen -G "$work.tmp*" >/dev/null && { echo "FAIL eval --logits left $(compgen -G "$work.tmp*")"; failures=$((failures + 1)); }
