@@ -232,6 +232,8 @@ TEST_CASE("HF writer: replaces an earlier export, and refuses a directory holdin
   const fs::path file = root / "a-file";
   std::ofstream(file) << "mine";
   CHECK_THROWS_WITH(check_export_target(file), Catch::Contains("is a file"));
+  CHECK_THROWS_WITH(export_into(file / "inside", size_t{1} << 20),
+                    (file / "inside").string() + ": cannot make the directory it lies in (Not a directory)");
   CHECK(read_text_file(file) == "mine");
   CHECK_FALSE(fs::exists(root / ".partial-mine"));
   CHECK_NOTHROW(check_export_target(root / "missing"));
