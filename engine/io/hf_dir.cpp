@@ -280,11 +280,12 @@ void check_export_target(const fs::path& dir, bool in_own_run_dir) {
                     "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
-  if (in_own_run_dir || !fs::is_directory(dir) || fs::is_empty(dir)) return;
+  if (!fs::is_directory(dir) || fs::is_empty(dir)) return;
   const fs::path weights = weights_file_in(dir);
   const std::string refusal = dir.string() + ": holds a model that no export wrote (";
   const std::string choose = "); an export replaces only an empty directory or an earlier export: choose another directory";
   if (weights.empty()) throw UserError(refusal + "it has no model.safetensors" + choose);
+  if (in_own_run_dir) return;
   const auto mark = SafetensorsFile::open(weights)->metadata();
   if (mark.count("written_by") == 0 || mark.at("written_by") != kExportMetadata.at("written_by")) {
     throw UserError(refusal + weights.filename().string() + " bears no export's mark" + choose);

@@ -210,6 +210,8 @@ class Run {
   bool computes_float16_ = false;         // some unit computes in float16
   std::optional<LossScaler> scaler_;      // float16 compute's loss scale ([loss_scale])
   std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
+  bool export_in_own_run_dir_ = false;    // out_dir/export_dir's unmarked model is an old export: known at start,
+                                          // before this run records itself there
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
   bool overlaps_host_update_ = false;     // host-resident masters update beside the next forward
   std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()

@@ -275,7 +275,7 @@ void Run::export_final(int64_t step) {
     const auto written = written_dtypes(model(), config.export_dtype);
     for (const auto& r : fsdp_->shard_rows()) specs.push_back({r.name, written.at(r.name), r.full_shape});
     writer = std::make_unique<HfDirWriter>(model().config(), specs, config.export_dir, config.export_dtype,
-                                           max_shard_bytes, model_files_, export_in_own_run_dir(config_));
+                                           max_shard_bytes, model_files_, export_in_own_run_dir_);
   });
   fsdp_->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
     if (writer) writer->write(name, t);
