@@ -121,12 +121,15 @@ int run_plan(const CommandLine& args) {
 }
 
 int run_export(const CommandLine& args) {
-  // Every rank of a launch would write the same directory. A launcher's own variables alone
-  // tell: a batch script's allocation (Slurm's) runs its export as one process.
-  const char* world = std::getenv("WORLD_SIZE");
-  if (std::getenv("RANK") != nullptr && world != nullptr && std::strcmp(world, "1") != 0) {
-    throw UserError(std::string("export: runs as one process, and this is a rank of a launch of WORLD_SIZE ") + world +
-                    "; run fsdpp export without a launcher");
+  // Every process of a launch (RANK and WORLD_SIZE) or of an srun step would write the same
+  // directory; a batch script's allocation alone runs its export as one process.
+  const char* world = std::getenv("RANK") != nullptr ? std::getenv("WORLD_SIZE") : nullptr;
+  const char* step_tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  for (const auto& [name, count] : {std::pair{"WORLD_SIZE", world}, {"SLURM_STEP_NUM_TASKS", step_tasks}}) {
+    if (count != nullptr && *count != '\0' && std::strcmp(count, "1") != 0) {
+      throw UserError(std::string("export: runs as one process, and this is one of a launch's (") + name + " " +
+                      count + "); run fsdpp export without a launcher");
+    }
   }
   std::optional<at::ScalarType> dtype;
   try {

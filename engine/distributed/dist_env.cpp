@@ -8,8 +8,9 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
-#include <csignal>
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 
@@ -52,9 +53,14 @@ DistEnv DistEnv::from_environment() {
   if (env("RANK") && env("WORLD_SIZE")) {
     e.rank = env_int("RANK", 0);
     e.world_size = env_int("WORLD_SIZE", 1);
-    e.local_rank = env_int("LOCAL_RANK", e.rank);
-    e.local_world_size = env_int("LOCAL_WORLD_SIZE", e.world_size);
-    if (e.local_world_size < 1 || e.local_rank >= e.local_world_size || e.local_world_size > e.world_size) {
+    // A batch script that exports RANK and WORLD_SIZE alone, under Slurm, leaves the node's
+    // share to Slurm's variables.
+    e.local_rank = env_int("LOCAL_RANK", env("SLURM_LOCALID") ? env_int("SLURM_LOCALID", 0) : e.rank);
+    e.local_world_size = env_int("LOCAL_WORLD_SIZE", env("SLURM_NTASKS_PER_NODE")
+                                                         ? std::min(env_int("SLURM_NTASKS_PER_NODE", 1), e.world_size)
+                                                         : e.world_size);
+    if ((env("LOCAL_RANK") || env("LOCAL_WORLD_SIZE")) &&
+        (e.local_world_size < 1 || e.local_rank >= e.local_world_size || e.local_world_size > e.world_size)) {
       throw UserError("environment: LOCAL_RANK " + std::to_string(e.local_rank) + " of LOCAL_WORLD_SIZE " +
                       std::to_string(e.local_world_size) + " does not fit a world of " + std::to_string(e.world_size));
     }

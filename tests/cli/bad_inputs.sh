@@ -449,7 +449,9 @@ expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes:
   -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
 expect "a launch inside a launch" "launch: this process is a rank of fsdpp launch already" \
   -- launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- train "$work/ok.toml"
-expect "export as ranks of a launch" "export: runs as one process, and this is a rank of a launch of WORLD_SIZE 2" \
+SLURM_STEP_NUM_TASKS=4 expect "export as tasks of an srun step" "export: runs as one process, and this is one of a launch's (SLURM_STEP_NUM_TASKS 4)" \
+  -- export "$work/no-such-checkpoint" "$work/exported"
+expect "export as ranks of a launch" "export: runs as one process, and this is one of a launch's (WORLD_SIZE 2)" \
   -- launch --nproc-per-node 2 -- export "$work/no-such-checkpoint" "$work/exported"
 expect "export of an empty CHECKPOINT" "export: needs CHECKPOINT and OUT, neither empty" -- export "" "$work/exported"
 compgen -G "$work.tmp*" >/dev/null && { echo "FAIL eval --logits left $(compgen -G "$work.tmp*")"; failures=$((failures + 1)); }
