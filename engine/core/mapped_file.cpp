@@ -74,13 +74,16 @@ MappedFile::~MappedFile() {
 
 namespace {
 
-// The umask, read once as the program loads: reading it means setting it, which a thread
-// creating a file meanwhile would see.
-const mode_t kProcessUmask = [] {
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  return mask;
-}();
+// The process's umask now, from /proc/self/status, which reading leaves as it is (umask()
+// reads it by setting it, which a thread creating a file meanwhile would see); 022 where the
+// kernel does not say.
+mode_t process_umask() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("Umask:")) return static_cast<mode_t>(std::strtoul(line.c_str() + 6, nullptr, 8));
+  }
+  return 022;
+}
 
 }  // namespace
 
@@ -91,7 +94,7 @@ AtomicFileWriter::AtomicFileWriter(std::filesystem::path path) : path_(std::move
   if (fd_ < 0) throw UserError(path_.string() + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
   tmp_ = name;
   // mkostemp makes it 0600; the file gets what open(path, 0644) would have given.
-  if (::fchmod(fd_, 0644 & ~kProcessUmask) != 0) {
+  if (::fchmod(fd_, 0644 & ~process_umask()) != 0) {
     const int error = errno;
     ::close(fd_);
     ::unlink(tmp_.c_str());
