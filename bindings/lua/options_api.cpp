@@ -158,7 +158,8 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
     const bool named = lua_type(L, -2) == LUA_TSTRING;
     if (named && std::find(keys.begin(), keys.end(), lua_tostring(L, -2)) != keys.end()) continue;
     const std::string near = named ? nearest_name(lua_tostring(L, -2), keys) : "";
-    throw ScriptError(what + ": unknown key " + key_text(L, -2) + (near.empty() ? "" : "; did you mean '" + near + "'?"));
+    throw ScriptError(what + ": unknown key " + key_text(L, -2) +
+                      (near.empty() ? "" : "; did you mean '" + near + "'?"));
   }
   for (lua_Integer i = 1; i <= n; ++i) {
     lua_rawgeti(L, spec, i);

@@ -82,7 +82,8 @@ int api_mesh(lua_State* L) {
             : params < 10'000'000'000 ? 1
             : params < 80'000'000'000 ? std::min(8, world)
                                       : world;
-    auto_rule = run.context.training ? "every rank, as a trained model's" : concat("for a model of ", params, " parameters not trained");
+    auto_rule = run.context.training ? std::string("every rank, as a trained model's")
+                                     : concat("for a model of ", params, " parameters not trained");
   } else if (!lua_isnil(L, -1)) {
     shard = mesh_size(L, "shard", /*all_allowed=*/true);
   }
@@ -90,7 +91,8 @@ int api_mesh(lua_State* L) {
   const int replicate = mesh_field(L, 1, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
   if (!auto_rule.empty() && int64_t{replicate} * shard != world) {
     throw ScriptError(concat("mesh: shard = \"auto\" takes ", shard, " ranks here (", auto_rule, "), and replicate ",
-                             replicate, " × ", shard, " ≠ world ", world, ": leave replicate out, or give shard a number"));
+                             replicate, " × ", shard, " ≠ world ", world,
+                             ": leave replicate out, or give shard a number"));
   }
   lua_newtable(L);
   lua_pushinteger(L, replicate);

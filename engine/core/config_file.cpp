@@ -239,20 +239,21 @@ void check_key_depth(const std::string& text, const std::filesystem::path& path)
 // it is a bare word (runs/x, bf16) that does not parse as TOML; a quoted, array or table value
 // that does not parse is an error.
 void apply_override(ConfigDocument& doc, const std::string& text) {
+  const std::string given = doc.override_label + " " + text;  // how messages name it
   const auto eq = text.find('=');
   const auto dot = text.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
-    throw UserError(doc.override_label + " " + text + ": expected section.key=value");
+    throw UserError(given + ": expected section.key=value");
   }
   if (static_cast<size_t>(1 + std::count(text.begin(), text.begin() + eq, '.')) > kMaxKeyParts) {
-    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: a key of more than " + std::to_string(kMaxKeyParts) +
-                    " dotted parts");
+    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: a key of more than " +
+                    std::to_string(kMaxKeyParts) + " dotted parts");
   }
   const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
   const std::string value = text.substr(eq + 1);
   // One setting: a line break would let the rest of it be read as more TOML.
   if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
-    throw UserError(doc.override_label + " " + text + ": holds a line break or control character");
+    throw UserError(given + ": holds a line break or control character");
   }
   toml::table parsed;
   try {
@@ -264,7 +265,7 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
     const bool whole_number = value.size() >= sign + 19 && value.find_first_not_of("0123456789", sign) == std::string::npos;
     const bool quoted = !value.empty() && std::string_view("\"'[{").find(value.front()) != std::string_view::npos;
     if (whole_number || quoted) {
-      throw UserError(doc.override_label + " " + text + ": invalid TOML value: " + plain_words(std::string(e.description())));
+      throw UserError(given + ": invalid TOML value: " + plain_words(std::string(e.description())));
     }
     parsed.insert("v", value);
   }
@@ -276,7 +277,7 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
     const std::string part = rest.substr(0, dot_at);
     reached += (reached.empty() ? "" : ".") + part;
     if (const toml::node* there = table->get(part); there != nullptr && !there->is_table()) {
-      throw UserError(doc.override_label + " " + text + ": " + reached + " is a value, not a table of keys");
+      throw UserError(given + ": " + reached + " is a value, not a table of keys");
     }
     if (!table->get_as<toml::table>(part)) {
       table->insert_or_assign(part, toml::table{});

@@ -91,7 +91,9 @@ AtomicFileWriter::AtomicFileWriter(std::filesystem::path path) : path_(std::move
   // A name no file had: a file of the user's beside `path` is never written over or removed.
   std::string name = path_.string() + ".tmp-XXXXXX";
   fd_ = ::mkostemp(name.data(), O_CLOEXEC);
-  if (fd_ < 0) throw UserError(path_.string() + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
+  if (fd_ < 0) {
+    throw UserError(path_.string() + ": cannot create a temporary file beside it (" + std::strerror(errno) + ")");
+  }
   tmp_ = name;
   // mkostemp makes it 0600; the file gets what open(path, 0644) would have given.
   if (::fchmod(fd_, 0644 & ~process_umask()) != 0) {

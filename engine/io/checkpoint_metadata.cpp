@@ -155,7 +155,8 @@ CheckpointMetadata CheckpointMetadata::parse(const std::string& text) {
       if (!scheduler.is_object()) throw UserError("scheduler is not an object");
       if (scheduler.contains("total_steps")) int_field(scheduler, "scheduler", "total_steps", 0, kMaxSteps);
     }
-    if (meta->contains("run") && (!meta->at("run").is_object() || !meta->at("run").value("out_dir", json("")).is_string())) {
+    const json run = meta->value("run", json::object());
+    if (!run.is_object() || !run.value("out_dir", json("")).is_string()) {
       throw UserError("run.out_dir is not a string");
     }
     if (meta->contains("config_hash") && !meta->at("config_hash").is_string()) throw UserError("config_hash is not a string");

@@ -55,8 +55,9 @@ ShardFill with_adapters(ShardFill base, CausalLM& model, const std::optional<Pef
 // start afresh beside trained ones.
 void check_agrees(const LoraPlan& declared, const LoraPlan& held, const std::string& where) {
   if (declared.rank != held.rank || declared.alpha != held.alpha) {
-    throw UserError(concat(where, ": r ", held.rank, ", lora_alpha ", held.alpha, " differ from the policy's lora{rank = ",
-                           declared.rank, ", alpha = ", declared.alpha, "} at ", declared.origin));
+    throw UserError(concat(where, ": r ", held.rank, ", lora_alpha ", held.alpha,
+                           " differ from the policy's lora{rank = ", declared.rank, ", alpha = ", declared.alpha, "} at ",
+                           declared.origin));
   }
   const auto only_in = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
     std::vector<std::string> left;

@@ -32,7 +32,9 @@ nlohmann::json read_adapter_config(const std::filesystem::path& path) {
       throw UserError(origin + ": " + unsupported + " = true is not supported");
     }
   }
-  if (config_fields::read<std::string>(j, "bias", origin, "none") != "none") throw UserError(origin + ": bias must be \"none\"");
+  if (config_fields::read<std::string>(j, "bias", origin, "none") != "none") {
+    throw UserError(origin + ": bias must be \"none\"");
+  }
   for (const char* pattern : {"rank_pattern", "alpha_pattern"}) {
     if (j.contains(pattern) && !j[pattern].is_null() && !j[pattern].empty()) {
       throw UserError(path.string() + ": " + pattern + " is not supported (one rank and alpha for every target)");

@@ -118,8 +118,8 @@ inline void check_range(const std::string& origin, const std::string& key, int64
 // For scales whose size nothing bounds in transformers: past these, every step's loss is NaN.
 inline void check_between(const std::string& origin, const std::string& key, double value, double min, double max) {
   if (!(value >= min && value <= max)) {
-    throw UserError(origin + ": " + key + " must be in [" + nlohmann::json(min).dump() + ", " + nlohmann::json(max).dump() +
-                    "], got " + nlohmann::json(value).dump());
+    throw UserError(origin + ": " + key + " must be in [" + nlohmann::json(min).dump() + ", " +
+                    nlohmann::json(max).dump() + "], got " + nlohmann::json(value).dump());
   }
 }
 

@@ -138,7 +138,9 @@ namespace {
 // unset lies in [train] out_dir, whose line is named.
 std::string output_where(const RunConfig& config, const std::string& section, const std::string& key) {
   const std::string name = "[" + section + "] " + key;
-  if (config.source.settings().contains(section + "." + key)) return config.source.where(section, key) + ": " + name + ": ";
+  if (config.source.settings().contains(section + "." + key)) {
+    return config.source.where(section, key) + ": " + name + ": ";
+  }
   return config.source.where("train", "out_dir") + ": " + name + " (unset: in [train] out_dir): ";
 }
 
