@@ -119,43 +119,10 @@ RopeScaling read_rope_scaling(const RopeBlock& rope, const std::string& origin) 
   return r;
 }
 
-VisionConfig read_vision(const json& j, const std::string& model_type, const std::string& origin) {
-  const std::string where = origin + ": vision_config";
-  VisionConfig v;
-  v.depth = read_spelled<int64_t>(j, {"depth", "num_hidden_layers"}, where, 0, true);
-  v.num_heads = read_spelled<int64_t>(j, {"num_heads", "num_attention_heads"}, where, 0, true);
-  v.patch_size = read<int64_t>(j, "patch_size", where, 14);
-  v.temporal_patch_size = read<int64_t>(j, "temporal_patch_size", where, 2);
-  v.spatial_merge_size = read<int64_t>(j, "spatial_merge_size", where, 2);
-  v.in_channels = read_spelled<int64_t>(j, {"in_channels", "in_chans"}, where, 3);
-  const RopeBlock rope = read_rope_block(j, where);
-  const std::string rope_where = where + ": " + rope.name;
-  v.rope_theta = read<double>(rope.values, "rope_theta", rope_where, 10000.0);
-  const auto rope_type = read<std::string>(rope.values, "rope_type", rope_where, "axial");
-  if (rope_type != "axial" && rope_type != "default") {
-    throw UserError(rope_where + ": rope_type '" + rope_type + "' is not supported (axial)");
-  }
-  if (model_type == "qwen2_vl") {
-    v.embed_dim = read<int64_t>(j, "embed_dim", where, 0, true);
-    v.out_hidden_size = read<int64_t>(j, "hidden_size", where, 0, true);
-    // Checked as a double: a ratio past int64 would make the cast undefined.
-    const double inner = static_cast<double>(v.embed_dim) * read<double>(j, "mlp_ratio", where, 4.0);
-    if (!(inner >= 1 && inner <= static_cast<double>(kMaxWidth))) {
-      throw UserError(where + ": embed_dim x mlp_ratio = " + std::to_string(inner) + " is not in [1, " +
-                      std::to_string(kMaxWidth) + "]");
-    }
-    v.intermediate_size = static_cast<int64_t>(inner);
-    v.hidden_act = read<std::string>(j, "hidden_act", where, "quick_gelu");
-  } else {
-    v.windowed = true;
-    v.embed_dim = read<int64_t>(j, "hidden_size", where, 0, true);
-    v.out_hidden_size = read<int64_t>(j, "out_hidden_size", where, 0, true);
-    v.intermediate_size = read<int64_t>(j, "intermediate_size", where, 0, true);
-    v.hidden_act = read<std::string>(j, "hidden_act", where, "silu");
-    v.window_size = read<int64_t>(j, "window_size", where, 112);
-    v.fullatt_block_indexes = read<std::vector<int64_t>>(j, "fullatt_block_indexes", where, {7, 15, 23, 31});
-    v.tokens_per_second = read<double>(j, "tokens_per_second", where, 4.0);
-  }
+namespace {
+
+// The tower's sizes in range, and the products and divisions the tower takes of them exact.
+void check_vision(const VisionConfig& v, const std::string& model_type, const std::string& where) {
   check_range(where, "depth", v.depth, 1, kMaxLayers);
   check_range(where, "num_heads", v.num_heads, 1, kMaxHeads);
   for (auto [key, value] : {std::pair{"patch_size", v.patch_size}, {"temporal_patch_size", v.temporal_patch_size},
@@ -195,8 +162,51 @@ VisionConfig read_vision(const json& j, const std::string& model_type, const std
   if (v.hidden_act != expected) {
     throw UserError(where + ": hidden_act '" + v.hidden_act + "' is not supported (" + expected + ")");
   }
+}
+
+}  // namespace
+
+VisionConfig read_vision(const json& j, const std::string& model_type, const std::string& origin) {
+  const std::string where = origin + ": vision_config";
+  VisionConfig v;
+  v.depth = read_spelled<int64_t>(j, {"depth", "num_hidden_layers"}, where, 0, true);
+  v.num_heads = read_spelled<int64_t>(j, {"num_heads", "num_attention_heads"}, where, 0, true);
+  v.patch_size = read<int64_t>(j, "patch_size", where, 14);
+  v.temporal_patch_size = read<int64_t>(j, "temporal_patch_size", where, 2);
+  v.spatial_merge_size = read<int64_t>(j, "spatial_merge_size", where, 2);
+  v.in_channels = read_spelled<int64_t>(j, {"in_channels", "in_chans"}, where, 3);
+  const RopeBlock rope = read_rope_block(j, where);
+  const std::string rope_where = where + ": " + rope.name;
+  v.rope_theta = read<double>(rope.values, "rope_theta", rope_where, 10000.0);
+  const auto rope_type = read<std::string>(rope.values, "rope_type", rope_where, "axial");
+  if (rope_type != "axial" && rope_type != "default") {
+    throw UserError(rope_where + ": rope_type '" + rope_type + "' is not supported (axial)");
+  }
+  if (model_type == "qwen2_vl") {
+    v.embed_dim = read<int64_t>(j, "embed_dim", where, 0, true);
+    v.out_hidden_size = read<int64_t>(j, "hidden_size", where, 0, true);
+    // Checked as a double: a ratio past int64 would make the cast undefined.
+    const double inner = static_cast<double>(v.embed_dim) * read<double>(j, "mlp_ratio", where, 4.0);
+    if (!(inner >= 1 && inner <= static_cast<double>(kMaxWidth))) {
+      throw UserError(where + ": embed_dim x mlp_ratio = " + std::to_string(inner) + " is not in [1, " +
+                      std::to_string(kMaxWidth) + "]");
+    }
+    v.intermediate_size = static_cast<int64_t>(inner);
+    v.hidden_act = read<std::string>(j, "hidden_act", where, "quick_gelu");
+  } else {
+    v.windowed = true;
+    v.embed_dim = read<int64_t>(j, "hidden_size", where, 0, true);
+    v.out_hidden_size = read<int64_t>(j, "out_hidden_size", where, 0, true);
+    v.intermediate_size = read<int64_t>(j, "intermediate_size", where, 0, true);
+    v.hidden_act = read<std::string>(j, "hidden_act", where, "silu");
+    v.window_size = read<int64_t>(j, "window_size", where, 112);
+    v.fullatt_block_indexes = read<std::vector<int64_t>>(j, "fullatt_block_indexes", where, {7, 15, 23, 31});
+    v.tokens_per_second = read<double>(j, "tokens_per_second", where, 4.0);
+  }
+  check_vision(v, model_type, where);
   return v;
 }
+
 
 // Qwen3-MoE's experts; defaults as transformers' Qwen3MoeConfig.
 MoeConfig read_qwen3_moe(const json& j, int64_t layers, const std::string& origin) {
