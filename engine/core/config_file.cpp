@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -207,31 +208,67 @@ std::string plain_words(const std::string& description) {
 }
 
 // The most dotted parts a key may have: the run file's deepest is three (policy.options.x).
-// The TOML parser walks a dotted key by recursion, so a key of tens of thousands of parts
-// would end the process in a stack overflow rather than an error.
+// The TOML parser builds and frees a dotted key's tables by recursion, so a key of a hundred
+// thousand parts would end the process in a stack overflow rather than an error.
 constexpr size_t kMaxKeyParts = 32;
 
-// Refuses a line of `text` whose key or [table] header has more than kMaxKeyParts parts.
+// Where a quoted string that opens at text[at] ends (one past its closing quote, or at the line
+// break an unclosed one-line string stops at); `line` counts the breaks inside it.
+size_t skip_string(std::string_view text, size_t at, int& line) {
+  const char quote = text[at];
+  const bool basic = quote == '"';  // only basic strings have escapes
+  const bool multi_line = text.substr(at, 3) == std::string(3, quote);
+  for (size_t i = at + (multi_line ? 3 : 1); i < text.size(); ++i) {
+    if (basic && text[i] == '\\') {
+      if (i + 1 < text.size() && text[i + 1] == '\n') ++line;
+      ++i;
+    } else if (text[i] == '\n') {
+      if (!multi_line) return i;
+      ++line;
+    } else if (text[i] == quote && (!multi_line || text.substr(i, 3) == std::string(3, quote))) {
+      if (!multi_line) return i + 1;
+      size_t end = i + 3;  // up to two more quotes close the string as its own last characters
+      while (end < text.size() && end < i + 5 && text[end] == quote) ++end;
+      return end;
+    }
+  }
+  return text.size();
+}
+
+struct DeepKey {
+  int line;
+  size_t parts;
+};
+
+// The first key in TOML `text` with more than kMaxKeyParts parts, wherever a key stands: a
+// line's key, a [table] header, a key inside an inline table. Outside strings and comments a
+// dot belongs to a dotted key or to a number or date, which holds one at most; so more dots
+// between the marks that end keys and values (= , { } [ ] and line breaks) are a key's.
+std::optional<DeepKey> find_deep_key(std::string_view text) {
+  int line = 1;
+  DeepKey run{1, 1};  // the parts of the key being read, and the line it is on
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const char c = i < text.size() ? text[i] : '\n';
+    if (c == '"' || c == '\'') {
+      i = skip_string(text, i, line) - 1;
+    } else if (c == '#') {
+      i = std::min(text.find('\n', i), text.size()) - 1;
+    } else if (c == '.') {
+      if (run.parts++ == 1) run.line = line;
+    } else if (std::string_view("=,{}[]\n").find(c) != std::string_view::npos) {
+      if (run.parts > kMaxKeyParts) return run;
+      run.parts = 1;
+      if (c == '\n') ++line;
+    }
+  }
+  return std::nullopt;
+}
+
+// Refuses a file whose find_deep_key finds a key, before the parser meets it.
 void check_key_depth(const std::string& text, const std::filesystem::path& path) {
-  std::istringstream lines(text);
-  int number = 0;
-  for (std::string line; std::getline(lines, line);) {
-    ++number;
-    const auto start = line.find_first_not_of(" \t[");
-    if (start == std::string::npos) continue;
-    const auto end = line.find(line.find_first_not_of(" \t") < start ? ']' : '=', start);
-    if (end == std::string::npos) continue;  // no key on this line (a value's continuation, a comment)
-    const std::string_view key(line.data() + start, end - start);
-    // A value's continuation ([0.5, 1.5]) has characters no key has.
-    if (key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-. \t\"'") !=
-        std::string_view::npos) {
-      continue;
-    }
-    const auto parts = 1 + std::count(key.begin(), key.end(), '.');
-    if (static_cast<size_t>(parts) > kMaxKeyParts) {
-      throw UserError(path.string() + ":" + std::to_string(number) + ": a key of " + std::to_string(parts) +
-                      " dotted parts; at most " + std::to_string(kMaxKeyParts));
-    }
+  if (const auto deep = find_deep_key(text)) {
+    throw UserError(path.string() + ":" + std::to_string(deep->line) + ": a key of " + std::to_string(deep->parts) +
+                    " dotted parts; at most " + std::to_string(kMaxKeyParts));
   }
 }
 
@@ -245,12 +282,17 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
     throw UserError(given + ": expected section.key=value");
   }
-  if (static_cast<size_t>(1 + std::count(text.begin(), text.begin() + eq, '.')) > kMaxKeyParts) {
-    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: a key of more than " +
-                    std::to_string(kMaxKeyParts) + " dotted parts");
-  }
   const std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
   const std::string value = text.substr(eq + 1);
+  // The setting's key, or one inside a table value; a bare word's dots (runs/v1.2) are no key's.
+  const auto first = value.find_first_not_of(" \t");
+  const bool table_value = first != std::string::npos && (value[first] == '{' || value[first] == '[');
+  auto deep = find_deep_key(text.substr(0, eq));
+  if (!deep && table_value) deep = find_deep_key(value);
+  if (deep) {
+    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: a key of " + std::to_string(deep->parts) +
+                    " dotted parts; at most " + std::to_string(kMaxKeyParts));
+  }
   // One setting: a line break would let the rest of it be read as more TOML.
   if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
     throw UserError(given + ": holds a line break or control character");

@@ -475,6 +475,24 @@ expect "a line break inside a path" "[train] out_dir: holds a control character 
 { cat "$work/ok.toml"; python3 -c 'print("[" + ".".join(["a"] * 50000) + "]")'; } >"$work/deep_key.toml"
 expect "a key of 50,000 dotted parts" "deep_key.toml:10: a key of 50000 dotted parts; at most 32" \
   -- train "$work/deep_key.toml"
+# The parser frees a dotted key's tables by recursion too: a deep key anywhere a key stands
+# is refused, its line named, where strings, comments and numbers hold dots of no key's.
+deep=$(python3 -c 'print(".".join(["a"] * 150000))')
+{ cat "$work/ok.toml"; echo '[policy.options]'; echo "x = {$deep = 1}"; } >"$work/deep_inline.toml"
+expect "a deep key inside an inline table" "deep_inline.toml:11: a key of 150000 dotted parts; at most 32" \
+  -- train "$work/deep_inline.toml"
+{ cat "$work/ok.toml"; echo "[\"!\".$deep]"; } >"$work/deep_quoted.toml"
+expect "a deep key after a quoted part" "deep_quoted.toml:10: a key of 150001 dotted parts" -- train "$work/deep_quoted.toml"
+{ cat "$work/ok.toml"; echo "[[a . ${deep//./ . }]]"; } >"$work/deep_array_table.toml"
+expect "a deep [[header]] with spaces" "deep_array_table.toml:10: a key of 150001 dotted parts" \
+  -- train "$work/deep_array_table.toml"
+expect "a deep key in a --set table" "a key of 20000 dotted parts; at most 32" \
+  -- train "$work/ok.toml" --set "policy.options.x={${deep:0:39999} = 1}"
+dots=$(python3 -c 'print("." * 40)')
+{ cat "$work/ok.toml"; echo "# $dots"; echo "[policy.options]"; echo "x = \"$dots\""; echo "y = '''$dots"
+  echo "$dots'''"; echo "z = 1.5"; } >"$work/dots_no_key.toml"
+expect "dots in strings, comments and numbers are no key's" "dots_no_key.toml:12: [policy.options] x: the policy" \
+  -- train "$work/dots_no_key.toml"
 expect "an unclosed quote in --set" "--set train.out_dir=\"abc: invalid TOML value" \
   -- train "$work/ok.toml" --set 'train.out_dir="abc'
 
