@@ -59,6 +59,14 @@ void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOption
   }
   for (const auto& path : lora.trainable) {
     if (!by_path.count(path)) throw UserError(where + ": lora: no trainable module at path '" + path + "'");
+    // PEFT saves a trainable module whole (modules_to_save) and loads it as a plain copy, so an
+    // adapter inside it would be dropped on loading, or refused where every target is inside.
+    for (const auto& target : lora.targets) {
+      if (!path_under(target, path)) continue;
+      throw UserError(where + ": lora: trainable module '" + path + "' " +
+                      (target == path ? "is" : "holds") + " the target '" + target +
+                      "': PEFT would load the adapter without it; adapt a module or train it whole, not both");
+    }
   }
   refuse_tied_trainable(model, lora, where);
   for (const auto& e : named_modules(model)) {

@@ -385,6 +385,17 @@ wrap(ctx.model)
                       Catch::StartsWith("t.lua:1: lora: trainable module '" + module + "' holds ") &&
                           Catch::Contains("(tie_word_embeddings): a tied weight cannot train beside adapters"));
   }
+  // A module PEFT saves whole would load without the adapters inside it.
+  for (const std::string module : {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn", "model.layers.0"}) {
+    LoraPlan inside{.targets = {"model.layers.1.self_attn.q_proj", "model.layers.0.self_attn.q_proj"}, .rank = 2,
+                    .alpha = 2, .trainable = {module}, .origin = "s.lua:1"};
+    CHECK_THROWS_WITH(apply_lora(*meta_model(), inside, meta),
+                      Catch::StartsWith("s.lua:1: lora: trainable module '" + module + "' ") &&
+                          Catch::Contains(" the target 'model.layers.0.self_attn.q_proj': PEFT would load the adapter"));
+  }
+  LoraPlan beside{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2,
+                  .trainable = {"model.layers.0.self_attn.k_proj", "model.layers.1"}};
+  CHECK_NOTHROW(apply_lora(*meta_model(), beside, meta));
   LoraPlan untied{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2, .trainable = {"lm_head"}};
   CHECK_NOTHROW(apply_lora(*meta_model(), untied, meta));
 }
