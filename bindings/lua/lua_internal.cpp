@@ -28,9 +28,13 @@ std::string error_location(lua_State* L) {
 
 PolicyRun& run_of(lua_State* L) { return **static_cast<PolicyRun**>(lua_getextraspace(L)); }
 
-void add_warning(PolicyRun& run, std::string text) {
-  log_warn(text);
-  run.plan.warnings.push_back(std::move(text));
+void add_warning(PolicyRun& run, const std::string& text) {
+  if (run.plan.warnings.size() >= kMaxWarnings) {
+    throw ScriptError(concat("more than ", kMaxWarnings, " warnings (a warn or find inside a loop?)"));
+  }
+  std::string line = message_line(text);  // the script's text may hold line breaks and terminal codes
+  log_warn(line);
+  run.plan.warnings.push_back(std::move(line));
 }
 
 void push_policy_value(lua_State* L, const PolicyValue& value) {
@@ -97,14 +101,6 @@ void protected_call(lua_State* L, int nargs, int nresults) {
   throw ScriptError(text);
 }
 
-std::string cut_line(std::string text, size_t total) {
-  if (total <= kMaxLineBytes && text.size() <= kMaxLineBytes) return text;
-  size_t cut = std::min(text.size(), kMaxLineBytes);
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // inside a character
-  text.resize(cut);
-  return text + "... (" + std::to_string(total) + " bytes in all)";
-}
-
 std::string caller_location(lua_State* L) {
   // The innermost frame of the policy itself, past helpers of policies/lib, so a unit
   // declared through a library call still points at the line that asked for it.
@@ -154,11 +150,13 @@ int message_handler(lua_State* L) {
   } else {
     message = error_location(L) + "error raised with a " + luaL_typename(L, 1) + " value (error messages are strings)";
   }
-  luaL_traceback(L, L, message.c_str(), 1);
-  log_line(LogLevel::debug, lua_tostring(L, -1));
-  // Every line of the message (a UserError writes its newlines out), cut as a log line is.
+  // Every line of the message (a UserError writes its newlines out), cut as a log line is,
+  // before the traceback copies it into the Lua heap, where a message near the heap's cap
+  // would be reported as the script running out of memory.
   const size_t total = message.size();
   message = cut_line(std::move(message), total);
+  luaL_traceback(L, L, message.c_str(), 1);
+  log_line(LogLevel::debug, lua_tostring(L, -1));
   lua_pushlstring(L, message.data(), message.size());
   return 1;
 }

@@ -4,12 +4,14 @@
 #pragma once
 
 #include "bindings/lua/policy.h"
+#include "core/error.h"
 #include "core/module_tree.h"
 
 #include <lua.hpp>
 
 #include <cstdio>
 #include <map>
+#include <new>
 #include <set>
 #include <stdexcept>
 
@@ -22,6 +24,7 @@ struct PolicyRun {
   std::map<const Module*, int> index_of;
   std::set<std::string> classes;         // every class name the model has
   std::set<std::string> warned_classes;  // missing classes already reported
+  size_t logged_bytes = 0, log_cap = 0;  // what log() has printed, and may print in all
   Plan plan;
   std::filesystem::path lib_dir;         // where require() looks
   size_t memory_used = 0, memory_cap = 0;
@@ -32,8 +35,10 @@ struct PolicyRun {
 
 PolicyRun& run_of(lua_State* L);
 // A policy's warning, kept in the plan and logged as it is made: a script that fails after
-// it may fail for the reason it gives.
-void add_warning(PolicyRun& run, std::string text);
+// it may fail for the reason it gives. Past kMaxWarnings it is a ScriptError: warnings live in
+// the engine's memory, outside the Lua heap's cap.
+inline constexpr size_t kMaxWarnings = 1000;
+void add_warning(PolicyRun& run, const std::string& text);
 
 // A fresh Lua state for `run` with the sandbox's libraries, budget and memory cap, and the
 // engine's module and plan functions (sandbox.cpp); nullptr when Lua cannot allocate it.
@@ -51,11 +56,15 @@ struct ScriptError : std::runtime_error {
 
 template <int (*Body)(lua_State*)>
 int guarded(lua_State* L) {
-  char message[1024];
+  char message[kMaxMessageBytes + 64];  // no std::string: lua_error's longjmp skips destructors
   try {
     return Body(L);
+  } catch (const std::bad_alloc&) {
+    // The evaluation's process caps what the engine allocates for a script (PolicyLimits).
+    std::snprintf(message, sizeof message, "out of memory: the engine's share for this policy is spent (a call inside a loop?)");
   } catch (const std::exception& e) {
-    std::snprintf(message, sizeof message, "%s", e.what());
+    const std::string said = e.what();
+    std::snprintf(message, sizeof message, "%s", cut_line(said, said.size(), kMaxMessageBytes).c_str());
   }
   // A Lua error come back through a callback the binding ran names its own line already.
   if (starts_with_location(message)) {
@@ -83,10 +92,6 @@ void protected_call(lua_State* L, int nargs, int nresults);
 // lua_pcall's message handler: the error as one line with its file:line (also for error
 // objects that are not strings); the traceback goes to the debug log.
 int message_handler(lua_State* L);
-// What a message or a log line keeps of a policy's text, which may be any size: at most
-// kMaxLineBytes of `text`, cut between UTF-8 characters, then "... (`total` bytes in all)".
-inline constexpr size_t kMaxLineBytes = 4096;
-std::string cut_line(std::string text, size_t total);
 // "file:line" of the policy code calling the current C function.
 std::string caller_location(lua_State* L);
 // The chunk name a script is loaded under: "@policies/..." for shipped files.

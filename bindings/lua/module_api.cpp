@@ -104,7 +104,8 @@ int module_find(lua_State* L) {
   if (by_class && !run.classes.count(cls) && run.warned_classes.insert(cls).second) {
     std::string have;
     for (const auto& c : run.classes) have += (have.empty() ? "" : ", ") + c;
-    add_warning(run, caller_location(L) + ": the model has no class '" + cls + "' (it has: " + have + ")");
+    add_warning(run, caller_location(L) + ": the model has no class '" + cut_line(cls, cls.size()) + "' (it has: " +
+                         have + ")");
   }
   lua_newtable(L);
   const int result = lua_gettop(L);

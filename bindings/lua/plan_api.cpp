@@ -261,10 +261,6 @@ int api_lora(lua_State* L) {
   return 0;
 }
 
-// What log and warn keep of a policy's text, which lives in the engine's memory, outside the
-// Lua heap's cap: lines of at most kMaxLineBytes, and at most this many warnings.
-constexpr size_t kMaxWarnings = 1000;
-
 // The arguments as Lua's tostring gives them, space-separated, cut at kMaxLineBytes (a
 // __tostring that fails is a ScriptError, not a jump over this function's strings).
 std::string joined_args(lua_State* L) {
@@ -279,7 +275,7 @@ std::string joined_args(lua_State* L) {
     const char* part = lua_tolstring(L, -1, &length);
     total += length + (i > 1 ? 1 : 0);
     if (text.size() < kMaxLineBytes) {
-      text += (i > 1 ? " " : "") + (part ? std::string(part, std::min(length, kMaxLineBytes)) : std::string("?"));
+      text += (i > 1 ? " " : "") + (part ? one_line(std::string(part, std::min(length, kMaxLineBytes))) : "?");
     }
     lua_pop(L, 1);
   }
@@ -287,16 +283,18 @@ std::string joined_args(lua_State* L) {
 }
 
 int api_log(lua_State* L) {
-  log_info(caller_location(L), ": ", joined_args(L));
+  PolicyRun& run = run_of(L);
+  const std::string line = caller_location(L) + ": " + joined_args(L);
+  run.logged_bytes += line.size();
+  if (run.logged_bytes > run.log_cap) {
+    throw ScriptError(concat("log: more than the ", run.log_cap, " bytes a policy may print (a log inside a loop?)"));
+  }
+  log_info(line);
   return 0;
 }
 
 int api_warn(lua_State* L) {
-  PolicyRun& run = run_of(L);
-  if (run.plan.warnings.size() >= kMaxWarnings) {
-    throw ScriptError(concat("warn: more than ", kMaxWarnings, " warnings (a warn inside a loop?)"));
-  }
-  add_warning(run, caller_location(L) + ": " + joined_args(L));
+  add_warning(run_of(L), caller_location(L) + ": " + joined_args(L));
   return 0;
 }
 

@@ -130,6 +130,7 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   run.lib_dir = policy_dir() / "lib";
   run.memory_cap = limits.memory_bytes;
   run.instructions_left = limits.instructions;
+  run.log_cap = limits.log_bytes;
 
   lua_State* L = open_sandbox(run);
   if (L == nullptr) throw UserError(script.string() + ": cannot create a Lua state");
@@ -162,7 +163,8 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
 Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
                 const PolicyLimits& limits) {
   const auto result = run_isolated(
-      [&] { return serialize_plan(evaluate_policy(script, model, context, limits)); }, limits.deadline);
+      [&] { return serialize_plan(evaluate_policy(script, model, context, limits)); }, limits.deadline,
+      limits.memory_bytes + limits.engine_bytes);
   const std::string where = "policy error: " + script.string() + ": ";
   switch (result.end) {
     case IsolatedResult::End::finished: break;

@@ -29,6 +29,8 @@ struct PolicyContext {
 struct PolicyLimits {
   int64_t instructions = 50'000'000;  // Lua VM instructions before the script is stopped
   size_t memory_bytes = 64u << 20;    // heap the script may hold
+  size_t engine_bytes = 1u << 30;     // what the engine may allocate for the script's calls besides
+  size_t log_bytes = 1u << 20;        // what log() may print in all (a log in an endless loop fills disks)
   std::chrono::milliseconds deadline{20'000};  // wall clock for the whole evaluation, C code included
 };
 

@@ -137,9 +137,11 @@ std::string ConfigSection::get_string(const std::string& key, const std::string&
   auto* node = static_cast<const toml::node*>(lookup(key, "a string"));
   if (node == nullptr) return fallback;
   std::string value = node->value<std::string>().value();
-  // Every string here is a path or a name: a NUL would end a path at it, naming another file
-  // than the one written, and a line break or other control character would break the log
-  // lines that name it.
+  check_printable(key, value);
+  return value;
+}
+
+void ConfigSection::check_printable(const std::string& key, const std::string& value) const {
   for (const unsigned char c : value) {
     if (c < 0x20 || c == 0x7f) {
       char shown[8];
@@ -147,7 +149,6 @@ std::string ConfigSection::get_string(const std::string& key, const std::string&
       fail(key, std::string("holds a control character (") + shown + ")");
     }
   }
-  return value;
 }
 
 std::vector<std::pair<std::string, ConfigScalar>> ConfigSection::get_scalar_table(const std::string& key) {
@@ -161,7 +162,10 @@ std::vector<std::pair<std::string, ConfigScalar>> ConfigSection::get_scalar_tabl
     if (v.is_integer()) out.emplace_back(name, *v.value<int64_t>());
     else if (v.is_floating_point()) out.emplace_back(name, *v.value<double>());
     else if (v.is_boolean()) out.emplace_back(name, *v.value<bool>());
-    else if (v.is_string()) out.emplace_back(name, *v.value<std::string>());
+    else if (v.is_string()) {
+      check_printable(key + "." + name, *v.value<std::string>());
+      out.emplace_back(name, *v.value<std::string>());
+    }
     else fail(key + "." + name, "expected a string, number or boolean, got " + type_name(v));
   }
   return out;

@@ -58,6 +58,10 @@ class ConfigSection {
 
  private:
   const void* lookup(const std::string& key, const char* expected);
+  // Every string here is a path or a name: a NUL would end a path at it, naming another file
+  // than the one written, and a line break or other control character would break the log
+  // lines that name it.
+  void check_printable(const std::string& key, const std::string& value) const;
 
   std::shared_ptr<const ConfigDocument> doc_;
   std::string name_;

@@ -2,6 +2,7 @@
 // as one line and exits with status 2; anything else escaping is an engine bug.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -67,9 +68,30 @@ inline std::string one_line(const std::string& text) {
   return out;
 }
 
+// The most bytes a line keeps of text that may be any size (a value quoted from a file, a
+// policy's log): kMaxLineBytes of `text`, cut between UTF-8 characters, then "... (`total`
+// bytes in all)".
+inline constexpr size_t kMaxLineBytes = 4096;
+inline std::string cut_line(std::string text, size_t total, size_t max_bytes = kMaxLineBytes) {
+  if (total <= max_bytes && text.size() <= max_bytes) return text;
+  size_t cut = std::min(text.size(), max_bytes);
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // inside a character
+  text.resize(cut);
+  return text + "... (" + std::to_string(total) + " bytes in all)";
+}
+
+// A message as one printable line of at most kMaxMessageBytes: room for a line cut at
+// kMaxLineBytes and the context that names where it came from, so it is not cut twice.
+inline constexpr size_t kMaxMessageBytes = 2 * kMaxLineBytes;
+inline std::string message_line(const std::string& text) {
+  std::string line = one_line(text);
+  const size_t total = line.size();
+  return cut_line(std::move(line), total, kMaxMessageBytes);
+}
+
 class UserError : public std::runtime_error {
  public:
-  explicit UserError(const std::string& message) : std::runtime_error(one_line(message)) {}
+  explicit UserError(const std::string& message) : std::runtime_error(message_line(message)) {}
 };
 
 }  // namespace fsdpp

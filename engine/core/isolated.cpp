@@ -3,8 +3,13 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <new>
+#include <string>
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,10 +28,26 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
-[[noreturn]] void run_child(int fd, const std::function<std::string()>& body) {
+// Caps the address space at its present size plus `growth_bytes`.
+void limit_growth(size_t growth_bytes) {
+  size_t pages = 0;  // statm's first field: the address space's size in pages
+  if (std::FILE* statm = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(statm, "%zu", &pages) != 1) pages = 0;
+    std::fclose(statm);
+  }
+  if (pages == 0) return;  // unknown: no cap rather than one below what is mapped already
+  const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + growth_bytes;
+  const rlimit limit{cap, cap};
+  ::setrlimit(RLIMIT_AS, &limit);
+}
+
+[[noreturn]] void run_child(int fd, const std::function<std::string()>& body, size_t growth_bytes) {
+  if (growth_bytes > 0) limit_growth(growth_bytes);
   std::string report;
   try {
     report = "+" + body();
+  } catch (const std::bad_alloc&) {
+    report = "!out of memory: past the " + std::to_string(growth_bytes >> 20) + " MiB it may take";
   } catch (const std::exception& e) {
     report = std::string("!") + e.what();
   } catch (...) {
@@ -56,10 +77,11 @@ bool read_until_eof(int fd, std::chrono::steady_clock::time_point deadline, std:
 
 }  // namespace
 
-IsolatedResult run_isolated(const std::function<std::string()>& body, std::chrono::milliseconds deadline) {
+IsolatedResult run_isolated(const std::function<std::string()>& body, std::chrono::milliseconds deadline,
+                            size_t growth_bytes) {
   IsolatedResult result;
   int fds[2];
-  if (::pipe(fds) != 0) {
+  if (::pipe2(fds, O_CLOEXEC) != 0) {  // no other child of this process inherits the pipe
     result.end = IsolatedResult::End::failed;
     result.output = std::string("cannot create a pipe: ") + std::strerror(errno);
     return result;
@@ -67,7 +89,7 @@ IsolatedResult run_isolated(const std::function<std::string()>& body, std::chron
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(fds[0]);
-    run_child(fds[1], body);
+    run_child(fds[1], body, growth_bytes);
   }
   ::close(fds[1]);
   if (child < 0) {

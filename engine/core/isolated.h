@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -23,7 +24,10 @@ struct IsolatedResult {
 };
 
 // Runs `body` in a child process of this one (a copy of its memory at the call) and waits at
-// most `deadline` for it. The child never returns into the caller's code.
-IsolatedResult run_isolated(const std::function<std::string()>& body, std::chrono::milliseconds deadline);
+// most `deadline` for it. The child never returns into the caller's code. With `growth_bytes`,
+// the child's address space may grow that much past its size at the fork: beyond it an
+// allocation fails (std::bad_alloc), where it would have taken the machine's memory first.
+IsolatedResult run_isolated(const std::function<std::string()>& body, std::chrono::milliseconds deadline,
+                            size_t growth_bytes = 0);
 
 }  // namespace fsdpp

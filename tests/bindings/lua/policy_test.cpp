@@ -169,8 +169,26 @@ TEST_CASE("API errors and warnings name file:line and what the model has", "[lua
 
   // Warnings live outside the Lua heap's cap: each is cut short, and there are few.
   CHECK_THAT(policy_error("for i = 1, 1001 do warn(i) end\n"),
-             Catch::Contains("escape.lua:1: warn: more than 1000 warnings (a warn inside a loop?)"));
+             Catch::Contains("escape.lua:1: more than 1000 warnings (a warn or find inside a loop?)"));
+  CHECK_THAT(policy_error("for i = 1, 1001 do ctx.model:find{class = 'Missing' .. i} end\n"),
+             Catch::Contains("escape.lua:1: more than 1000 warnings (a warn or find inside a loop?)"));
   auto model = meta_model();
+  // So do log lines, all together: an endless loop of them would fill a disk before the deadline.
+  CHECK_THROWS_WITH(run_policy(write_policy("logs.lua", "for i = 1, 100 do log(string.rep('y', 40)) end\n"), *model, {},
+                               {.log_bytes = 500}),
+                    Catch::EndsWith("logs.lua:1: log: more than the 500 bytes a policy may print (a log inside a loop?)"));
+  // What the engine copies out of the script is capped too, in the evaluation's process.
+  CHECK_THROWS_WITH(run_policy(write_policy("flood.lua", R"(
+local all, big = ctx.model:find{}, {}
+for i = 1, 100000 do big[i] = all[i % #all + 1] end
+for i = 1, 1000 do wrap(big) end
+)"), *model, {}, {.engine_bytes = 32u << 20}),
+                    Catch::EndsWith("flood.lua:4: out of memory: the engine's share for this policy is spent (a call "
+                                    "inside a loop?)"));
+  // A warning is one line, whatever the script's text holds.
+  const Plan escaped = run_policy(write_policy("escaped.lua", "warn('a\\nFAKE error\\27[31m')\nwrap(ctx.model)\n"), *model, {});
+  REQUIRE(escaped.warnings.size() == 1);
+  CHECK_THAT(escaped.warnings[0], Catch::EndsWith("escaped.lua:1: a\\nFAKE error\\x1b[31m"));
   const Plan long_line = run_policy(write_policy("long.lua", "warn(string.rep('x', 10000))\nwrap(ctx.model)\n"), *model, {});
   REQUIRE(long_line.warnings.size() == 1);
   CHECK(long_line.warnings[0].size() < 4200);
@@ -204,7 +222,7 @@ wrap(ctx.model:get("model.layers.0"))
 )");
   const Plan plan = run_policy(script, *model, {});
   REQUIRE(plan.warnings.size() == 1);
-  CHECK_THAT(plan.warnings[0], Catch::EndsWith("alike.lua:8: caf\xEF\xBF\xBD"));  // the byte not UTF-8 as U+FFFD
+  CHECK_THAT(plan.warnings[0], Catch::EndsWith("alike.lua:8: caf\\xe9"));  // the byte not UTF-8 written out
 }
 
 TEST_CASE("traversal, context and builders reach the plan", "[lua]") {
