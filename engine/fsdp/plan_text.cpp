@@ -2,6 +2,7 @@
 #include "fsdp/plan_text.h"
 
 #include "core/dtype.h"
+#include "core/error.h"
 
 #include <nlohmann/json.hpp>
 
@@ -44,9 +45,10 @@ void format_options(std::ostream& out, const std::vector<PolicyOption>& options)
   width = std::min<size_t>(width, 40);
   out << "options (* set by [policy.options]):\n";
   for (const auto& o : options) {
-    const std::string setting = o.name + " = " + (o.value.empty() ? "unset" : o.value);
+    // A policy's text, written out as one line each: a doc holding line breaks would forge plan lines.
+    const std::string setting = message_line(o.name + " = " + (o.value.empty() ? "unset" : o.value));
     out << (o.given ? "  * " : "    ") << std::left << std::setw(static_cast<int>(width)) << setting << "  "
-        << o.accepts << (o.doc.empty() ? "" : "; " + o.doc) << "\n";
+        << message_line(o.accepts + (o.doc.empty() ? "" : "; " + o.doc)) << "\n";
   }
 }
 

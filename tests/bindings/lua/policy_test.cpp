@@ -96,6 +96,8 @@ TEST_CASE("sandbox escapes fail with file:line", "[lua]") {
       // Every line of a message, and of a long one what a line shows.
       {"error of two lines", "error('first\\nsecond')\n", "escape.lua:1: first\\nsecond"},
       {"error of a megabyte", "error(string.rep('x', 1 << 20))\n", "xxx... (104"},
+      // The traceback copies the message into the heap: cut first, so it fits.
+      {"error near the heap's cap", "error(string.rep('y', 15000000))\n", "yyy... (150000"},
   };
   for (const auto& e : escapes) {
     INFO(e.name);
@@ -280,6 +282,13 @@ wrap(layers[2], {precision = precision{compute = "fp8"}})
                         Catch::Contains("computes in float32"));
   const auto resolved = resolve_plan(plan, *model, 1, at::kBFloat16);
   CHECK_THAT(format_plan(resolved, 1), Catch::Contains("output as computed, compute fp8, offload none"));
+  // An option's text is the policy's: written out on its own line, it forges no plan line.
+  auto with_option = resolved;
+  with_option.options = {{.name = "k", .accepts = "an integer", .value = "1\nunit FAKE", .doc = "x\n  unit FAKE"}};
+  const std::string text = format_plan(with_option, 1);
+  CHECK_THAT(text, Catch::Contains("k = 1\\nunit FAKE") && Catch::Contains("an integer; x\\n  unit FAKE\n"));
+  CHECK(text.find("\nunit FAKE") == std::string::npos);
+  CHECK(text.find("\n  unit FAKE") == std::string::npos);
   CHECK_THAT(plan_json(resolved, 1), Catch::Contains("\"compute\": \"fp8\""));
   CHECK_THAT(policy_error("precision{compute = 'fp16'}\n"),
              Catch::Contains("escape.lua:1: precision: compute = 'fp16' is not \"fp8\""));
