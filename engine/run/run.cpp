@@ -13,6 +13,7 @@
 #include "loss/next_token_loss.h"
 #include "models/registry.h"
 #include "run/out_dir.h"
+#include "run/rank_agreement.h"
 #include "run/run_checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -110,6 +111,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
     log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet",
              beside == 0 ? "" : " (the " + std::to_string(beside) + " there are other settings' runs)", "; starting fresh");
   }
+  require_same_settings(config, checkpoint_ ? std::optional<int64_t>(checkpoint_->step()) : std::nullopt, *comm_);
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);
   if (!config.data.train.empty()) batches_ = open_batches(config.data, model_config);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A mesh that does not fit the world stops every rank with one message printing each
-# factor, and the launcher exits 2 repeating that message as its own last line, naming the rank.
+# factor, and the launcher exits 2 repeating that message as its own last line, naming the
+# rank; ranks started by hand with other settings stop naming each setting.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 mkdir -p "$WORK"
@@ -21,4 +22,26 @@ check() {
 check 4 "policies/llama.lua:4: mesh replicate 2 × shard 3 ≠ world 4" --set policy.options.replicate=2 --set policy.options.shard_size=3
 check 4 "mesh: world 4 is not divisible by replicate 3" --set policy.options.replicate=3
 check 5 "[data] batch_size 12 is not a multiple of the world size 5"
+
+# Ranks started by hand and given other settings stop on every rank after the rendezvous,
+# naming the rank and each setting, where a step count that differs hung until timeout_s.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+by_hand() {  # RANK [--set ...]
+  local rank=$1; shift
+  RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$WORK/settings-$rank\"" \
+    --set parallel.timeout_s=60 --set train.steps=4 "$@" >/dev/null 2>"$WORK/settings-$rank.err"
+}
+by_hand 0 & first=$!
+by_hand 1 --set optimizer.lr=0.5 --set train.steps=7
+rc1=$?
+wait $first
+rc0=$?
+said=$(grep '^fsdpp: error:' "$WORK/settings-0.err")
+if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] && grep -qF "rank 1 was given other settings than rank 0" <<<"$said" &&
+   grep -qF "optimizer.lr: 0.5 (rank 0: " <<<"$said" && grep -qF "train.steps: 7 (rank 0: 4)" <<<"$said"; then
+  echo "ok   ranks given other settings: $said"
+else
+  echo "FAIL ranks given other settings (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
+fi
 exit $status

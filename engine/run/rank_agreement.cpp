@@ -1,0 +1,102 @@
+// The ranks' settings as "key = value" lines, gathered whole (padded to the longest), so that
+// a difference names its keys.
+#include "run/rank_agreement.h"
+
+#include "core/checksum.h"
+#include "core/error.h"
+#include "io/model_source.h"
+#include "models/model_config.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fsdpp {
+
+namespace {
+
+// Settings that name files, which nodes may keep at other paths: what they hold is compared
+// where it matters (the model's config.json here; the plan by require_same_plan).
+const std::vector<std::string> kPathKeys = {"model.path", "model.adapter", "data.train", "data.eval", "policy.name"};
+
+std::map<std::string, std::string> settings_of(const RunConfig& config, std::optional<int64_t> resumed_step) {
+  std::map<std::string, std::string> settings = run_settings(config);
+  for (const auto& key : kPathKeys) settings.erase(key);
+  // Outside run_settings, which names what a checkpoint's numbers depend on, but each one
+  // decides when every rank meets in a collective.
+  settings["train.steps"] = std::to_string(config.train.steps);
+  settings["train.eval_every"] = std::to_string(config.train.eval_every);
+  settings["train.eval_batches"] = std::to_string(config.train.eval_batches);
+  settings["checkpoint.save_every"] = std::to_string(config.checkpoint.save_every);
+  settings["checkpoint.save_final"] = config.checkpoint.save_final ? "true" : "false";
+  settings["resumed after step"] = resumed_step ? std::to_string(*resumed_step) : "none";
+  const ModelConfig model = model_config_of(config.model);
+  const std::string model_text = model.raw ? model.raw->dump() : "";
+  settings["the model's config.json"] = format_crc32c(crc32c(model_text.data(), model_text.size()));
+  return settings;
+}
+
+std::string lines_of(const std::map<std::string, std::string>& settings) {
+  std::string text;
+  for (const auto& [key, value] : settings) text += key + "\x1f" + value + "\n";
+  return text;
+}
+
+std::map<std::string, std::string> settings_in(const std::string& text) {
+  std::map<std::string, std::string> settings;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto split = line.find('\x1f');
+    if (split != std::string::npos) settings[line.substr(0, split)] = line.substr(split + 1);
+  }
+  return settings;
+}
+
+// Every rank's `text`, in rank order.
+std::vector<std::string> gather_texts(Comm& world, const std::string& text) {
+  at::Tensor lengths = at::empty({world.size()}, at::kLong);  // [world]
+  world.all_gather(lengths, at::tensor({static_cast<int64_t>(text.size())}, at::kLong));
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor mine = at::zeros({longest}, at::kByte);  // [longest]
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  at::Tensor all = at::empty({world.size() * longest}, at::kByte);  // [world * longest]
+  world.all_gather(all, mine);
+  std::vector<std::string> texts;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* start = static_cast<const char*>(all.data_ptr()) + r * longest;
+    texts.emplace_back(start, static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return texts;
+}
+
+}  // namespace
+
+void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world) {
+  if (world.size() == 1) return;
+  const std::vector<std::string> texts = gather_texts(world, lines_of(settings_of(config, resumed_step)));
+  const auto first = settings_in(texts[0]);
+  for (int r = 1; r < world.size(); ++r) {
+    if (texts[r] == texts[0]) continue;
+    const auto other = settings_in(texts[r]);
+    std::string differing;
+    auto value_in = [](const std::map<std::string, std::string>& settings, const std::string& key) {
+      const auto it = settings.find(key);
+      return it == settings.end() ? std::string("unset") : it->second;
+    };
+    std::map<std::string, std::string> keys = first;
+    keys.insert(other.begin(), other.end());
+    for (const auto& [key, unused] : keys) {
+      const std::string mine = value_in(first, key), theirs = value_in(other, key);
+      if (mine != theirs) differing += (differing.empty() ? "" : "; ") + key + ": " + theirs + " (rank 0: " + mine + ")";
+    }
+    throw UserError("rank " + std::to_string(r) + " was given other settings than rank 0, and every rank must train by "
+                    "the same: " + differing);
+  }
+}
+
+}  // namespace fsdpp
