@@ -227,7 +227,9 @@ void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
   LaunchOptions& o = cl.launch;
   if (separator != args.end()) o.command.assign(separator + 1, args.end());
   if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");
-  if (!nproc.empty()) o.nproc_per_node = static_cast<int>(whole_number("launch", "--nproc-per-node", nproc, 1, max_local_ranks()));
+  // Required, as the usage says: a default of one would train as one rank, unasked.
+  if (nproc.empty()) throw UserError("launch: --nproc-per-node N is required (the ranks to start on this node)");
+  o.nproc_per_node = static_cast<int>(whole_number("launch", "--nproc-per-node", nproc, 1, max_local_ranks()));
   if (!nnodes.empty()) o.nnodes = static_cast<int>(whole_number("launch", "--nnodes", nnodes, 1, 1 << 16));
   if (!node_rank.empty()) o.node_rank = static_cast<int>(whole_number("launch", "--node-rank", node_rank, 0, (1 << 16) - 1));
   if (o.node_rank >= o.nnodes) {

@@ -89,6 +89,10 @@ inline std::string message_line(const std::string& text) {
   return cut_line(std::move(line), total, kMaxMessageBytes);
 }
 
+// The words of a rank's error that make it the consequence of another rank's failure: the
+// launcher reports the rank whose error says why in preference to one that says this.
+inline constexpr const char* kAnotherRankFailed = "another rank failed";
+
 class UserError : public std::runtime_error {
  public:
   explicit UserError(const std::string& message) : std::runtime_error(message_line(message)) {}

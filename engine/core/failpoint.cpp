@@ -2,19 +2,32 @@
 // paths (checkpoint saves) or once per step, so the lookup costs nothing that matters.
 #include "core/failpoint.h"
 
+#include "core/error.h"
+
 #include <csignal>
 #include <cstdlib>
 #include <string>
 
 namespace fsdpp {
 
-void failpoint(std::string_view name, int signal) {
-  const char* armed = std::getenv("FSDPP_FAILPOINT");
-  if (armed == nullptr || name != armed) return;
+namespace {
+
+bool armed(std::string_view name) {
+  const char* point = std::getenv("FSDPP_FAILPOINT");
+  if (point == nullptr || name != point) return false;
   const char* only_rank = std::getenv("FSDPP_FAILPOINT_RANK");
   const char* rank = std::getenv("RANK");
-  if (only_rank != nullptr && std::string(only_rank) != (rank ? rank : "0")) return;
-  std::raise(signal);
+  return only_rank == nullptr || std::string(only_rank) == (rank ? rank : "0");
+}
+
+}  // namespace
+
+void failpoint(std::string_view name, int signal) {
+  if (armed(name)) std::raise(signal);
+}
+
+void failpoint_error(std::string_view name) {
+  if (armed(name)) throw UserError("failpoint " + std::string(name) + " fails here");
 }
 
 }  // namespace fsdpp

@@ -10,5 +10,8 @@
 namespace fsdpp {
 
 void failpoint(std::string_view name, int signal = SIGKILL);
+// Where armed as failpoint() is, throws a UserError naming the point: a failure the process
+// reports and stops on, as it would a full disk.
+void failpoint_error(std::string_view name);
 
 }  // namespace fsdpp

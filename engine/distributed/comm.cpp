@@ -92,7 +92,7 @@ void CommWork::wait() {
     why = e.what();
   }
   throw CollectiveFailure(impl->where + " failed: " + why.substr(0, why.find('\n')) +
-                          " (another rank failed or stopped, or took longer than [parallel] timeout_s)");
+                          " (" + std::string(kAnotherRankFailed) + " or stopped, or took longer than [parallel] timeout_s)");
 }
 
 struct Comm::Handles {

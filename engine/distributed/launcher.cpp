@@ -82,14 +82,19 @@ int wait_for_activity(const std::vector<std::unique_ptr<RankProcess>>& ranks) {
 // a collective) are its consequences, whichever the launcher saw first.
 int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
                    const std::vector<const RankProcess*>& failed_unstopped, const RankProcess& first_failed) {
+  const auto consequence = [](const RankProcess* r) { return r->error_message().find(kAnotherRankFailed) != std::string::npos; };
+  const RankProcess* user_error = nullptr;  // the first that says why, else the first
   for (const auto& r : ranks) {
-    if (r->stopped_on_user_error()) {
-      // A message that names its rank already (a rendezvous's) is not prefixed twice.
-      const std::string named = "rank " + std::to_string(r->rank()) + ": ";
-      const std::string& said = r->error_message();
-      std::fprintf(stderr, "fsdpp: error: %s%s\n", said.starts_with(named) ? "" : named.c_str(), said.c_str());
-      return 2;
+    if (r->stopped_on_user_error() && (user_error == nullptr || (consequence(user_error) && !consequence(r.get())))) {
+      user_error = r.get();
     }
+  }
+  if (user_error != nullptr) {
+    // A message that names its rank already (a rendezvous's) is not prefixed twice.
+    const std::string named = "rank " + std::to_string(user_error->rank()) + ": ";
+    const std::string& said = user_error->error_message();
+    std::fprintf(stderr, "fsdpp: error: %s%s\n", said.starts_with(named) ? "" : named.c_str(), said.c_str());
+    return 2;
   }
   const RankProcess* cause = &first_failed;
   for (const RankProcess* r : failed_unstopped) {
@@ -119,6 +124,12 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
   sa.sa_handler = on_signal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  // A reader of the launcher's output gone (`| head`) must not end the launcher and, through
+  // it, the ranks: a write to it fails instead. A handler, unlike SIG_IGN, is not inherited
+  // by the ranks' exec.
+  struct sigaction broken_pipe{};
+  broken_pipe.sa_handler = [](int) {};
+  ::sigaction(SIGPIPE, &broken_pipe, nullptr);
 
   std::vector<std::string> argv{self_exe};
   argv.insert(argv.end(), o.command.begin(), o.command.end());
@@ -142,6 +153,11 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       // No deadline: ranks that catch it save a checkpoint first, and a second signal,
       // passed on the same way, ends them at once.
       std::fprintf(stderr, "fsdpp launch: got %s; passing it to every rank\n", ::strsignal(sig));
+      // A second one ends the ranks at once: one that cannot take it (stopped, stuck in the
+      // kernel) is killed after the grace.
+      if (forwarded != 0 && kill_time == Clock::time_point::max()) {
+        kill_time = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+      }
       forwarded = sig;
       signal_all(sig);
     }

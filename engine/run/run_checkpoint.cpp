@@ -144,7 +144,10 @@ at::Tensor Run::write_rank_file(const fs::path& staging, const std::vector<Shard
   for (const auto& [key, t] : tensors) specs.push_back({key, t.scalar_type(), t.sizes().vec()});
   SafetensorsWriter writer(staging / rank_file_name(comm_->rank()), specs);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (i == tensors.size() / 2) failpoint("checkpoint-mid-write");
+    if (i == tensors.size() / 2) {
+      failpoint("checkpoint-mid-write");
+      failpoint_error("checkpoint-write-error");
+    }
     writer.write(tensors[i].second);
   }
   writer.commit();
@@ -241,7 +244,9 @@ void Run::on_every_rank(const std::string& what, const std::string& subject, con
   at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
   comm_->all_reduce_sum(failed);
   if (!failure.empty()) throw UserError(failure + after);
-  if (failed.item<int64_t>() > 0) throw UserError(what + ": " + subject + ": another rank failed (its error says why)" + after);
+  if (failed.item<int64_t>() > 0) {
+    throw UserError(what + ": " + subject + ": " + kAnotherRankFailed + " (its error says why)" + after);
+  }
 }
 
 

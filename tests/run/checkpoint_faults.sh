@@ -5,6 +5,7 @@
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
 #    status 143, and resuming continues after that step; one raised during a step, or during
 #    the evaluation after it, stops the run after that step;
+#  - a save that fails on one rank names that rank and why, not a rank that saw it fail;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
 #    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
@@ -91,6 +92,19 @@ stop_within() {  # NAME FAILPOINT STEP [--set ...]: the step saved alone, exit s
 }
 stop_within "during step 1" signal-mid-step 1
 stop_within "during the evaluation after step 2" signal-mid-eval 2 --set train.eval_every=2 --set data.eval_fraction=0.1
+
+# A save that fails on rank 1 (a full disk there) stops every rank; the launcher's one error
+# line is rank 1's, which says why, not rank 0's report that another rank failed.
+run="$out/write-error"
+FSDPP_FAILPOINT=checkpoint-write-error FSDPP_FAILPOINT_RANK=1 train "$run" >"$run.log" 2>&1
+rc=$?
+said=$(grep '^fsdpp: error:' "$run.log")
+if [ "$rc" -eq 2 ] && [ "$(grep -c '^fsdpp: error:' "$run.log")" -eq 1 ] &&
+   [[ "$said" == "fsdpp: error: rank 1: save: failpoint checkpoint-write-error fails here"* ]]; then
+  echo "ok   a save failing on rank 1: exit $rc, $said"
+else
+  fail "a save failing on rank 1: exit $rc, $said"
+fi
 
 # Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
 good="$out/checkpoint-mid-write/checkpoints/step-00000005"
