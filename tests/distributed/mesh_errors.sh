@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A mesh that does not fit the world stops every rank with one message printing each
 # factor, and the launcher exits 2 repeating that message as its own last line, naming the
-# rank; ranks started by hand with other settings stop naming each setting.
+# rank; ranks started by hand with other settings stop naming each setting; a closed output
+# pipe stops nothing.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 mkdir -p "$WORK"
@@ -43,5 +44,16 @@ if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] && grep -qF "rank 1 was given other settings
   echo "ok   ranks given other settings: $said"
 else
   echo "FAIL ranks given other settings (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
+fi
+
+# A reader of the launcher's output that goes away (`| head -1`) ends neither the launcher
+# nor its ranks: the run trains to its end and exports.
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=3 \
+  --set "train.out_dir=\"$WORK/closed-pipe\"" 2>&1 | head -1 >/dev/null
+rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 0 ] && [ -f "$WORK/closed-pipe/model/config.json" ]; then
+  echo "ok   a closed output pipe: launch exit $rc, the model exported"
+else
+  echo "FAIL a closed output pipe: launch exit $rc"; status=1
 fi
 exit $status
