@@ -100,6 +100,11 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
     }
     return name;
   }
+  if (std::error_code error; !std::filesystem::is_directory(policy_dir(), error)) {
+    const char* from_env = std::getenv("FSDPP_POLICY_DIR");
+    throw UserError(where + "[policy] name: no shipped policy '" + name + "': the policy directory " +
+                    policy_dir().string() + (from_env && *from_env ? " (FSDPP_POLICY_DIR)" : "") + " is no directory");
+  }
   const auto path = policy_dir() / (name + ".lua");
   if (!std::filesystem::exists(path)) {
     std::set<std::string> names;
