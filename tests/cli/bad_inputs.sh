@@ -489,10 +489,17 @@ expect "a deep [[header]] with spaces" "deep_array_table.toml:10: a key of 15000
 expect "a deep key in a --set table" "a key of 20000 dotted parts; at most 32" \
   -- train "$work/ok.toml" --set "policy.options.x={${deep:0:39999} = 1}"
 dots=$(python3 -c 'print("." * 40)')
-{ cat "$work/ok.toml"; echo "# $dots"; echo "[policy.options]"; echo "x = \"$dots\""; echo "y = '''$dots"
-  echo "$dots'''"; echo "z = 1.5"; } >"$work/dots_no_key.toml"
+{ cat "$work/ok.toml"; echo "# $dots"; echo "[policy.options]"; echo "x = \"$dots\""; echo "y = '''$dots'''"
+  echo "z = 1.5"; } >"$work/dots_no_key.toml"
 expect "dots in strings, comments and numbers are no key's" "dots_no_key.toml:12: [policy.options] x: the policy" \
   -- train "$work/dots_no_key.toml"
+expect "a control character in a policy option" "[policy] options.lora_targets: holds a control character (\\u001b)" \
+  -- train "$work/ok.toml" --set 'policy.options.lora_targets="q_proj\u001b[31m"'
+expect "launch without --nproc-per-node" "launch: --nproc-per-node N is required (the ranks to start on this node)" \
+  -- launch -- train "$work/ok.toml"
+FSDPP_POLICY_DIR=$work/none expect "FSDPP_POLICY_DIR naming no directory" \
+  "[policy] name: no shipped policy 'llama': the policy directory $work/none (FSDPP_POLICY_DIR) is no directory" \
+  -- train "$work/ok.toml"
 expect "an unclosed quote in --set" "--set train.out_dir=\"abc: invalid TOML value" \
   -- train "$work/ok.toml" --set 'train.out_dir="abc'
 
