@@ -15,10 +15,10 @@
 #include <ATen/Parallel.h>
 #include <torch/python.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -47,6 +47,13 @@ std::string shape_text(const at::Tensor& t) {
   return text + "]";
 }
 
+// The units compute in their plan's precision (precision{...}): a forward called under
+// torch.autocast would otherwise cast inside them, and leave a backward outside it products of
+// mixed dtypes.
+struct NoAutocast {
+  c10::impl::ExcludeDispatchKeyGuard excluded{c10::autocast_dispatch_keyset};
+};
+
 class PythonRun {
  public:
   PythonRun(const std::string& path, const std::vector<std::string>& overrides, const std::string& grad_reduction)
@@ -71,7 +78,10 @@ class PythonRun {
                      const std::optional<at::Tensor>& document_offsets) {
     check_token_ids("input_ids", input_ids);
     const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
-    return exclusively([&] { return run_->forward(input_ids, layout, grad_divisor()); });
+    return exclusively([&] {
+      const NoAutocast own_precision;
+      return run_->forward(input_ids, layout, grad_divisor());
+    });
   }
 
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
@@ -89,7 +99,10 @@ class PythonRun {
       throw UserError("temperature: must be a positive number, got " + given.str());
     }
     const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
-    return exclusively([&] { return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor()); });
+    return exclusively([&] {
+      const NoAutocast own_precision;
+      return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor());
+    });
   }
 
   // One optimizer step from the gradients the backward calls since zero_grad left:
@@ -169,21 +182,15 @@ class PythonRun {
 
  private:
   // `work` on the run with the GIL released, so that the loop's other Python threads go on
-  // meanwhile, and one call at a time: a second thread's call waits for the first to end.
-  // A backward another thread runs is waited for first, before the lock, which a hook of that
-  // backward calling into the run may need; one that ended in an exception is put right
-  // (FsdpState::settle_backward). A collective another rank left is fsdpp.Error.
+  // meanwhile, and one call at a time: a second thread's call, or a backward another thread
+  // begins, waits for the first to end, and a call waits for a backward another thread runs
+  // (Run::begin_call). One that ended in an exception is put right (FsdpState::settle_backward).
   template <typename Work>
   std::invoke_result_t<Work&> exclusively(Work&& work) {
     py::gil_scoped_release released;
-    run_->wait_for_backward();
-    std::lock_guard<std::mutex> lock(mutex_);
-    try {
-      run_->settle_backward();
-      return work();
-    } catch (const CollectiveFailure& e) {
-      throw UserError(e.what());
-    }
+    const auto call = run_->begin_call();
+    run_->settle_backward();
+    return work();
   }
 
   // What step() divides the gradients summed over the ranks by.
@@ -233,6 +240,18 @@ class PythonRun {
       throw UserError("document_offsets: must rise from 0 to the " + std::to_string(ids.numel()) +
                       " tokens of input_ids " + shape_text(ids));
     }
+    // Attention stays within a row: a document ends at each row's end.
+    const at::Tensor contiguous = host.contiguous();
+    const int64_t* begin = contiguous.data_ptr<int64_t>();
+    const int64_t* end = begin + contiguous.numel();
+    const int64_t tokens = ids.size(1);
+    for (int64_t row = 1; row < ids.size(0); ++row) {
+      if (!std::binary_search(begin, end, row * tokens)) {
+        throw UserError("document_offsets: a document spans rows " + std::to_string(row - 1) + " and " +
+                        std::to_string(row) + ": no offset is " + std::to_string(row * tokens) + ", where row " +
+                        std::to_string(row) + " of " + std::to_string(tokens) + " tokens starts");
+      }
+    }
     return host;
   }
 
@@ -240,7 +259,6 @@ class PythonRun {
   GradReduction reduction_;
   LrSchedule schedule_;
   std::unique_ptr<Run> run_;
-  std::mutex mutex_;  // held by the call that drives run_ (exclusively)
   int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
   int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
 };
@@ -249,13 +267,28 @@ class PythonRun {
 
 }  // namespace fsdpp
 
+namespace {
+PyObject* error_type = nullptr;  // fsdpp.Error
+}  // namespace
+
 PYBIND11_MODULE(_fsdpp, m) {
   using fsdpp::PythonRun;
   // The binary's CPU-kernel cap, set at import, before the loop runs a kernel: where the CPU
   // advertises AMX without enabling it, a bf16 product would end the interpreter.
   fsdpp::cap_cpu_kernels();
   m.doc() = "fsdpp's Run, driven from Python (see the fsdpp package)";
-  py::register_exception<fsdpp::UserError>(m, "Error");
+  error_type = py::register_exception<fsdpp::UserError>(m, "Error").ptr();
+  // A collective another rank left, and a path the system refuses (too long, a loop of links),
+  // wherever they arise, constructor included.
+  py::register_exception_translator([](std::exception_ptr thrown) {
+    try {
+      if (thrown) std::rethrow_exception(thrown);
+    } catch (const fsdpp::CollectiveFailure& e) {
+      PyErr_SetString(error_type, fsdpp::message_line(e.what()).c_str());
+    } catch (const std::filesystem::filesystem_error& e) {
+      PyErr_SetString(error_type, fsdpp::message_line(e.what()).c_str());
+    }
+  });
   py::class_<PythonRun>(m, "Run")
       .def(py::init<const std::string&, const std::vector<std::string>&, const std::string&>(), py::arg("path"),
            py::arg("overrides"), py::arg("grad_reduction"))

@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 
@@ -133,11 +134,16 @@ std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, i
   opts.numWorkers = size;
   opts.waitWorkers = true;
   opts.timeout = timeout;
+  // Every rank makes its worlds in the same order (a Python loop's Runs, one after another),
+  // so the count names the same world on each: a rank that starts its next world while a
+  // slower one's previous store still serves meets no key of that previous world in it.
+  static std::atomic<int64_t> worlds_made{0};
+  const std::string prefix = "world" + std::to_string(worlds_made++) + "/";
   try {
     const QuietC10dLog quiet;
     comm->c10d_->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
     comm->c10d_->backend =
-        make_backend(c10::make_intrusive<c10d::PrefixStore>("world/", comm->c10d_->store), rank, size, timeout, device);
+        make_backend(c10::make_intrusive<c10d::PrefixStore>(prefix, comm->c10d_->store), rank, size, timeout, device);
   } catch (const std::exception& e) {
     throw UserError("rank " + std::to_string(rank) + ": rendezvous at " + addr + ":" + std::to_string(port) +
                     " failed: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')));

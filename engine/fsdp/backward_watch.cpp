@@ -49,6 +49,11 @@ bool BackwardWatch::inside() const {
   return state_->running && torch::autograd::get_current_graph_task_id() == state_->task;
 }
 
+bool BackwardWatch::running() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->running;
+}
+
 bool BackwardWatch::wait_until_over() {
   std::unique_lock lock(state_->mutex);
   if (state_->running && torch::autograd::get_current_graph_task_id() == state_->task) return false;

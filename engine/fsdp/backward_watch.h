@@ -24,6 +24,8 @@ class BackwardWatch {
   // Whether the calling thread runs the backward begun last, and it still runs (a forward
   // inside it is a recomputation).
   bool inside() const;
+  // Whether the backward begun last still runs (its ticket lives), on whichever thread.
+  bool running() const;
   // From outside the backward begun last: returns once it is over, having waited for one
   // that another thread runs. From inside it (a recomputation the caller wraps, a hook that
   // calls into the run): returns false at once, waiting for nothing.

@@ -275,9 +275,17 @@ void FsdpState::on_pre_forward(FsdpUnit* unit) {
 }
 
 void FsdpState::on_pre_backward(FsdpUnit* unit) {
-  // A backward that ended in an exception, with no call into the run since to clear it.
-  if (in_backward_ && !backward_.inside()) abandon_backward();
-  if (!in_backward_) {
+  if (!backward_.inside()) {  // the first unit of a backward
+    // A call another thread makes holds the units until it ends (begin_call).
+    std::lock_guard<std::mutex> no_call(calls_);
+    if (in_backward_) {
+      // Waiting here for the other backward could hold the device thread it needs.
+      if (backward_.running()) {
+        throw UserError("a backward through the units began while another thread's still runs; backwards through "
+                        "one run go one at a time");
+      }
+      abandon_backward();  // one that ended in an exception, with no call into the run since to clear it
+    }
     // A graph of the backward itself would have to differentiate the reductions and the
     // units' buffers, which run outside autograd.
     if (at::GradMode::is_enabled()) {
@@ -323,6 +331,15 @@ void FsdpState::end_backward() {
     for (auto& unit : units_) unit->add_host_gradients();
   }
   in_backward_ = false;
+}
+
+std::unique_lock<std::mutex> FsdpState::begin_call() {
+  for (;;) {
+    const bool outside = backward_.wait_until_over();
+    std::unique_lock<std::mutex> call(calls_);
+    // A backward that began between the wait and the lock is waited for in turn.
+    if (!outside || backward_.inside() || !backward_.running()) return call;
+  }
 }
 
 void FsdpState::settle_backward() {

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -62,12 +63,14 @@ class FsdpState : public ShardedView {
   // Backwards through the units that have ended, whichever way: a count that a forward can
   // compare with the one at an earlier forward to know whether a backward came between.
   int64_t backwards_ended() const { return backwards_ended_; }
-  // Before a call into the run (the Python API's): waits out a backward that another thread
-  // runs, and puts right what one that ended in an exception left (see abandon_backward).
-  // From inside the backward (a recomputation the caller wraps) it does nothing.
+  // A call into the run from a thread of its own (the Python API's): holds the units for the
+  // call's length, having waited out a backward that another thread runs; a backward that
+  // begins meanwhile waits for the call to end before its first unit gathers. From inside the
+  // backward (a hook that calls into the run) it waits for nothing.
+  std::unique_lock<std::mutex> begin_call();
+  // Within a call: puts right what a backward that ended in an exception left (see
+  // abandon_backward). From inside the backward (a recomputation the caller wraps) it does nothing.
   void settle_backward();
-  // settle_backward's wait alone, which touches none of the units' state.
-  void wait_for_backward() { backward_.wait_until_over(); }
 
  private:
   void final_callback();
@@ -90,6 +93,7 @@ class FsdpState : public ShardedView {
   bool in_backward_ = false;
   int64_t backwards_ended_ = 0;
   BackwardWatch backward_;  // the backward in_backward_ stands for
+  std::mutex calls_;        // held by a call (begin_call), and by a backward as it begins
   bool sync_ = true;
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
   std::unordered_map<const FsdpUnit*, std::ptrdiff_t> forward_index_;  // unit -> its place in forward_order_

@@ -262,6 +262,7 @@ void Run::update(double lr, const GradClip& clip) {
 
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
   check_loaded("step");
+  check_outside_backward("step");
   const auto groups = fsdp_->grad_groups();
   // torch's optimizers leave a parameter without a gradient as it is: a step with none at all
   // would be weight decay alone, the mark of a forgotten backward.

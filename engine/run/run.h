@@ -22,10 +22,15 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace torch::autograd {
+struct Node;
+}
 
 namespace fsdpp {
 
@@ -86,10 +91,11 @@ class Run {
   // backward is done, so a signal during the step stops the run after this step, and every
   // rank learns of it.
   StepFigures step(double lr, const std::function<bool()>& stop_requested);
-  // Before a call into the run: waits out a backward another thread runs, and puts right what
-  // one that ended in an exception left (FsdpState::settle_backward); the wait alone.
+  // A call into the run from a thread of its own holds it for the call's length, a backward
+  // another thread runs waited out (FsdpState::begin_call); within it, settle_backward puts
+  // right what a backward that ended in an exception left.
+  std::unique_lock<std::mutex> begin_call();
   void settle_backward();
-  void wait_for_backward();
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
   // documents, chosen positions), with autograd through the units' hooks: a backward from them
@@ -206,6 +212,7 @@ class Run {
   // The backwards ended (FsdpState::backwards_ended) at the last forward with autograd that
   // refilled the experts' load-balancing buffers, the Python API's.
   std::optional<int64_t> balanced_after_;
+  std::weak_ptr<torch::autograd::Node> balanced_graph_;  // that forward's output's node, while it lives
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
   bool computes_float16_ = false;         // some unit computes in float16
   std::optional<LossScaler> scaler_;      // float16 compute's loss scale ([loss_scale])
@@ -219,8 +226,9 @@ class Run {
   // AdamW at `lr` under `clip` once the units have resharded; masters in host memory may
   // update on a host thread while the next forward begins ([optimizer] host_update).
   void update(double lr, const GradClip& clip);
-  // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward).
-  void balance_experts(double grad_divisor);
+  // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward),
+  // whose load-balancing gradient the backward from `output` carries.
+  void balance_experts(const at::Tensor& output, double grad_divisor);
   // Before one: refuses a second such forward of a mixture-of-experts model with no backward
   // since the first, in one line beginning with `what`.
   void check_balance_consumed(const char* what) const;
@@ -230,6 +238,9 @@ class Run {
   // A UserError naming `what` while the run is offloaded (while its parameters are, with
   // `params_only`: a forward needs nothing else).
   void check_loaded(const char* what, bool params_only = false) const;
+  // Refuses `what` from inside a backward through the units (a hook that calls into the run):
+  // the backward still reads the shards and gradients that a step, offload or load replaces.
+  void check_outside_backward(const char* what) const;
 };
 
 }  // namespace fsdpp

@@ -40,30 +40,33 @@ struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
 
 void Run::settle_backward() { fsdp_->settle_backward(); }
 
-void Run::wait_for_backward() { fsdp_->wait_for_backward(); }
+std::unique_lock<std::mutex> Run::begin_call() { return fsdp_->begin_call(); }
 
 at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
   check_loaded("forward", /*params_only=*/true);
   check_balance_consumed("forward");
   const at::Tensor input = to_device(input_ids, device_);
-  at::Tensor logits = layout.empty() ? model()(input) : model()(input, layout);
-  balance_experts(grad_divisor);
-  return scaled_output(logits);
+  const at::Tensor logits = scaled_output(layout.empty() ? model()(input) : model()(input, layout));
+  balance_experts(logits, grad_divisor);
+  return logits;
 }
 
 void Run::check_balance_consumed(const char* what) const {
   // The load-balancing gradient lives in one buffer per layer, which a forward with autograd
-  // refills; sampling runs without autograd, and sums no routing.
-  if (experts_ && at::GradMode::is_enabled() && balanced_after_ && *balanced_after_ == fsdp_->backwards_ended()) {
+  // refills; sampling runs without autograd, and sums no routing. A forward whose output is
+  // gone (dropped, or detached) will have no backward to wait for.
+  if (experts_ && at::GradMode::is_enabled() && balanced_after_ && *balanced_after_ == fsdp_->backwards_ended() &&
+      !balanced_graph_.expired()) {
     throw UserError(std::string(what) + ": a mixture-of-experts model's forward with autograd before the backward of "
                     "the previous one, whose load-balancing gradient it would replace: backward each forward first, "
                     "forward the rows in one call, or sample under torch.no_grad()");
   }
 }
 
-void Run::balance_experts(double grad_divisor) {
+void Run::balance_experts(const at::Tensor& output, double grad_divisor) {
   if (experts_ && at::GradMode::is_enabled()) {
     balanced_after_ = fsdp_->backwards_ended();
+    balanced_graph_ = output.grad_fn();
     experts_->micro_batch_loss(*model().routing(), *comm_, /*micro_batches=*/1,
                                grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
   }
@@ -85,7 +88,6 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
   check_balance_consumed("logprobs");
   const at::Tensor input = to_device(input_ids, device_);
   const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]
-  balance_experts(grad_divisor);
   const int64_t rows = hidden.size(0), tokens = hidden.size(1);
   // About 64 MiB of float32 logits live at a time.
   const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
@@ -98,7 +100,9 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
     FsdpUnit* root = fsdp_->units().back().get();
     flat.register_hook([root](const at::Tensor&) { root->pre_backward(); });
   }
-  return scaled_output(flat.view({rows, tokens}));
+  const at::Tensor out = scaled_output(flat.view({rows, tokens}));
+  balance_experts(out, grad_divisor);
+  return out;
 }
 
 }  // namespace fsdpp

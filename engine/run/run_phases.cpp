@@ -25,6 +25,7 @@ std::string Run::Offloaded::names() const {
 }
 
 void Run::offload(const Offloaded& what) {
+  check_outside_backward("offload");
   if (offloaded_) throw UserError("offload: the run's " + offloaded_->names() + " are offloaded already; reload() first");
   fsdp_->reshard_all();
   // Pinned on a GPU run, so the copies back run at full speed.
@@ -40,6 +41,7 @@ void Run::offload(const Offloaded& what) {
 
 void Run::reload() {
   if (!offloaded_) return;
+  check_outside_backward("reload");
   const bool pinned = device_.is_cuda();
   for (const auto& unit : fsdp_->units()) {
     if (offloaded_->params) unit->move_shards(unit->home(), pinned);
@@ -47,6 +49,13 @@ void Run::reload() {
   }
   if (offloaded_->optimizer) optimizer_->move_state(std::nullopt, pinned);  // beside the shards again
   offloaded_.reset();
+}
+
+void Run::check_outside_backward(const char* what) const {
+  if (fsdp_->in_backward()) {
+    throw UserError(std::string(what) + ": not from inside a backward through the units (a hook's call): the backward "
+                    "still reads what it would replace; call it once backward() has returned");
+  }
 }
 
 void Run::check_loaded(const char* what, bool params_only) const {

@@ -130,6 +130,7 @@ ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
 
 ResumePoint Run::load(const fs::path& dir) {
   check_loaded("load");
+  check_outside_backward("load");
   // Each rank opens the checkpoint and reads its own rows of other ranks' files: one rank's
   // failure (a path or a file missing on its node, a corrupt one) is made every rank's, so
   // that none goes on to a collective the others never reach.

@@ -54,9 +54,13 @@ def _toml_value(key, value):
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, bytes) or any("\ud800" <= c <= "\udfff" for c in text):
+            raise Error(f"overrides: {key}: a run file's strings are UTF-8 text, and this one is not "
+                        "(a name os.listdir could not decode?)")
         # A JSON string is a TOML basic string, given its characters as they are: JSON's
         # escapes of characters past U+FFFF are surrogate pairs, which TOML refuses.
-        return json.dumps(os.fspath(value), ensure_ascii=False)
+        return json.dumps(text, ensure_ascii=False)
     raise Error(f"overrides: {key}: expected a bool, int, float, str or path, got {type(value).__name__}")
 
 
@@ -74,10 +78,13 @@ def _tensor(name, value, optional=False):
 
 
 def _path(name, value):
-    """`value` as a path string; else fsdpp.Error."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise Error(f"{name}: expected a str or path, got {type(value).__name__}")
-    return os.fspath(value)
+    """`value` as a path's bytes (a name os.listdir could not decode included); else fsdpp.Error."""
+    if not isinstance(value, (str, bytes, os.PathLike)):
+        raise Error(f"{name}: expected a str, bytes or path, got {type(value).__name__}")
+    path = os.fsencode(value)
+    if b"\0" in path:
+        raise Error(f"{name}: the path holds a NUL byte")
+    return path
 
 
 def _holding(run, output):

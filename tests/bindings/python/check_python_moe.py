@@ -8,7 +8,8 @@ update happen inside fsdpp.Run, as in the binary, without the loop writing eithe
   world 2 under torchrun, gradients averaged, equal to world 1 within 1e-10 (each rank's
   share of the load-balancing loss survives the average); the run file's [train] grad_accum,
   the binary's own loop's, does not divide the weight of the loop's forwards;
-- a second forward with autograd before the first one's backward is refused;
+- a second forward with autograd before the first one's backward is refused, and a forward
+  whose output was dropped is no such forward;
 - DeepSeek-V3 with [experts] bias_update_rate: world 2 equal to world 1 within 1e-10, the
   routing biases included, each bias having moved by whole multiples of the rate.
 
@@ -102,6 +103,20 @@ def second_forward_refused(run_file):
           and "\n" not in message and stepped and norm > 0)
     print(f"{'ok  ' if ok else 'FAIL'} a second forward with autograd before the first's backward: {message}; "
           f"then a step of norm {norm:.6f}")
+    # A forward whose output is gone (a loss that raised, logits detached) has no backward to
+    # come: the next forward trains, and its step is a fresh run's.
+    head_in_root = {"policy.options.fused_linear_logprob": True}  # for logprobs
+    run, fresh = fsdpp.Run(run_file, head_in_root), fsdpp.Run(run_file, head_in_root)
+    run.model(ids).detach()
+    run.model.logprobs(ids[:, :-1], ids[:, 1:]).detach()
+    dropped = []
+    for r in (run, fresh):
+        r.model(ids).sum().backward()
+        dropped.append(r.step())
+    good = dropped[0] == dropped[1]
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} forwards dropped before their backward, then a forward, backward and step: "
+          f"{dropped[0]}, a fresh run's {dropped[1]}")
     return ok
 
 

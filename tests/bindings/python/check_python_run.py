@@ -578,6 +578,78 @@ def threads_share_a_run(run_file):
     return ok
 
 
+def overlapping_callers(run_file):
+    """What an RL loop's threads and habits do to one Run: a rollout thread's forwards while
+    the learner's backwards run leave the learner's step what it is alone; a backward begun
+    while another thread's runs is refused in one line and the first goes on; a forward under
+    torch.autocast computes in the plan's precision, its backward outside autocast."""
+    import threading
+    import fsdpp
+    ids = batches(101)[0][0]
+
+    def learner(run, backwards=3):
+        for _ in range(backwards):
+            run.model(ids).sum().backward()
+        return run.step()
+
+    alone = learner(fsdpp.Run(run_file))
+    run = fsdpp.Run(run_file)
+    stop = threading.Event()
+
+    def sampler():
+        with torch.no_grad():
+            while not stop.is_set():
+                run.model(ids)
+
+    thread = threading.Thread(target=sampler)
+    thread.start()
+    try:
+        beside = learner(run)
+    finally:
+        stop.set()
+        thread.join()
+    ok = beside == alone
+    print(f"{'ok  ' if ok else 'FAIL'} backwards beside a sampling thread's forwards: {beside}, alone {alone}")
+
+    run = fsdpp.Run(run_file)
+    first, second = run.model(ids), run.model(ids.flip(1))
+    begun, release = threading.Event(), threading.Event()
+
+    def held(grad):  # after the root unit's own hook, which begins the units' backward
+        begun.set()
+        release.wait()
+
+    first.register_hook(held)
+    thread = threading.Thread(target=lambda: first.sum().backward())
+    thread.start()
+    begun.wait()
+    try:
+        second.sum().backward()
+        refused = "no error"
+    except RuntimeError as e:  # raised inside autograd's engine, which makes any error a RuntimeError
+        refused = str(e)
+    finally:
+        release.set()
+        thread.join()
+    after = run.step()
+    good = "backwards through one run go one at a time" in refused and after == learner(fsdpp.Run(run_file), 1)
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} a backward begun while another thread's runs: {refused}; the first's step {after}")
+
+    def under_autocast(run):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = run.model(ids)
+        logits.sum().backward()
+        return logits.dtype, run.step()
+
+    in_float32 = {"model.dtype": "float32"}
+    under, plain = under_autocast(fsdpp.Run(run_file, in_float32)), learner(fsdpp.Run(run_file, in_float32), 1)
+    good = under == (torch.float32, plain)
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} a float32 run's forward under autocast(bfloat16): {under}, without {plain}")
+    return ok
+
+
 def save_refused_at_world_2(run_file, work, torchrun):
     """A save under a path that is a file, at world 2: rank 0 cannot make the directory, and
     both ranks raise fsdpp.Error at once, rank 1 saying another rank failed, rather than rank 1
@@ -615,6 +687,11 @@ def bad_uses(run_file, other_model_dir, work):
     ahead.step()
     ahead.save(later)
     del ahead
+
+    def in_a_hook(call):
+        logits = run.model(ids)
+        logits.register_hook(lambda grad: call())
+        logits.sum().backward()
     cases = [
         ("float input_ids", lambda: run.model(ids.float()),
          "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
@@ -666,8 +743,8 @@ def bad_uses(run_file, other_model_dir, work):
         ("saving a step saved already", lambda: run.save(os.path.dirname(other)),
          f"save: {other} exists already; save to another directory or remove it"),
         ("offloading None", lambda: run.offload(None), "offload: expected names among params, grads, optimizer, got NoneType"),
-        ("loading None", lambda: run.load(None), "load: expected a str or path, got NoneType"),
-        ("saving to a number", lambda: run.save(3), "save: expected a str or path, got int"),
+        ("loading None", lambda: run.load(None), "load: expected a str, bytes or path, got NoneType"),
+        ("saving to a number", lambda: run.save(3), "save: expected a str, bytes or path, got int"),
         ("a temperature past a float's range", lambda: run.model.logprobs(ids, ids, temperature=10**400),
          "temperature: must be a positive number within a float's range, got an integer of 401 digits"),
         ("sparse input_ids", lambda: run.model(ids.to_sparse()), "input_ids: expected a dense tensor, got a torch.sparse_coo one"),
@@ -676,6 +753,16 @@ def bad_uses(run_file, other_model_dir, work):
         ("a step with no backward", lambda: run.step(), "step: no gradients since zero_grad"),
         ("saving behind a later checkpoint of the run", lambda: run.save(later),
          f"save: {later}/step-00000001 is a later checkpoint of this run than step 0"),
+        ("a document spanning rows", lambda: run.model(ids, document_offsets=torch.tensor([0, 3, 7, 10])),
+         "document_offsets: a document spans rows 0 and 1: no offset is 5, where row 1 of 5 tokens starts"),
+        ("a path holding a NUL byte", lambda: run.load(os.path.join(work, "a\0b")), "load: the path holds a NUL byte"),
+        ("a path the system refuses", lambda: run.save(os.path.join(work, "x" * 300)), "File name too long"),
+        ("a step from a backward's hook", lambda: in_a_hook(run.step),
+         "step: not from inside a backward through the units (a hook's call)"),
+        ("an offload from a backward's hook", lambda: in_a_hook(lambda: run.offload("grads")),
+         "offload: not from inside a backward through the units (a hook's call)"),
+        ("a load from a backward's hook", lambda: in_a_hook(lambda: run.load(later)),
+         "load: not from inside a backward through the units (a hook's call)"),
     ]
     ok = True
     for name, call, expected in cases:
@@ -756,6 +843,7 @@ def main():
     ok &= offload_round_trip(run_file)
     ok &= graph_outlives_its_calls(run_file)
     ok &= threads_share_a_run(run_file)
+    ok &= overlapping_callers(run_file)
     ok &= backwards_of_every_shape(run_file)
     ok &= save_refused_at_world_2(run_file, work, torchrun)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
