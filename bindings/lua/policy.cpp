@@ -98,6 +98,7 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
           : "";
       throw UserError(where + "[policy] name: no policy file " + name + relative);
     }
+    if (!std::filesystem::is_regular_file(name)) throw UserError(where + "[policy] name: " + name + " is not a file");
     return name;
   }
   if (std::error_code error; !std::filesystem::is_directory(policy_dir(), error)) {

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <thread>
 
 namespace fsdpp {
@@ -94,12 +95,10 @@ node 0.
 // A whole number for `flag` in [min, max], or UserError in the command's words.
 int64_t whole_number(const std::string& command, const std::string& flag, const std::string& text, int64_t min,
                      int64_t max) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used == text.size() && v >= min && v <= max) return v;
-  } catch (const std::exception&) {
-  }
+  // The digits alone: no space or sign around them, as a shell's word gives a number.
+  int64_t v = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (error == std::errc() && end == text.data() + text.size() && v >= min && v <= max) return v;
   throw UserError(command + ": " + flag + " takes a whole number in [" + std::to_string(min) + ", " +
                   std::to_string(max) + "], got '" + text + "'");
 }

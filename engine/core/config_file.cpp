@@ -59,6 +59,19 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
   return best.empty() ? "" : "; did you mean '" + best + "'?";
 }
 
+// The value of `key` in [section], or in a sub-table of it ("options.x"); nullptr if absent.
+const toml::node* node_at(const ConfigDocument& doc, const std::string& section, const std::string& key) {
+  const toml::table* table = doc.root.get_as<toml::table>(section);
+  if (table == nullptr) return nullptr;
+  if (const toml::node* node = table->get(key)) return node;
+  // A key of a sub-table ("options.a.b"), whose own name may hold dots: read as a path, its
+  // quoted "a.b" would be two keys that are not there.
+  const auto dot = key.find('.');
+  if (dot == std::string::npos) return nullptr;
+  const toml::table* inner = table->get_as<toml::table>(key.substr(0, dot));
+  return inner == nullptr ? nullptr : inner->get(key.substr(dot + 1));
+}
+
 }  // namespace
 
 std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
@@ -80,7 +93,7 @@ ConfigSection::ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::str
 std::string ConfigSection::where(const std::string& key) const {
   auto over = doc_->overridden.find(name_ + "." + key);
   if (over != doc_->overridden.end()) return doc_->override_label + " " + over->second;
-  const toml::node* node = doc_->root.at_path(name_ + "." + key).node();
+  const toml::node* node = node_at(*doc_, name_, key);
   if (node == nullptr) node = doc_->root.get(name_);
   std::string location = doc_->path.string();
   if (node != nullptr && node->source().begin.line > 0) {
@@ -95,7 +108,7 @@ void ConfigSection::fail(const std::string& key, const std::string& message) con
 
 const void* ConfigSection::lookup(const std::string& key, const char* expected) {
   asked_.insert(key);
-  const toml::node* node = doc_->root.at_path(name_ + "." + key).node();
+  const toml::node* node = node_at(*doc_, name_, key);
   if (node == nullptr) return nullptr;
   const bool ok = (std::string(expected) == "a float" && (node->is_floating_point() || node->is_integer())) ||
                   type_name(*node) == expected;

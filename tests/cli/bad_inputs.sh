@@ -497,6 +497,14 @@ expect "a control character in a policy option" "[policy] options.lora_targets: 
   -- train "$work/ok.toml" --set 'policy.options.lora_targets="q_proj\u001b[31m"'
 expect "launch without --nproc-per-node" "launch: --nproc-per-node N is required (the ranks to start on this node)" \
   -- launch -- train "$work/ok.toml"
+expect "a directory as the policy" "--set policy.name=$work: [policy] name: $work is not a file" \
+  -- train "$work/ok.toml" --set "policy.name=$work"
+{ cat "$work/ok.toml"; echo "[policy.options]"; echo '"lora.rank" = 1'; } >"$work/quoted_option.toml"
+expect "an option key holding a dot, named at its own line" \
+  "quoted_option.toml:11: [policy.options] lora.rank: the policy policies/llama.lua has no such option" \
+  -- train "$work/quoted_option.toml"
+expect "a number with a space before it" "plan: --world takes a whole number in [1, 1048576], got ' 4'" \
+  -- plan "$work/ok.toml" --world " 4"
 FSDPP_POLICY_DIR=$work/none expect "FSDPP_POLICY_DIR naming no directory" \
   "[policy] name: no shipped policy 'llama': the policy directory $work/none (FSDPP_POLICY_DIR) is no directory" \
   -- train "$work/ok.toml"
