@@ -27,6 +27,7 @@ struct PolicyRun {
   size_t logged_bytes = 0, log_cap = 0;  // what log() has printed, and may print in all
   Plan plan;
   std::filesystem::path lib_dir;         // where require() looks
+  std::vector<std::string> requiring;    // the modules require() is running, outermost first
   size_t memory_used = 0, memory_cap = 0;
   int64_t instructions_left = 0;
   std::string budget_error;              // set once the budget is spent: "file:line: ..."

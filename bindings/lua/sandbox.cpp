@@ -89,9 +89,22 @@ int api_require(lua_State* L) {
   if (!std::filesystem::is_regular_file(path)) {
     throw ScriptError("require: no module '" + name + "' in " + run.lib_dir.string());
   }
+  // A module that requires itself, through others or not, would recurse until the C stack ends.
+  if (std::find(run.requiring.begin(), run.requiring.end(), name) != run.requiring.end()) {
+    std::string cycle;
+    for (auto it = std::find(run.requiring.begin(), run.requiring.end(), name); it != run.requiring.end(); ++it) {
+      cycle += *it + " -> ";
+    }
+    throw ScriptError("require: '" + name + "' requires itself (" + cycle + name + ")");
+  }
   if (load_script(L, path) != LUA_OK) {
     throw ScriptError(lua_tostring(L, -1));
   }
+  run.requiring.push_back(name);
+  struct Done {
+    std::vector<std::string>& requiring;
+    ~Done() { requiring.pop_back(); }
+  } done{run.requiring};
   protected_call(L, 0, 1);
   if (lua_isnil(L, -1)) {
     lua_pop(L, 1);

@@ -305,8 +305,13 @@ TEST_CASE("a script opening with a byte-order mark or a #! line runs, and keeps 
   std::ofstream(dir / "lib" / "marked.lua") << "\xEF\xBB\xBF#!/usr/bin/env lua\nlocal M = {}\nM.fail = function() error('in lib') end\nreturn M\n";
   ::setenv("FSDPP_POLICY_DIR", dir.c_str(), 1);
   const std::string required = policy_error("local m = require('marked')\nwrap(ctx.model)\nm.fail()\n");
+  // Modules that require each other are named, where they recursed until the C stack ended.
+  std::ofstream(dir / "lib" / "ping.lua") << "return require('pong')\n";
+  std::ofstream(dir / "lib" / "pong.lua") << "return require('ping')\n";
+  const std::string cycle = policy_error("require('ping')\n");
   ::unsetenv("FSDPP_POLICY_DIR");
   CHECK_THAT(required, Catch::EndsWith("lib/marked.lua:3: in lib"));
+  CHECK_THAT(cycle, Catch::EndsWith("lib/pong.lua:1: require: 'ping' requires itself (ping -> pong -> ping)"));
 }
 
 TEST_CASE("editing a policy file changes the plan without rebuilding", "[lua]") {
