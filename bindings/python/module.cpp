@@ -93,10 +93,11 @@ class PythonRun {
     if (targets.sizes() != input_ids.sizes()) {
       throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " + shape_text(targets));
     }
-    if (!(temperature > 0 && std::isfinite(temperature))) {
+    // Past these the logits / temperature overflow or flatten, and the log-probabilities are NaN or 0.
+    if (!(temperature >= 1e-6 && temperature <= 1e6)) {
       std::ostringstream given;
       given << temperature;
-      throw UserError("temperature: must be a positive number, got " + given.str());
+      throw UserError("temperature: must be a positive number in [1e-06, 1e+06], got " + given.str());
     }
     const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
     return exclusively([&] {

@@ -13,6 +13,7 @@ fsdpp.Error, one line naming the file and key. docs/python.md has the whole API.
 """
 import collections.abc
 import json
+import numbers
 import os
 import re
 
@@ -120,9 +121,12 @@ class Model:
         a time, so [B, T, V] logits are never held. Its gradient is that of the full
         computation. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true)."""
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        if isinstance(temperature, torch.Tensor) and temperature.numel() == 1 and not temperature.is_complex():
+            temperature = temperature.item()  # a loop's scalar tensor
+        # numbers.Real takes numpy's scalars as well
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
             raise Error(f"temperature: must be a positive number, got {type(temperature).__name__}")
-        if isinstance(temperature, int) and temperature > 1e300:
+        if isinstance(temperature, numbers.Integral) and temperature > 1e300:
             raise Error(f"temperature: must be a positive number within a float's range, got an integer of "
                         f"{len(str(temperature))} digits")
         targets = _tensor("targets", targets)

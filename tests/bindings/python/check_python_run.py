@@ -719,7 +719,9 @@ def bad_uses(run_file, other_model_dir, work):
         ("logprobs of targets shaped apart", lambda: run.model.logprobs(ids, ids[:, :3]),
          "targets: expected the shape of input_ids [2, 5], got [2, 3]"),
         ("logprobs at temperature 0", lambda: run.model.logprobs(ids, ids, temperature=0),
-         "temperature: must be a positive number, got 0"),
+         "temperature: must be a positive number in [1e-06, 1e+06], got 0"),
+        ("logprobs at a temperature that overflows the logits", lambda: run.model.logprobs(ids, ids, temperature=1e-300),
+         "temperature: must be a positive number in [1e-06, 1e+06], got 1e-300"),
         ("loading a directory that holds no checkpoint", lambda: run.load(work),
          f"load: {work} is not a complete checkpoint (no metadata.json with its metadata.crc32c)"),
         ("loading an untied model's checkpoint into a tied one", lambda: run.load(other),
@@ -774,6 +776,15 @@ def bad_uses(run_file, other_model_dir, work):
         good = expected in message and "\n" not in message
         ok = ok and good
         print(f"{'ok  ' if good else 'FAIL'} {name}: {message}")
+    # A temperature may be any real scalar a loop holds: numpy's, or a one-element tensor.
+    import numpy
+    head_in_root = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})
+    with torch.no_grad():
+        want = head_in_root.model.logprobs(ids, ids, temperature=0.5)
+        scalars = [head_in_root.model.logprobs(ids, ids, temperature=t) for t in (numpy.float32(0.5), torch.tensor(0.5))]
+    good = all(torch.equal(got, want) for got in scalars)
+    ok = ok and good
+    print(f"{'ok  ' if good else 'FAIL'} a temperature given as numpy.float32 or a one-element tensor")
     # The run still trains after all of that.
     logits = run.model(ids)
     logits.sum().backward()
