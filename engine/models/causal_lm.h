@@ -64,7 +64,7 @@ class CausalLM : public Module {
   // text decoders take them.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) {
     throw UserError(class_name() + " takes neither packed documents nor chosen positions (a run file: set [data] "
-                    "packing = false)");
+                    "packing = false; Python: leave out document_offsets and position_ids)");
   }
 
   // The final hidden states; the text decoders give them.
