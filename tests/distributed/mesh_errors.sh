@@ -33,6 +33,7 @@ by_hand() {  # RANK [--set ...]
     "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$WORK/settings-$rank\"" \
     --set parallel.timeout_s=60 --set train.steps=4 "$@" >/dev/null 2>"$WORK/settings-$rank.err"
 }
+rm -rf "$WORK"/settings-*
 by_hand 0 & first=$!
 by_hand 1 --set optimizer.lr=0.5 --set train.steps=7
 rc1=$?
@@ -48,6 +49,7 @@ fi
 
 # A reader of the launcher's output that goes away (`| head -1`) ends neither the launcher
 # nor its ranks: the run trains to its end and exports.
+rm -rf "$WORK/closed-pipe"
 "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=3 \
   --set "train.out_dir=\"$WORK/closed-pipe\"" 2>&1 | head -1 >/dev/null
 rc=${PIPESTATUS[0]}
