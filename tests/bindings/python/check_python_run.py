@@ -671,6 +671,19 @@ def save_refused_at_world_2(run_file, work, torchrun):
     return ok
 
 
+def runs_one_after_another(run_file, work, torchrun):
+    """At world 2, a process makes a Run, trains a step, drops it and makes the next, three
+    times: each Run rendezvouses with the other rank's Run of the same turn (a rank ahead
+    reached the other's previous store), so every turn's step is the first turn's."""
+    out = os.path.join(work, "one-after-another")
+    subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--one-after-another", run_file, out],
+                   check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    turns = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    ok = turns[0] == turns[1] and len(turns[0]) == 3 and all(t == turns[0][0] for t in turns[0])
+    print(f"{'ok  ' if ok else 'FAIL'} three Runs one after another at world 2: steps {turns[0]} and {turns[1]}")
+    return ok
+
+
 def bad_uses(run_file, other_model_dir, work):
     """Each bad use of the run of `run_file` (the tied model's) raises fsdpp.Error with its
     one-line message; the interpreter goes on."""
@@ -808,6 +821,18 @@ def main():
             message = str(e)
         open(f"{sys.argv[4]}.{run.rank}", "w").write(message)
         return 0
+    if sys.argv[1] == "--one-after-another":  # torchrun's processes: a Run per turn, each dropped
+        import gc
+        import fsdpp
+        steps = []
+        for _ in range(3):
+            run = fsdpp.Run(sys.argv[2], {"parallel.timeout_s": 60})
+            run.model(batches(101)[0][0]).sum().backward()
+            steps.append(list(run.step()))
+            run = None
+            gc.collect()
+        json.dump(steps, open(f"{sys.argv[3]}.{int(os.environ['RANK'])}", "w"))
+        return 0
     if sys.argv[1] == "--rank":  # one of torchrun's processes
         run_file, loss_name, out = sys.argv[2:5]
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -857,6 +882,7 @@ def main():
     ok &= overlapping_callers(run_file)
     ok &= backwards_of_every_shape(run_file)
     ok &= save_refused_at_world_2(run_file, work, torchrun)
+    ok &= runs_one_after_another(run_file, work, torchrun)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     ok &= tied_head_adapter(os.path.join(fixtures, "llama_tied_rope3"), os.path.join(work, "tied-head"))
     ok &= resume_of_a_binary_run(os.path.join(work, "binary-run"))
