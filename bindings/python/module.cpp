@@ -128,8 +128,8 @@ class PythonRun {
   // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
   // (none: [checkpoint] dir; older ones rotated by keep and max_gb) that `fsdpp train` and
   // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.
-  // Returns its path.
-  std::string save(const std::optional<std::string>& root) {
+  // Returns its path, as bytes: a name of no UTF-8 is the caller's to decode.
+  py::bytes save(const std::optional<std::string>& root) {
     if (root && root->empty()) throw UserError("save: the directory is an empty path");
     const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
     // The binary leaves a step saved twice as it is; here a load() may have rewound the step
@@ -139,7 +139,7 @@ class PythonRun {
                       "directory or remove it");
     }
     exclusively([&] { run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir); });
-    return checkpoint_path(dir, steps_).string();
+    return py::bytes(checkpoint_path(dir, steps_).string());
   }
 
   // Replaces the parameters, the optimizer's state and the step count with the checkpoint's.

@@ -23,6 +23,8 @@ struct RecomputeBackward : public torch::autograd::Node {
     at::Tensor output;
     {
       at::AutoGradMode grad_on(true);
+      // The forward again as it ran, whatever autocast the caller's backward runs under.
+      const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
       output = body(leaves);
     }
     if (output.requires_grad()) torch::autograd::backward({output}, {grads[0]});

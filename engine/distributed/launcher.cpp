@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -77,32 +78,31 @@ int wait_for_activity(const std::vector<std::unique_ptr<RankProcess>>& ranks) {
 }
 
 // The launcher's one line on a failed job, and its exit status 2. The cause is the rank that
-// stopped on a user error, else one that a signal ended (killed, or crashed) before the
-// launcher stopped the rest, else the first to fail: the others' failures (a peer gone from
-// a collective) are its consequences, whichever the launcher saw first.
+// stopped on a user error saying why, else one that a signal ended (killed, or crashed)
+// before the launcher stopped the rest, else one whose user error says another rank failed,
+// else the first to fail: the others' failures (a peer gone from a collective) are its
+// consequences, whichever the launcher saw first.
 int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
                    const std::vector<const RankProcess*>& failed_unstopped, const RankProcess& first_failed) {
-  const auto consequence = [](const RankProcess* r) { return r->error_message().find(kAnotherRankFailed) != std::string::npos; };
+  const auto consequence = [](const RankProcess* r) {
+    return r->error_message().find(kAnotherRankFailed) != std::string::npos;
+  };
   const RankProcess* user_error = nullptr;  // the first that says why, else the first
   for (const auto& r : ranks) {
     if (r->stopped_on_user_error() && (user_error == nullptr || (consequence(user_error) && !consequence(r.get())))) {
       user_error = r.get();
     }
   }
-  if (user_error != nullptr) {
+  const auto signalled = std::find_if(failed_unstopped.begin(), failed_unstopped.end(),
+                                     [](const RankProcess* r) { return r->ended_by_signal(); });
+  if (user_error != nullptr && (!consequence(user_error) || signalled == failed_unstopped.end())) {
     // A message that names its rank already (a rendezvous's) is not prefixed twice.
     const std::string named = "rank " + std::to_string(user_error->rank()) + ": ";
     const std::string& said = user_error->error_message();
     std::fprintf(stderr, "fsdpp: error: %s%s\n", said.starts_with(named) ? "" : named.c_str(), said.c_str());
     return 2;
   }
-  const RankProcess* cause = &first_failed;
-  for (const RankProcess* r : failed_unstopped) {
-    if (r->ended_by_signal()) {
-      cause = r;
-      break;
-    }
-  }
+  const RankProcess* cause = signalled != failed_unstopped.end() ? *signalled : &first_failed;
   const std::string said = cause->error_message().empty() ? "" : ": " + cause->error_message();
   std::fprintf(stderr, "fsdpp: error: rank %d failed with %s%s\n", cause->rank(), cause->describe().c_str(),
                said.c_str());

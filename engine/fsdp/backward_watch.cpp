@@ -49,9 +49,9 @@ bool BackwardWatch::inside() const {
   return state_->running && torch::autograd::get_current_graph_task_id() == state_->task;
 }
 
-bool BackwardWatch::running() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->running;
+bool BackwardWatch::running_after(std::chrono::milliseconds grace) const {
+  std::unique_lock lock(state_->mutex);
+  return !state_->ended.wait_for(lock, grace, [this] { return !state_->running; });
 }
 
 bool BackwardWatch::wait_until_over() {

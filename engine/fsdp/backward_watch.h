@@ -7,6 +7,7 @@
 // backward is over, whichever way it ended.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -24,8 +25,9 @@ class BackwardWatch {
   // Whether the calling thread runs the backward begun last, and it still runs (a forward
   // inside it is a recomputation).
   bool inside() const;
-  // Whether the backward begun last still runs (its ticket lives), on whichever thread.
-  bool running() const;
+  // Whether the backward begun last still runs (its ticket lives) after waiting up to
+  // `grace` for it to end: the engine may free an ended one's ticket late, on a device thread.
+  bool running_after(std::chrono::milliseconds grace) const;
   // From outside the backward begun last: returns once it is over, having waited for one
   // that another thread runs. From inside it (a recomputation the caller wraps, a hook that
   // calls into the run): returns false at once, waiting for nothing.

@@ -279,8 +279,10 @@ void FsdpState::on_pre_backward(FsdpUnit* unit) {
     // A call another thread makes holds the units until it ends (begin_call).
     std::lock_guard<std::mutex> no_call(calls_);
     if (in_backward_) {
-      // Waiting here for the other backward could hold the device thread it needs.
-      if (backward_.running()) {
+      // Waiting here for the other backward to end could hold the device thread it needs: a
+      // moment's wait tells one that ended in an exception, its ticket freed late, from one
+      // another thread runs.
+      if (backward_.running_after(std::chrono::milliseconds(100))) {
         throw UserError("a backward through the units began while another thread's still runs; backwards through "
                         "one run go one at a time");
       }
@@ -338,7 +340,7 @@ std::unique_lock<std::mutex> FsdpState::begin_call() {
     const bool outside = backward_.wait_until_over();
     std::unique_lock<std::mutex> call(calls_);
     // A backward that began between the wait and the lock is waited for in turn.
-    if (!outside || backward_.inside() || !backward_.running()) return call;
+    if (!outside || backward_.inside() || !backward_.running_after(std::chrono::milliseconds(0))) return call;
   }
 }
 

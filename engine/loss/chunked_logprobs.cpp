@@ -41,6 +41,8 @@ struct ChunkedLogprobs : public torch::autograd::Function<ChunkedLogprobs> {
     const double temperature = ctx->saved_data["temperature"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const at::Tensor grad = grads[0];  // [N]
+    // In the forward's precision, whatever autocast the caller's backward runs under.
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     at::Tensor grad_hidden = at::empty_like(hidden);
     at::Tensor grad_weight = at::zeros(weight.sizes(), weight.options().dtype(wide(weight.scalar_type())));
     for (int64_t begin = 0; begin < hidden.size(0); begin += chunk) {

@@ -2,7 +2,6 @@
 // a difference names its keys.
 #include "run/rank_agreement.h"
 
-#include "core/checksum.h"
 #include "core/error.h"
 #include "io/model_source.h"
 #include "models/model_config.h"
@@ -20,13 +19,15 @@ namespace fsdpp {
 
 namespace {
 
-// Settings that name files, which nodes may keep at other paths: what they hold is compared
-// where it matters (the model's config.json here; the plan by require_same_plan).
-const std::vector<std::string> kPathKeys = {"model.path", "model.adapter", "data.train", "data.eval", "policy.name"};
+// Settings that name files, which nodes may keep at other paths (what they hold is compared
+// where it matters: the model's config.json here, the plan by require_same_plan), and a
+// node's own patience.
+const std::vector<std::string> kNodeKeys = {"model.path", "model.adapter", "data.train", "data.eval", "policy.name",
+                                            "parallel.timeout_s"};
 
 std::map<std::string, std::string> settings_of(const RunConfig& config, std::optional<int64_t> resumed_step) {
   std::map<std::string, std::string> settings = run_settings(config);
-  for (const auto& key : kPathKeys) settings.erase(key);
+  for (const auto& key : kNodeKeys) settings.erase(key);
   // Outside run_settings, which names what a checkpoint's numbers depend on, but each one
   // decides when every rank meets in a collective.
   settings["train.steps"] = std::to_string(config.train.steps);
@@ -35,9 +36,6 @@ std::map<std::string, std::string> settings_of(const RunConfig& config, std::opt
   settings["checkpoint.save_every"] = std::to_string(config.checkpoint.save_every);
   settings["checkpoint.save_final"] = config.checkpoint.save_final ? "true" : "false";
   settings["resumed after step"] = resumed_step ? std::to_string(*resumed_step) : "none";
-  const ModelConfig model = model_config_of(config.model);
-  const std::string model_text = model.raw ? model.raw->dump() : "";
-  settings["the model's config.json"] = format_crc32c(crc32c(model_text.data(), model_text.size()));
   return settings;
 }
 
@@ -74,10 +72,30 @@ std::vector<std::string> gather_texts(Comm& world, const std::string& text) {
   return texts;
 }
 
+// The fields in which a rank's model computes otherwise than rank 0's (copies of config.json
+// made apart may differ in what builds no other model: _name_or_path, transformers_version).
+void require_same_model(const RunConfig& config, Comm& world) {
+  const ModelConfig model = model_config_of(config.model);
+  const std::vector<std::string> texts = gather_texts(world, model.raw ? model.raw->dump() : "{}");
+  if (texts[0] == "{}") return;  // a model of no file; every rank reads the same texts, and returns alike
+  const ModelConfig first = ModelConfig::from_text(texts[0], "rank 0's config.json");
+  for (int r = 1; r < world.size(); ++r) {
+    if (texts[r] == texts[0] || texts[r] == "{}") continue;
+    const std::string origin = "rank " + std::to_string(r) + "'s config.json";
+    const auto differences = first.differences(ModelConfig::from_text(texts[r], origin));
+    if (differences.empty()) continue;
+    std::string fields;
+    for (const auto& field : differences) fields += (fields.empty() ? "" : ", ") + field;
+    throw UserError("rank " + std::to_string(r) + " was given another model than rank 0 (" + fields +
+                    ", from rank 0's config.json to rank " + std::to_string(r) + "'s), and every rank must train the same");
+  }
+}
+
 }  // namespace
 
 void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world) {
   if (world.size() == 1) return;
+  require_same_model(config, world);
   const std::vector<std::string> texts = gather_texts(world, lines_of(settings_of(config, resumed_step)));
   const auto first = settings_in(texts[0]);
   for (int r = 1; r < world.size(); ++r) {

@@ -16,8 +16,9 @@ namespace fsdpp {
 
 // A collective over `world`: UserError on every rank, naming the first rank whose settings
 // differ from rank 0's and each setting that does, unless all ranks agree. The settings are
-// the run file's less its paths (nodes may keep the files at other paths), the model's
-// config.json, and the step a resumed run goes on after.
+// the run file's less its paths (nodes may keep the files at other paths) and timeout, the
+// fields of the model's config.json that change what it computes, and the step a resumed
+// run goes on after.
 void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world);
 
 }  // namespace fsdpp

@@ -47,6 +47,41 @@ else
   echo "FAIL ranks given other settings (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
 fi
 
+# So does a rank given another model: a copy of config.json with another rope_theta. A copy
+# that differs in what builds no other model (_name_or_path) trains.
+rm -rf "$WORK"/settings-* "$WORK/other-model" "$WORK/same-model"
+mkdir -p "$WORK/other-model" "$WORK/same-model"
+python3 - tests/assets/models/fsdp-llama/config.json "$WORK" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+json.dump({**config, "_name_or_path": "elsewhere"}, open(sys.argv[2] + "/same-model/config.json", "w"))
+json.dump({**config, "rope_theta": 12345.0}, open(sys.argv[2] + "/other-model/config.json", "w"))
+PY
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+by_hand 0 & first=$!
+by_hand 1 --set "model.path=\"$WORK/other-model\""
+rc1=$?
+wait $first
+rc0=$?
+said=$(grep '^fsdpp: error:' "$WORK/settings-0.err")
+if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] && grep -qF "rank 1 was given another model than rank 0 (rope_theta" <<<"$said"; then
+  echo "ok   a rank given another model: $said"
+else
+  echo "FAIL a rank given another model (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
+fi
+rm -rf "$WORK"/settings-*
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+by_hand 0 --set train.steps=2 --set checkpoint.save_final=false & first=$!
+by_hand 1 --set train.steps=2 --set checkpoint.save_final=false --set "model.path=\"$WORK/same-model\""
+rc1=$?
+wait $first
+rc0=$?
+if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]; then
+  echo "ok   a rank given a copy of the model's config.json that builds the same model trains"
+else
+  echo "FAIL a copy of config.json that builds the same model (exit $rc0, $rc1)"; cat "$WORK"/settings-*.err; status=1
+fi
+
 # A reader of the launcher's output that goes away (`| head -1`) ends neither the launcher
 # nor its ranks: the run trains to its end and exports.
 rm -rf "$WORK/closed-pipe"

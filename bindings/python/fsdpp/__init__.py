@@ -178,7 +178,7 @@ class Run:
         path, which load() reads back into a built Run, and a later Run (or `fsdpp train`)
         resumes from with overrides={"checkpoint.resume": path}, at any world size;
         `fsdpp export` turns it into a Hugging Face directory."""
-        return self._run.save(None if dir is None else _path("save", dir))
+        return os.fsdecode(self._run.save(None if dir is None else _path("save", dir)))
 
     def load(self, path):
         """Replaces the parameters, the optimizer's state and the step count with those of the

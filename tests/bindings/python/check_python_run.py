@@ -582,7 +582,8 @@ def overlapping_callers(run_file):
     """What an RL loop's threads and habits do to one Run: a rollout thread's forwards while
     the learner's backwards run leave the learner's step what it is alone; a backward begun
     while another thread's runs is refused in one line and the first goes on; a forward under
-    torch.autocast computes in the plan's precision, its backward outside autocast."""
+    torch.autocast computes in the plan's precision, its backward outside autocast, and a
+    backward under autocast recomputes as the forward computed."""
     import threading
     import fsdpp
     ids = batches(101)[0][0]
@@ -647,6 +648,22 @@ def overlapping_callers(run_file):
     good = under == (torch.float32, plain)
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} a float32 run's forward under autocast(bfloat16): {under}, without {plain}")
+
+    # A backward under autocast (which torch's own backward ops follow) recomputes each
+    # checkpointed layer's forward as it ran, so it gives what the saved activations give.
+    def backward_under_autocast(checkpointed):
+        run = fsdpp.Run(run_file, {**in_float32, "policy.options.fused_linear_logprob": True,
+                                   "policy.options.activation_checkpoint": checkpointed})
+        logp = run.model.logprobs(ids[:, :-1], ids[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp.sum().backward()
+        return run.step()
+
+    recomputed, saved = backward_under_autocast(True), backward_under_autocast(False)
+    good = recomputed == saved
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} a backward under autocast(bfloat16), layers recomputed: {recomputed}, "
+          f"activations saved {saved}")
     return ok
 
 
