@@ -1,6 +1,8 @@
 // spdlog-backed implementation of core/log.h; built without LibTorch's include paths.
 #include "core/log.h"
 
+#include "core/error.h"
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -26,7 +28,10 @@ void set_log_rank(int rank) {
 
 void set_log_verbose(bool verbose) { logger().set_level(verbose ? spdlog::level::debug : spdlog::level::info); }
 
-void log_line(LogLevel level, const std::string& message) {
+void log_line(LogLevel level, const std::string& text) {
+  // One line, whatever a path or a name in it holds (a byte of no UTF-8, a line break); what
+  // --verbose adds keeps its lines (a Lua traceback is several).
+  const std::string message = level == LogLevel::debug ? text : one_line(text);
   switch (level) {
     case LogLevel::debug: logger().debug(message); break;
     case LogLevel::info: logger().info(message); break;

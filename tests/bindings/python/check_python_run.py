@@ -688,6 +688,20 @@ def save_refused_at_world_2(run_file, work, torchrun):
     return ok
 
 
+def path_of_any_bytes(run_file, work):
+    """A checkpoint saved under a name of no UTF-8 (as os.listdir gives one it cannot decode)
+    returns its path as os.fsdecode gives it, and the log writes the byte out."""
+    root = os.fsencode(os.path.join(work, "any-bytes")) + b"/ck\xff"
+    shutil.rmtree(os.path.dirname(root), ignore_errors=True)
+    script = ("import fsdpp, os, sys\n"
+              f"print(fsdpp.Run({run_file!r}).save({root!r}) == os.fsdecode({root!r} + b'/step-00000000'))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    ok = proc.stdout.strip() == b"True" and b"ck\\xff/step-00000000" in proc.stderr and b"\xff" not in proc.stderr
+    print(f"{'ok  ' if ok else 'FAIL'} a checkpoint under a name of no UTF-8: returned as os.fsdecode gives it: "
+          f"{proc.stdout.strip().decode()}, logged {[l for l in proc.stderr.decode(errors='replace').splitlines() if 'saved' in l]}")
+    return ok
+
+
 def runs_one_after_another(run_file, work, torchrun):
     """At world 2, a process makes a Run, trains a step, drops it and makes the next, three
     times: each Run rendezvouses with the other rank's Run of the same turn (a rank ahead
@@ -900,6 +914,7 @@ def main():
     ok &= backwards_of_every_shape(run_file)
     ok &= save_refused_at_world_2(run_file, work, torchrun)
     ok &= runs_one_after_another(run_file, work, torchrun)
+    ok &= path_of_any_bytes(run_file, work)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     ok &= tied_head_adapter(os.path.join(fixtures, "llama_tied_rope3"), os.path.join(work, "tied-head"))
     ok &= resume_of_a_binary_run(os.path.join(work, "binary-run"))
