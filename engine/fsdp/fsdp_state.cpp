@@ -286,7 +286,9 @@ void FsdpState::on_pre_backward(FsdpUnit* unit) {
         throw UserError("a backward through the units began while another thread's still runs; backwards through "
                         "one run go one at a time");
       }
-      abandon_backward();  // one that ended in an exception, with no call into the run since to clear it
+      // One that ended in an exception, with no call into the run since to clear it; one that
+      // ended well during the wait has cleared itself.
+      if (in_backward_) abandon_backward();
     }
     // A graph of the backward itself would have to differentiate the reductions and the
     // units' buffers, which run outside autograd.

@@ -3,6 +3,7 @@
 #include "run/rank_agreement.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/model_source.h"
 #include "models/model_config.h"
 
@@ -82,7 +83,12 @@ void require_same_model(const RunConfig& config, Comm& world) {
   for (int r = 1; r < world.size(); ++r) {
     if (texts[r] == texts[0] || texts[r] == "{}") continue;
     const std::string origin = "rank " + std::to_string(r) + "'s config.json";
-    const auto differences = first.differences(ModelConfig::from_text(texts[r], origin));
+    const ModelConfig other = ModelConfig::from_text(texts[r], origin);
+    auto differences = first.differences(other);
+    // Changes no output of a model, but each rank draws its own rows of a fresh one from it.
+    if (other.initializer_range != first.initializer_range) {
+      differences.push_back(concat("initializer_range ", first.initializer_range, " -> ", other.initializer_range));
+    }
     if (differences.empty()) continue;
     std::string fields;
     for (const auto& field : differences) fields += (fields.empty() ? "" : ", ") + field;

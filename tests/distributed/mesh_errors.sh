@@ -47,7 +47,8 @@ else
   echo "FAIL ranks given other settings (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
 fi
 
-# So does a rank given another model: a copy of config.json with another rope_theta. A copy
+# So does a rank given another model: a copy of config.json with another rope_theta, and
+# another initializer_range (each rank draws its own rows of a fresh model from it). A copy
 # that differs in what builds no other model (_name_or_path) trains.
 rm -rf "$WORK"/settings-* "$WORK/other-model" "$WORK/same-model"
 mkdir -p "$WORK/other-model" "$WORK/same-model"
@@ -55,7 +56,7 @@ python3 - tests/assets/models/fsdp-llama/config.json "$WORK" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
 json.dump({**config, "_name_or_path": "elsewhere"}, open(sys.argv[2] + "/same-model/config.json", "w"))
-json.dump({**config, "rope_theta": 12345.0}, open(sys.argv[2] + "/other-model/config.json", "w"))
+json.dump({**config, "rope_theta": 12345.0, "initializer_range": 0.03}, open(sys.argv[2] + "/other-model/config.json", "w"))
 PY
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 by_hand 0 & first=$!
@@ -64,7 +65,8 @@ rc1=$?
 wait $first
 rc0=$?
 said=$(grep '^fsdpp: error:' "$WORK/settings-0.err")
-if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] && grep -qF "rank 1 was given another model than rank 0 (rope_theta" <<<"$said"; then
+if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] && grep -qF "rank 1 was given another model than rank 0 (rope_theta" <<<"$said" &&
+   grep -qF "initializer_range 0.05 -> 0.03, from rank 0's config.json to rank 1's" <<<"$said"; then
   echo "ok   a rank given another model: $said"
 else
   echo "FAIL a rank given another model (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
