@@ -62,7 +62,8 @@ int guarded(lua_State* L) {
     return Body(L);
   } catch (const std::bad_alloc&) {
     // The evaluation's process caps what the engine allocates for a script (PolicyLimits).
-    std::snprintf(message, sizeof message, "out of memory: the engine's share for this policy is spent (a call inside a loop?)");
+    std::snprintf(message, sizeof message, "%s",
+                  "out of memory: the engine's share for this policy is spent (a call inside a loop?)");
   } catch (const std::exception& e) {
     const std::string said = e.what();
     std::snprintf(message, sizeof message, "%s", cut_line(said, said.size(), kMaxMessageBytes).c_str());

@@ -92,8 +92,8 @@ void CommWork::wait() {
   } catch (const std::exception& e) {  // gloo's own
     why = e.what();
   }
-  throw CollectiveFailure(impl->where + " failed: " + why.substr(0, why.find('\n')) +
-                          " (" + std::string(kAnotherRankFailed) + " or stopped, or took longer than [parallel] timeout_s)");
+  throw CollectiveFailure(impl->where + " failed: " + why.substr(0, why.find('\n')) + " (" + kAnotherRankFailed +
+                          " or stopped, or took longer than [parallel] timeout_s)");
 }
 
 struct Comm::Handles {

@@ -93,7 +93,8 @@ void require_same_model(const RunConfig& config, Comm& world) {
     std::string fields;
     for (const auto& field : differences) fields += (fields.empty() ? "" : ", ") + field;
     throw UserError("rank " + std::to_string(r) + " was given another model than rank 0 (" + fields +
-                    ", from rank 0's config.json to rank " + std::to_string(r) + "'s), and every rank must train the same");
+                    ", from rank 0's config.json to rank " + std::to_string(r) +
+                    "'s), and every rank must train the same");
   }
 }
 
@@ -116,7 +117,8 @@ void require_same_settings(const RunConfig& config, std::optional<int64_t> resum
     keys.insert(other.begin(), other.end());
     for (const auto& [key, unused] : keys) {
       const std::string mine = value_in(first, key), theirs = value_in(other, key);
-      if (mine != theirs) differing += (differing.empty() ? "" : "; ") + key + ": " + theirs + " (rank 0: " + mine + ")";
+      if (mine == theirs) continue;
+      differing += (differing.empty() ? "" : "; ") + key + ": " + theirs + " (rank 0: " + mine + ")";
     }
     throw UserError("rank " + std::to_string(r) + " was given other settings than rank 0, and every rank must train by "
                     "the same: " + differing);
