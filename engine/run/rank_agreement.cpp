@@ -77,11 +77,10 @@ std::vector<std::string> gather_texts(Comm& world, const std::string& text) {
 // made apart may differ in what builds no other model: _name_or_path, transformers_version).
 void require_same_model(const RunConfig& config, Comm& world) {
   const ModelConfig model = model_config_of(config.model);
-  const std::vector<std::string> texts = gather_texts(world, model.raw ? model.raw->dump() : "{}");
-  if (texts[0] == "{}") return;  // a model of no file; every rank reads the same texts, and returns alike
+  const std::vector<std::string> texts = gather_texts(world, model.raw->dump());  // read from a file: raw is set
   const ModelConfig first = ModelConfig::from_text(texts[0], "rank 0's config.json");
   for (int r = 1; r < world.size(); ++r) {
-    if (texts[r] == texts[0] || texts[r] == "{}") continue;
+    if (texts[r] == texts[0]) continue;
     const std::string origin = "rank " + std::to_string(r) + "'s config.json";
     const ModelConfig other = ModelConfig::from_text(texts[r], origin);
     auto differences = first.differences(other);
