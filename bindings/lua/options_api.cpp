@@ -109,7 +109,8 @@ bool accepts(const OptionSpec& spec, const PolicyValue& value) {
   if (const auto* i = std::get_if<int64_t>(&value)) {
     return (has_kind(spec, "integer") || has_kind(spec, "number")) && in_range(spec, static_cast<double>(*i));
   }
-  if (const auto* d = std::get_if<double>(&value)) return has_kind(spec, "number") && in_range(spec, *d);
+  // NaN falls outside every bound, and inf is no setting a policy could act on.
+  if (const auto* d = std::get_if<double>(&value)) return has_kind(spec, "number") && std::isfinite(*d) && in_range(spec, *d);
   const auto& s = std::get<std::string>(value);
   if (has_kind(spec, "string")) return true;
   if (!has_kind(spec, "dtype")) return false;
@@ -173,6 +174,10 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
   if (s.listed.empty()) throw ScriptError(what + ": names no kind or value it accepts");
   s.min = bound_at(L, spec, "min", what);
   s.max = bound_at(L, spec, "max", what);
+  if (s.min && s.max && *s.min > *s.max) {
+    throw ScriptError(what + ": min " + bound_text(*s.min, false) + " is above max " + bound_text(*s.max, false) +
+                      ", so no number is accepted");
+  }
   raw_field(L, spec, "doc");
   if (!lua_isnil(L, -1)) s.doc = to_string_arg(L, -1, (what + ": doc").c_str());
   lua_pop(L, 1);

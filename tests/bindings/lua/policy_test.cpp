@@ -502,6 +502,13 @@ wrap(ctx.model, {activation_checkpoint = opt.flag})
 TEST_CASE("a bad options{...} declaration is the policy's error, at its line", "[lua]") {
   CHECK_THAT(policy_error("options{k = {'integer', min = 1, default = 0}}\n"),
              Catch::Contains("escape.lua:1: options: k: the default 0 is not an integer >= 1"));
+  CHECK_THAT(policy_error("options{k = {'number', default = 0/0}}\n"),
+             Catch::Contains("escape.lua:1: options: k: the default nan is not a number") ||
+                 Catch::Contains("escape.lua:1: options: k: the default -nan is not a number"));
+  CHECK_THAT(policy_error("options{k = {'number', default = math.huge}}\n"),
+             Catch::Contains("escape.lua:1: options: k: the default inf is not a number"));
+  CHECK_THAT(policy_error("options{k = {'integer', min = 4, max = 2}}\n"),
+             Catch::Contains("escape.lua:1: options: k: min 4 is above max 2, so no number is accepted"));
   CHECK_THAT(policy_error("options{k = {'integer', mni = 1}}\n"),
              Catch::Contains("escape.lua:1: options: k: unknown key 'mni'; did you mean 'min'?"));
   CHECK_THAT(policy_error("options{k = {'integer', [2.5] = 1}}\n"), Catch::EndsWith("escape.lua:1: options: k: unknown key [2.5]"));
