@@ -351,6 +351,14 @@ if ! grep -q "typo_policy.lua:1: the model has no class 'LlamaDecoderLayr'" "$wo
    ! tail -1 "$work/typo.err" | grep -q "^fsdpp: error: policy error: .*typo_policy.lua:2: wrap"; then
   echo "FAIL a failing policy's warning: $(cat "$work/typo.err")"; failures=$((failures + 1))
 fi
+# --verbose adds the error's Lua traceback, its lines escaped as every log line is: the
+# message a script raises cannot reach the terminal as its codes.
+printf 'local function inner() error("red \\27[31m here") end\ninner()\n' >"$work/escape_policy.lua"
+"$FSDPP" plan "$work/ok.toml" --verbose --set "policy.name=\"$work/escape_policy.lua\"" >/dev/null 2>"$work/escape.err"
+if grep -q $'\x1b' "$work/escape.err" || ! grep -qF 'red \x1b[31m here' "$work/escape.err" ||
+   ! grep -q "stack traceback" "$work/escape.err" || ! grep -q "escape_policy.lua:1: in .*inner" "$work/escape.err"; then
+  echo "FAIL a traceback's escapes: $(cat -v "$work/escape.err")"; failures=$((failures + 1))
+fi
 expect "an unknown shipped policy" "--set policy.name=\"nosuch\": [policy] name: no shipped policy 'nosuch'" \
   -- train "$work/ok.toml" --set 'policy.name="nosuch"'
 expect "an export dtype that is none" "export --dtype: dtype 'int8' is not one of" \
