@@ -1,207 +1,19 @@
-// TOML parsing through toml++, kept to this one unit so no other header pulls it in.
+// ConfigFile: a run file parsed through toml++, its --set overrides applied, and the forms
+// in which runs compare their settings.
 #include "core/config_file.h"
 
+#include "core/config_document.h"
 #include "core/error.h"
-
-#include <toml++/toml.h>
+#include "core/toml_key_depth.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
-#include <map>
-#include <optional>
 #include <sstream>
 #include <string_view>
 
 namespace fsdpp {
-
-struct ConfigDocument {
-  std::filesystem::path path;
-  toml::table root;
-  std::map<std::string, std::string> overridden;  // "section.key" -> the --set text
-  std::string override_label = "--set";           // how messages name an override: "--set" or the caller's word
-  std::map<std::string, std::vector<std::string>> section_keys;  // every section's keys, for hints
-};
-
-namespace {
-
-std::string type_name(const toml::node& node) {
-  switch (node.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    default: return "a date or time";
-  }
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t next = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = row[j];
-      row[j] = next;
-    }
-  }
-  return row[b.size()];
-}
-
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best = nearest_name(word, candidates);
-  return best.empty() ? "" : "; did you mean '" + best + "'?";
-}
-
-// The value of `key` in [section], or in a sub-table of it ("options.x"); nullptr if absent.
-const toml::node* node_at(const ConfigDocument& doc, const std::string& section, const std::string& key) {
-  const toml::table* table = doc.root.get_as<toml::table>(section);
-  if (table == nullptr) return nullptr;
-  if (const toml::node* node = table->get(key)) return node;
-  // A key of a sub-table ("options.a.b"), whose own name may hold dots: read as a path, its
-  // quoted "a.b" would be two keys that are not there.
-  const auto dot = key.find('.');
-  if (dot == std::string::npos) return nullptr;
-  const toml::table* inner = table->get_as<toml::table>(key.substr(0, dot));
-  return inner == nullptr ? nullptr : inner->get(key.substr(dot + 1));
-}
-
-}  // namespace
-
-std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = std::max<size_t>(3, word.size() / 2) + 1;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_distance) {
-      best_distance = d;
-      best = c;
-    }
-  }
-  return best;
-}
-
-ConfigSection::ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::string name)
-    : doc_(std::move(doc)), name_(std::move(name)) {}
-
-std::string ConfigSection::where(const std::string& key) const {
-  auto over = doc_->overridden.find(name_ + "." + key);
-  if (over != doc_->overridden.end()) return doc_->override_label + " " + over->second;
-  const toml::node* node = node_at(*doc_, name_, key);
-  if (node == nullptr) node = doc_->root.get(name_);
-  std::string location = doc_->path.string();
-  if (node != nullptr && node->source().begin.line > 0) {
-    location += ":" + std::to_string(node->source().begin.line);
-  }
-  return location;
-}
-
-void ConfigSection::fail(const std::string& key, const std::string& message) const {
-  throw UserError(where(key) + ": [" + name_ + "] " + key + ": " + message);
-}
-
-const void* ConfigSection::lookup(const std::string& key, const char* expected) {
-  asked_.insert(key);
-  const toml::node* node = node_at(*doc_, name_, key);
-  if (node == nullptr) return nullptr;
-  const bool ok = (std::string(expected) == "a float" && (node->is_floating_point() || node->is_integer())) ||
-                  type_name(*node) == expected;
-  if (!ok) fail(key, std::string("expected ") + expected + ", got " + type_name(*node));
-  return node;
-}
-
-int64_t ConfigSection::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
-  auto* node = static_cast<const toml::node*>(lookup(key, "an integer"));
-  if (node == nullptr) return fallback;
-  const int64_t value = **node->as_integer();
-  if (value < min || value > max) {
-    fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + std::to_string(value));
-  }
-  return value;
-}
-
-double ConfigSection::get_double(const std::string& key, double fallback, double min, double max, Max bound) {
-  auto* node = static_cast<const toml::node*>(lookup(key, "a float"));
-  if (node == nullptr) return fallback;
-  // An integer too large for a double converts with rounding; the range check then applies.
-  const double value = node->is_integer() ? static_cast<double>(**node->as_integer()) : **node->as_floating_point();
-  const bool above = bound == Max::included ? value > max : value >= max;
-  if (!std::isfinite(value) || value < min || above) {
-    std::ostringstream message;
-    message << "must be a finite number in [" << min << ", " << max << (bound == Max::included ? "]" : ")")
-            << ", got " << value;
-    fail(key, message.str());
-  }
-  return value;
-}
-
-bool ConfigSection::get_bool(const std::string& key, bool fallback) {
-  auto* node = static_cast<const toml::node*>(lookup(key, "a boolean"));
-  return node ? node->value<bool>().value() : fallback;
-}
-
-std::string ConfigSection::get_string(const std::string& key, const std::string& fallback) {
-  auto* node = static_cast<const toml::node*>(lookup(key, "a string"));
-  if (node == nullptr) return fallback;
-  std::string value = node->value<std::string>().value();
-  check_printable(key, value);
-  return value;
-}
-
-void ConfigSection::check_printable(const std::string& key, const std::string& value) const {
-  for (const unsigned char c : value) {
-    if (c < 0x20 || c == 0x7f) {
-      char shown[8];
-      std::snprintf(shown, sizeof shown, "\\u%04x", c);
-      fail(key, std::string("holds a control character (") + shown + ")");
-    }
-  }
-}
-
-std::vector<std::pair<std::string, ConfigScalar>> ConfigSection::get_scalar_table(const std::string& key) {
-  auto* node = static_cast<const toml::node*>(lookup(key, "a table"));
-  std::vector<std::pair<std::string, ConfigScalar>> out;
-  if (node == nullptr) return out;
-  for (const auto& [k, v] : *node->as_table()) {
-    const std::string name(k.str());
-    // Each read in its own type alone: toml++ converts a float to an integer on request,
-    // which overflows for one past int64's range.
-    if (v.is_integer()) out.emplace_back(name, *v.value<int64_t>());
-    else if (v.is_floating_point()) out.emplace_back(name, *v.value<double>());
-    else if (v.is_boolean()) out.emplace_back(name, *v.value<bool>());
-    else if (v.is_string()) {
-      check_printable(key + "." + name, *v.value<std::string>());
-      out.emplace_back(name, *v.value<std::string>());
-    }
-    else fail(key + "." + name, "expected a string, number or boolean, got " + type_name(v));
-  }
-  return out;
-}
-
-void ConfigSection::finish() const {
-  const toml::table* table = doc_->root.get_as<toml::table>(name_);
-  if (table == nullptr) return;
-  std::vector<std::string> valid(asked_.begin(), asked_.end());
-  for (const auto& [key, node] : *table) {
-    std::string k(key.str());
-    if (asked_.count(k)) continue;
-    std::string hint = did_you_mean(k, valid);
-    for (const auto& [section, keys] : doc_->section_keys) {  // the key, in the section it belongs to
-      if (hint.empty() && section != name_ && std::find(keys.begin(), keys.end(), k) != keys.end()) {
-        hint = "; " + k + " is a key of [" + section + "]";
-      }
-    }
-    fail(k, "unknown key" + hint);
-  }
-}
-
-std::vector<std::string> ConfigSection::asked() const { return {asked_.begin(), asked_.end()}; }
 
 namespace {
 
@@ -224,71 +36,6 @@ std::string plain_words(const std::string& description) {
   return description;
 }
 
-// The most dotted parts a key may have: the run file's deepest is three (policy.options.x).
-// The TOML parser builds and frees a dotted key's tables by recursion, so a key of a hundred
-// thousand parts would end the process in a stack overflow rather than an error.
-constexpr size_t kMaxKeyParts = 32;
-
-// Where a quoted string that opens at text[at] ends (one past its closing quote, or at the line
-// break an unclosed one-line string stops at); `line` counts the breaks inside it.
-size_t skip_string(std::string_view text, size_t at, int& line) {
-  const char quote = text[at];
-  const bool basic = quote == '"';  // only basic strings have escapes
-  const bool multi_line = text.substr(at, 3) == std::string(3, quote);
-  for (size_t i = at + (multi_line ? 3 : 1); i < text.size(); ++i) {
-    if (basic && text[i] == '\\') {
-      if (i + 1 < text.size() && text[i + 1] == '\n') ++line;
-      ++i;
-    } else if (text[i] == '\n') {
-      if (!multi_line) return i;
-      ++line;
-    } else if (text[i] == quote && (!multi_line || text.substr(i, 3) == std::string(3, quote))) {
-      if (!multi_line) return i + 1;
-      size_t end = i + 3;  // up to two more quotes close the string as its own last characters
-      while (end < text.size() && end < i + 5 && text[end] == quote) ++end;
-      return end;
-    }
-  }
-  return text.size();
-}
-
-struct DeepKey {
-  int line;
-  size_t parts;
-};
-
-// The first key in TOML `text` with more than kMaxKeyParts parts, wherever a key stands: a
-// line's key, a [table] header, a key inside an inline table. Outside strings and comments a
-// dot belongs to a dotted key or to a number or date, which holds one at most; so more dots
-// between the marks that end keys and values (= , { } [ ] and line breaks) are a key's.
-std::optional<DeepKey> find_deep_key(std::string_view text) {
-  int line = 1;
-  DeepKey run{1, 1};  // the parts of the key being read, and the line it is on
-  for (size_t i = 0; i <= text.size(); ++i) {
-    const char c = i < text.size() ? text[i] : '\n';
-    if (c == '"' || c == '\'') {
-      i = skip_string(text, i, line) - 1;
-    } else if (c == '#') {
-      i = std::min(text.find('\n', i), text.size()) - 1;
-    } else if (c == '.') {
-      if (run.parts++ == 1) run.line = line;
-    } else if (std::string_view("=,{}[]\n").find(c) != std::string_view::npos) {
-      if (run.parts > kMaxKeyParts) return run;
-      run.parts = 1;
-      if (c == '\n') ++line;
-    }
-  }
-  return std::nullopt;
-}
-
-// Refuses a file whose find_deep_key finds a key, before the parser meets it.
-void check_key_depth(const std::string& text, const std::filesystem::path& path) {
-  if (const auto deep = find_deep_key(text)) {
-    throw UserError(path.string() + ":" + std::to_string(deep->line) + ": a key of " + std::to_string(deep->parts) +
-                    " dotted parts; at most " + std::to_string(kMaxKeyParts));
-  }
-}
-
 // Applies one --set "section.key=value" to `doc`: the value read as TOML, or as a string when
 // it is a bare word (runs/x, bf16) that does not parse as TOML; a quoted, array or table value
 // that does not parse is an error.
@@ -307,8 +54,7 @@ void apply_override(ConfigDocument& doc, const std::string& text) {
   auto deep = find_deep_key(text.substr(0, eq));
   if (!deep && table_value) deep = find_deep_key(value);
   if (deep) {
-    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: a key of " + std::to_string(deep->parts) +
-                    " dotted parts; at most " + std::to_string(kMaxKeyParts));
+    throw UserError(doc.override_label + " " + text.substr(0, 64) + "...: " + deep->message());
   }
   // One setting: a line break would let the rest of it be read as more TOML.
   if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 && c != '\t'; })) {
@@ -368,7 +114,9 @@ ConfigFile ConfigFile::parse(const std::string& text, const std::filesystem::pat
   file.doc_ = std::make_shared<ConfigDocument>();
   file.doc_->path = path;
   file.doc_->override_label = override_label;
-  check_key_depth(text, path);
+  if (const auto deep = find_deep_key(text)) {
+    throw UserError(path.string() + ":" + std::to_string(deep->line) + ": " + deep->message());
+  }
   try {
     file.doc_->root = toml::parse(text, path.string());
   } catch (const toml::parse_error& e) {
