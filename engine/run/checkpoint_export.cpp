@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "core/module_tree.h"
-#include "io/hf_dir.h"
+#include "io/hf_export.h"
 #include "io/model_source.h"
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"

@@ -5,7 +5,7 @@
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
-#include "io/hf_dir.h"
+#include "io/hf_export.h"
 #include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "run/run_checkpoint.h"

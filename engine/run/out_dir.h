@@ -34,7 +34,7 @@ struct RunIdentity {
 void check_out_dir(const RunConfig& config);
 // Refuses, in one line naming the key, a training run whose outputs would destroy files or be
 // lost after the training: an export at the end ([checkpoint] save_final) into one of its
-// own directories or over files no export wrote (io/hf_dir.h's check_export_target), an
+// own directories or over files no export wrote (io/hf_export.h's check_export_target), an
 // adapter over files no adapter wrote, a [checkpoint] dir that cannot be made or written,
 // and a [metrics] jsonl over a file that is not a run's metrics (a token file, weights).
 // Every rank checks alike, before any rendezvous; the checkpoint directory is made here

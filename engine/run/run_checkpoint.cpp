@@ -15,7 +15,7 @@
 #include "core/module_tree.h"
 #include "data/data.h"
 #include "fsdp/fsdp_state.h"
-#include "io/hf_dir.h"
+#include "io/hf_export.h"
 #include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "io/hf_dir.h"
+#include "io/hf_export.h"
 #include "io/sharded_checkpoint.h"
 #include "scratch_dir.h"
 
