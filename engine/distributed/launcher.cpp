@@ -109,16 +109,9 @@ int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
   return 2;
 }
 
-}  // namespace
-
-int launch(const LaunchOptions& o, const std::string& self_exe) {
-  if (std::getenv("FSDPP_LAUNCHER_PREFIXES_RANK") != nullptr) {
-    throw UserError("launch: this process is a rank of fsdpp launch already; give the command without a second launch");
-  }
-  if (const std::string why = unresolved_reason(o.master_addr); !why.empty()) {
-    throw UserError("launch: --master-addr " + o.master_addr + " does not resolve (" + why + ")");
-  }
-  const int port = o.master_port == 0 ? free_port() : o.master_port;
+// The launcher's own signals: SIGINT and SIGTERM written to signal_pipe, to be passed on to
+// the ranks; SIGPIPE made harmless.
+void catch_signals() {
   if (::pipe2(signal_pipe, O_CLOEXEC) != 0) throw UserError("launch: cannot create a pipe");
   struct sigaction sa{};
   sa.sa_handler = on_signal;
@@ -130,18 +123,21 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
   struct sigaction broken_pipe{};
   broken_pipe.sa_handler = [](int) {};
   ::sigaction(SIGPIPE, &broken_pipe, nullptr);
+}
 
-  std::vector<std::string> argv{self_exe};
-  argv.insert(argv.end(), o.command.begin(), o.command.end());
-  std::vector<std::unique_ptr<RankProcess>> ranks;
-  for (int local = 0; local < o.nproc_per_node; ++local) {
-    ranks.push_back(std::make_unique<RankProcess>(o.node_rank * o.nproc_per_node + local));
-    ranks.back()->spawn(argv, rank_environment(o, local, port));
-  }
-
-  using Clock = std::chrono::steady_clock;
-  const RankProcess* failed = nullptr;
+// How a job's ranks ended, as supervise() saw it.
+struct JobEnd {
+  const RankProcess* failed = nullptr;               // the first rank to fail; none when all succeeded
   std::vector<const RankProcess*> failed_unstopped;  // failures before the launcher stopped any rank
+  int stop_signal = 0;  // the signal every rank stopped for (passed on, or sent to the ranks), 0 if none
+};
+
+// Relays the ranks' output and the launcher's signals until every rank has ended, stopping
+// the rest (SIGTERM, then SIGKILL after `grace_s`) once one fails.
+JobEnd supervise(const std::vector<std::unique_ptr<RankProcess>>& ranks, double grace_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  JobEnd end;
   int forwarded = 0;
   int stopped = 0;  // the signal ranks stopped for without the launcher passing it on
   auto stop_time = Clock::time_point::max(), kill_time = Clock::time_point::max();
@@ -155,9 +151,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
       std::fprintf(stderr, "fsdpp launch: got %s; passing it to every rank\n", ::strsignal(sig));
       // A second one ends the ranks at once: one that cannot take it (stopped, stuck in the
       // kernel) is killed after the grace.
-      if (forwarded != 0 && kill_time == Clock::time_point::max()) {
-        kill_time = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
-      }
+      if (forwarded != 0 && kill_time == Clock::time_point::max()) kill_time = Clock::now() + grace;
       forwarded = sig;
       signal_all(sig);
     }
@@ -170,9 +164,9 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
         if (forwarded == 0 && r->stop_signal() != 0) stopped = r->stop_signal();  // sent to the ranks, not here
         continue;
       }
-      if (kill_time == Clock::time_point::max()) failed_unstopped.push_back(r.get());
-      if (failed != nullptr) continue;
-      failed = r.get();
+      if (kill_time == Clock::time_point::max()) end.failed_unstopped.push_back(r.get());
+      if (end.failed != nullptr) continue;
+      end.failed = r.get();
       // The rest would wait in a collective for it forever: they are stopped, then killed
       // after a grace. A failure other than a user error may itself be the consequence of a
       // peer whose user error closed the connection this rank lost while that peer was still
@@ -181,14 +175,38 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     }
     if (Clock::now() > stop_time && kill_time == Clock::time_point::max()) {
       signal_all(SIGTERM);
-      kill_time = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.grace_s * 1000));
+      kill_time = Clock::now() + grace;
     }
     if (Clock::now() > kill_time) signal_all(SIGKILL);
   }
-  if (failed != nullptr) return report_failure(ranks, failed_unstopped, *failed);
-  if (const int stop = forwarded != 0 ? forwarded : stopped; stop != 0) {
-    std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(stop));
-    return 128 + stop;
+  end.stop_signal = forwarded != 0 ? forwarded : stopped;
+  return end;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& o, const std::string& self_exe) {
+  if (std::getenv("FSDPP_LAUNCHER_PREFIXES_RANK") != nullptr) {
+    throw UserError("launch: this process is a rank of fsdpp launch already; give the command without a second launch");
+  }
+  if (const std::string why = unresolved_reason(o.master_addr); !why.empty()) {
+    throw UserError("launch: --master-addr " + o.master_addr + " does not resolve (" + why + ")");
+  }
+  const int port = o.master_port == 0 ? free_port() : o.master_port;
+  catch_signals();
+
+  std::vector<std::string> argv{self_exe};
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (int local = 0; local < o.nproc_per_node; ++local) {
+    ranks.push_back(std::make_unique<RankProcess>(o.node_rank * o.nproc_per_node + local));
+    ranks.back()->spawn(argv, rank_environment(o, local, port));
+  }
+  const JobEnd end = supervise(ranks, o.grace_s);
+  if (end.failed != nullptr) return report_failure(ranks, end.failed_unstopped, *end.failed);
+  if (end.stop_signal != 0) {
+    std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(end.stop_signal));
+    return 128 + end.stop_signal;
   }
   return 0;
 }
