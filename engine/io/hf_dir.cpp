@@ -31,10 +31,25 @@ bool present(const fs::path& path) {
   return true;
 }
 
+// Whether `name` is a model's weights in a format other than safetensors (PyTorch's pickles,
+// TensorFlow's, Flax's, GGUF); files such as training_args.bin or optimizer.pt beside a
+// model are not its weights.
+bool foreign_weights(const std::string& name) {
+  static const std::vector<std::string> stems = {"pytorch_model", "model", "consolidated", "tf_model", "flax_model"};
+  static const std::vector<std::string> extensions = {".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf"};
+  const std::string extension = fs::path(name).extension().string();
+  return std::any_of(stems.begin(), stems.end(), [&](const std::string& stem) { return name.starts_with(stem); }) &&
+         std::find(extensions.begin(), extensions.end(), extension) != extensions.end();
+}
+
 // Without model.safetensors or its index: UserError if weight files are there all the same.
 void require_no_weight_files(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
+    if (foreign_weights(name)) {
+      throw UserError(dir.string() + ": holds the weights " + name + " in a format fsdpp does not read; convert them " +
+                      "to safetensors (model.safetensors, or shards and model.safetensors.index.json) beside config.json");
+    }
     if (name.starts_with("rank-") && entry.path().extension() == ".safetensors") {
       throw UserError(dir.string() + ": holds " + name + ", a checkpoint's rank file, but not metadata.json and " +
                       "metadata.crc32c beside it, so it is not a complete checkpoint");
@@ -81,6 +96,19 @@ HfWeights HfWeights::open(const fs::path& dir) {
     require_no_weight_files(dir);
   }
   return weights;
+}
+
+HfWeights HfWeights::of_model_path(const fs::path& path) {
+  if (fs::is_directory(path)) return open(path);
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  for (const char* weights : {"model.safetensors", "model.safetensors.index.json"}) {
+    if (fs::exists(dir / weights)) {
+      throw UserError(path.string() + ": a config.json path starts the model afresh, but the weights " + weights +
+                      " lie beside it; name the directory " + dir.string() + " to load them, or a copy of config.json "
+                      "elsewhere to start afresh");
+    }
+  }
+  return {};
 }
 
 const SafetensorsFile& HfWeights::file_of(const std::string& name) const { return *where_.at(name); }
@@ -152,7 +180,7 @@ BaseIdentity BaseIdentity::of(const std::filesystem::path& path, uint64_t init_s
     const auto mapped = MappedFile::open(file);
     return format_crc32c(crc32c(mapped->data(), mapped->size()));
   };
-  const HfWeights weights = std::filesystem::is_directory(base.path) ? HfWeights::open(base.path) : HfWeights{};
+  const HfWeights weights = HfWeights::of_model_path(base.path);
   if (weights.empty()) {
     base.config_checksum = checksum(hf_config_path(base.path));
     base.init_seed = init_seed;

@@ -21,6 +21,10 @@ class HfWeights {
   // but unusable: a link to nothing, a file or index of no tensors, or shards without their
   // index, any of which would otherwise start the run from random weights.
   static HfWeights open(const std::filesystem::path& dir);
+  // The weights a model path names: a directory's (open), none for a config.json file, which
+  // starts a model afresh. A UserError for a config.json beside weights, which would start
+  // afresh where the weights were surely meant.
+  static HfWeights of_model_path(const std::filesystem::path& path);
 
   bool empty() const { return where_.empty(); }
   const std::filesystem::path& dir() const { return dir_; }

@@ -102,7 +102,7 @@ ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& mode
   const uint64_t seed = recorded.init_seed.value_or(0);  // a fresh base's
   recorded.check_same(BaseIdentity::of(recorded.path, seed), checkpoint.dir().string());
   const std::filesystem::path& path = recorded.path;
-  auto weights = std::make_shared<const HfWeights>(std::filesystem::is_directory(path) ? HfWeights::open(path) : HfWeights{});
+  auto weights = std::make_shared<const HfWeights>(HfWeights::of_model_path(path));
   if (weights->empty()) return fresh_init_fill(model, seed, model.config().initializer_range);
   weights->advise_random();
   return hf_fill(weights, model);
@@ -177,8 +177,7 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
     source = "from checkpoint " + config.path + " (step " + std::to_string(checkpoint->step()) + ", ";
   } else {
     const ModelConfig model_config = ModelConfig::from_file(hf_config_path(config.path));
-    auto weights = std::make_shared<const HfWeights>(
-        std::filesystem::is_directory(config.path) ? HfWeights::open(config.path) : HfWeights{});
+    auto weights = std::make_shared<const HfWeights>(HfWeights::of_model_path(config.path));
     build(model_config);
     if (weights->empty()) {
       loaded.fill = fresh_init_fill(*loaded.model, config.init_seed, model_config.initializer_range);

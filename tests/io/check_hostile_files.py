@@ -255,6 +255,20 @@ def hf_cases(ckpt):
            *train(hf_copy("empty-map", empty_map)))
     expect("shards without their index", ["holds model-0000", "but neither model.safetensors nor"],
            *train(hf_copy("no-index", shards_without_index)))
+    # Weights fsdpp cannot read, and a config.json path beside weights, would each start the
+    # model from random weights where trained ones were meant.
+    def pickled_weights(d):
+        only("config.json")(d)
+        torch.save({"model.embed_tokens.weight": torch.zeros(2)}, os.path.join(d, "pytorch_model.bin"))
+        torch.save({"lr": 1.0}, os.path.join(d, "training_args.bin"))
+
+    expect("weights in PyTorch's pickle format", ["pytorch_model.bin in a format fsdpp does not read", "to safetensors"],
+           *train(hf_copy("pickled", pickled_weights)))
+    beside = hf_copy("config-beside", lambda d: None)
+    expect("a config.json path beside the weights",
+           [f"{beside}/config.json: a config.json path starts the model afresh, but the weights "
+            "model.safetensors.index.json lie beside it", f"name the directory {beside}"],
+           "eval", CONFIG, "--set", f'model.path="{beside}/config.json"')
     expect("model.safetensors a dangling link", ["model.safetensors: a link to gone.blob, which does not exist"],
            *train(hf_copy("dangling-single", dangling_single)))
 
