@@ -50,6 +50,7 @@ class ShardedCheckpoint {
   int64_t step() const { return meta_.step; }
   int world_size() const { return meta_.world_size; }
   bool contains(const std::string& key) const { return meta_.tensors.count(key) != 0; }
+  bool lists_file(const std::string& name) const { return meta_.files.count(name) != 0; }
   const TensorRecord& record(const std::string& key) const;
   // Keys that start with `prefix`, in order.
   std::vector<std::string> keys(const std::string& prefix) const;
@@ -62,6 +63,9 @@ class ShardedCheckpoint {
   at::Tensor read_whole(const std::string& file, const std::string& key) const;
   // Verifies every file's checksum now.
   void verify_all() const;
+  // Verifies now the checksum of each file read_rows(key, ..., first_row) of `count` rows
+  // would read, so that a caller can refuse a corrupt checkpoint before it copies any row.
+  void verify_rows(const std::string& key, int64_t first_row, int64_t count) const;
   ReadStats read_stats() const { return *stats_; }
   // The path of file `name` of the checkpoint, its checksum verified.
   std::filesystem::path verified(const std::string& name) const;

@@ -148,7 +148,9 @@ class Run {
   // checkpoint at `dir`, saved at any world size or mesh (a collective): for a caller that keeps
   // its run built between uses. A checkpoint that does not fit this run (another architecture,
   // other adapters or base) is refused on every rank before anything is read; a file that fails
-  // to read mid-way is refused on every rank too, leaving the run partly loaded.
+  // to read mid-way is refused on every rank too, leaving the run partly loaded: every file's
+  // checksum is verified before a row is copied, and a run left partly loaded refuses to
+  // compute, step or save until a load completes.
   ResumePoint load(const std::filesystem::path& dir);
   // The run's product after step `step`: the model as an HF directory, or a LoRA run's adapter
   // in PEFT's layout (a collective: each unit gathered in turn, rank 0 writing).
@@ -222,6 +224,7 @@ class Run {
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
   bool overlaps_host_update_ = false;     // host-resident masters update beside the next forward
   std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()
+  std::optional<std::filesystem::path> partly_loaded_from_;  // the checkpoint a load() failed to read in full
 
   // AdamW at `lr` under `clip` once the units have resharded; masters in host memory may
   // update on a host thread while the next forward begins ([optimizer] host_update).
@@ -237,7 +240,12 @@ class Run {
   at::Tensor scaled_output(const at::Tensor& output) const;
   // A UserError naming `what` while the run is offloaded (while its parameters are, with
   // `params_only`: a forward needs nothing else).
+  // A UserError for `what` while offload() holds the run's state (only its parameters'
+  // absence matters where `params_only`), or while a failed load() left it partly loaded.
   void check_loaded(const char* what, bool params_only = false) const;
+  void check_not_offloaded(const char* what, bool params_only = false) const;
+  // Verifies the checksum of every file load() will read this rank's rows and state from.
+  void verify_reads(const ShardedCheckpoint& checkpoint) const;
   // Refuses `what` from inside a backward through the units (a hook that calls into the run):
   // the backward still reads the shards and gradients that a step, offload or load replaces.
   void check_outside_backward(const char* what) const;

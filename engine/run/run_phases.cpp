@@ -58,9 +58,17 @@ void Run::check_outside_backward(const char* what) const {
   }
 }
 
-void Run::check_loaded(const char* what, bool params_only) const {
+void Run::check_not_offloaded(const char* what, bool params_only) const {
   if (offloaded_ && (offloaded_->params || !params_only)) {
     throw UserError(std::string(what) + ": the run's " + offloaded_->names() + " are offloaded; call reload() first");
+  }
+}
+
+void Run::check_loaded(const char* what, bool params_only) const {
+  check_not_offloaded(what, params_only);
+  if (partly_loaded_from_) {
+    throw UserError(std::string(what) + ": the run holds part of " + partly_loaded_from_->string() +
+                    " and part of its earlier state, since that load failed; load() a checkpoint in full first");
   }
 }
 

@@ -129,7 +129,7 @@ ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
 }
 
 ResumePoint Run::load(const fs::path& dir) {
-  check_loaded("load");
+  check_not_offloaded("load");
   check_outside_backward("load");
   // Each rank opens the checkpoint and reads its own rows of other ranks' files: one rank's
   // failure (a path or a file missing on its node, a corrupt one) is made every rank's, so
@@ -149,9 +149,13 @@ ResumePoint Run::load(const fs::path& dir) {
       saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed),
                                                    checkpoint->dir().string());
     }
+    verify_reads(*checkpoint);
   });
   optimizer_->settle();   // the last step's host updates would write over the loaded rows
   fsdp_->reshard_all();  // the kept cast shards hold the old values; copies may still read them
+  // What fails from here (a file changed since its check, a forged record) leaves rows of both
+  // states: the run refuses to train or save on such a mixture until a load completes.
+  partly_loaded_from_ = dir;
   on_every_rank("load", dir.string(), " (the run is now partly loaded)", [&] {
     at::NoGradGuard no_grad;
     for (auto& s : fsdp_->shard_rows()) {
@@ -159,6 +163,7 @@ ResumePoint Run::load(const fs::path& dir) {
     }
     restore_optimizer(*checkpoint);
   });
+  partly_loaded_from_.reset();
   const json& meta = checkpoint->metadata();
   return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
 }
@@ -201,6 +206,19 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
                       " there but " + c10::str(c10::IntArrayRef(s.full_shape)) + " in this run (another architecture)");
     }
   }
+}
+
+void Run::verify_reads(const ShardedCheckpoint& checkpoint) const {
+  for (const auto& s : fsdp_->shard_rows()) {
+    const int64_t rows = s.rows.dim() == 0 ? 1 : s.rows.size(0);
+    if (checkpoint.contains("model/" + s.name)) checkpoint.verify_rows("model/" + s.name, s.first_row, rows);
+    for (const auto& [moment, field] : kSavedMoments) {
+      const std::string key = std::string(moment) + "/" + s.name;
+      if (checkpoint.contains(key)) checkpoint.verify_rows(key, s.first_row, rows);
+    }
+  }
+  const std::string rank_file = rank_file_name(comm_->rank() % checkpoint.world_size());  // restore_rng's
+  if (checkpoint.lists_file(rank_file)) checkpoint.verified(rank_file);
 }
 
 void Run::restore_optimizer(const ShardedCheckpoint& checkpoint) {

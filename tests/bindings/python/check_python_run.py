@@ -341,9 +341,63 @@ def corrupt_load_at_world_2(run_file, work, torchrun):
     subprocess.run(launch + ["--load", run_file, checkpoint, out], check=True, timeout=300, env=env)
     errors = [open(f"{out}.{r}").read() for r in range(2)]
     ok = (f"load: {checkpoint}/rank-00001.safetensors" in errors[1] and "checksum" in errors[1] and
-          errors[0] == f"load: {checkpoint}: another rank failed (its error says why) (the run is now partly loaded)")
+          errors[0] == f"load: {checkpoint}: another rank failed (its error says why)")
     for r, message in enumerate(errors):
         print(f"{'ok  ' if ok else 'FAIL'} a corrupt rank-1 file loaded at world 2, rank {r}: {message}")
+    return ok
+
+
+def failed_loads(run_file, work):
+    """A load that fails changes nothing where it can, and is never trained on where it cannot:
+    a corrupt file is found before any row is copied (the run's weights as they were, and it
+    steps on); a record forged behind a valid checksum fails mid-way, and the run then refuses
+    to compute, step or save until a load completes."""
+    import fsdpp
+    from crc32c import crc32c
+    root = os.path.join(work, "failed-loads")
+    shutil.rmtree(root, ignore_errors=True)
+    run = fsdpp.Run(run_file)
+    rows = batches(101)
+    run.model(rows[0][0]).sum().backward()
+    run.step()
+    saved = os.fsdecode(run.save(os.path.join(root, "good")))
+    run.zero_grad()
+    run.model(rows[1][0]).sum().backward()
+    run.step()
+    before = {name: t.clone() for name, t in run.full_weights(torch.float64)}
+    corrupt = shutil.copytree(saved, os.path.join(root, "corrupt"))
+    with open(os.path.join(corrupt, "rank-00000.safetensors"), "r+b") as f:
+        f.seek(-64, os.SEEK_END)
+        f.write(bytes(64))
+    errors = []
+
+    def refused(call, *args):
+        try:
+            call(*args)
+        except fsdpp.Error as e:
+            errors.append(str(e))
+            return True
+        return False
+
+    ok = refused(run.load, corrupt) and "checksum" in errors[-1] and "partly" not in errors[-1]
+    ok &= all(torch.equal(t, before[name]) for name, t in run.full_weights(torch.float64))
+    ok &= refused(run.step) is False
+    forged = shutil.copytree(saved, os.path.join(root, "forged"))
+    meta_path = os.path.join(forged, "metadata.json")
+    meta = json.load(open(meta_path))
+    meta["tensors"]["model/model.norm.weight"]["dtype"] = "F32"  # stored as F64, read after other rows
+    text = (json.dumps(meta, indent=1) + "\n").encode()
+    open(meta_path, "wb").write(text)
+    open(os.path.join(forged, "metadata.crc32c"), "w").write(f"crc32c:{crc32c(text):08x}\n")
+    ok &= refused(run.load, forged) and errors[-1].endswith("(the run is now partly loaded)")
+    ok &= refused(run.step) and refused(run.save, os.path.join(root, "mixed")) and refused(run.model, rows[0][0])
+    ok &= all(f"holds part of {forged} and part of its earlier state" in e for e in errors[-3:])
+    run.load(saved)
+    ok &= refused(run.step) is False
+    for e in errors:
+        print(f"     {e}")
+    print(f"{'ok  ' if ok else 'FAIL'} failed loads: a corrupt file changes no weight; a load failed mid-way is "
+          "refused to compute, step and save on until a load completes")
     return ok
 
 
@@ -907,6 +961,7 @@ def main():
             ok &= overlapped_host_update(run_file, loss_name, os.path.join(work, case))
     ok &= chosen_positions(run_file, os.path.join(fixtures, "llama_tied_rope3"))
     ok &= corrupt_load_at_world_2(run_file, work, torchrun)
+    ok &= failed_loads(run_file, work)
     ok &= offload_round_trip(run_file)
     ok &= graph_outlives_its_calls(run_file)
     ok &= threads_share_a_run(run_file)
