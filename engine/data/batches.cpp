@@ -10,10 +10,6 @@
 
 namespace fsdpp {
 
-EvalResult Batches::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {
-  throw UserError(std::string("evaluation needs held-out token windows or documents, not ") + item_name());
-}
-
 std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model) {
   if (std::filesystem::is_directory(config.train)) {
     if (config.train_on != TrainOn::all) {

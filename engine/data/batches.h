@@ -35,9 +35,11 @@ class Batches {
   virtual nlohmann::json identity() const = 0;
   // What one index of the order draws, for the log: "windows", "rows" or "samples".
   virtual const char* item_name() const = 0;
-  // Held-out evaluation, where the data has a held-out part (a collective with `group`).
-  virtual bool can_evaluate() const { return false; }
-  virtual EvalResult evaluate(CausalLM& model, int64_t max_rows, Comm* group) const;
+  // Whether [data] eval_fraction holds a part out for evaluation during training.
+  virtual bool can_evaluate() const = 0;
+  // The mean loss of at most `max_rows` held-out rows (all where max_rows is 0), or of every
+  // row where nothing is held out (a collective with `group`).
+  virtual EvalResult evaluate(CausalLM& model, int64_t max_rows, Comm* group) const = 0;
 };
 
 // The batches `config` names for `model`: a directory is a multimodal dataset, a token file

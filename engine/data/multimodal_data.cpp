@@ -1,8 +1,11 @@
 // Reading multimodal samples and assembling a batch's rows and vision inputs.
 #include "data/multimodal_data.h"
 
+#include "core/checksum.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/mapped_file.h"
+#include "data/evaluate.h"
 #include "io/safetensors.h"
 #include "loss/next_token_loss.h"
 
@@ -26,8 +29,14 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
   d.video_token_ = model.video_token_id;
   d.pixels_ = SafetensorsFile::open(dir / "pixels.safetensors");
   const fs::path index = dir / "samples.jsonl";
-  d.samples_ = parse_samples(read_text_file(index), index.string(), model, seq_len, d.pixels_->entries());
+  const std::string text = read_text_file(index);
+  d.samples_checksum_ = format_crc32c(crc32c(text.data(), text.size()));
+  d.samples_ = parse_samples(text, index.string(), model, seq_len, d.pixels_->entries());
   return d;
+}
+
+nlohmann::json MultimodalDataset::contents() const {
+  return {{"samples.jsonl", samples_checksum_}, {"pixels.safetensors", pixels_->fingerprint()}};
 }
 
 at::Tensor MultimodalDataset::targets(const SampleRecord& sample) const {
@@ -74,8 +83,26 @@ MicroBatch MultimodalDataset::batch(const std::vector<int64_t>& samples) const {
   return b;
 }
 
+namespace {
+
+// The samples that train: all but the last eval_fraction of them.
+int64_t training_samples(const MultimodalDataset& dataset, const DataConfig& config) {
+  const int64_t held_out = static_cast<int64_t>(static_cast<double>(dataset.size()) * config.eval_fraction);
+  if (config.eval_fraction > 0 && (held_out < 1 || held_out >= dataset.size())) {
+    throw UserError(concat((dataset.dir() / "samples.jsonl").string(), ": [data] eval_fraction ", config.eval_fraction,
+                           " holds out ", held_out, " of its ", dataset.size(),
+                           " samples; it must hold out at least one and leave one to train"));
+  }
+  return dataset.size() - held_out;
+}
+
+}  // namespace
+
 MultimodalSamples::MultimodalSamples(MultimodalDataset dataset, const DataConfig& config)
-    : dataset_(std::move(dataset)), config_(config), order_(dataset_.size(), config.seed, config.shuffle) {}
+    : dataset_(std::move(dataset)),
+      config_(config),
+      train_samples_(training_samples(dataset_, config)),
+      order_(train_samples_, config.seed, config.shuffle) {}
 
 int64_t MultimodalSamples::draw_step(int64_t micro_batches) {
   drawn_.clear();
@@ -89,9 +116,22 @@ MicroBatch MultimodalSamples::rows(int64_t micro, int64_t first, int64_t count) 
 }
 
 nlohmann::json MultimodalSamples::identity() const {
-  return {{"train", fs::absolute(config_.train).lexically_normal().string()}, {"tokens", dataset_.size()},
-          {"begin", 0}, {"end", dataset_.size()}, {"shuffle", config_.shuffle}, {"seq_len", config_.seq_len},
-          {"seed", config_.seed}, {"batch_size", config_.batch_size}};
+  return {{"train", fs::absolute(config_.train).lexically_normal().string()}, {"contents", dataset_.contents()},
+          {"tokens", dataset_.size()}, {"begin", 0}, {"end", train_samples_}, {"shuffle", config_.shuffle},
+          {"seq_len", config_.seq_len}, {"seed", config_.seed}, {"batch_size", config_.batch_size}};
+}
+
+EvalResult MultimodalSamples::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {
+  // With nothing held out (fsdpp eval of a whole dataset), every sample is evaluated.
+  const int64_t first_evaluated = train_samples_ < dataset_.size() ? train_samples_ : 0;
+  const int64_t evaluated = dataset_.size() - first_evaluated;
+  const int64_t rows = max_rows > 0 ? std::min(max_rows, evaluated) : evaluated;
+  auto batch = [&](int64_t first, int64_t count) {
+    std::vector<int64_t> samples(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) samples[static_cast<size_t>(i)] = first_evaluated + first + i;
+    return dataset_.batch(samples);
+  };
+  return evaluate_rows(model, rows, config_.batch_size, batch, group, (dataset_.dir() / "samples.jsonl").string());
 }
 
 }  // namespace fsdpp

@@ -30,6 +30,9 @@ class MultimodalDataset {
 
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
   const std::filesystem::path& dir() const { return dir_; }
+  // What tells either file rewritten since: samples.jsonl's CRC-32C, pixels.safetensors'
+  // fingerprint (core/mapped_file.h).
+  nlohmann::json contents() const;
   // Tokens the samples ask to be predicted (their targets that are not kIgnoredTarget).
   int64_t target_count(const std::vector<int64_t>& samples) const;
   MicroBatch batch(const std::vector<int64_t>& samples) const;
@@ -38,16 +41,19 @@ class MultimodalDataset {
   at::Tensor targets(const SampleRecord& sample) const;  // [T]
 
   std::filesystem::path dir_;
+  std::string samples_checksum_;  // samples.jsonl's, as read
   int64_t seq_len_ = 0, image_token_ = -1, video_token_ = -1;
   std::vector<SampleRecord> samples_;
   std::shared_ptr<SafetensorsFile> pixels_;
 };
 
-// A dataset's samples as a run's batches: every epoch visits each sample once, in an order
-// the seed fixes; a step's targets are those its samples ask for, which vary with their
-// lengths and placeholders.
+// A dataset's samples as a run's batches: every epoch visits each training sample once, in
+// an order the seed fixes; a step's targets are those its samples ask for, which vary with
+// their lengths and placeholders. [data] eval_fraction holds out the file's last samples
+// (rounded down) for evaluation.
 class MultimodalSamples : public Batches {
  public:
+  // UserError where eval_fraction holds out no sample, or all of them.
   MultimodalSamples(MultimodalDataset dataset, const DataConfig& config);
 
   int64_t draw_step(int64_t micro_batches) override;
@@ -55,10 +61,13 @@ class MultimodalSamples : public Batches {
   ShuffledOrder& order() override { return order_; }
   nlohmann::json identity() const override;
   const char* item_name() const override { return "samples"; }
+  bool can_evaluate() const override { return config_.eval_fraction > 0; }
+  EvalResult evaluate(CausalLM& model, int64_t max_rows, Comm* group) const override;
 
  private:
   MultimodalDataset dataset_;
   DataConfig config_;
+  int64_t train_samples_;  // samples [0, train_samples_) train; the rest are held out
   ShuffledOrder order_;
   std::vector<int64_t> drawn_;  // the step's samples, micro-batch after micro-batch
 };

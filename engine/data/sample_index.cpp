@@ -100,6 +100,14 @@ std::vector<SampleRecord> parse_samples(const std::string& text, const std::stri
       throw UserError(line_where + ": " + std::to_string(sample.input_ids.size()) +
                       " tokens; a sample needs 2 to data.seq_len + 1 = " + std::to_string(seq_len + 1));
     }
+    // A sample of seq_len + 1 tokens feeds the first seq_len; its last is a target alone, so
+    // a placeholder there would leave its image one merged patch short in the model.
+    const int64_t last = sample.input_ids.back();
+    if (static_cast<int64_t>(sample.input_ids.size()) == seq_len + 1 &&
+        (last == model.image_token_id || last == model.video_token_id)) {
+      throw UserError(line_where + ": its last token, the data.seq_len + 1 = " + std::to_string(seq_len + 1) +
+                      "th, is a placeholder, which only an input can hold; end the sample in text or shorten it");
+    }
     for (int64_t id : sample.input_ids) {
       if (id < 0 || id >= model.vocab_size) {
         throw UserError(line_where + ": token " + std::to_string(id) + " is outside the vocabulary of " +

@@ -29,8 +29,9 @@ struct SampleRecord {
 // windows of seq_len + 1 tokens, its pixels found among `pixels`. UserError naming
 // `where`:line for a line that is not such a sample: not JSON, a non-integer id or grid, a
 // grid out of range or not a multiple of the merge size, a missing or misshapen pixel key, a
-// placeholder count its grids do not give, a length outside [2, seq_len + 1], a token
-// outside the vocabulary; and for a file without samples.
+// placeholder count its grids do not give, a length outside [2, seq_len + 1], a placeholder
+// as the last of seq_len + 1 tokens (which is no input), a token outside the vocabulary; and
+// for a file without samples.
 std::vector<SampleRecord> parse_samples(const std::string& text, const std::string& where, const ModelConfig& model,
                                         int64_t seq_len, const std::map<std::string, SafetensorsEntry>& pixels);
 

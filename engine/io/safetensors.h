@@ -29,6 +29,8 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return header_.entries.count(name) != 0; }
   size_t resident_bytes() const { return file_->resident_bytes(); }
   void advise_random() const { file_->advise_random(); }
+  // file_fingerprint of the mapping: what tells the file rewritten in place.
+  std::string fingerprint() const { return file_fingerprint(*file_); }
 
   // A read-only CPU view into the mapping (never write through it); keeps the file mapped.
   at::Tensor tensor(const std::string& name) const;

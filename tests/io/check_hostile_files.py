@@ -335,19 +335,26 @@ def token_case():
 def multimodal_cases():
     base = os.path.join(WORK, "mm")
     model = "tests/assets/models/tiny-qwen2-vl"
-    for name, sample, pattern in [
-        ("input_ids 1.5", {"input_ids": [1, 1.5, 2]}, "input_ids must hold integers, not 1.5"),
+    image_2x2 = {"pixels": "x", "grid": [1, 2, 2]}  # one merged patch group: one placeholder
+    for name, sample, pattern, sets in [
+        ("input_ids 1.5", {"input_ids": [1, 1.5, 2]}, "samples.jsonl:1: input_ids must hold integers, not 1.5", []),
         ("negative grid", {"input_ids": [1, 2, 3], "images": [{"pixels": "x", "grid": [1, -4, 4]}]},
-         "image grid must be [t, h, w] of sizes in [1, 65536]"),
+         "samples.jsonl:1: image grid must be [t, h, w] of sizes in [1, 65536]", []),
+        # Of 41 tokens at seq_len 40, the last is a target alone: its placeholder no input.
+        ("a placeholder as the 41st of 41 tokens", {"input_ids": [1] * 39 + [292, 290], "images": [image_2x2]},
+         "samples.jsonl:1: its last token, the data.seq_len + 1 = 41th, is a placeholder", []),
+        ("eval_fraction that holds out no sample", {"input_ids": [1, 2, 3]},
+         "samples.jsonl: [data] eval_fraction 0.5 holds out 0 of its 1 samples", ["data.eval_fraction=0.5"]),
     ]:
         d = os.path.join(base, name.replace(" ", "-"))
         os.makedirs(d)
-        save_file({"x": torch.zeros(1, 1)}, os.path.join(d, "pixels.safetensors"))
+        save_file({"x": torch.zeros(4, 3 * 2 * 4 * 4)}, os.path.join(d, "pixels.safetensors"))
         with open(os.path.join(d, "samples.jsonl"), "w") as f:
             f.write(json.dumps(sample) + "\n")
-        expect(f"samples.jsonl: {name}", ["samples.jsonl:1", pattern],
+        expect(f"samples.jsonl: {name}", [pattern],
                "train", CONFIG, "--set", f'model.path="{model}"', "--set", f'data.train="{d}"',
-               "--set", f'train.out_dir="{WORK}/mm-run"', "--set", "data.seq_len=40", "--set", "data.batch_size=1")
+               "--set", f'train.out_dir="{WORK}/mm-run"', "--set", "data.seq_len=40", "--set", "data.batch_size=1",
+               *[a for s in sets for a in ("--set", s)])
 
 
 def main():

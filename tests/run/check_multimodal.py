@@ -81,6 +81,46 @@ def train(out_dir, model, data, world, sets):
         load_file(os.path.join(out_dir, "model", "model.safetensors"))
 
 
+def held_out_and_resume(data):
+    """[data] eval_fraction holds out a dataset's last samples: 2 of 8 here (an image + video
+    sample and a text one). The evaluations during training give at world 2 the world-1
+    figures, and the last one (after the last step) the figure fsdpp eval gives of the export.
+    A resume whose samples.jsonl was rewritten since its checkpoint is refused."""
+    model = "tests/assets/models/tiny-qwen2-vl"
+    held = ["data.eval_fraction=0.25", "train.eval_every=2"]
+    evals = {}
+    for world in (1, 2):
+        out = os.path.join(WORK, "held-out", f"world-{world}")
+        train(out, model, data, world, held)
+        evals[world] = [json.loads(l)["eval_loss"] for l in open(os.path.join(out, "metrics.jsonl")) if "eval_loss" in l]
+    export = os.path.join(WORK, "held-out", "world-1", "model")
+    proc = subprocess.run([FSDPP, "eval", CONFIG, "--json", "--set", f'model.path="{export}"', "--set", f'data.train="{data}"',
+                           "--set", "data.seq_len=40", "--set", "data.batch_size=2", "--set", "data.eval_fraction=0.25",
+                           "--set", 'model.dtype="float64"'],
+                          capture_output=True, text=True, timeout=180)
+    exported = json.loads(proc.stdout)["loss"] if proc.returncode == 0 else float("nan")
+    ok = len(evals[1]) == 2 and max_relative(evals[2], evals[1]) < FLOAT64_BOUND and \
+        abs(exported - evals[1][-1]) <= FLOAT64_BOUND * abs(evals[1][-1])
+    print(f"{'ok  ' if ok else 'FAIL'} held-out samples: evaluations {evals[1]} at world 1, {evals[2]} at world 2; "
+          f"fsdpp eval of the export {exported}" + ("" if proc.returncode == 0 else f" ({proc.stderr.strip()[-300:]})"))
+
+    rewritten = os.path.join(WORK, "rewritten")
+    shutil.copytree(data, rewritten)
+    out = os.path.join(WORK, "held-out", "resumed")
+    train(out, model, rewritten, 1, ["checkpoint.save_every=2"])
+    lines = open(os.path.join(rewritten, "samples.jsonl")).readlines()
+    open(os.path.join(rewritten, "samples.jsonl"), "w").writelines(lines[::-1])
+    args = ["train", CONFIG, "--set", f'train.out_dir="{out}"', "--set", f'model.path="{model}"', "--set",
+            f'data.train="{rewritten}"', "--set", "data.seq_len=40", "--set", "data.batch_size=2", "--set",
+            "data.shuffle=false", "--set", "train.steps=6", "--set", "optimizer.eps=1e-4", "--set", 'model.dtype="float64"',
+            "--set", 'checkpoint.resume="latest"']
+    proc = subprocess.run([FSDPP] + args, capture_output=True, text=True, timeout=180)
+    refused = proc.returncode == 2 and "samples.jsonl" in proc.stderr and "changed since the checkpoint" in proc.stderr
+    print(f"{'ok  ' if refused else 'FAIL'} a rewritten samples.jsonl is refused on resume: "
+          f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+    return ok and refused
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     data = os.path.join(WORK, "data")
@@ -100,6 +140,7 @@ def main():
             print(f"{'ok  ' if good else 'FAIL'} {name} vision_tower {mode} at world 2: losses "
                   f"{', '.join(f'{l:.4f}' for l in losses)}; max relative difference: losses {loss_err:.2e}, "
                   f"gradient norms {norm_err:.2e}, weights {weight_err:.2e} ({worst})")
+    ok &= held_out_and_resume(data)
     sys.exit(0 if ok else 1)
 
 
