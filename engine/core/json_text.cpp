@@ -14,6 +14,13 @@ nlohmann::json parse_json(std::string_view text, const std::string& where) {
     if (opens && depth > kMaxJsonDepth) too_deep = true;
     return !too_deep;
   };
+  // Parsed values take about twenty times their text: a text past the bound would take the
+  // machine's memory, and a failure to allocate ends the process (nlohmann's values allocate
+  // as they free themselves, which unwinding from bad_alloc does).
+  if (text.size() > kMaxJsonBytes) {
+    throw UserError(where + ": " + std::to_string(text.size()) + " bytes of JSON, more than the " +
+                    std::to_string(kMaxJsonBytes >> 20) + " MiB any file fsdpp reads holds");
+  }
   json value;
   try {
     value = json::parse(text.begin(), text.end(), bound);

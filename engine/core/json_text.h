@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -15,8 +16,13 @@ namespace fsdpp {
 // Deeper than any file fsdpp reads needs (config.json's deepest, rope_scaling, is 3 down).
 inline constexpr int kMaxJsonDepth = 64;
 
+// The largest JSON text fsdpp parses: 1 GiB, far past any config.json, weight index or
+// adapter config.
+inline constexpr size_t kMaxJsonBytes = size_t{1} << 30;
+
 // `text` parsed. UserError "`where`: not valid JSON (...)" for a syntax error or a number
-// past double's range, and "`where`: nested deeper than 64 levels" for a value too deep.
+// past double's range, "`where`: nested deeper than 64 levels" for a value too deep, and one
+// naming its size for a text past kMaxJsonBytes.
 nlohmann::json parse_json(std::string_view text, const std::string& where);
 
 }  // namespace fsdpp
