@@ -4,6 +4,8 @@
 
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/failpoint.h"
+#include "core/log.h"
 #include "core/mapped_file.h"
 
 #include <ATen/ATen.h>
@@ -249,8 +251,17 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& root, int64_t keep, uin
     if (!over_count && !over_size) break;
     const CheckpointEntry& old = all[first_kept++];
     const fs::path doomed = root / (kDeletingPrefix + old.path.filename().string());
-    fs::rename(old.path, doomed);
-    remove_tree(doomed);
+    // The checkpoint just saved is complete: an older one that cannot go (a file made
+    // immutable, a directory of another owner) costs disk space, not the run.
+    try {
+      failpoint_error("checkpoint-rotate-error");
+      fs::rename(old.path, doomed);
+      remove_tree(doomed);
+    } catch (const std::exception& e) {
+      log_warn("checkpoint: ", old.path.string(), " stays, since it could not be removed (", e.what(),
+               "); [checkpoint] keep and max_gb are exceeded until it is");
+      break;
+    }
     total -= old.bytes;
     removed.push_back(old.path);
   }

@@ -104,8 +104,8 @@ std::optional<CheckpointEntry> latest_checkpoint(const std::filesystem::path& ro
 // Among the complete checkpoints `ours` accepts (a run's own, where others share the
 // directory), deletes the oldest beyond the newest `keep` (0: no limit) and while they
 // together exceed `max_bytes` (0: no limit), never the newest one; each goes by a rename
-// first, so a crash mid-delete never leaves a torn directory named step-N. Returns the
-// deleted paths.
+// first, so a crash mid-delete never leaves a torn directory named step-N. One that cannot
+// be deleted is a warning, and ends the rotation. Returns the deleted paths.
 std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int64_t keep,
                                                       uintmax_t max_bytes,
                                                       const std::function<bool(const CheckpointEntry&)>& ours);

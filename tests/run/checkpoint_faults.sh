@@ -6,6 +6,7 @@
 #    status 143, and resuming continues after that step; one raised during a step, or during
 #    the evaluation after it, stops the run after that step;
 #  - a save that fails on one rank names that rank and why, not a rank that saw it fail;
+#  - an older checkpoint that cannot be rotated away is a warning, not the run's end;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
 #    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file and a truncated rank file are refused with one
@@ -104,6 +105,18 @@ if [ "$rc" -eq 2 ] && [ "$(grep -c '^fsdpp: error:' "$run.log")" -eq 1 ] &&
   echo "ok   a save failing on rank 1: exit $rc, $said"
 else
   fail "a save failing on rank 1: exit $rc, $said"
+fi
+
+# An older checkpoint that cannot be removed (made immutable) is a warning: the one just
+# saved is complete, and the run goes on to its end and its export.
+run="$out/rotate-error"
+FSDPP_FAILPOINT=checkpoint-rotate-error train "$run" --set train.steps=10 --set checkpoint.keep=1 >"$run.log" 2>&1
+rc=$?
+if [ "$rc" -eq 0 ] && grep -q "step-00000005 stays, since it could not be removed (failpoint checkpoint-rotate-error" "$run.log" &&
+   [ -d "$run/checkpoints/step-00000005" ] && [ -d "$run/checkpoints/step-00000010" ] && [ -f "$run/model/config.json" ]; then
+  echo "ok   an older checkpoint that cannot be removed: exit 0, a warning, both checkpoints and the export there"
+else
+  fail "an older checkpoint that cannot be removed: exit $rc: $(grep -E 'warn|error' "$run.log" | tail -3)"
 fi
 
 # Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
