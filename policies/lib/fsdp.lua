@@ -146,7 +146,8 @@ function M.lora_from_options()
     lora_alpha = {"number", min = 1e-6, max = 1e6, default = 8, doc = "the adapters' scale is alpha / rank"},
     lora_dropout = {"number", min = 0, max = 0.99, default = 0, doc = "dropout on the adapters' input"},
     lora_trainable = {"string", default = "",
-                      doc = "comma-separated base modules that keep training (\"lm_head,norm\"); the rest is frozen"},
+                      doc = "comma-separated base modules that keep training (\"model.norm\", and lm_head where " ..
+                            "untied); the rest is frozen"},
   }
   if opt.lora_rank == nil then return end
   lora{targets = modules_named(opt.lora_targets, "lora_targets", true), rank = opt.lora_rank, alpha = opt.lora_alpha,
