@@ -76,34 +76,70 @@ RunIdentity RunIdentity::of(const RunConfig& config) {
           fsdpp::config_hash(config), run_settings(config)};
 }
 
-void check_out_dir(const RunConfig& config) {
-  if (config.train.reuse_out_dir) return;
+namespace {
+
+// The out_dir's record against this run: another model's or data's run there is refused, and
+// so is one of other settings that this run would start afresh beside.
+void check_recorded_run(const RunConfig& config, const std::string& elsewhere) {
   const RunIdentity mine = RunIdentity::of(config);
   const fs::path out_dir = config.train.out_dir;
-  const std::string elsewhere = "choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it";
-  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
   const auto recorded = recorded_identity(out_dir);
+  if (!recorded) return;
   // A run fed rows by its caller (the Python API) reads no data file: it may go on from a run
   // that read one, and that run from it.
   const auto data_of = [](const RunIdentity& run) { return run.data.empty() ? std::string("its caller's") : run.data; };
-  if (recorded && (recorded->model != mine.model ||
-                   (!recorded->data.empty() && !mine.data.empty() && recorded->data != mine.data))) {
+  if (recorded->model != mine.model || (!recorded->data.empty() && !mine.data.empty() && recorded->data != mine.data)) {
     throw UserError(out_dir.string() + ": holds another run (model " + recorded->model + ", data " + data_of(*recorded) +
                     "; this run's: model " + mine.model + ", data " + data_of(mine) + "): " + elsewhere);
   }
   // Resumed, the run goes on with the settings it is given; started afresh, it would mix
   // its files with those of the run before. (A record without settings predates them.)
-  if (recorded && fresh && recorded->config_hash != mine.config_hash && !recorded->settings.empty()) {
+  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
+  if (fresh && recorded->config_hash != mine.config_hash && !recorded->settings.empty()) {
     throw UserError(out_dir.string() + ": holds a run of this model and data with other settings (" +
                     settings_change(recorded->settings, mine.settings) + "): resume it ([checkpoint] resume = "
                     "\"latest\"), or " + elsewhere);
   }
+}
+
+// Whether the run saves step `step`: at each save_every, and at its end under save_final.
+bool saves_step(const RunConfig& config, int64_t step) {
+  const CheckpointConfig& c = config.checkpoint;
+  if (step > config.train.steps) return false;
+  return (c.save_every > 0 && step % c.save_every == 0) || (c.save_final && step == config.train.steps);
+}
+
+// A [checkpoint] dir that runs share by choice ([train] reuse_out_dir): its own checkpoints
+// this run would start afresh over, and another run's step-N it would save too, are refused
+// before it trains rather than at the save.
+void check_shared_checkpoints(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
+  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
+  for (const auto& c : checkpoints) {
+    const bool own = of_this_run(config, c.path);
+    if (own && fresh) {
+      throw UserError(config.checkpoint.dir + ": holds this run's checkpoint " + c.path.filename().string() +
+                      ", which it would start afresh over; resume it ([checkpoint] resume = \"latest\"), or "
+                      "choose another [checkpoint] dir");
+    }
+    if (!own && saves_step(config, c.step)) {
+      throw UserError(config.checkpoint.dir + ": holds another run's checkpoint " + c.path.filename().string() +
+                      ", a step this run would save too; choose another [checkpoint] dir");
+    }
+  }
+}
+
+}  // namespace
+
+void check_out_dir(const RunConfig& config) {
+  const std::string elsewhere = "choose another [train] out_dir, or set [train] reuse_out_dir = true to train beside it";
   const auto checkpoints = list_checkpoints(config.checkpoint.dir);
+  if (config.train.reuse_out_dir) return check_shared_checkpoints(config, checkpoints);
+  check_recorded_run(config, elsewhere);
   if (checkpoints.empty()) return;
   // A [checkpoint] dir outside out_dir may hold other runs' checkpoints (of_this_run).
   const bool others = std::any_of(checkpoints.begin(), checkpoints.end(),
                                   [&](const auto& c) { return !of_this_run(config, c.path); });
-  if (others || fresh) {
+  if (others || config.checkpoint.resume.kind == ResumeFrom::Kind::fresh) {
     throw UserError(config.checkpoint.dir + ": holds the checkpoints of " + (others ? "another run" : "this run") +
                     " (up to step " + std::to_string(checkpoints.back().step) + "); " +
                     (others ? elsewhere : "resume it ([checkpoint] resume = \"latest\"), or " + elsewhere));

@@ -29,7 +29,9 @@ struct RunIdentity {
 };
 
 // Refuses, in one line naming the directory and what to do, a run whose [train] out_dir holds
-// another model's or data's run, or that starts afresh where a run of its own is. Every rank
+// another model's or data's run, or that starts afresh where a run of its own is. Beside other
+// runs ([train] reuse_out_dir), it refuses instead a run that would start afresh over its own
+// checkpoints, or save a step another run saved in a [checkpoint] dir they share. Every rank
 // checks alike, before any rendezvous.
 void check_out_dir(const RunConfig& config);
 // Refuses, in one line naming the key, a training run whose outputs would destroy files or be

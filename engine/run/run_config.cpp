@@ -134,11 +134,12 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
     ConfigSection section = annotated.section(name);
     parse(section, run);
   }
-  // Runs beside each other ([train] reuse_out_dir) keep their records and models apart by
-  // their settings' hash, where each would replace or truncate the others'.
+  // Runs beside each other ([train] reuse_out_dir) keep their checkpoints, models and
+  // metrics apart by their settings' hash, where each would replace or truncate the others'
+  // (step-N names no run).
   const std::string hash = config_hash(run);
   const std::string own = run.train.reuse_out_dir ? "-" + hash.substr(hash.find(':') + 1) : "";
-  if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints";
+  if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints" + own;
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model" + own;
   if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter" + own;
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics" + own + ".jsonl";

@@ -48,6 +48,7 @@ struct ResumeFrom {
 
 struct CheckpointConfig {
   std::string dir;              // sharded checkpoints go to <dir>/step-00000100; "" means <train.out_dir>/checkpoints
+                                // (checkpoints-<settings hash> under [train] reuse_out_dir)
   int64_t save_every = 0;       // steps between sharded checkpoints; 0: none
   bool save_final = true;       // after the last step: a sharded checkpoint and the HF export
   int64_t keep = 3;             // complete checkpoints kept, newest first; 0 keeps all

@@ -3,8 +3,10 @@
 # checkpoints, or where a run of other settings trained, is refused (resuming is the way on),
 # and so is another model's run; resumed, the run may change its settings and is told which
 # (and how its learning rate moves where it changes [train] steps);
-# [train] reuse_out_dir = true trains beside them anyway, each run writing metrics of its
-# own, and resume = "latest" then picks only the checkpoints of this run's settings; a [checkpoint] dir outside out_dir holds the
+# [train] reuse_out_dir = true trains beside them anyway, each run writing checkpoints and
+# metrics of its own, and resume = "latest" then picks only the checkpoints of this run's
+# settings (a run that would start afresh over its own, or save a step another saved in a
+# [checkpoint] dir they share, is refused at start); a [checkpoint] dir outside out_dir holds the
 # run's own by the out_dir they record. Each refusal is one line with exit status 2,
 # and leaves the run's record (run.json) as it was.
 set -uo pipefail
@@ -47,9 +49,9 @@ check "the run resumed with another learning rate and batch size" 0 \
   "the run goes on with other settings than it had: data.batch_size 12 -> 6, optimizer.lr 0.01 -> 0.005" \
   -- "${run[@]}" --set train.steps=4 --set 'checkpoint.resume="latest"' --set optimizer.lr=5e-3 --set data.batch_size=6
 grep -q "continuing after step 3" "$out.log" || { echo "FAIL: the changed run did not resume step 3"; failures=$((failures + 1)); }
-# Beside them on request: "latest" finds none of this run's (the full run's steps 2 to 4
-# are not its own), so it starts afresh; its own step 1 is then the one it resumes, though
-# the other run's step 4 is newer; and it would not replace the other's step 2.
+# Beside them on request: the run keeps its checkpoints under checkpoints-<its settings'
+# hash>, so "latest" finds none of its own (the full run's steps 2 to 4 are not), and it
+# starts afresh; its own step 1 is then the one it resumes, though the other's step 4 is newer.
 beside=(--set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set 'checkpoint.resume="latest"'
         --set checkpoint.keep=0)
 check "another run beside, resuming none of the first's" 0 "done: 1 steps" -- "${run[@]}" "${beside[@]}" --set train.steps=1
@@ -68,8 +70,20 @@ if [ "$adapters" != 1 ] || [ -e "$out/adapter" ] || grep -q lora_rank "$out/run.
   echo "FAIL: the run beside took the first run's outputs or record ($adapters adapter-* directories)"
   failures=$((failures + 1))
 fi
-check "another run's step kept" 2 "step-00000002: holds another run's checkpoint of step 2, which this run's would replace" \
+if [ "$(ls -d "$out"/checkpoints-*/step-00000005 2>/dev/null | wc -l)" != 1 ] ||
+   [ "$(ls "$out/checkpoints")" != "$(printf 'step-00000002\nstep-00000003\nstep-00000004')" ]; then
+  echo "FAIL: the run beside saved among the first run's checkpoints: $(ls "$out" "$out/checkpoints")"
+  failures=$((failures + 1))
+fi
+# Refused before either trains rather than at their saves: the run beside started afresh over
+# its own checkpoints, and a run that would save a step another run saved in a [checkpoint]
+# dir they share.
+check "the run beside, afresh over its own checkpoints" 2 \
+  "holds this run's checkpoint step-00000001, which it would start afresh over; resume it" \
   -- "${run[@]}" --set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set train.steps=2
+check "a step another run saved in a shared [checkpoint] dir" 2 \
+  "$out/checkpoints: holds another run's checkpoint step-00000002, a step this run would save too; choose another [checkpoint] dir" \
+  -- "${run[@]}" --set optimizer.lr=0.02 --set train.reuse_out_dir=true --set "checkpoint.dir=\"$out/checkpoints\""
 # A run of 3 steps resumed to go on to 6: the cosine decay's end moves from step 3 to 6, so
 # step 5 takes another rate than the run's end would have had (step 4 is at the peak either way).
 longer=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out-longer\"" --set metrics.progress='"never"')
