@@ -79,8 +79,8 @@ the largest gathered unit). No process group, no GPU. --verbose adds a policy er
 traceback.
 )";
 
-constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R]
-                    [--master-addr A] [--master-port P] -- COMMAND [ARGS...]
+constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A]
+                    [--master-port P] -- COMMAND [ARGS...]
 
 Starts N ranks of this node, each running `fsdpp COMMAND ARGS...` with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them).
@@ -202,6 +202,25 @@ void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
 }
 
 // launch's own options come before "--"; everything after it is the command each rank runs.
+// The ranks' command line, parsed here as each rank would: a mistake in it is then one line
+// before any rank starts, not one per rank.
+void check_rank_command(const std::vector<std::string>& command) {
+  if (command.front() == "launch") {
+    throw UserError("launch: the ranks' command is a launch itself; give the command without a second launch");
+  }
+  std::vector<std::string> words{"fsdpp"};
+  words.insert(words.end(), command.begin(), command.end());
+  std::vector<char*> argv;
+  for (auto& word : words) argv.push_back(word.data());
+  try {
+    parse_command_line(static_cast<int>(argv.size()), argv.data());
+  } catch (const UserError& e) {
+    const bool foreign = std::string(e.what()).starts_with("unknown command");
+    throw UserError(std::string("launch: ") + e.what() +
+                    (foreign ? "; a launch's ranks run fsdpp's own commands (torchrun starts other programs' ranks)" : ""));
+  }
+}
+
 void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
   const auto separator = std::find(args.begin(), args.end(), "--");
   if (separator == args.end()) {  // the ranks' command would read as launch's own arguments
@@ -213,11 +232,11 @@ void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
     }
   }
   OptionParser parser("launch");
-  std::string nproc, nnodes, node_rank, port;
+  std::string nproc, nnodes, node_rank, master_addr, port;
   parser.add("--nproc-per-node", nproc);
   parser.add("--nnodes", nnodes);
   parser.add("--node-rank", node_rank);
-  parser.add("--master-addr", cl.launch.master_addr);
+  parser.add("--master-addr", master_addr);
   parser.add("--master-port", port);
   if (parser.parse({args.begin(), separator})) {
     cl.help = kLaunchHelp;
@@ -226,6 +245,7 @@ void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
   LaunchOptions& o = cl.launch;
   if (separator != args.end()) o.command.assign(separator + 1, args.end());
   if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");
+  check_rank_command(o.command);
   // Required, as the usage says: a default of one would train as one rank, unasked.
   if (nproc.empty()) throw UserError("launch: --nproc-per-node N is required (the ranks to start on this node)");
   o.nproc_per_node = static_cast<int>(whole_number("launch", "--nproc-per-node", nproc, 1, max_local_ranks()));
@@ -235,6 +255,13 @@ void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
     throw UserError("launch: --node-rank " + std::to_string(o.node_rank) + " must be below --nnodes " +
                     std::to_string(o.nnodes));
   }
+  // Across nodes every rank meets node 0's store: a node that guessed its place or the
+  // address would wait out the whole timeout before failing.
+  if (o.nnodes > 1 && (node_rank.empty() || master_addr.empty())) {
+    throw UserError("launch: --nnodes " + std::to_string(o.nnodes) + " needs --node-rank (this node's place, 0 to " +
+                    std::to_string(o.nnodes - 1) + ") and --master-addr (node 0's address) on every node");
+  }
+  if (!master_addr.empty()) o.master_addr = master_addr;
   o.master_port = !port.empty() ? static_cast<int>(whole_number("launch", "--master-port", port, 1, 65535))
                   : o.nnodes == 1 ? 0 : 29500;
 }

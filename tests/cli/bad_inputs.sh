@@ -455,8 +455,10 @@ expect "adapter_dir over the out_dir" "[checkpoint] adapter_dir: $work/out holds
   -- train "$work/ok.toml" --set policy.options.lora_rank=2 --set "checkpoint.adapter_dir=\"$work/out\""
 expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes: holds 'notes.txt', which an adapter does not write" \
   -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
-expect "a launch inside a launch" "launch: this process is a rank of fsdpp launch already" \
+expect "a launch inside a launch" "launch: the ranks' command is a launch itself; give the command without a second launch" \
   -- launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- train "$work/ok.toml"
+FSDPP_LAUNCHER_PREFIXES_RANK=1 expect "a launch from a rank of a launch" "launch: this process is a rank of fsdpp launch already" \
+  -- launch --nproc-per-node 1 -- train "$work/ok.toml"
 SLURM_STEP_NUM_TASKS=4 expect "export as tasks of an srun step" "export: runs as one process, and this is one of a launch's (SLURM_STEP_NUM_TASKS 4)" \
   -- export "$work/no-such-checkpoint" "$work/exported"
 expect "export as ranks of a launch" "export: runs as one process, and this is one of a launch's (WORLD_SIZE 2)" \
@@ -505,6 +507,15 @@ expect "a control character in a policy option" "[policy] options.lora_targets: 
   -- train "$work/ok.toml" --set 'policy.options.lora_targets="q_proj\u001b[31m"'
 expect "launch without --nproc-per-node" "launch: --nproc-per-node N is required (the ranks to start on this node)" \
   -- launch -- train "$work/ok.toml"
+# The ranks' command line is checked before any rank starts: one line, not one per rank.
+expect "a launch of a program other than fsdpp's commands" \
+  "launch: unknown command 'python3' (commands: train, eval, plan, launch, export, probe; see fsdpp --help); a launch's ranks run fsdpp's own commands" \
+  -- launch --nproc-per-node 2 -- python3 x.py
+expect "a launch of a mistyped option" "launch: train: unknown option --stpes (see fsdpp train --help)" \
+  -- launch --nproc-per-node 2 -- train "$work/ok.toml" --stpes 3
+expect "a node of two without node 0's address" \
+  "launch: --nnodes 2 needs --node-rank (this node's place, 0 to 1) and --master-addr (node 0's address) on every node" \
+  -- launch --nproc-per-node 1 --nnodes 2 --node-rank 1 -- train "$work/ok.toml"
 expect "a directory as the policy" "--set policy.name=$work: [policy] name: $work is not a file" \
   -- train "$work/ok.toml" --set "policy.name=$work"
 { cat "$work/ok.toml"; echo "[policy.options]"; echo '"lora.rank" = 1'; } >"$work/quoted_option.toml"
