@@ -13,14 +13,15 @@
 
 namespace fsdpp {
 
-c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_size) {
+c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_size, const std::string& asked_by) {
   if (choice == DeviceChoice::cpu) return c10::kCPU;
   const bool has_cuda = at::globalContext().hasCUDA();
   if (choice == DeviceChoice::automatic && !has_cuda) return c10::kCPU;
   const int visible = has_cuda ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
   if (visible == 0) {
-    throw UserError("[parallel] device = \"cuda\", but this process sees no GPU; use device = \"cpu\" (or \"auto\", "
-                    "which takes a GPU where there is one)");
+    throw UserError((asked_by.empty() ? "[parallel] device = \"auto\" found CUDA" : asked_by) +
+                    ", but this process sees no GPU; use device = \"cpu\" and backend = \"gloo\" (or both "
+                    "\"auto\", which take a GPU where there is one)");
   }
   // A scheduler that binds one GPU to each task shows every rank a single device, whatever
   // its local rank. Several local ranks seeing that same one device would share it, which

@@ -13,9 +13,10 @@
 
 namespace fsdpp {
 
-// The device `choice` names for this rank. A GPU that is asked for but not visible is a
-// UserError naming the local rank, the local world and the count of visible devices.
-c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_size);
+// The device `choice` names for this rank. A GPU that is asked for (by `asked_by`, the
+// setting a message names) but not visible is a UserError naming the local rank, the local
+// world and the count of visible devices.
+c10::Device resolve_device(DeviceChoice choice, int local_rank, int local_world_size, const std::string& asked_by);
 // Makes `device` current for this thread, so streams, allocations and collectives use it.
 void use_device(c10::Device device);
 // A host tensor (or none) on `device`. To a GPU the copy goes through pinned memory and is

@@ -104,7 +104,7 @@ std::shared_ptr<Comm> init_distributed(const DistEnv& env, const ParallelConfig&
   const bool gpu_groups = single || nccl_available();
   const DeviceChoice choice =
       config.device == DeviceChoice::automatic && !gpu_groups ? DeviceChoice::cpu : config.device;
-  const c10::Device device = resolve_device(choice, env.local_rank, env.local_world_size);
+  const c10::Device device = resolve_device(choice, env.local_rank, env.local_world_size, config.gpu_asked_by);
   use_device(device);
   if (single) {
     if (!device.is_cpu()) log_info("device: ", device.str());

@@ -28,7 +28,11 @@ ParallelConfig ParallelConfig::from_section(ConfigSection& s) {
   if (backend == "gloo" && c.device == DeviceChoice::cuda) s.fail("backend", "gloo runs on the CPU, but device is 'cuda'");
   if (backend == "nccl" && c.device == DeviceChoice::cpu) s.fail("backend", "nccl runs on GPUs, but device is 'cpu'");
   if (backend == "gloo") c.device = DeviceChoice::cpu;
-  if (backend == "nccl") c.device = DeviceChoice::cuda;
+  if (c.device == DeviceChoice::cuda) c.gpu_asked_by = s.where("device") + ": [parallel] device = \"cuda\"";
+  if (backend == "nccl") {
+    c.device = DeviceChoice::cuda;
+    c.gpu_asked_by = s.where("backend") + ": [parallel] backend = \"nccl\"";
+  }
   if (!(c.timeout_s > 0)) s.fail("timeout_s", "must be positive");
   return c;
 }

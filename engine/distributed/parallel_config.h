@@ -2,6 +2,8 @@
 // groups, checked against what this build can run.
 #pragma once
 
+#include <string>
+
 #include "core/device_choice.h"
 
 namespace fsdpp {
@@ -13,6 +15,9 @@ struct ParallelConfig {
   // backend ("auto": nccl on a GPU, gloo on the CPU; "gloo"; "nccl") settles it too, since
   // each backend moves data of one kind of device only.
   DeviceChoice device = DeviceChoice::automatic;
+  // The setting that asks for a GPU, as messages name it ("run.toml:7: [parallel] backend =
+  // \"nccl\""); empty while the device is "auto".
+  std::string gpu_asked_by;
   double timeout_s = 300;  // rendezvous and collective timeout
 
   static ParallelConfig from_section(ConfigSection& section);

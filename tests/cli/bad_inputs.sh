@@ -137,6 +137,10 @@ if ! command -v nvidia-smi >/dev/null; then
   expect "a GPU where there is none" \
     "[parallel] device = \"cuda\", but this process sees no GPU; use device = \"cpu\"" \
     -- train "$work/ok.toml" --set 'parallel.device="cuda"'
+  # The setting that asked for the GPU is the one named, where nccl implies it.
+  expect "nccl where there is no GPU" \
+    "--set parallel.backend=\"nccl\": [parallel] backend = \"nccl\", but this process sees no GPU" \
+    -- train "$work/ok.toml" --set 'parallel.backend="nccl"'
 fi
 
 cp -r "$FIXTURES/llama_untied" "$work/corrupt_model"
