@@ -12,6 +12,13 @@ namespace fsdpp {
 
 std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model) {
   if (std::filesystem::is_directory(config.train)) {
+    // A directory of anything else (a model, the folder a token file lies in) is no dataset:
+    // said so before what a dataset would need of the model or of train_on.
+    if (!std::filesystem::exists(std::filesystem::path(config.train) / "samples.jsonl")) {
+      throw UserError(config.train + ": a directory without samples.jsonl; [data] train names a token file "
+                      "(scripts/make_tokens.py, scripts/prepare_data.py) or a multimodal dataset directory "
+                      "(samples.jsonl and pixels.safetensors, scripts/make_multimodal.py)");
+    }
     if (config.train_on != TrainOn::all) {
       throw UserError(config.train + ": [data] train_on = \"completion\" is for token files; a multimodal dataset's "
                       "samples mark their own targets");

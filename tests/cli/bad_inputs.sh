@@ -520,6 +520,9 @@ expect "a launch of a mistyped option" "launch: train: unknown option --stpes (s
 expect "a node of two without node 0's address" \
   "launch: --nnodes 2 needs --node-rank (this node's place, 0 to 1) and --master-addr (node 0's address) on every node" \
   -- launch --nproc-per-node 1 --nnodes 2 --node-rank 1 -- train "$work/ok.toml"
+expect "a directory that is no dataset as the data" \
+  "$work: a directory without samples.jsonl; [data] train names a token file" \
+  -- train "$work/ok.toml" --set "data.train=\"$work\"" --set 'data.train_on="completion"'
 expect "a directory as the policy" "--set policy.name=$work: [policy] name: $work is not a file" \
   -- train "$work/ok.toml" --set "policy.name=$work"
 { cat "$work/ok.toml"; echo "[policy.options]"; echo '"lora.rank" = 1'; } >"$work/quoted_option.toml"
