@@ -5,12 +5,14 @@
 #include "core/json_text.h"
 #include "core/mapped_file.h"
 #include "core/module_tree.h"
+#include "io/safetensors.h"
 #include "models/config_fields.h"
 #include "models/lora.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -20,6 +22,9 @@ namespace {
 
 constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
+// What an adapter's weights carry in their metadata beside PEFT's "format": a directory whose
+// adapter lacks it was written by another program, and a run's adapter never replaces it.
+const std::map<std::string, std::string> kAdapterMetadata = {{"format", "pt"}, {"written_by", "fsdpp adapter"}};
 
 nlohmann::json read_adapter_config(const std::filesystem::path& path) {
   const nlohmann::json j = parse_json(read_text_file(path), path.string());
@@ -127,6 +132,14 @@ ShardFill PeftAdapter::fill() const {
 
 void check_adapter_target(const std::filesystem::path& dir) {
   check_replaceable_dir(dir, "an adapter", [](const std::string& name) { return name == kConfigFile || name == kWeightsFile; });
+  if (!std::filesystem::exists(dir / kWeightsFile)) return;
+  const auto mark = SafetensorsFile::open(dir / kWeightsFile)->metadata();
+  const auto written_by = mark.find("written_by");
+  if (written_by == mark.end() || written_by->second != kAdapterMetadata.at("written_by")) {
+    throw UserError(dir.string() + ": holds an adapter that no fsdpp run wrote (" + kWeightsFile + " bears no run's "
+                    "mark); an adapter replaces only an empty directory or an earlier one of a run: choose another "
+                    "directory");
+  }
 }
 
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
@@ -135,7 +148,7 @@ void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, 
   std::filesystem::create_directories(dir);
   NamedTensors stored;
   for (const auto& [name, tensor] : tensors) stored.emplace_back(peft_tensor_name(name), tensor);
-  write_safetensors(dir / kWeightsFile, stored, {{"format", "pt"}});
+  write_safetensors(dir / kWeightsFile, stored, kAdapterMetadata);
   const nlohmann::json config = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"},
                                  {"base_model_name_or_path", base_model},
                                  {"r", lora.rank}, {"lora_alpha", lora.alpha}, {"lora_dropout", lora.dropout},

@@ -44,7 +44,9 @@ class PeftAdapter {
 // trainable base modules) as a PEFT adapter of `lora` for the base model at `base_model`
 // into `dir`, atomically file by file.
 // Refuses, in one line, an adapter written into `dir` that would delete anything but an
-// earlier adapter: `dir` may be missing, empty, or hold the two files an adapter is.
+// earlier adapter of a run: `dir` may be missing, empty, or hold the two files an adapter is,
+// whose weights bear the mark write_peft_adapter gives them (another program's adapter, a
+// PEFT download, is never replaced).
 void check_adapter_target(const std::filesystem::path& dir);
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
                         const NamedTensors& tensors);

@@ -93,8 +93,9 @@ expect "packing = false on a stream without document ends" \
   "ok.tok: [data] packing = false gives each document a row, and this file is one stream" \
   -- train "$work/ok.toml" --set data.packing=false
 
+mkdir -p "$work/dataset" && touch "$work/dataset/samples.jsonl"
 expect "completion on a multimodal dataset" "[data] train_on = \"completion\" is for token files" \
-  -- train "$work/ok.toml" --set "data.train=\"$work\"" --set 'data.train_on="completion"'
+  -- train "$work/ok.toml" --set "data.train=\"$work/dataset\"" --set 'data.train_on="completion"'
 
 expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda" \
   -- train "$work/ok.toml" --set 'parallel.device="tpu"'
@@ -459,6 +460,9 @@ expect "adapter_dir over the out_dir" "[checkpoint] adapter_dir: $work/out holds
   -- train "$work/ok.toml" --set policy.options.lora_rank=2 --set "checkpoint.adapter_dir=\"$work/out\""
 expect "adapter_dir holding other files" "[checkpoint] adapter_dir: $work/notes: holds 'notes.txt', which an adapter does not write" \
   -- train "$work/ok.toml" --set "checkpoint.adapter_dir=\"$work/notes\""
+expect "adapter_dir over another program's adapter" \
+  "[checkpoint] adapter_dir: $work/qv_adapter: holds an adapter that no fsdpp run wrote (adapter_model.safetensors bears no run's mark)" \
+  -- train "$work/ok.toml" --set policy.options.lora_rank=2 --set "checkpoint.adapter_dir=\"$work/qv_adapter\""
 expect "a launch inside a launch" "launch: the ranks' command is a launch itself; give the command without a second launch" \
   -- launch --nproc-per-node 1 -- launch --nproc-per-node 1 -- train "$work/ok.toml"
 FSDPP_LAUNCHER_PREFIXES_RANK=1 expect "a launch from a rank of a launch" "launch: this process is a rank of fsdpp launch already" \
