@@ -105,6 +105,12 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   } catch (const UserError& e) {
     throw UserError(meta_path.string() + ": " + e.what());
   }
+  // A run finds its checkpoints by their names: one renamed would be taken for a step it is not.
+  const auto named = step_of(fs::path(dir).lexically_normal().filename().string());
+  if (named && *named != c.meta_.step) {
+    throw UserError(dir.string() + ": is named step " + std::to_string(*named) + " but holds step " +
+                    std::to_string(c.meta_.step) + " (renamed?); give it its own name, " + checkpoint_path("", c.meta_.step).string());
+  }
   return c;
 }
 

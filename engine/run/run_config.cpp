@@ -173,8 +173,11 @@ void RunConfig::check_paths() const {
     const std::string relative =
         path.is_relative() ? " (relative paths resolve against the working directory " + fs::current_path().string() + ")"
                            : "";
+    // resume = "lastest" is a path of that name, and a typo of "latest".
+    const bool near_latest = std::string(key) == "resume" && !nearest_name(path.string(), {"latest"}).empty();
     throw UserError(source.where(section, key) + ": [" + section + "] " + key + ": " + path.string() + ": no such " +
-                    (directory ? "directory" : "file or directory") + relative);
+                    (directory ? "directory" : "file or directory") + relative +
+                    (near_latest ? "; did you mean \"latest\"?" : ""));
   };
   check("model", "path", model.path, false);
   if (!model.adapter.empty()) check("model", "adapter", model.adapter, true);

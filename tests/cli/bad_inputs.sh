@@ -527,6 +527,8 @@ expect "a node of two without node 0's address" \
 expect "a directory that is no dataset as the data" \
   "$work: a directory without samples.jsonl; [data] train names a token file" \
   -- train "$work/ok.toml" --set "data.train=\"$work\"" --set 'data.train_on="completion"'
+expect "resume = \"lastest\"" "[checkpoint] resume: lastest: no such file or directory" 'did you mean "latest"?' \
+  -- train "$work/ok.toml" --set 'checkpoint.resume="lastest"'
 expect "a directory as the policy" "--set policy.name=$work: [policy] name: $work is not a file" \
   -- train "$work/ok.toml" --set "policy.name=$work"
 { cat "$work/ok.toml"; echo "[policy.options]"; echo '"lora.rank" = 1'; } >"$work/quoted_option.toml"

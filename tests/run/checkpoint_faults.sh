@@ -9,7 +9,8 @@
 #  - an older checkpoint that cannot be rotated away is a warning, not the run's end;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
 #    from a checkpoint older than one of the run's own beside it;
-#  - a flipped byte, a missing rank file and a truncated rank file are refused with one
+#  - a flipped byte, a missing rank file, a truncated rank file and a checkpoint renamed to
+#    another step are refused with one
 #    error naming the file, by `fsdpp export` and by a resumed run; so is a resume over a
 #    token file rewritten in place, into a file of documents, or into a model that computes
 #    otherwise than the one saved.
@@ -147,6 +148,10 @@ for damage in flipped missing truncated; do
   expect_refused "export of a checkpoint with a $damage rank file" "rank-00001.safetensors" "$words" -- \
     "$FSDPP" export "$bad" "$out/$damage/export"
 done
+# A run finds its checkpoints by name: one renamed to another step is refused, naming both.
+mkdir -p "$out/renamed" && cp -r "$good" "$out/renamed/step-00000009"
+expect_refused "export of a checkpoint renamed to another step" "step-00000009" "is named step 9 but holds step 5" -- \
+  "$FSDPP" export "$out/renamed/step-00000009" "$out/renamed/export"
 expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safetensors" "checksum" -- \
   "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/flipped/run\"" \
   --set "checkpoint.resume=\"$out/flipped/step-00000005\""
