@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -185,6 +186,17 @@ void RunConfig::check_paths() const {
   if (checkpoint.resume.kind == ResumeFrom::Kind::path) check("checkpoint", "resume", checkpoint.resume.path, false);
   if (policy.name.ends_with(".lua") || policy.name.find('/') != std::string::npos) {
     check("policy", "name", policy.name, false);
+  }
+  // Outputs may be missing, but not unreachable: a loop of links or a component that is a
+  // file would otherwise fail mid-run in the file system's words.
+  for (const auto& [section, key, path] : {std::tuple{"train", "out_dir", train.out_dir},
+                                           {"checkpoint", "dir", checkpoint.dir},
+                                           {"checkpoint", "export_dir", checkpoint.export_dir},
+                                           {"checkpoint", "adapter_dir", checkpoint.adapter_dir}}) {
+    std::error_code error;  // set where the path cannot be looked at, not where it is missing
+    if (!fs::exists(path, error) && error) {
+      throw UserError(source.where(section, key) + ": [" + section + "] " + key + ": " + path + ": " + error.message());
+    }
   }
 }
 

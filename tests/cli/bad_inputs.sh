@@ -529,6 +529,9 @@ expect "a directory that is no dataset as the data" \
   -- train "$work/ok.toml" --set "data.train=\"$work\"" --set 'data.train_on="completion"'
 expect "resume = \"lastest\"" "[checkpoint] resume: lastest: no such file or directory" 'did you mean "latest"?' \
   -- train "$work/ok.toml" --set 'checkpoint.resume="lastest"'
+ln -sfn loop "$work/loop"
+expect "an out_dir that is a loop of links" "[train] out_dir: $work/loop: Too many levels of symbolic links" \
+  -- train "$work/ok.toml" --set "train.out_dir=\"$work/loop\""
 expect "a directory as the policy" "--set policy.name=$work: [policy] name: $work is not a file" \
   -- train "$work/ok.toml" --set "policy.name=$work"
 { cat "$work/ok.toml"; echo "[policy.options]"; echo '"lora.rank" = 1'; } >"$work/quoted_option.toml"
