@@ -153,6 +153,12 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
     // A LoRA run's checkpoint carries its adapters (config.adapter replaces them); a policy
     // that declares adapters must declare those.
     const auto meta = checkpoint->metadata().value("model", nlohmann::json::object());
+    // Adapters train over a base that lies in files of its own, recorded by their checksums
+    // (BaseIdentity); a checkpoint's full model is that base once exported.
+    if (loaded.lora && !meta.contains("lora")) {
+      throw UserError(checkpoint->dir().string() + ": a checkpoint of a run without adapters, as the base of adapters; "
+                      "export it (fsdpp export " + checkpoint->dir().string() + " OUT) and name OUT in [model] path");
+    }
     if (meta.contains("lora") && !adapter) {
       const auto held = meta["lora"].get<LoraPlan>();
       if (loaded.lora) {

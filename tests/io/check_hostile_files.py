@@ -366,6 +366,10 @@ def main():
                     "--set", "train.steps=2"], check=True, capture_output=True, timeout=300)
     ckpt = os.path.join(run, "checkpoints", "step-00000002")
     checkpoint_cases(ckpt)
+    expect("a checkpoint without adapters as the base of adapters",
+           [f"{ckpt}: a checkpoint of a run without adapters, as the base of adapters; export it"],
+           "train", CONFIG, "--set", f'model.path="{ckpt}"', "--set", "policy.options.lora_rank=2",
+           "--set", f'train.out_dir="{WORK}/lora-over-checkpoint"')
     hf_cases(ckpt)
     token_case()
     multimodal_cases()
