@@ -1,11 +1,13 @@
 """The records of prepare_data.py's input files: .txt files whole, JSONL line by line, Parquet
 row by row, each with its line or row number and how far it got into the file (for the
-progress bar); and the errors that refuse a record or the whole run."""
+progress bar); the errors that refuse a record or the whole run; and check_out, which keeps a
+token-file writer (prepare_data.py, make_tokens.py) off its inputs and the user's other files."""
 import codecs
 import json
 import os
 
 KINDS = (".txt", ".jsonl", ".parquet")
+TOKEN_MAGIC = b"FSDPTOK\x00"  # every version of the token file opens with it
 
 
 class BadRecord(Exception):
@@ -115,3 +117,21 @@ def parquet_records(path, f, table):
             for row in rows:
                 number += 1
                 yield number, row, 1
+
+
+def check_out(out, inputs):
+    """The output replaces only a token file, and never an input."""
+    if not os.path.exists(out):
+        return
+    if any(os.path.exists(path) and os.path.samefile(path, out) for path in inputs):
+        fail(f"--out {out}: is one of the inputs, which writing it would destroy; choose another file")
+    if not os.path.isfile(out):
+        fail(f"--out {out}: exists and is not a file")
+    try:
+        with open(out, "rb") as f:
+            head = f.read(len(TOKEN_MAGIC))
+    except OSError as e:
+        fail(f"--out {out}: cannot read it to check it is a token file ({e.strerror})")
+    if head and head != TOKEN_MAGIC:  # an empty file (mktemp's) holds nothing to lose
+        fail(f"--out {out}: holds something other than a token file, which writing it would destroy; "
+             "choose another file")

@@ -30,9 +30,37 @@ def load_frame(path):
     from PIL import Image
     try:
         with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"))
+            return np.array(image.convert("RGB"))  # writable: torch warns of a read-only array
     except OSError as e:
         fail(f"{path}: cannot read the image ({e})")
+
+
+def check_sample(where, spec):
+    """(text, images, videos, fps) of one manifest line, refused unless each is of its kind."""
+    if not isinstance(spec, dict):
+        fail(f"{where}: not a JSON object (a sample is {{\"text\": ..., \"images\": [...], ...}})")
+    text, images, videos = spec.get("text", ""), spec.get("images", []), spec.get("videos", [])
+    fps = spec.get("fps", 2.0)
+    if not isinstance(text, str):
+        fail(f"{where}: \"text\" is not a string")
+    if "\0" in text:  # the marks are cut out on NUL characters
+        fail(f"{where}: \"text\" holds a NUL character")
+    if not isinstance(images, list) or not all(isinstance(p, str) for p in images):
+        fail(f"{where}: \"images\" is not a list of file names")
+    if not isinstance(videos, list) or not all(
+            isinstance(v, list) and v and all(isinstance(p, str) for p in v) for v in videos):
+        fail(f"{where}: \"videos\" is not a list of non-empty lists of frame file names")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
+        fail(f"{where}: \"fps\" is {json.dumps(fps)}, not a positive number")
+    return text, list(images), list(videos), float(fps)
+
+
+def process(where, name, processor, **kwargs):
+    """The processor's output, its refusal (an aspect ratio it does not take) the user's."""
+    try:
+        return processor(**kwargs)
+    except ValueError as e:
+        fail(f"{where}: {name}: the processor refuses it ({(str(e).splitlines() or ['ValueError'])[0]})")
 
 
 def main():
@@ -47,7 +75,16 @@ def main():
 
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
     config_path = args.model if args.model.endswith(".json") else os.path.join(args.model, "config.json")
-    config = json.load(open(config_path))
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except OSError as e:
+        fail(f"--model {args.model}: cannot read {config_path} ({e.strerror})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        fail(f"--model {args.model}: {config_path} is not JSON ({e})")
+    keys = ("vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    if not isinstance(config, dict) or not all(k in config for k in keys):
+        fail(f"--model {args.model}: {config_path} is no Qwen2-VL config (it needs {', '.join(keys)})")
     vision = config["vision_config"]
     merge, patch, frames = vision.get("spatial_merge_size", 2), vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
     sizes = dict(patch_size=patch, temporal_patch_size=frames, merge_size=merge, min_pixels=args.min_pixels,
@@ -61,40 +98,58 @@ def main():
         encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
     base = os.path.dirname(os.path.abspath(args.manifest))
     pixels, samples = {}, []
-    with open(args.manifest) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
+    try:
+        with open(args.manifest, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError as e:
+        fail(f"cannot read {args.manifest}: {e.strerror}")
+    except UnicodeDecodeError as e:
+        fail(f"{args.manifest} is not valid UTF-8 ({e.reason} at byte {e.start})")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{args.manifest}:{number}"
+        try:
+            spec = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"{where}: not JSON ({e})")
+        text, images, videos, fps = check_sample(where, spec)
+        if text.count("<image>") != len(images) or text.count("<video>") != len(videos):
+            fail(f"{where}: {text.count('<image>')} <image> and {text.count('<video>')} <video> marks for "
+                 f"{len(images)} images and {len(videos)} videos")
+        sample = {"input_ids": [], "images": [], "videos": []}
+        pieces = text.replace("<video>", "\0v\0").replace("<image>", "\0i\0").split("\0")
+        for piece in pieces:
+            if piece not in ("i", "v"):
+                sample["input_ids"] += encode(piece)
                 continue
-            where = f"{args.manifest}:{number}"
-            try:
-                spec = json.loads(line)
-            except json.JSONDecodeError as e:
-                fail(f"{where}: not JSON ({e})")
-            text, images, videos = spec.get("text", ""), list(spec.get("images", [])), list(spec.get("videos", []))
-            if text.count("<image>") != len(images) or text.count("<video>") != len(videos):
-                fail(f"{where}: {text.count('<image>')} <image> and {text.count('<video>')} <video> marks for "
-                     f"{len(images)} images and {len(videos)} videos")
-            sample = {"input_ids": [], "images": [], "videos": []}
-            pieces = text.replace("<video>", "\0v\0").replace("<image>", "\0i\0").split("\0")
-            for piece in pieces:
-                if piece not in ("i", "v"):
-                    sample["input_ids"] += encode(piece)
-                    continue
-                key = f"s{len(samples)}.{piece}{len(sample['images' if piece == 'i' else 'videos'])}"
-                if piece == "i":
-                    out = processor(images=[load_frame(os.path.join(base, images.pop(0)))], return_tensors="pt")
-                    patches, grid, token = out["pixel_values"], out["image_grid_thw"][0], config["image_token_id"]
-                    sample["images"].append({"pixels": key, "grid": grid.tolist()})
-                else:
-                    clip = [load_frame(os.path.join(base, p)) for p in videos.pop(0)]
-                    out = video_processor(videos=[clip], return_tensors="pt")
-                    patches, grid, token = out["pixel_values_videos"], out["video_grid_thw"][0], config["video_token_id"]
-                    sample["videos"].append({"pixels": key, "grid": grid.tolist(),
-                                             "seconds_per_grid": frames / float(spec.get("fps", 2.0))})
-                pixels[key] = torch.as_tensor(patches, dtype=torch.float32).contiguous()
-                count = int(grid.prod()) // (merge * merge)
-                sample["input_ids"] += [config["vision_start_token_id"]] + [token] * count + [config["vision_end_token_id"]]
-            samples.append({k: v for k, v in sample.items() if v})
+            key = f"s{len(samples)}.{piece}{len(sample['images' if piece == 'i' else 'videos'])}"
+            if piece == "i":
+                name = images.pop(0)
+                # PIL's frames are height x width x RGB; left to guess, the processor takes
+                # an image 1, 3 or 4 pixels high or wide for channels first.
+                out = process(where, name, processor, images=[load_frame(os.path.join(base, name))],
+                              return_tensors="pt", input_data_format="channels_last")
+                patches, grid, token = out["pixel_values"], out["image_grid_thw"][0], config["image_token_id"]
+                sample["images"].append({"pixels": key, "grid": grid.tolist()})
+            else:
+                names = videos.pop(0)
+                clip = [load_frame(os.path.join(base, p)) for p in names]
+                if len({frame.shape for frame in clip}) > 1:
+                    fail(f"{where}: the frames of video {names[0]} ... differ in size "
+                         f"({', '.join(sorted({f'{f.shape[1]}x{f.shape[0]}' for f in clip}))}); "
+                         "a video's frames must all be one size")
+                out = process(where, names[0], video_processor, videos=[clip], return_tensors="pt",
+                              input_data_format="channels_last")
+                patches, grid, token = out["pixel_values_videos"], out["video_grid_thw"][0], config["video_token_id"]
+                sample["videos"].append({"pixels": key, "grid": grid.tolist(),
+                                         "seconds_per_grid": frames / fps})
+            pixels[key] = torch.as_tensor(patches, dtype=torch.float32).contiguous()
+            count = int(grid.prod()) // (merge * merge)
+            sample["input_ids"] += [config["vision_start_token_id"]] + [token] * count + [config["vision_end_token_id"]]
+        samples.append({k: v for k, v in sample.items() if v})
+    if not samples:
+        fail(f"{args.manifest}: no samples (an empty manifest)")
     os.makedirs(args.out, exist_ok=True)
     save_file(pixels, os.path.join(args.out, "pixels.safetensors"))
     with open(os.path.join(args.out, "samples.jsonl"), "w") as f:

@@ -16,7 +16,9 @@ import os
 import struct
 import sys
 
-MAGIC = b"FSDPTOK\x00"
+# Standard library only, as this script is.
+from input_records import TOKEN_MAGIC as MAGIC, Refused, check_out
+
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")
 SEPARATOR = "\n\n"
@@ -83,6 +85,10 @@ def main():
     ap.add_argument("--dtype", choices=["auto", "uint16", "uint32"], default="auto",
                     help="token width; auto picks uint16 when the vocab fits (default: auto)")
     args = ap.parse_args()
+    try:  # before any work: an input, or a file of the user's that is no token file, is left alone
+        check_out(args.out, args.inputs)
+    except Refused as e:
+        fail(str(e))
 
     if args.tokenizer:
         tokens, vocab = tokenizer_tokens(args.inputs, args.tokenizer)

@@ -34,9 +34,9 @@ from array import array
 
 from tqdm import tqdm
 
-from input_records import KINDS, BadRecord, PlainText, Refused, fail, first_line, open_input
+from input_records import (KINDS, TOKEN_MAGIC as MAGIC, BadRecord, PlainText, Refused, check_out, fail, first_line,
+                           open_input)
 
-MAGIC = b"FSDPTOK\x00"
 HEADER = struct.Struct("<8sIIQQQII")
 FLAG_MASK = 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -218,21 +218,6 @@ def write(out, tokens, ends, mask, vocab):
     finally:  # whatever stopped the write (Ctrl-C too)
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
-
-
-def check_out(out, inputs):
-    """The output replaces only a token file, and never an input."""
-    if not os.path.exists(out):
-        return
-    if any(os.path.exists(path) and os.path.samefile(path, out) for path in inputs):
-        fail(f"--out {out}: is one of the inputs, which writing it would destroy; choose another file")
-    if not os.path.isfile(out):
-        fail(f"--out {out}: exists and is not a file")
-    with open(out, "rb") as f:
-        head = f.read(len(MAGIC))
-        if head and head != MAGIC:  # an empty file (mktemp's) holds nothing to lose
-            fail(f"--out {out}: holds something other than a token file, which writing it would destroy; "
-                 "choose another file")
 
 
 def prepare(args):
