@@ -130,9 +130,9 @@ ShardFill PeftAdapter::fill() const {
   };
 }
 
-void check_adapter_target(const std::filesystem::path& dir) {
+void check_adapter_target(const std::filesystem::path& dir, bool in_own_run_dir) {
   check_replaceable_dir(dir, "an adapter", [](const std::string& name) { return name == kConfigFile || name == kWeightsFile; });
-  if (!std::filesystem::exists(dir / kWeightsFile)) return;
+  if (in_own_run_dir || !std::filesystem::exists(dir / kWeightsFile)) return;
   const auto mark = SafetensorsFile::open(dir / kWeightsFile)->metadata();
   const auto written_by = mark.find("written_by");
   if (written_by == mark.end() || written_by->second != kAdapterMetadata.at("written_by")) {
@@ -143,8 +143,8 @@ void check_adapter_target(const std::filesystem::path& dir) {
 }
 
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
-                        const NamedTensors& tensors) {
-  check_adapter_target(dir);
+                        const NamedTensors& tensors, bool in_own_run_dir) {
+  check_adapter_target(dir, in_own_run_dir);
   std::filesystem::create_directories(dir);
   NamedTensors stored;
   for (const auto& [name, tensor] : tensors) stored.emplace_back(peft_tensor_name(name), tensor);

@@ -106,7 +106,9 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
     throw UserError(meta_path.string() + ": " + e.what());
   }
   // A run finds its checkpoints by their names: one renamed would be taken for a step it is not.
-  const auto named = step_of(fs::path(dir).lexically_normal().filename().string());
+  fs::path name = fs::path(dir).lexically_normal();
+  if (!name.has_filename()) name = name.parent_path();  // "step-N/" or "step-N/."
+  const auto named = step_of(name.filename().string());
   if (named && *named != c.meta_.step) {
     throw UserError(dir.string() + ": is named step " + std::to_string(*named) + " but holds step " +
                     std::to_string(c.meta_.step) + " (renamed?); give it its own name, " + checkpoint_path("", c.meta_.step).string());
@@ -239,7 +241,12 @@ void clear_partial_checkpoints(const fs::path& root) {
   if (!fs::is_directory(root)) return;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with(kPartialPrefix) || name.starts_with(kDeletingPrefix)) remove_tree(e.path());
+    if (!name.starts_with(kPartialPrefix) && !name.starts_with(kDeletingPrefix)) continue;
+    try {
+      remove_tree(e.path());
+    } catch (const UserError& error) {  // leftovers that cannot go cost disk space, not the run
+      log_warn("checkpoint: ", error.what());
+    }
   }
 }
 
@@ -260,13 +267,19 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& root, int64_t keep, uin
     // The checkpoint just saved is complete: an older one that cannot go (a file made
     // immutable, a directory of another owner) costs disk space, not the run.
     try {
-      failpoint_error("checkpoint-rotate-error");
       fs::rename(old.path, doomed);
-      remove_tree(doomed);
     } catch (const std::exception& e) {
-      log_warn("checkpoint: ", old.path.string(), " stays, since it could not be removed (", e.what(),
+      log_warn("checkpoint: ", old.path.string(), " stays, since it could not be renamed for removal (", e.what(),
                "); [checkpoint] keep and max_gb are exceeded until it is");
       break;
+    }
+    // Renamed, it is no checkpoint of the run any more: what cannot be deleted of it now, the
+    // next save's clean-up tries again.
+    try {
+      failpoint_error("checkpoint-rotate-error");
+      remove_tree(doomed);
+    } catch (const UserError& e) {
+      log_warn("checkpoint: ", old.path.string(), " is not all removed yet: ", e.what());
     }
     total -= old.bytes;
     removed.push_back(old.path);

@@ -9,6 +9,7 @@
 #include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "run/run_checkpoint.h"
+#include "run/shared_checkpoints.h"
 
 #include <nlohmann/json.hpp>
 
@@ -102,32 +103,6 @@ void check_recorded_run(const RunConfig& config, const std::string& elsewhere) {
   }
 }
 
-// Whether the run saves step `step`: at each save_every, and at its end under save_final.
-bool saves_step(const RunConfig& config, int64_t step) {
-  const CheckpointConfig& c = config.checkpoint;
-  if (step > config.train.steps) return false;
-  return (c.save_every > 0 && step % c.save_every == 0) || (c.save_final && step == config.train.steps);
-}
-
-// A [checkpoint] dir that runs share by choice ([train] reuse_out_dir): its own checkpoints
-// this run would start afresh over, and another run's step-N it would save too, are refused
-// before it trains rather than at the save.
-void check_shared_checkpoints(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
-  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
-  for (const auto& c : checkpoints) {
-    const bool own = of_this_run(config, c.path);
-    if (own && fresh) {
-      throw UserError(config.checkpoint.dir + ": holds this run's checkpoint " + c.path.filename().string() +
-                      ", which it would start afresh over; resume it ([checkpoint] resume = \"latest\"), or "
-                      "choose another [checkpoint] dir");
-    }
-    if (!own && saves_step(config, c.step)) {
-      throw UserError(config.checkpoint.dir + ": holds another run's checkpoint " + c.path.filename().string() +
-                      ", a step this run would save too; choose another [checkpoint] dir");
-    }
-  }
-}
-
 }  // namespace
 
 void check_out_dir(const RunConfig& config) {
@@ -199,7 +174,7 @@ void check_export_dir(const RunConfig& config) {
   const std::string where = output_where(config, "checkpoint", "export_dir");
   check_holds_none_of_the_run(config, dir, where, "the export");
   try {
-    check_export_target(dir, export_in_own_run_dir(config));
+    check_export_target(dir, in_own_run_dir(config, config.checkpoint.export_dir));
   } catch (const UserError& e) {
     throw UserError(where + e.what());
   }
@@ -209,7 +184,7 @@ void check_adapter_dir(const RunConfig& config) {
   const std::string where = output_where(config, "checkpoint", "adapter_dir");
   check_holds_none_of_the_run(config, config.checkpoint.adapter_dir, where, "the adapter");
   try {
-    check_adapter_target(config.checkpoint.adapter_dir);
+    check_adapter_target(config.checkpoint.adapter_dir, in_own_run_dir(config, config.checkpoint.adapter_dir));
   } catch (const UserError& e) {
     throw UserError(where + e.what());
   }
@@ -342,10 +317,9 @@ bool of_this_run(const RunConfig& config, const fs::path& checkpoint) {
   return own_out_dir || writer.config_hash == config_hash(config);
 }
 
-bool export_in_own_run_dir(const RunConfig& config) {
+bool in_own_run_dir(const RunConfig& config, const std::string& output) {
   return !config.train.reuse_out_dir && !config.train.out_dir.empty() &&
-         fs::exists(fs::path(config.train.out_dir) / kIdentityFile) &&
-         path_within(config.checkpoint.export_dir, config.train.out_dir);
+         fs::exists(fs::path(config.train.out_dir) / kIdentityFile) && path_within(output, config.train.out_dir);
 }
 
 std::string canonical_out_dir(const RunConfig& config) {

@@ -77,10 +77,10 @@ std::string settings_change(const std::map<std::string, std::string>& before,
 // Python API saves into), one a run of its out_dir wrote (not sharing it), or one its present
 // settings wrote; beside other runs ([train] reuse_out_dir), one its present settings wrote.
 bool of_this_run(const RunConfig& config, const std::filesystem::path& checkpoint);
-// Whether [checkpoint] export_dir lies in the run's out_dir, which the run owns, once a run of
-// it recorded itself there (run.json), not beside other runs: a model there without the
-// export's mark is taken for an export older than the mark.
-bool export_in_own_run_dir(const RunConfig& config);
+// Whether `output` (the export_dir or adapter_dir) lies in the run's out_dir, which the run
+// owns, once a run of it recorded itself there (run.json), not beside other runs: a model or
+// adapter there without a run's mark is taken for one older than the mark.
+bool in_own_run_dir(const RunConfig& config, const std::string& output);
 // The run's out_dir as its checkpoints record it (absolute, links resolved); "" for none.
 std::string canonical_out_dir(const RunConfig& config);
 

@@ -156,7 +156,8 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   if (shape.moe && routes()) experts_.emplace(*shape.moe, config.experts, routing_bias_names(model()));
   if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
   model_files_ = model_files_dir(config.model);
-  export_in_own_run_dir_ = export_in_own_run_dir(config);
+  export_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.export_dir);
+  adapter_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.adapter_dir);
 }
 
 Run::~Run() = default;

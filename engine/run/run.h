@@ -221,6 +221,7 @@ class Run {
   std::filesystem::path model_files_;     // the tokenizer's directory, which exports copy from
   bool export_in_own_run_dir_ = false;    // out_dir/export_dir's unmarked model is an old export: known at start,
                                           // before this run records itself there
+  bool adapter_in_own_run_dir_ = false;   // likewise for adapter_dir's unmarked adapter
   bool head_in_root_ = false;             // the output head's weight belongs to the root unit
   bool overlaps_host_update_ = false;     // host-resident masters update beside the next forward
   std::optional<Offloaded> offloaded_;    // what offload() moved to the host, until reload()
@@ -238,8 +239,6 @@ class Run {
   // A caller's model output, with autograd on and a loss scale, as a copy in float32 (float64
   // stays) whose gradient is multiplied by the scale: the caller's loss need not be scaled.
   at::Tensor scaled_output(const at::Tensor& output) const;
-  // A UserError naming `what` while the run is offloaded (while its parameters are, with
-  // `params_only`: a forward needs nothing else).
   // A UserError for `what` while offload() holds the run's state (only its parameters'
   // absence matters where `params_only`), or while a failed load() left it partly loaded.
   void check_loaded(const char* what, bool params_only = false) const;

@@ -264,7 +264,7 @@ void Run::export_final(int64_t step) {
       }
     });
     if (rank != 0) return;
-    write_peft_adapter(config.adapter_dir, *lora, config_.model.path, tensors);
+    write_peft_adapter(config.adapter_dir, *lora, config_.model.path, tensors, adapter_in_own_run_dir_);
     log_info("saved the LoRA adapter at step ", step, " to ", config.adapter_dir);
     return;
   }

@@ -119,6 +119,11 @@ std::string config_hash(const RunConfig& config) {
   return format_crc32c(crc32c(text.data(), text.size()));
 }
 
+std::string settings_suffix(const RunConfig& config) {
+  const std::string hash = config_hash(config);
+  return "-" + hash.substr(hash.find(':') + 1);
+}
+
 RunConfig RunConfig::load(const std::filesystem::path& path, const std::vector<std::string>& overrides,
                           const std::string& override_label) {
   return parse(ConfigFile::load(path, overrides, override_label));
@@ -138,8 +143,7 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   // Runs beside each other ([train] reuse_out_dir) keep their checkpoints, models and
   // metrics apart by their settings' hash, where each would replace or truncate the others'
   // (step-N names no run).
-  const std::string hash = config_hash(run);
-  const std::string own = run.train.reuse_out_dir ? "-" + hash.substr(hash.find(':') + 1) : "";
+  const std::string own = run.train.reuse_out_dir ? settings_suffix(run) : "";
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints" + own;
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model" + own;
   if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter" + own;
@@ -187,8 +191,8 @@ void RunConfig::check_paths() const {
   if (policy.name.ends_with(".lua") || policy.name.find('/') != std::string::npos) {
     check("policy", "name", policy.name, false);
   }
-  // Outputs may be missing, but not unreachable: a loop of links or a component that is a
-  // file would otherwise fail mid-run in the file system's words.
+  // Outputs may be missing, but not unreachable: a loop of links would otherwise fail mid-run
+  // in the file system's words.
   for (const auto& [section, key, path] : {std::tuple{"train", "out_dir", train.out_dir},
                                            {"checkpoint", "dir", checkpoint.dir},
                                            {"checkpoint", "export_dir", checkpoint.export_dir},

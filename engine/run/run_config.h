@@ -105,5 +105,8 @@ struct RunConfig {
 // [metrics], and of [train] only what changes the updates), and a hash of them.
 std::map<std::string, std::string> run_settings(const RunConfig& config);
 std::string config_hash(const RunConfig& config);
+// "-" and the hash's hex digits: what names a run's own outputs beside other runs' ([train]
+// reuse_out_dir): checkpoints-<hash>, model-<hash>, ...
+std::string settings_suffix(const RunConfig& config);
 
 }  // namespace fsdpp

@@ -6,7 +6,7 @@
 #    status 143, and resuming continues after that step; one raised during a step, or during
 #    the evaluation after it, stops the run after that step;
 #  - a save that fails on one rank names that rank and why, not a rank that saw it fail;
-#  - an older checkpoint that cannot be rotated away is a warning, not the run's end;
+#  - an older checkpoint that cannot all be rotated away is a warning, not the run's end;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
 #    from a checkpoint older than one of the run's own beside it;
 #  - a flipped byte, a missing rank file, a truncated rank file and a checkpoint renamed to
@@ -108,17 +108,21 @@ else
   fail "a save failing on rank 1: exit $rc, $said"
 fi
 
-# An older checkpoint that cannot be removed (made immutable) is a warning: the one just
-# saved is complete, and the run goes on to its end and its export.
+# An older checkpoint whose files cannot all be deleted (one made immutable) is a warning:
+# the one just saved is complete, and the run goes on to its end and its export; the next
+# run's clean-up removes what is left.
 run="$out/rotate-error"
 FSDPP_FAILPOINT=checkpoint-rotate-error train "$run" --set train.steps=10 --set checkpoint.keep=1 >"$run.log" 2>&1
 rc=$?
-if [ "$rc" -eq 0 ] && grep -q "step-00000005 stays, since it could not be removed (failpoint checkpoint-rotate-error" "$run.log" &&
-   [ -d "$run/checkpoints/step-00000005" ] && [ -d "$run/checkpoints/step-00000010" ] && [ -f "$run/model/config.json" ]; then
-  echo "ok   an older checkpoint that cannot be removed: exit 0, a warning, both checkpoints and the export there"
+if [ "$rc" -eq 0 ] && grep -q "step-00000005 is not all removed yet: failpoint checkpoint-rotate-error" "$run.log" &&
+   [ -d "$run/checkpoints/.deleting-step-00000005" ] && [ -d "$run/checkpoints/step-00000010" ] &&
+   [ -f "$run/model/config.json" ]; then
+  echo "ok   an older checkpoint that cannot all be removed: exit 0, a warning, step 10 and the export there"
 else
-  fail "an older checkpoint that cannot be removed: exit $rc: $(grep -E 'warn|error' "$run.log" | tail -3)"
+  fail "an older checkpoint that cannot all be removed: exit $rc: $(grep -E 'warn|error' "$run.log" | tail -3)"
 fi
+train "$run" --set train.steps=15 --set checkpoint.keep=1 >"$run.next.log" 2>&1 || fail "rotate-error: the next run failed"
+[ ! -e "$run/checkpoints/.deleting-step-00000005" ] || fail "rotate-error: the next run left .deleting-step-00000005"
 
 # Corrupt checkpoints: each refused with exactly one error line naming the damaged file.
 good="$out/checkpoint-mid-write/checkpoints/step-00000005"
@@ -152,6 +156,8 @@ done
 mkdir -p "$out/renamed" && cp -r "$good" "$out/renamed/step-00000009"
 expect_refused "export of a checkpoint renamed to another step" "step-00000009" "is named step 9 but holds step 5" -- \
   "$FSDPP" export "$out/renamed/step-00000009" "$out/renamed/export"
+expect_refused "the same, named with a trailing slash" "step-00000009" "is named step 9 but holds step 5" -- \
+  "$FSDPP" export "$out/renamed/step-00000009/" "$out/renamed/export"
 expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safetensors" "checksum" -- \
   "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/flipped/run\"" \
   --set "checkpoint.resume=\"$out/flipped/step-00000005\""

@@ -84,6 +84,22 @@ check "the run beside, afresh over its own checkpoints" 2 \
 check "a step another run saved in a shared [checkpoint] dir" 2 \
   "$out/checkpoints: holds another run's checkpoint step-00000002, a step this run would save too; choose another [checkpoint] dir" \
   -- "${run[@]}" --set optimizer.lr=0.02 --set train.reuse_out_dir=true --set "checkpoint.dir=\"$out/checkpoints\""
+# In a [checkpoint] dir shared by choice, a run resuming after another run's step 2 saves
+# only later steps: the other's steps 1 and 2 are no clash.
+shared=(--set train.reuse_out_dir=true --set "checkpoint.dir=\"$out-shared\"" --set checkpoint.save_every=1)
+rm -rf "$out-shared" "$out-a" "$out-b" "$out-c"
+"$FSDPP" "${run[@]}" "${shared[@]}" --set "train.out_dir=\"$out-a\"" >"$out.log" 2>&1 ||
+  { echo "FAIL: the run into a shared [checkpoint] dir"; failures=$((failures + 1)); }
+check "a resume after another run's step in a shared [checkpoint] dir" 0 "continuing after step 2" \
+  -- "${run[@]}" "${shared[@]}" --set "train.out_dir=\"$out-b\"" --set optimizer.lr=0.02 --set train.steps=3 \
+  --set "checkpoint.resume=\"$out-shared/step-00000002\""
+# A run beside others whose checkpoints lie in <out_dir>/checkpoints, where its own default
+# is checkpoints-<hash>: "latest" would not find them and would start afresh.
+"$FSDPP" "${run[@]}" --set train.reuse_out_dir=true --set "train.out_dir=\"$out-c\"" \
+  --set "checkpoint.dir=\"$out-c/checkpoints\"" >"$out.log" 2>&1 || { echo "FAIL: the run into out-c"; failures=$((failures + 1)); }
+check "checkpoints left in <out_dir>/checkpoints" 2 "$out-c/checkpoints: holds this run's step-00000002, where its checkpoints beside other runs go to $out-c/checkpoints-" \
+  -- "${run[@]}" --set train.reuse_out_dir=true --set "train.out_dir=\"$out-c\"" --set train.steps=3 \
+  --set 'checkpoint.resume="latest"'
 # A run of 3 steps resumed to go on to 6: the cosine decay's end moves from step 3 to 6, so
 # step 5 takes another rate than the run's end would have had (step 4 is at the peak either way).
 longer=(train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out-longer\"" --set metrics.progress='"never"')

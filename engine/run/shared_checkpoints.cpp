@@ -1,0 +1,71 @@
+// The checks of shared_checkpoints.h, over the checkpoints' own records (of_this_run).
+#include "run/shared_checkpoints.h"
+
+#include "core/error.h"
+#include "run/out_dir.h"
+
+#include <algorithm>
+#include <filesystem>
+
+namespace fsdpp {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The step a run resumes after: its own newest in `checkpoints` for "latest", the named
+// checkpoint's, or 0 for a fresh start.
+int64_t resumed_step(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
+  const ResumeFrom& resume = config.checkpoint.resume;
+  if (resume.kind == ResumeFrom::Kind::path) return ShardedCheckpoint::open(resume.path).step();
+  if (resume.kind == ResumeFrom::Kind::fresh) return 0;
+  int64_t step = 0;
+  for (const auto& c : checkpoints) {
+    if (of_this_run(config, c.path)) step = std::max(step, c.step);
+  }
+  return step;
+}
+
+// Whether a run that resumes after `resumed` saves step `step`: at each save_every, and at its
+// end under save_final.
+bool saves_step(const RunConfig& config, int64_t resumed, int64_t step) {
+  const CheckpointConfig& c = config.checkpoint;
+  if (step <= resumed || step > config.train.steps) return false;
+  return (c.save_every > 0 && step % c.save_every == 0) || (c.save_final && step == config.train.steps);
+}
+
+// Checkpoints of this run in <out_dir>/checkpoints while its own default directory is
+// checkpoints-<hash>: "latest" would not find them, and the run would start afresh.
+void check_left_behind(const RunConfig& config) {
+  const fs::path shared = fs::path(config.train.out_dir) / "checkpoints";
+  const fs::path own = fs::path(config.train.out_dir) / ("checkpoints" + settings_suffix(config));
+  if (fs::path(config.checkpoint.dir) != own || config.checkpoint.resume.kind != ResumeFrom::Kind::latest) return;
+  for (const auto& c : list_checkpoints(shared)) {
+    if (!of_this_run(config, c.path)) continue;
+    throw UserError(shared.string() + ": holds this run's " + c.path.filename().string() + ", where its checkpoints " +
+                    "beside other runs go to " + config.checkpoint.dir + "; move them there, or set [checkpoint] dir = \"" +
+                    shared.string() + "\"");
+  }
+}
+
+}  // namespace
+
+void check_shared_checkpoints(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
+  const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
+  if (checkpoints.empty()) check_left_behind(config);
+  const int64_t resumed = resumed_step(config, checkpoints);
+  for (const auto& c : checkpoints) {
+    const bool own = of_this_run(config, c.path);
+    if (own && fresh) {
+      throw UserError(config.checkpoint.dir + ": holds this run's checkpoint " + c.path.filename().string() +
+                      ", which it would start afresh over; resume it ([checkpoint] resume = \"latest\"), or "
+                      "choose another [checkpoint] dir");
+    }
+    if (!own && saves_step(config, resumed, c.step)) {
+      throw UserError(config.checkpoint.dir + ": holds another run's checkpoint " + c.path.filename().string() +
+                      ", a step this run would save too; choose another [checkpoint] dir");
+    }
+  }
+}
+
+}  // namespace fsdpp
