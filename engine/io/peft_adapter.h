@@ -47,7 +47,7 @@ class PeftAdapter {
 // earlier adapter of a run: `dir` may be missing, empty, or hold the two files an adapter is,
 // whose weights bear the mark write_peft_adapter gives them (another program's adapter, a
 // PEFT download, is never replaced). In the out_dir of a run that recorded itself there
-// (`in_own_run_dir`) no mark is needed: adapters from before the mark are there.
+// (`in_own_run_dir`) an unmarked adapter is taken for one of the run's own.
 void check_adapter_target(const std::filesystem::path& dir, bool in_own_run_dir = false);
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
                         const NamedTensors& tensors, bool in_own_run_dir = false);

@@ -106,7 +106,7 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
     throw UserError(meta_path.string() + ": " + e.what());
   }
   // A run finds its checkpoints by their names: one renamed would be taken for a step it is not.
-  fs::path name = fs::path(dir).lexically_normal();
+  fs::path name = fs::absolute(dir).lexically_normal();
   if (!name.has_filename()) name = name.parent_path();  // "step-N/" or "step-N/."
   const auto named = step_of(name.filename().string());
   if (named && *named != c.meta_.step) {
@@ -275,14 +275,14 @@ std::vector<fs::path> rotate_checkpoints(const fs::path& root, int64_t keep, uin
     }
     // Renamed, it is no checkpoint of the run any more: what cannot be deleted of it now, the
     // next save's clean-up tries again.
+    total -= old.bytes;
     try {
       failpoint_error("checkpoint-rotate-error");
       remove_tree(doomed);
+      removed.push_back(old.path);
     } catch (const UserError& e) {
       log_warn("checkpoint: ", old.path.string(), " is not all removed yet: ", e.what());
     }
-    total -= old.bytes;
-    removed.push_back(old.path);
   }
   return removed;
 }

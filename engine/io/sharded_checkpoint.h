@@ -106,7 +106,7 @@ std::optional<CheckpointEntry> latest_checkpoint(const std::filesystem::path& ro
 // together exceed `max_bytes` (0: no limit), never the newest one; each goes by a rename
 // first, so a crash mid-delete never leaves a torn directory named step-N. One that cannot
 // be renamed is a warning that ends the rotation; one renamed whose files cannot all be
-// deleted, a warning, left to the next save's clean-up. Returns the paths rotated away.
+// deleted, a warning, left to the next save's clean-up. Returns the paths deleted whole.
 std::vector<std::filesystem::path> rotate_checkpoints(const std::filesystem::path& root, int64_t keep,
                                                       uintmax_t max_bytes,
                                                       const std::function<bool(const CheckpointEntry&)>& ours);

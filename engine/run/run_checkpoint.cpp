@@ -97,6 +97,10 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   on_every_rank("save", root.string(), "", [&] {
     if (rank != 0) return;
     clear_partial_checkpoints(root);
+    // Leftovers clear_partial_checkpoints could not remove are no place to save into.
+    if (fs::exists(staging)) {
+      throw UserError(staging.string() + ": left by an earlier save, and it cannot be removed; remove it by hand");
+    }
     fs::create_directories(staging);
   });
 

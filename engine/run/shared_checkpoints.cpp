@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "run/out_dir.h"
+#include "run/run_checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -17,7 +18,7 @@ namespace {
 // checkpoint's, or 0 for a fresh start.
 int64_t resumed_step(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
   const ResumeFrom& resume = config.checkpoint.resume;
-  if (resume.kind == ResumeFrom::Kind::path) return ShardedCheckpoint::open(resume.path).step();
+  if (resume.kind == ResumeFrom::Kind::path) return ShardedCheckpoint::open(*resume_path(config)).step();
   if (resume.kind == ResumeFrom::Kind::fresh) return 0;
   int64_t step = 0;
   for (const auto& c : checkpoints) {
@@ -34,12 +35,15 @@ bool saves_step(const RunConfig& config, int64_t resumed, int64_t step) {
   return (c.save_every > 0 && step % c.save_every == 0) || (c.save_final && step == config.train.steps);
 }
 
-// Checkpoints of this run in <out_dir>/checkpoints while its own default directory is
-// checkpoints-<hash>: "latest" would not find them, and the run would start afresh.
+// Checkpoints of this run in <out_dir>/checkpoints where [checkpoint] dir is left to its
+// default, checkpoints-<hash>: "latest" would not find them, and the run would start afresh.
 void check_left_behind(const RunConfig& config) {
   const fs::path shared = fs::path(config.train.out_dir) / "checkpoints";
-  const fs::path own = fs::path(config.train.out_dir) / ("checkpoints" + settings_suffix(config));
-  if (fs::path(config.checkpoint.dir) != own || config.checkpoint.resume.kind != ResumeFrom::Kind::latest) return;
+  if (config.source.settings().contains("checkpoint.dir") || config.checkpoint.resume.kind != ResumeFrom::Kind::latest) {
+    return;
+  }
+  std::error_code unreadable;
+  if (!fs::is_directory(shared, unreadable)) return;
   for (const auto& c : list_checkpoints(shared)) {
     if (!of_this_run(config, c.path)) continue;
     throw UserError(shared.string() + ": holds this run's " + c.path.filename().string() + ", where its checkpoints " +

@@ -12,9 +12,9 @@
 namespace fsdpp {
 
 // Refuses, in one line naming the directory and what to do, a run beside others that would
-// start afresh over checkpoints of its own, save a step another run saved in `checkpoints`
-// (those of [checkpoint] dir), or leave behind its own in <out_dir>/checkpoints, which runs
-// sharing an out_dir shared when checkpoints-<hash> was not their default.
+// start afresh over checkpoints of its own, or save a step another run saved, in
+// `checkpoints` (those of [checkpoint] dir); and one that resumes "latest" from its default
+// directory while checkpoints of its own lie in <out_dir>/checkpoints.
 void check_shared_checkpoints(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints);
 
 }  // namespace fsdpp
