@@ -34,6 +34,7 @@ PY
 # The runs above took the path they name: the start-up log says so where the updates overlap.
 line="6 of 6 units update on a host thread while the next forward begins"
 for mode in overlapped in_step; do
+  rm -rf "$WORK/fsdp/host-update-log-$mode"
   log=$("$FSDPP" train tests/assets/fsdp-llama.toml --set train.steps=1 --set "optimizer.host_update=\"$mode\"" \
         --set "train.out_dir=\"$WORK/fsdp/host-update-log-$mode\"" --set train.reuse_out_dir=true 2>&1)
   said=no
