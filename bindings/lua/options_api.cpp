@@ -110,7 +110,9 @@ bool accepts(const OptionSpec& spec, const PolicyValue& value) {
     return (has_kind(spec, "integer") || has_kind(spec, "number")) && in_range(spec, static_cast<double>(*i));
   }
   // NaN falls outside every bound, and inf is no setting a policy could act on.
-  if (const auto* d = std::get_if<double>(&value)) return has_kind(spec, "number") && std::isfinite(*d) && in_range(spec, *d);
+  if (const auto* d = std::get_if<double>(&value)) {
+    return has_kind(spec, "number") && std::isfinite(*d) && in_range(spec, *d);
+  }
   const auto& s = std::get<std::string>(value);
   if (has_kind(spec, "string")) return true;
   if (!has_kind(spec, "dtype")) return false;

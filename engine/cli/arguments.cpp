@@ -217,7 +217,8 @@ void check_rank_command(const std::vector<std::string>& command) {
   } catch (const UserError& e) {
     const bool foreign = std::string(e.what()).starts_with("unknown command");
     throw UserError(std::string("launch: ") + e.what() +
-                    (foreign ? "; a launch's ranks run fsdpp's own commands (torchrun starts other programs' ranks)" : ""));
+                    (foreign ? "; a launch's ranks run fsdpp's own commands (torchrun starts other programs' ranks)"
+                             : ""));
   }
 }
 

@@ -48,7 +48,8 @@ void require_no_weight_files(const fs::path& dir) {
     const std::string name = entry.path().filename().string();
     if (foreign_weights(name)) {
       throw UserError(dir.string() + ": holds the weights " + name + " in a format fsdpp does not read; convert them " +
-                      "to safetensors (model.safetensors, or shards and model.safetensors.index.json) beside config.json");
+                      "to safetensors (model.safetensors, or shards and model.safetensors.index.json) beside "
+                      "config.json");
     }
     if (name.starts_with("rank-") && entry.path().extension() == ".safetensors") {
       throw UserError(dir.string() + ": holds " + name + ", a checkpoint's rank file, but not metadata.json and " +

@@ -111,7 +111,8 @@ ShardedCheckpoint ShardedCheckpoint::open(const fs::path& dir) {
   const auto named = step_of(name.filename().string());
   if (named && *named != c.meta_.step) {
     throw UserError(dir.string() + ": is named step " + std::to_string(*named) + " but holds step " +
-                    std::to_string(c.meta_.step) + " (renamed?); give it its own name, " + checkpoint_path("", c.meta_.step).string());
+                    std::to_string(c.meta_.step) + " (renamed?); give it its own name, " +
+                    checkpoint_path("", c.meta_.step).string());
   }
   return c;
 }

@@ -14,15 +14,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The step a run resumes after: its own newest in `checkpoints` for "latest", the named
-// checkpoint's, or 0 for a fresh start.
-int64_t resumed_step(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
+// The step a run resumes after: its own newest in `checkpoints` (`own` tells which) for
+// "latest", the named checkpoint's, or 0 for a fresh start.
+int64_t resumed_step(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints,
+                     const std::vector<bool>& own) {
   const ResumeFrom& resume = config.checkpoint.resume;
   if (resume.kind == ResumeFrom::Kind::path) return ShardedCheckpoint::open(*resume_path(config)).step();
   if (resume.kind == ResumeFrom::Kind::fresh) return 0;
   int64_t step = 0;
-  for (const auto& c : checkpoints) {
-    if (of_this_run(config, c.path)) step = std::max(step, c.step);
+  for (size_t i = 0; i < checkpoints.size(); ++i) {
+    if (own[i]) step = std::max(step, checkpoints[i].step);
   }
   return step;
 }
@@ -39,9 +40,8 @@ bool saves_step(const RunConfig& config, int64_t resumed, int64_t step) {
 // default, checkpoints-<hash>: "latest" would not find them, and the run would start afresh.
 void check_left_behind(const RunConfig& config) {
   const fs::path shared = fs::path(config.train.out_dir) / "checkpoints";
-  if (config.source.settings().contains("checkpoint.dir") || config.checkpoint.resume.kind != ResumeFrom::Kind::latest) {
-    return;
-  }
+  const bool dir_given = config.source.settings().contains("checkpoint.dir");
+  if (dir_given || config.checkpoint.resume.kind != ResumeFrom::Kind::latest) return;
   std::error_code unreadable;
   if (!fs::is_directory(shared, unreadable)) return;
   for (const auto& c : list_checkpoints(shared)) {
@@ -57,15 +57,17 @@ void check_left_behind(const RunConfig& config) {
 void check_shared_checkpoints(const RunConfig& config, const std::vector<CheckpointEntry>& checkpoints) {
   const bool fresh = config.checkpoint.resume.kind == ResumeFrom::Kind::fresh;
   if (checkpoints.empty()) check_left_behind(config);
-  const int64_t resumed = resumed_step(config, checkpoints);
-  for (const auto& c : checkpoints) {
-    const bool own = of_this_run(config, c.path);
-    if (own && fresh) {
+  std::vector<bool> own;  // each read from its metadata once
+  for (const auto& c : checkpoints) own.push_back(of_this_run(config, c.path));
+  const int64_t resumed = resumed_step(config, checkpoints, own);
+  for (size_t i = 0; i < checkpoints.size(); ++i) {
+    const CheckpointEntry& c = checkpoints[i];
+    if (own[i] && fresh) {
       throw UserError(config.checkpoint.dir + ": holds this run's checkpoint " + c.path.filename().string() +
                       ", which it would start afresh over; resume it ([checkpoint] resume = \"latest\"), or "
                       "choose another [checkpoint] dir");
     }
-    if (!own && saves_step(config, resumed, c.step)) {
+    if (!own[i] && saves_step(config, resumed, c.step)) {
       throw UserError(config.checkpoint.dir + ": holds another run's checkpoint " + c.path.filename().string() +
                       ", a step this run would save too; choose another [checkpoint] dir");
     }
