@@ -3,9 +3,11 @@
 // binary builds, from the same run file and policies; fsdpp/__init__.py is its Python face.
 // Every UserError becomes fsdpp.Error, one line naming the file, key or rank.
 #include "bindings/lua/policy.h"
+#include "bindings/python/inputs.h"
 #include "core/cpu_kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "distributed/comm.h"
 #include "io/sharded_checkpoint.h"
 #include "metrics/op_count.h"
@@ -15,7 +17,6 @@
 #include <ATen/Parallel.h>
 #include <torch/python.h>
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -39,12 +40,6 @@ GradReduction grad_reduction_named(const std::string& name) {
   if (name == "mean") return GradReduction::mean;
   if (name == "sum") return GradReduction::sum;
   throw UserError("grad_reduction: '" + name + "' is not one of mean, sum");
-}
-
-std::string shape_text(const at::Tensor& t) {
-  std::string text = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
-  return text + "]";
 }
 
 // The units compute in their plan's precision (precision{...}): a forward called under
@@ -76,9 +71,12 @@ class PythonRun {
   // read one after another).
   at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
                      const std::optional<at::Tensor>& document_offsets) {
-    check_token_ids("input_ids", input_ids);
-    const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
     return exclusively([&] {
+      RowLayout layout;
+      agree_on_inputs("run.model", [&] {
+        check_token_ids("input_ids", input_ids, vocab_size());
+        layout = checked_layout(input_ids, position_ids, document_offsets);
+      });
       const NoAutocast own_precision;
       return run_->forward(input_ids, layout, grad_divisor());
     });
@@ -88,22 +86,33 @@ class PythonRun {
   // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs).
   at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                       const std::optional<at::Tensor>& position_ids, const std::optional<at::Tensor>& document_offsets) {
-    check_token_ids("input_ids", input_ids);
-    check_token_ids("targets", targets);
-    if (targets.sizes() != input_ids.sizes()) {
-      throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " + shape_text(targets));
-    }
-    // Past these the logits / temperature overflow or flatten, and the log-probabilities are NaN or 0.
-    if (!(temperature >= 1e-6 && temperature <= 1e6)) {
-      std::ostringstream given;
-      given << temperature;
-      throw UserError("temperature: must be a positive number in [1e-06, 1e+06], got " + given.str());
-    }
-    const RowLayout layout = checked_layout(input_ids, position_ids, document_offsets);
     return exclusively([&] {
+      RowLayout layout;
+      agree_on_inputs("run.model.logprobs", [&] {
+        check_token_ids("input_ids", input_ids, vocab_size());
+        check_token_ids("targets", targets, vocab_size());
+        if (targets.sizes() != input_ids.sizes()) {
+          throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " +
+                          shape_text(targets));
+        }
+        // Past these the logits / temperature overflow or flatten, and the log-probabilities are NaN or 0.
+        if (!(temperature >= 1e-6 && temperature <= 1e6)) {
+          std::ostringstream given;
+          given << temperature;
+          throw UserError("temperature: must be a positive number in [1e-06, 1e+06], got " + given.str());
+        }
+        layout = checked_layout(input_ids, position_ids, document_offsets);
+      });
       const NoAutocast own_precision;
       return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor());
     });
+  }
+
+  // Where the package refused this rank's arguments to `call` before they reached the run:
+  // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
+  // own error.
+  void refuse_inputs(const std::string& call) {
+    exclusively([&] { agree_on_refusal(call, true); });
   }
 
   // One optimizer step from the gradients the backward calls since zero_grad left:
@@ -130,15 +139,20 @@ class PythonRun {
   // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.
   // Returns its path, as bytes: a name of no UTF-8 is the caller's to decode.
   py::bytes save(const std::optional<std::string>& root) {
-    if (root && root->empty()) throw UserError("save: the directory is an empty path");
     const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
-    // The binary leaves a step saved twice as it is; here a load() may have rewound the step
-    // count under a directory that holds the older checkpoint of that step.
-    if (std::filesystem::exists(checkpoint_path(dir, steps_))) {
-      throw UserError("save: " + checkpoint_path(dir, steps_).string() + " exists already; save to another "
-                      "directory or remove it");
-    }
-    exclusively([&] { run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir); });
+    exclusively([&] {
+      // Each rank looks at its own file system: ranks on nodes of their own may see otherwise.
+      agree_on_inputs("save", [&] {
+        if (root && root->empty()) throw UserError("save: the directory is an empty path");
+        // The binary leaves a step saved twice as it is; here a load() may have rewound the step
+        // count under a directory that holds the older checkpoint of that step.
+        if (std::filesystem::exists(checkpoint_path(dir, steps_))) {
+          throw UserError("save: " + checkpoint_path(dir, steps_).string() + " exists already; save to another "
+                          "directory or remove it");
+        }
+      });
+      run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir);
+    });
     return py::bytes(checkpoint_path(dir, steps_).string());
   }
 
@@ -175,7 +189,7 @@ class PythonRun {
   }
   int64_t units() const { return static_cast<int64_t>(run_->units()); }
   int rank() { return run_->comm().rank(); }
-  int world_size() { return run_->comm().size(); }
+  int world_size() const { return run_->comm().size(); }
   int64_t steps() const { return steps_; }
   std::optional<double> loss_scale() const { return run_->loss_scale(); }
   std::string device() const { return run_->device().str(); }
@@ -186,75 +200,68 @@ class PythonRun {
   // meanwhile, and one call at a time: a second thread's call, or a backward another thread
   // begins, waits for the first to end, and a call waits for a backward another thread runs
   // (Run::begin_call). One that ended in an exception is put right (FsdpState::settle_backward).
+  // Past an error of this rank's alone, a rank of a larger world is out of step with the others
+  // (they wait in collectives it left, or would meet its next ones with theirs): its run
+  // refuses every later call, naming that error, rather than pair collectives that differ.
   template <typename Work>
   std::invoke_result_t<Work&> exclusively(Work&& work) {
     py::gil_scoped_release released;
     const auto call = run_->begin_call();
-    run_->settle_backward();
-    return work();
+    if (out_of_step_) throw UserError(*out_of_step_);
+    try {
+      if (run_->settle_backward() && world_size() > 1) {
+        fall_out_of_step("a backward through the units ended in an exception");
+        throw UserError(*out_of_step_);
+      }
+      return work();
+    } catch (const EveryRankError&) {  // every rank raised it: they stay in step
+      throw;
+    } catch (const std::exception& e) {
+      if (world_size() > 1 && !out_of_step_) fall_out_of_step(e.what());
+      throw;
+    }
+  }
+
+  void fall_out_of_step(const std::string& error) {
+    const std::string text = error.substr(0, error.find('\n'));  // c10::Error's runs on with a backtrace
+    out_of_step_ = "rank " + std::to_string(rank()) + " is out of step with the other ranks since an error not " +
+                   "every rank raised (" + text + "): build a new fsdpp.Run on every rank";
+    log_warn(*out_of_step_);
+  }
+
+  // `check` of a call's inputs, agreed over the ranks before the call's first collective: an
+  // input is a rank's own (its rows), and a rank that raised alone would leave the others in
+  // collectives it never joins. Where any rank's check failed, every rank raises.
+  template <typename Check>
+  void agree_on_inputs(const std::string& call, Check&& check) {
+    std::optional<std::string> refused;
+    try {
+      check();
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+    agree_on_refusal(call, refused.has_value());
+    if (refused) throw EveryRankError(*refused);
+  }
+
+  // A collective: whether any rank refused its inputs to `call` (this one where
+  // `refused_here`). Where another did, raises EveryRankError naming the first such rank;
+  // otherwise returns, for this rank to go on or raise its own error.
+  void agree_on_refusal(const std::string& call, bool refused_here) {
+    Comm& world = run_->comm();
+    if (world.size() == 1) return;
+    at::Tensor refused = at::zeros({world.size()}, at::kLong);  // [world]
+    if (refused_here) refused[world.rank()] = 1;
+    world.all_reduce_sum(refused);
+    const int64_t first = refused.argmax().item<int64_t>();
+    if (!refused_here && refused[first].item<int64_t>() > 0) {
+      throw EveryRankError(call + ": rank " + std::to_string(first) + "'s inputs were refused (its error says "
+                           "why); every rank raises, and the run goes on");
+    }
   }
 
   // What step() divides the gradients summed over the ranks by.
   double grad_divisor() { return reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0; }
-
-  // [batch, tokens] int64 ids of the model's vocabulary.
-  void check_token_ids(const std::string& what, const at::Tensor& ids) const {
-    if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {
-      throw UserError(what + ": expected a [batch, tokens] int64 tensor, got " +
-                      std::string(c10::toString(ids.scalar_type())) + " " + shape_text(ids));
-    }
-    if (ids.numel() == 0) throw UserError(what + ": empty " + shape_text(ids));
-    const int64_t vocab = vocab_size();
-    const at::Tensor range = at::stack({ids.min(), ids.max()}).cpu();  // one wait for the device
-    const int64_t low = range[0].item<int64_t>(), high = range[1].item<int64_t>();
-    if (low < 0 || high >= vocab) {
-      throw UserError(what + ": token ids must be in [0, " + std::to_string(vocab) + "), got " +
-                      std::to_string(low < 0 ? low : high));
-    }
-  }
-
-  static RowLayout checked_layout(const at::Tensor& ids, const std::optional<at::Tensor>& position_ids,
-                                  const std::optional<at::Tensor>& document_offsets) {
-    RowLayout layout;
-    if (document_offsets) layout.offsets = checked_offsets(*document_offsets, ids);
-    if (position_ids) {
-      const at::Tensor& positions = *position_ids;
-      if (positions.sizes() != ids.sizes() || positions.scalar_type() != at::kLong) {
-        throw UserError("position_ids: expected an int64 tensor shaped as input_ids " + shape_text(ids) + ", got " +
-                        std::string(c10::toString(positions.scalar_type())) + " " + shape_text(positions));
-      }
-      const int64_t lowest = positions.min().item<int64_t>();
-      if (lowest < 0) throw UserError("position_ids: positions must be >= 0, got " + std::to_string(lowest));
-      layout.positions = positions;
-    }
-    return layout;
-  }
-
-  static at::Tensor checked_offsets(const at::Tensor& offsets, const at::Tensor& ids) {
-    const at::Tensor host = offsets.to(at::kCPU);
-    if (host.dim() != 1 || host.scalar_type() != at::kLong || host.numel() < 2) {
-      throw UserError("document_offsets: expected a [documents + 1] int64 tensor, got " +
-                      std::string(c10::toString(host.scalar_type())) + " " + shape_text(host));
-    }
-    const bool rising = (host.slice(0, 1) > host.slice(0, 0, -1)).all().item<bool>();
-    if (host[0].item<int64_t>() != 0 || host[-1].item<int64_t>() != ids.numel() || !rising) {
-      throw UserError("document_offsets: must rise from 0 to the " + std::to_string(ids.numel()) +
-                      " tokens of input_ids " + shape_text(ids));
-    }
-    // Attention stays within a row: a document ends at each row's end.
-    const at::Tensor contiguous = host.contiguous();
-    const int64_t* begin = contiguous.data_ptr<int64_t>();
-    const int64_t* end = begin + contiguous.numel();
-    const int64_t tokens = ids.size(1);
-    for (int64_t row = 1; row < ids.size(0); ++row) {
-      if (!std::binary_search(begin, end, row * tokens)) {
-        throw UserError("document_offsets: a document spans rows " + std::to_string(row - 1) + " and " +
-                        std::to_string(row) + ": no offset is " + std::to_string(row * tokens) + ", where row " +
-                        std::to_string(row) + " of " + std::to_string(tokens) + " tokens starts");
-      }
-    }
-    return host;
-  }
 
   RunConfig config_;
   GradReduction reduction_;
@@ -262,6 +269,7 @@ class PythonRun {
   std::unique_ptr<Run> run_;
   int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
   int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
+  std::optional<std::string> out_of_step_;  // why this rank left the others' collectives, once it has
 };
 
 }  // namespace
@@ -297,6 +305,7 @@ PYBIND11_MODULE(_fsdpp, m) {
            py::arg("document_offsets") = py::none())
       .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature") = 1.0,
            py::arg("position_ids") = py::none(), py::arg("document_offsets") = py::none())
+      .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
       .def("step", &PythonRun::step)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
       .def("save", &PythonRun::save, py::arg("root") = py::none())

@@ -98,4 +98,11 @@ class UserError : public std::runtime_error {
   explicit UserError(const std::string& message) : std::runtime_error(message_line(message)) {}
 };
 
+// A UserError that every rank of a run raises alike, agreed by a collective before any other
+// collective of the call: the ranks stay in step, and the run may go on.
+class EveryRankError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 }  // namespace fsdpp

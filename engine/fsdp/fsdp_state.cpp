@@ -346,9 +346,11 @@ std::unique_lock<std::mutex> FsdpState::begin_call() {
   }
 }
 
-void FsdpState::settle_backward() {
-  if (!backward_.wait_until_over()) return;  // a call from inside the backward: a recomputation
-  if (in_backward_) abandon_backward();
+bool FsdpState::settle_backward() {
+  if (!backward_.wait_until_over()) return false;  // a call from inside the backward: a recomputation
+  if (!in_backward_) return false;
+  abandon_backward();
+  return true;
 }
 
 void FsdpState::abandon_backward() {

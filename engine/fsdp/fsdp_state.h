@@ -69,8 +69,9 @@ class FsdpState : public ShardedView {
   // backward (a hook that calls into the run) it waits for nothing.
   std::unique_lock<std::mutex> begin_call();
   // Within a call: puts right what a backward that ended in an exception left (see
-  // abandon_backward). From inside the backward (a recomputation the caller wraps) it does nothing.
-  void settle_backward();
+  // abandon_backward), and says whether there was one. From inside the backward (a recomputation
+  // the caller wraps) it does nothing.
+  bool settle_backward();
 
  private:
   void final_callback();

@@ -95,7 +95,7 @@ class Run {
   // another thread runs waited out (FsdpState::begin_call); within it, settle_backward puts
   // right what a backward that ended in an exception left.
   std::unique_lock<std::mutex> begin_call();
-  void settle_backward();
+  bool settle_backward();  // whether a backward had ended in an exception
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
   // documents, chosen positions), with autograd through the units' hooks: a backward from them

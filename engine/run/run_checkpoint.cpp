@@ -247,9 +247,9 @@ void Run::on_every_rank(const std::string& what, const std::string& subject, con
   }
   at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
   comm_->all_reduce_sum(failed);
-  if (!failure.empty()) throw UserError(failure + after);
+  if (!failure.empty()) throw EveryRankError(failure + after);
   if (failed.item<int64_t>() > 0) {
-    throw UserError(what + ": " + subject + ": " + kAnotherRankFailed + " (its error says why)" + after);
+    throw EveryRankError(what + ": " + subject + ": " + kAnotherRankFailed + " (its error says why)" + after);
   }
 }
 

@@ -38,7 +38,7 @@ struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
 
 }  // namespace
 
-void Run::settle_backward() { fsdp_->settle_backward(); }
+bool Run::settle_backward() { return fsdp_->settle_backward(); }
 
 std::unique_lock<std::mutex> Run::begin_call() { return fsdp_->begin_call(); }
 

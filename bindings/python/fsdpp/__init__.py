@@ -96,6 +96,18 @@ def _holding(run, output):
     return output
 
 
+def _agreed(run, call, prepare):
+    """prepare()'s checked arguments of `call`. Where this rank's are refused, every rank learns
+    of it before the call's first collective and raises too (the run checks what it is given
+    the same way), so that none waits in collectives another skips."""
+    try:
+        return prepare()
+    except Error as refused:
+        error = refused
+    run.refuse_inputs(call)
+    raise error
+
+
 class Model:
     """The sharded model: calling it runs forward with autograd through fsdpp's units."""
 
@@ -110,9 +122,10 @@ class Model:
         documents packed into the rows (offsets into the rows read one after another);
         attention stays inside each. Attention is otherwise causal over the whole row.
         """
-        return _holding(self._run, self._run.forward(
+        args = _agreed(self._run, "run.model", lambda: (
             _tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
             _tensor("document_offsets", document_offsets, optional=True)))
+        return _holding(self._run, self._run.forward(*args))
 
     def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
@@ -121,21 +134,24 @@ class Model:
         a time, so [B, T, V] logits are never held. Its gradient is that of the full
         computation. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true)."""
-        if isinstance(temperature, torch.Tensor) and temperature.numel() == 1 and not temperature.is_complex():
-            temperature = temperature.item()  # a loop's scalar tensor
-        # numbers.Real takes numpy's scalars as well
-        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-            raise Error(f"temperature: must be a positive number, got {type(temperature).__name__}")
-        if isinstance(temperature, numbers.Integral) and temperature > 1e300:
-            raise Error(f"temperature: must be a positive number within a float's range, got an integer of "
-                        f"{len(str(temperature))} digits")
-        targets = _tensor("targets", targets)
-        if targets.is_inference():  # saved for backward, which inference tensors cannot be
-            targets = targets.clone()
-        return _holding(self._run, self._run.logprobs(
-            _tensor("input_ids", input_ids), targets, float(temperature),
-            _tensor("position_ids", position_ids, optional=True),
-            _tensor("document_offsets", document_offsets, optional=True)))
+        def prepare():
+            t = temperature
+            if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_complex():
+                t = t.item()  # a loop's scalar tensor
+            # numbers.Real takes numpy's scalars as well
+            if isinstance(t, bool) or not isinstance(t, numbers.Real):
+                raise Error(f"temperature: must be a positive number, got {type(t).__name__}")
+            if isinstance(t, numbers.Integral) and t > 1e300:
+                raise Error(f"temperature: must be a positive number within a float's range, got an integer of "
+                            f"{len(str(t))} digits")
+            chosen = _tensor("targets", targets)
+            if chosen.is_inference():  # saved for backward, which inference tensors cannot be
+                chosen = chosen.clone()
+            return (_tensor("input_ids", input_ids), chosen, float(t),
+                    _tensor("position_ids", position_ids, optional=True),
+                    _tensor("document_offsets", document_offsets, optional=True))
+
+        return _holding(self._run, self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare)))
 
 
 class Run:

@@ -1,0 +1,109 @@
+"""At world 2, an error on one rank alone never leaves the ranks' collectives out of step.
+
+Under torchrun, two ranks of one Run over the llama_untied fixture:
+- inputs refused on one rank (a token past the vocabulary, an argument the package refuses,
+  a temperature out of range, a save over a checkpoint only that rank's directory holds):
+  every rank raises, the refusing one its own message and the other one naming it, and the
+  run goes on in step (the next step's gradient norm is the same on both ranks);
+- a hook of the loop's that raises in one rank's backward: that rank refuses every later call,
+  naming why; the other's backward fails in its collective (or its next call does, where the
+  failed collective was a prefetch), after which it refuses every call too; and both
+  processes end cleanly (no abort from collectives that differ).
+
+usage: check_rank_errors.py FIXTURE_DIR WORK_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from check_python_run import ROWS, batches, write_run_file
+
+
+def rank_main(run_file, work):
+    import fsdpp
+    rank = int(os.environ["RANK"])
+    run = fsdpp.Run(run_file, {"parallel.timeout_s": 60, "policy.options.fused_linear_logprob": True})
+    mine = batches(101)[0][0][rank * ROWS // 2:(rank + 1) * ROWS // 2, :-1]
+    seen = {}
+
+    def attempt(name, call):
+        try:
+            call()
+            seen[name] = "no error"
+        except Exception as e:  # fsdpp.Error, and what torch's backward raises
+            seen[name] = str(e)
+
+    past_vocab = mine.clone()
+    past_vocab[0, 0] = 101
+    attempt("vocabulary", lambda: run.model(past_vocab if rank == 1 else mine))
+    attempt("package", lambda: run.model(mine.tolist() if rank == 0 else mine))
+    attempt("temperature", lambda: run.model.logprobs(mine, mine, temperature=0.0 if rank == 1 else 1.0))
+    own_dir = os.path.join(work, f"saves-{rank}")
+    if rank == 1:
+        os.makedirs(os.path.join(own_dir, "step-00000000"))
+    attempt("save", lambda: run.save(own_dir))
+    run.model(mine).logsumexp(-1).mean().backward()
+    seen["step"] = list(run.step())
+
+    run.zero_grad()
+    logits = run.model(mine)
+    if rank == 1:
+        def hook(grad):
+            raise ValueError("the loop's hook")
+        logits.register_hook(hook)
+    attempt("raising backward", lambda: logits.logsumexp(-1).mean().backward())
+    attempt("after", run.zero_grad)
+    attempt("again", run.zero_grad)
+    json.dump(seen, open(os.path.join(work, f"seen.{rank}"), "w"))
+
+
+def main():
+    if sys.argv[1] == "--rank":
+        rank_main(sys.argv[2], sys.argv[3])
+        return 0
+    fixtures, work = sys.argv[1], sys.argv[2]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    run_file = write_run_file(work, os.path.join(fixtures, "llama_untied"))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--rank", run_file, work],
+                          timeout=300, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0 or "terminate called" in done.stderr:
+        print(done.stdout + done.stderr)
+        print(f"FAIL the ranks ended with status {done.returncode}")
+        return 1
+    seen = [json.load(open(os.path.join(work, f"seen.{r}"))) for r in range(2)]
+    refused = "'s inputs were refused (its error says why); every rank raises, and the run goes on"
+    out_of_step = "is out of step with the other ranks since an error not every rank raised"
+    saved_twice = os.path.join(work, "saves-1", "step-00000000")
+    checks = [
+        ("a token past the vocabulary on rank 1",
+         seen[1]["vocabulary"] == "input_ids: token ids must be in [0, 101), got 101" and
+         seen[0]["vocabulary"] == "run.model: rank 1" + refused),
+        ("an argument the package refuses on rank 0",
+         seen[0]["package"] == "input_ids: expected a torch.Tensor, got list" and
+         seen[1]["package"] == "run.model: rank 0" + refused),
+        ("a temperature out of range on rank 1",
+         seen[1]["temperature"].startswith("temperature: must be a positive number") and
+         seen[0]["temperature"] == "run.model.logprobs: rank 1" + refused),
+        ("a save over a checkpoint rank 1 alone sees",
+         seen[1]["save"] == f"save: {saved_twice} exists already; save to another directory or remove it" and
+         seen[0]["save"] == "save: rank 1" + refused),
+        ("the next step in step on both ranks", seen[0]["step"] == seen[1]["step"] and seen[0]["step"][1] is True),
+        ("a hook raising in rank 1's backward",
+         seen[1]["raising backward"] == "the loop's hook" and seen[0]["raising backward"] != "no error"),
+        ("every later call refused on both ranks",
+         all(seen[r]["after"] != "no error" and seen[r]["again"].startswith(f"rank {r} {out_of_step}")
+             for r in range(2))),
+    ]
+    for name, ok in checks:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+    for r in range(2):
+        print(f"     rank {r}: {json.dumps(seen[r])}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
