@@ -119,6 +119,14 @@ class PythonRun {
   // (global gradient norm before clipping, whether the update was applied).
   py::tuple step() {
     const UpdateFigures figures = exclusively([&] {
+      // The schedule spans [train] steps: past them a decaying one stays at its end (the learning
+      // rate 0 by default), and the steps would update nothing without a word. Every rank has
+      // taken as many steps as the others, so all raise alike.
+      if (steps_ >= config_.train.steps && config_.scheduler.kind != Decay::constant) {
+        throw EveryRankError("step: the run has taken its [train] steps = " + std::to_string(config_.train.steps) +
+                             ", where its [scheduler] decay ends; set [train] steps to the updates the loop makes "
+                             "(a constant schedule goes on past them)");
+      }
       const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1), grad_divisor());
       if (applied.stepped) ++steps_;
       else ++skipped_steps_;

@@ -63,6 +63,12 @@ class FsdpState : public ShardedView {
   // Backwards through the units that have ended, whichever way: a count that a forward can
   // compare with the one at an earlier forward to know whether a backward came between.
   int64_t backwards_ended() const { return backwards_ended_; }
+  // Whether a gradient reached a unit's parameters since forget_gradients(): a backward that
+  // stopped short of the units (at the logits) still has them reduce zeros, to stay in step
+  // with the other ranks, but brings none.
+  bool gradients_arrived() const { return gradients_arrived_; }
+  void note_gradient_arrived() { gradients_arrived_ = true; }
+  void forget_gradients() { gradients_arrived_ = false; }
   // A call into the run from a thread of its own (the Python API's): holds the units for the
   // call's length, having waited out a backward that another thread runs; a backward that
   // begins meanwhile waits for the call to end before its first unit gathers. From inside the
@@ -93,6 +99,7 @@ class FsdpState : public ShardedView {
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
   int64_t backwards_ended_ = 0;
+  bool gradients_arrived_ = false;
   BackwardWatch backward_;  // the backward in_backward_ stands for
   std::mutex calls_;        // held by a call (begin_call), and by a backward as it begins
   bool sync_ = true;

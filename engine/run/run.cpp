@@ -264,13 +264,15 @@ void Run::update(double lr, const GradClip& clip) {
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
   check_loaded("step");
   check_outside_backward("step");
-  const auto groups = fsdp_->grad_groups();
   // torch's optimizers leave a parameter without a gradient as it is: a step with none at all
-  // would be weight decay alone, the mark of a forgotten backward.
-  const bool any_grad = std::any_of(groups.begin(), groups.end(), [](const GradGroup& group) {
-    return std::any_of(group.params.begin(), group.params.end(), [](const at::Tensor& p) { return p.grad().defined(); });
-  });
-  if (!any_grad) throw UserError("step: no gradients since zero_grad (no backward through the model yet)");
+  // would be weight decay alone, the mark of a forgotten backward, or of one that stopped at the
+  // logits. A rank whose rows brought none steps with the others' (agreed, for all to raise).
+  at::Tensor arrived = at::full({1}, fsdp_->gradients_arrived() ? 1 : 0, at::kLong);
+  comm_->all_reduce_sum(arrived);
+  if (arrived.item<int64_t>() == 0) {
+    throw EveryRankError("step: no gradients since zero_grad (no backward through the model's units yet)");
+  }
+  const auto groups = fsdp_->grad_groups();
   if (divisor != 1.0) {
     at::NoGradGuard no_grad;
     for (const auto& group : groups) {
@@ -290,7 +292,10 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
   return {.grad_norm = norm, .stepped = std::isfinite(norm)};
 }
 
-void Run::zero_grad() { optimizer_->zero_grad(); }
+void Run::zero_grad() {
+  optimizer_->zero_grad();
+  fsdp_->forget_gradients();
+}
 
 std::optional<EvalResult> Run::evaluate() {
   if (!batches_ || !batches_->can_evaluate()) return std::nullopt;

@@ -791,6 +791,16 @@ def bad_uses(run_file, other_model_dir, work):
         logits = run.model(ids)
         logits.register_hook(lambda grad: call())
         logits.sum().backward()
+    one_step = fsdpp.Run(run_file, {"scheduler.kind": "cosine", "train.steps": 1})
+
+    def step_of(decaying):
+        decaying.model(ids).sum().backward()
+        decaying.step()
+
+    def stopped_at_logits(call):
+        logits = run.model(ids)
+        logits.sum().backward(inputs=[logits])
+        call()
     cases = [
         ("float input_ids", lambda: run.model(ids.float()),
          "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
@@ -852,6 +862,10 @@ def bad_uses(run_file, other_model_dir, work):
         ("full weights as integers", lambda: next(run.full_weights(torch.int64)),
          "full_weights: dtype must be a floating torch.dtype, got torch.int64"),
         ("a step with no backward", lambda: run.step(), "step: no gradients since zero_grad"),
+        ("a step after a backward that stopped at the logits", lambda: stopped_at_logits(run.step),
+         "step: no gradients since zero_grad"),
+        ("a step past the end of a decaying schedule", lambda: [step_of(one_step) for _ in range(2)],
+         "step: the run has taken its [train] steps = 1, where its [scheduler] decay ends"),
         ("saving behind a later checkpoint of the run", lambda: run.save(later),
          f"save: {later}/step-00000001 is a later checkpoint of this run than step 0"),
         ("a document spanning rows", lambda: run.model(ids, document_offsets=torch.tensor([0, 3, 7, 10])),
