@@ -24,17 +24,47 @@ std::string error_location(lua_State* L) {
   return "";
 }
 
+// "file:line: " of the policy file that ran the chunk `load` made where an error was raised
+// ("" when it was raised in a file): such a chunk's name, "(load)" or whatever the script gave
+// it ("=fake.lua:99"), names no line of the policy. (api_load keeps '@', the mark of a file,
+// out of chunk names.)
+std::string loaded_chunk_caller(lua_State* L) {
+  lua_Debug ar;
+  bool in_loaded_chunk = false;
+  for (int level = 1; lua_getstack(L, level, &ar) != 0; ++level) {
+    if (lua_getinfo(L, "Sl", &ar) == 0 || ar.currentline <= 0) continue;
+    if (ar.source[0] != '@') {
+      in_loaded_chunk = true;
+    } else {
+      return in_loaded_chunk ? std::string(ar.short_src) + ":" + std::to_string(ar.currentline) + ": " : "";
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 PolicyRun& run_of(lua_State* L) { return **static_cast<PolicyRun**>(lua_getextraspace(L)); }
 
-void add_warning(PolicyRun& run, const std::string& text) {
+void add_warning(lua_State* L, const std::string& text) {
+  PolicyRun& run = run_of(L);
   if (run.plan.warnings.size() >= kMaxWarnings) {
-    throw ScriptError(concat("more than ", kMaxWarnings, " warnings (a warn or find inside a loop?)"));
+    pass_cap(L, concat("more than ", kMaxWarnings, " warnings (a warn or find inside a loop?)"));
   }
   std::string line = message_line(text);  // the script's text may hold line breaks and terminal codes
   log_warn(line);
   run.plan.warnings.push_back(std::move(line));
+}
+
+void pass_cap(lua_State* L, const std::string& what) {
+  PolicyRun& run = run_of(L);
+  std::string message = caller_location(L) + ": " + what;
+  if (run.cap_error.empty()) run.cap_error = message;
+  throw ScriptError(std::move(message));
+}
+
+const std::string& sticky_error(const PolicyRun& run) {
+  return run.budget_error.empty() ? run.cap_error : run.budget_error;
 }
 
 void push_policy_value(lua_State* L, const PolicyValue& value) {
@@ -150,6 +180,8 @@ int message_handler(lua_State* L) {
   } else {
     message = error_location(L) + "error raised with a " + luaL_typename(L, 1) + " value (error messages are strings)";
   }
+  // An error come back through a binding's protected call was given the prefix there already.
+  if (const std::string caller = loaded_chunk_caller(L); !message.starts_with(caller)) message = caller + message;
   // Every line of the message (a UserError writes its newlines out), cut as a log line is,
   // before the traceback copies it into the Lua heap, where a message near the heap's cap
   // would be reported as the script running out of memory.

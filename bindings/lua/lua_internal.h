@@ -26,20 +26,30 @@ struct PolicyRun {
   std::set<std::string> warned_classes;  // missing classes already reported
   size_t logged_bytes = 0, log_cap = 0;  // what log() has printed, and may print in all
   Plan plan;
+  std::map<std::string, std::string> wrapped;  // module path -> origin of the unit wrapping it
   std::filesystem::path lib_dir;         // where require() looks
   std::vector<std::string> requiring;    // the modules require() is running, outermost first
   size_t memory_used = 0, memory_cap = 0;
   int64_t instructions_left = 0;
   std::string budget_error;              // set once the budget is spent: "file:line: ..."
+  std::string cap_error;                 // set once a cap (warnings, log bytes) is passed: "file:line: ..."
+  char budget_line[LUA_IDSIZE + 24] = "";  // "file:line" the script ran at the last budget check
   std::string option_error;              // a [policy.options] value refused: "run.toml:line: ..."
 };
 
 PolicyRun& run_of(lua_State* L);
 // A policy's warning, kept in the plan and logged as it is made: a script that fails after
-// it may fail for the reason it gives. Past kMaxWarnings it is a ScriptError: warnings live in
-// the engine's memory, outside the Lua heap's cap.
+// it may fail for the reason it gives. Past kMaxWarnings it is a cap passed (pass_cap):
+// warnings live in the engine's memory, outside the Lua heap's cap.
 inline constexpr size_t kMaxWarnings = 1000;
-void add_warning(PolicyRun& run, const std::string& text);
+void add_warning(lua_State* L, const std::string& text);
+// Throws the ScriptError for a cap (`what`) passed at the policy's calling line, and keeps the
+// first such error: like the spent budget, no pcall may swallow it (sticky_error), and the
+// run fails on it even where the script went on.
+[[noreturn]] void pass_cap(lua_State* L, const std::string& what);
+// The error no pcall or xpcall handler may catch once set: the spent budget, a passed cap;
+// "" while there is none.
+const std::string& sticky_error(const PolicyRun& run);
 
 // A fresh Lua state for `run` with the sandbox's libraries, budget and memory cap, and the
 // engine's module and plan functions (sandbox.cpp); nullptr when Lua cannot allocate it.

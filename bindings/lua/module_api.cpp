@@ -3,7 +3,12 @@
 // find, get). Lua never touches tensors.
 #include "bindings/lua/lua_internal.h"
 
+#include "core/dtype.h"
+
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
 
 namespace fsdpp::lua {
 
@@ -39,6 +44,15 @@ int module_param_count(lua_State* L) {
   return 1;
 }
 
+// A parameter's dtype as the rest of the API names one (precision{...}, options' "dtype"):
+// "float32", "bfloat16", ...; one no policy can name keeps ATen's name, in lower case.
+std::string parameter_dtype(at::ScalarType type) {
+  if (type == at::kFloat || type == at::kDouble || type == at::kBFloat16 || type == at::kHalf) return dtype_name(type);
+  std::string name = c10::toString(type);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
 int module_parameters(lua_State* L) {
   const ModuleEntry& e = entry(L, 1);
   lua_newtable(L);
@@ -54,7 +68,7 @@ int module_parameters(lua_State* L) {
       lua_rawseti(L, -2, ++d);
     }
     lua_setfield(L, -2, "shape");
-    lua_pushstring(L, c10::toString(item.value().scalar_type()));
+    lua_pushstring(L, parameter_dtype(item.value().scalar_type()).c_str());
     lua_setfield(L, -2, "dtype");
     lua_pushinteger(L, item.value().numel());
     lua_setfield(L, -2, "numel");
@@ -104,7 +118,7 @@ int module_find(lua_State* L) {
   if (by_class && !run.classes.count(cls) && run.warned_classes.insert(cls).second) {
     std::string have;
     for (const auto& c : run.classes) have += (have.empty() ? "" : ", ") + c;
-    add_warning(run, caller_location(L) + ": the model has no class '" + cut_line(cls, cls.size()) + "' (it has: " +
+    add_warning(L, caller_location(L) + ": the model has no class '" + cut_line(cls, cls.size()) + "' (it has: " +
                          have + ")");
   }
   lua_newtable(L);

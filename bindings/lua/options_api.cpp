@@ -54,6 +54,7 @@ std::string lua_text(const PolicyValue& value) {
     if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
     else if constexpr (std::is_same_v<T, int64_t>) return std::to_string(v);
     else if constexpr (std::is_same_v<T, double>) {
+      if (std::isnan(v)) return "nan";  // printf's sign of a NaN is noise ("-nan")
       const std::string shown = shortest(v);  // with a point, so that 2.0 is not shown as the integer 2
       return shown.find_first_of(".eni") == std::string::npos ? shown + ".0" : shown;
     } else return "\"" + v + "\"";
@@ -174,6 +175,13 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
     s.listed.push_back(entry);
   }
   if (s.listed.empty()) throw ScriptError(what + ": names no kind or value it accepts");
+  // A string listed alone that is no kind but near one is a misspelt kind: as a literal the
+  // option would accept that one value alone, a constant no run file needs to set.
+  if (const auto* lone = std::get_if<std::string>(&s.listed.front()); s.listed.size() == 1 && s.kinds.empty() && lone) {
+    if (const std::string near = nearest_name(*lone, kKinds); !near.empty()) {
+      throw ScriptError(what + ": unknown kind '" + *lone + "'; did you mean '" + near + "'?");
+    }
+  }
   s.min = bound_at(L, spec, "min", what);
   s.max = bound_at(L, spec, "max", what);
   if (s.min && s.max && *s.min > *s.max) {
@@ -201,18 +209,30 @@ const GivenOption* given_option(const PolicyRun& run, const std::string& name) {
 
 std::string located(const GivenOption& given) { return given.where.empty() ? "" : given.where + ": "; }
 
-// Records `name` in the plan, checked against an earlier declaration of the same name.
-void declare(PolicyRun& run, PolicyOption option) {
-  auto& options = run.plan.options;
-  const auto at = std::lower_bound(options.begin(), options.end(), option.name,
-                                   [](const PolicyOption& o, const std::string& n) { return o.name < n; });
-  if (at != options.end() && at->name == option.name) {
-    if (at->accepts != option.accepts || at->value != option.value || at->doc != option.doc) {
-      throw ScriptError("options: '" + option.name + "' declared again differently (first at " + at->origin + ")");
-    }
-    return;
+// Where `name` goes in the plan's options, kept sorted by name.
+std::vector<PolicyOption>::iterator option_slot(std::vector<PolicyOption>& options, const std::string& name) {
+  return std::lower_bound(options.begin(), options.end(), name,
+                          [](const PolicyOption& o, const std::string& n) { return o.name < n; });
+}
+
+// Whether `option` is declared for the first time; throws where an earlier declaration of
+// the same name differs.
+bool first_declaration(PolicyRun& run, const PolicyOption& option) {
+  const auto at = option_slot(run.plan.options, option.name);
+  if (at == run.plan.options.end() || at->name != option.name) return true;
+  if (at->accepts != option.accepts || at->value != option.value || at->doc != option.doc) {
+    throw ScriptError("options: '" + option.name + "' declared again differently (first at " + at->origin + ")");
   }
-  options.insert(at, std::move(option));
+  return false;
+}
+
+// Records every option of one options{...} call, or none: past the reserve (which may throw)
+// the inserts only move options, which cannot throw.
+void declare(PolicyRun& run, std::vector<PolicyOption> fresh) {
+  static_assert(std::is_nothrow_move_constructible_v<PolicyOption> && std::is_nothrow_move_assignable_v<PolicyOption>);
+  auto& options = run.plan.options;
+  options.reserve(options.size() + fresh.size());
+  for (auto& option : fresh) options.insert(option_slot(options, option.name), std::move(option));
 }
 
 // options{name = spec, ...} -> {name = value in force, ...}
@@ -226,8 +246,10 @@ int api_options(lua_State* L) {
   }
   std::sort(names.begin(), names.end());
   const std::string origin = caller_location(L);
-  lua_newtable(L);
-  const int values = lua_gettop(L);
+  // Every entry is read and checked before any is recorded: a call a pcall caught leaves no
+  // option declared for the run file to set.
+  std::vector<PolicyOption> fresh;
+  std::vector<std::pair<std::string, PolicyValue>> in_force;
   for (const auto& name : names) {
     raw_field(L, 1, name.c_str());
     const OptionSpec spec = read_spec(L, lua_gettop(L), name);
@@ -239,13 +261,17 @@ int api_options(lua_State* L) {
       throw ScriptError(run.option_error);
     }
     const std::optional<PolicyValue> value = given ? std::optional(given->value) : spec.fallback;
-    declare(run, {.name = name, .accepts = accepts_text(spec), .value = value ? lua_text(*value) : "",
-                  .given = given != nullptr, .doc = spec.doc, .origin = origin});
-    if (value) {
-      push_policy_value(L, *value);
-      lua_setfield(L, values, name.c_str());
-    }
+    PolicyOption option{.name = name, .accepts = accepts_text(spec), .value = value ? lua_text(*value) : "",
+                        .given = given != nullptr, .doc = spec.doc, .origin = origin};
+    if (first_declaration(run, option)) fresh.push_back(std::move(option));
+    if (value) in_force.emplace_back(name, *value);
   }
+  lua_newtable(L);
+  for (const auto& [name, value] : in_force) {
+    push_policy_value(L, value);
+    lua_setfield(L, -2, name.c_str());
+  }
+  declare(run, std::move(fresh));
   return 1;
 }
 

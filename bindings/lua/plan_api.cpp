@@ -21,6 +21,9 @@ const std::vector<std::string> kWrapOptions = {"reshard_after_forward", "precisi
 
 const std::vector<std::string> kPrecisionKeys = {"param", "reduce", "output", "compute"};
 
+// The keys of a mesh, checked alike in mesh{...} and in a plain table given to wrap.
+void check_mesh_keys(lua_State* L, int table) { check_keys(L, table, {"replicate", "shard"}, "mesh"); }
+
 // A dtype a policy names.
 at::ScalarType policy_dtype(const std::string& name) {
   try {
@@ -70,7 +73,7 @@ int mesh_field(lua_State* L, int table, const char* key, int fallback) {
 int api_mesh(lua_State* L) {
   PolicyRun& run = run_of(L);
   if (!lua_istable(L, 1)) throw ScriptError("mesh expects a table: mesh{replicate = ..., shard = ...}");
-  check_keys(L, 1, {"replicate", "shard"}, "mesh");
+  check_mesh_keys(L, 1);
   const int world = run.context.world_size;
   int shard = -1;
   std::string auto_rule;  // why "auto" took the size it took
@@ -173,10 +176,38 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) throw ScriptError("wrap: mesh must come from mesh{...}");
     const int m = lua_gettop(L);
+    check_mesh_keys(L, m);
     unit.mesh.replicate = mesh_field(L, m, "replicate", 1);
     unit.mesh.shard = mesh_field(L, m, "shard", -1);
   }
   lua_pop(L, 1);
+}
+
+std::string shown_path(const std::string& path) { return path.empty() ? "<root>" : path; }
+
+// Refuses, at the wrap call, a unit the plan's own check (resolve_plan) would refuse for
+// wrapping a module twice, in its words: a wrap in an endless loop would otherwise fill the
+// engine's memory with units before that check ran. In sets, as a unit may list many modules.
+void check_wrapped_once(const PolicyRun& run, const UnitPlan& unit) {
+  const std::set<std::string> listed(unit.modules.begin(), unit.modules.end());
+  std::set<std::string> seen;
+  for (const auto& path : unit.modules) {
+    if (!seen.insert(path).second) {
+      throw ScriptError(unit.origin + ": one wrap lists module '" + shown_path(path) + "' twice");
+    }
+    // Each module above `path`, up to the root "".
+    for (std::string above = path; !above.empty();) {
+      const size_t dot = above.rfind('.');
+      above = dot == std::string::npos ? "" : above.substr(0, dot);
+      if (listed.count(above)) {
+        throw ScriptError(unit.origin + ": one wrap lists '" + path + "' and '" + shown_path(above) +
+                          "', which holds it; list either, or wrap the inner one in a unit of its own");
+      }
+    }
+    if (const auto it = run.wrapped.find(path); it != run.wrapped.end()) {
+      throw ScriptError(unit.origin + ": module '" + shown_path(path) + "' is already wrapped by " + it->second);
+    }
+  }
 }
 
 // wrap(module | {module, ...}, options): one unit of the module(s) given.
@@ -201,6 +232,8 @@ int api_wrap(lua_State* L) {
     if (!lua_istable(L, 2)) throw ScriptError("wrap: options must be a table");
     read_wrap_options(L, 2, unit);
   }
+  check_wrapped_once(run, unit);
+  for (const auto& path : unit.modules) run.wrapped.emplace(path, unit.origin);
   run.plan.units.push_back(std::move(unit));
   return 0;
 }
@@ -287,14 +320,14 @@ int api_log(lua_State* L) {
   const std::string line = caller_location(L) + ": " + joined_args(L);
   run.logged_bytes += line.size();
   if (run.logged_bytes > run.log_cap) {
-    throw ScriptError(concat("log: more than the ", run.log_cap, " bytes a policy may print (a log inside a loop?)"));
+    pass_cap(L, concat("log: more than the ", run.log_cap, " bytes a policy may print (a log inside a loop?)"));
   }
   log_info(line);
   return 0;
 }
 
 int api_warn(lua_State* L) {
-  add_warning(run_of(L), caller_location(L) + ": " + joined_args(L));
+  add_warning(L, caller_location(L) + ": " + joined_args(L));
   return 0;
 }
 

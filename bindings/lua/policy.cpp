@@ -150,8 +150,10 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   if (status == LUA_OK) status = lua_pcall(L, 0, 0, handler);
   if (status != LUA_OK) {
     run.memory_cap = SIZE_MAX;  // room to report the failure
+    // Lua raises the memory error where no handler runs: the line is the budget's last check.
+    const std::string memory_where = run.budget_line[0] != '\0' ? run.budget_line : script.string();
     std::string message = status == LUA_ERRMEM
-        ? script.string() + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB"
+        ? memory_where + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB"
         : lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
     // A chunk refused before it ran (bytecode) names no line: the file it is, then.
     if (status != LUA_ERRMEM && !starts_with_location(message)) message = script.string() + ": " + message;
@@ -160,6 +162,8 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   }
   // A refused [policy.options] value is the run's error even where a pcall let the policy go on.
   if (!run.option_error.empty()) throw UserError(run.option_error);
+  // So is a cap passed where a script caught its error in a way no pcall of ours saw.
+  if (!run.cap_error.empty()) throw UserError("policy error: " + run.cap_error);
   check_given_options(run, chunk_name(script).substr(1));
   return std::move(run.plan);
 }

@@ -24,7 +24,6 @@ const std::set<std::string> kBaseAllowed = {"assert", "error",  "getmetatable", 
                                             "tonumber", "tostring", "type",     "_VERSION", "_G",
                                             "string", "table",  "math"};
 
-bool budget_spent(lua_State* L) { return !run_of(L).budget_error.empty(); }
 void* capped_alloc(void* ud, void* ptr, size_t old_size, size_t new_size) {
   auto* run = static_cast<PolicyRun*>(ud);
   if (ptr == nullptr) old_size = 0;  // for new blocks Lua passes the object type here
@@ -39,8 +38,14 @@ void* capped_alloc(void* ud, void* ptr, size_t old_size, size_t new_size) {
   return block;
 }
 
-void budget_hook(lua_State* L, lua_Debug*) {
+void budget_hook(lua_State* L, lua_Debug* ar) {
   PolicyRun& run = run_of(L);
+  // Kept for the memory cap's message: the allocator cannot read the stack safely (Lua may be
+  // moving it), and a failed allocation raises no error a handler sees. It is the line running
+  // at most kHookEvery instructions before; a char array, for no allocation fails here.
+  if (lua_getinfo(L, "Sl", ar) != 0 && ar->currentline > 0) {
+    std::snprintf(run.budget_line, sizeof run.budget_line, "%s:%d", ar->short_src, ar->currentline);
+  }
   run.instructions_left -= kHookEvery;
   if (run.instructions_left < 0) {
     // Inside a hook the running function is level 0, which luaL_error would skip.
@@ -60,16 +65,25 @@ int api_clock(lua_State* L) {
   return 1;
 }
 
-// load(text [, name]) for text chunks only, in the sandbox's globals.
+// load(text [, name [, mode [, env]]]) as Lua's, for text chunks only: a mode that allows text
+// loads text, one that does not ("b") refuses it as Lua does; env, given (nil too), is the
+// chunk's _ENV, else the sandbox's globals.
 int api_load(lua_State* L) {
   size_t size = 0;
   const char* text = lua_tolstring(L, 1, &size);
   if (text == nullptr) throw ScriptError("load: only source text can be loaded");
-  const std::string name = lua_isstring(L, 2) ? lua_tostring(L, 2) : "=(load)";
-  if (luaL_loadbufferx(L, text, size, name.c_str(), "t") != LUA_OK) {
+  std::string name = lua_isstring(L, 2) ? lua_tostring(L, 2) : "=(load)";
+  // '@' marks a file: the message handler and caller_location tell the policy's files by it.
+  if (name.starts_with("@")) name[0] = '=';
+  const std::string mode = lua_isnoneornil(L, 3) ? "bt" : to_string_arg(L, 3, "load: mode");
+  if (luaL_loadbufferx(L, text, size, name.c_str(), mode.find('t') != std::string::npos ? "t" : mode.c_str()) != LUA_OK) {
     lua_pushnil(L);
     lua_insert(L, -2);
     return 2;
+  }
+  if (!lua_isnone(L, 4)) {
+    lua_pushvalue(L, 4);
+    if (lua_setupvalue(L, -2, 1) == nullptr) lua_pop(L, 1);
   }
   return 1;
 }
@@ -115,11 +129,11 @@ int api_require(lua_State* L) {
   return 1;
 }
 
-// pcall and xpcall that catch a policy's errors but not the end of its budget: once spent,
-// the error goes on up, so `while true do pcall(loop) end` stops too.
+// pcall and xpcall that catch a policy's errors but not the end of its budget or a passed
+// cap (sticky_error): once set, the error goes on up, so `while true do pcall(loop) end` stops too.
 int finish_pcall(lua_State* L, int status, int first_result) {
-  if (status != LUA_OK && budget_spent(L)) {
-    lua_pushstring(L, run_of(L).budget_error.c_str());  // not what a handler made of it
+  if (status != LUA_OK && !sticky_error(run_of(L)).empty()) {
+    lua_pushstring(L, sticky_error(run_of(L)).c_str());  // not what a handler made of it
     return lua_error(L);
   }
   lua_pushboolean(L, status == LUA_OK);
@@ -132,12 +146,26 @@ int api_pcall(lua_State* L) {
   return finish_pcall(L, lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0), 1);
 }
 
+// The policy's xpcall handler (upvalue 1), run only while no sticky error is set: Lua runs a
+// handler for the budget's error inside the hook, with hooks off, where no budget would stop it.
+int xpcall_handler(lua_State* L) {
+  if (const std::string& sticky = sticky_error(run_of(L)); !sticky.empty()) {
+    lua_pushstring(L, sticky.c_str());
+    return 1;
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 1);
+  return 1;
+}
+
 int api_xpcall(lua_State* L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lua_pushvalue(L, 1);  // [f, handler, args..., f] -> [handler, f, args...]
   lua_pushvalue(L, 2);
-  lua_replace(L, 1);
+  lua_pushcclosure(L, xpcall_handler, 1);
+  lua_pushvalue(L, 1);  // [f, handler, args..., wrapped handler, f] -> [wrapped handler, f, args...]
   lua_replace(L, 2);
+  lua_replace(L, 1);
   return finish_pcall(L, lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 1), 2);
 }
 
