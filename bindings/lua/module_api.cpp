@@ -4,6 +4,7 @@
 #include "bindings/lua/lua_internal.h"
 
 #include "core/dtype.h"
+#include "core/module_tree.h"
 
 #include <c10/util/Exception.h>
 
@@ -169,7 +170,7 @@ int module_get(lua_State* L) {
 
 int module_tostring(lua_State* L) {
   const ModuleEntry& e = entry(L, 1);
-  lua_pushstring(L, ("Module(" + (e.path.empty() ? std::string("<root>") : e.path) + ": " + e.module->class_name() + ")").c_str());
+  lua_pushstring(L, ("Module(" + module_label(e.path) + ": " + e.module->class_name() + ")").c_str());
   return 1;
 }
 

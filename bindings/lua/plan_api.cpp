@@ -7,6 +7,7 @@
 
 #include "core/config_file.h"
 #include "core/log.h"
+#include "core/module_tree.h"
 
 #include <cmath>
 #include <limits>
@@ -183,8 +184,6 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   lua_pop(L, 1);
 }
 
-std::string shown_path(const std::string& path) { return path.empty() ? "<root>" : path; }
-
 // Refuses, at the wrap call, a unit the plan's own check (resolve_plan) would refuse for
 // wrapping a module twice, in its words: a wrap in an endless loop would otherwise fill the
 // engine's memory with units before that check ran. In sets, as a unit may list many modules.
@@ -193,19 +192,19 @@ void check_wrapped_once(const PolicyRun& run, const UnitPlan& unit) {
   std::set<std::string> seen;
   for (const auto& path : unit.modules) {
     if (!seen.insert(path).second) {
-      throw ScriptError(unit.origin + ": one wrap lists module '" + shown_path(path) + "' twice");
+      throw ScriptError(unit.origin + ": one wrap lists module '" + module_label(path) + "' twice");
     }
     // Each module above `path`, up to the root "".
     for (std::string above = path; !above.empty();) {
       const size_t dot = above.rfind('.');
       above = dot == std::string::npos ? "" : above.substr(0, dot);
       if (listed.count(above)) {
-        throw ScriptError(unit.origin + ": one wrap lists '" + path + "' and '" + shown_path(above) +
+        throw ScriptError(unit.origin + ": one wrap lists '" + path + "' and '" + module_label(above) +
                           "', which holds it; list either, or wrap the inner one in a unit of its own");
       }
     }
     if (const auto it = run.wrapped.find(path); it != run.wrapped.end()) {
-      throw ScriptError(unit.origin + ": module '" + shown_path(path) + "' is already wrapped by " + it->second);
+      throw ScriptError(unit.origin + ": module '" + module_label(path) + "' is already wrapped by " + it->second);
     }
   }
 }

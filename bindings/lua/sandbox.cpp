@@ -76,7 +76,8 @@ int api_load(lua_State* L) {
   // '@' marks a file: the message handler and caller_location tell the policy's files by it.
   if (name.starts_with("@")) name[0] = '=';
   const std::string mode = lua_isnoneornil(L, 3) ? "bt" : to_string_arg(L, 3, "load: mode");
-  if (luaL_loadbufferx(L, text, size, name.c_str(), mode.find('t') != std::string::npos ? "t" : mode.c_str()) != LUA_OK) {
+  const char* text_only = mode.find('t') != std::string::npos ? "t" : mode.c_str();  // never bytecode
+  if (luaL_loadbufferx(L, text, size, name.c_str(), text_only) != LUA_OK) {
     lua_pushnil(L);
     lua_insert(L, -2);
     return 2;

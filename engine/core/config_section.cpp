@@ -47,7 +47,8 @@ std::string nearest_name(const std::string& word, const std::vector<std::string>
   size_t best_distance = std::max<size_t>(3, word.size() / 2) + 1;
   for (const auto& c : candidates) {
     size_t d = edit_distance(word, c);
-    if (d < best_distance) {
+    // Where every letter of the longer word changes ("zz" and "b"), the two share nothing.
+    if (d < best_distance && d < std::max(word.size(), c.size())) {
       best_distance = d;
       best = c;
     }

@@ -38,6 +38,9 @@ std::map<std::string, at::ScalarType> written_dtypes(Module& root, at::ScalarTyp
 // Whether dotted `path` is `prefix` or lies below it ("" is above every path).
 bool path_under(const std::string& path, const std::string& prefix);
 
+// A module's dotted path as messages and plans show it: the root's "" as "<root>".
+inline std::string module_label(const std::string& path) { return path.empty() ? "<root>" : path; }
+
 // The module at a dotted path, or nullptr.
 Module* find_module(Module& root, const std::string& path);
 

@@ -57,16 +57,16 @@ std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::stri
       check_has_forward(unit, path, *by_path.at(path));
       for (const auto& other : unit.modules) {
         if (other != path && path_under(path, other)) {
-          throw UserError(where(unit) + ": one wrap lists '" + path + "' and '" + (other.empty() ? "<root>" : other) +
+          throw UserError(where(unit) + ": one wrap lists '" + path + "' and '" + module_label(other) +
                           "', which holds it; list either, or wrap the inner one in a unit of its own");
         }
       }
       if (std::count(unit.modules.begin(), unit.modules.end(), path) > 1) {
-        throw UserError(where(unit) + ": one wrap lists module '" + (path.empty() ? "<root>" : path) + "' twice");
+        throw UserError(where(unit) + ": one wrap lists module '" + module_label(path) + "' twice");
       }
       auto [it, fresh] = wrapped.emplace(path, where(unit));
       if (!fresh) {
-        throw UserError(where(unit) + ": module '" + (path.empty() ? "<root>" : path) +
+        throw UserError(where(unit) + ": module '" + module_label(path) +
                         "' is already wrapped by " + it->second);
       }
     }
@@ -99,7 +99,7 @@ void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {
                     "take and give bf16), but the unit computes in " + dtype_name(r.compute_dtype));
   }
   r.reduce_dtype = unit.reduce_dtype.value_or(master_dtype(model_dtype));
-  for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + (p.empty() ? std::string("<root>") : p);
+  for (const auto& p : unit.modules) r.name += (r.name.empty() ? "" : "+") + module_label(p);
 }
 
 // The model's parameters, each with every path that reaches it (tied ones have several);

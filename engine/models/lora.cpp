@@ -48,22 +48,24 @@ void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOption
   for (const auto& e : named_modules(model)) by_path[e.path] = e.module;
   for (const auto& path : lora.targets) {
     auto it = by_path.find(path);
-    if (it == by_path.end()) throw UserError(where + ": lora: no module at path '" + path + "'");
+    if (it == by_path.end()) throw UserError(where + ": lora: no module at path '" + module_label(path) + "'");
     auto* linear = dynamic_cast<Linear*>(it->second);
     if (linear == nullptr || dynamic_cast<LoraFactor*>(it->second) != nullptr) {
-      throw UserError(where + ": lora: target '" + path + "' is a " + it->second->class_name() +
+      throw UserError(where + ": lora: target '" + module_label(path) + "' is a " + it->second->class_name() +
                       ", not a Linear module");
     }
-    if (linear->has_adapter()) throw UserError(where + ": lora: target '" + path + "' is listed twice");
+    if (linear->has_adapter()) throw UserError(where + ": lora: target '" + module_label(path) + "' is listed twice");
     linear->add_adapter(lora.rank, lora.alpha, lora.dropout, opts);
   }
   for (const auto& path : lora.trainable) {
-    if (!by_path.count(path)) throw UserError(where + ": lora: no trainable module at path '" + path + "'");
+    if (!by_path.count(path)) {
+      throw UserError(where + ": lora: no trainable module at path '" + module_label(path) + "'");
+    }
     // PEFT saves a trainable module whole (modules_to_save) and loads it as a plain copy, so an
     // adapter inside it would be dropped on loading, or refused where every target is inside.
     for (const auto& target : lora.targets) {
       if (!path_under(target, path)) continue;
-      throw UserError(where + ": lora: trainable module '" + path + "' " +
+      throw UserError(where + ": lora: trainable module '" + module_label(path) + "' " +
                       (target == path ? "is" : "holds") + " the target '" + target +
                       "': PEFT would load the adapter without it; adapt a module or train it whole, not both");
     }

@@ -411,6 +411,9 @@ wrap(ctx.model)
   LoraPlan wrong{.targets = {"model.layers.0.mlp"}, .rank = 2, .alpha = 2, .origin = "x.lua:1"};
   CHECK_THROWS_WITH(apply_lora(*meta_model(), wrong, meta),
                     Catch::Contains("x.lua:1: lora: target 'model.layers.0.mlp' is a LlamaMLP, not a Linear module"));
+  LoraPlan root{.targets = {""}, .rank = 2, .alpha = 2, .origin = "x.lua:1"};  // the root, as messages name it
+  CHECK_THROWS_WITH(apply_lora(*meta_model(), root, meta),
+                    Catch::Contains("x.lua:1: lora: target '<root>' is a LlamaForCausalLM, not a Linear module"));
   // A tied head trains with its embedding or not at all: either one listed is refused.
   for (const std::string module : {"lm_head", "model.embed_tokens"}) {
     LoraPlan tied{.targets = {"model.layers.0.self_attn.q_proj"}, .rank = 2, .alpha = 2, .trainable = {module},
