@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <deque>
+#include <functional>
 #include <thread>
 
 namespace fsdpp {
@@ -48,7 +50,8 @@ from an HF directory) over FILE when given, else over data.train's held-out part
 when eval_fraction is 0). A token file with document ends is evaluated by its documents, in
 rows laid out as training lays them out ([data] packing, train_on; --max-windows counts
 rows); any other over consecutive non-overlapping windows of data.seq_len tokens, each
-predicting its tokens 2..seq_len, as transformers does with labels = input_ids.
+predicting its tokens 2..seq_len, as transformers does with labels = input_ids (a file of
+exactly seq_len tokens is one window; training's windows hold seq_len + 1).
 --max-windows 0 (the default) evaluates all of them. [model] path may name a sharded
 checkpoint; the [policy]'s LoRA adapters are put on as training puts them. --logits FILE
 also writes the first windows of a token stream (--max-windows of them, at least 1) and
@@ -85,7 +88,8 @@ constexpr const char* kLaunchHelp = R"(usage: fsdpp launch --nproc-per-node N [-
 Starts N ranks of this node, each running `fsdpp COMMAND ARGS...` with RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them).
 Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to every rank
-(training saves a checkpoint and stops) and launch exits 128 + the signal. A launcher killed
+(training saves a checkpoint and stops) and launch exits 128 + the signal; one sent to a
+single rank stops them all the same way, with that signal's status. A launcher killed
 outright leaves each rank a SIGTERM. When one rank fails the others are stopped (SIGTERM,
 then SIGKILL after 5 s) and launch exits non-zero naming the rank and its exit status. On
 one node the port defaults to a free one; across nodes to 29500, with A the address of
@@ -107,7 +111,8 @@ int64_t whole_number(const std::string& command, const std::string& flag, const 
 int max_local_ranks() { return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 // One command's options: CLI11 matches them (--opt value, --opt=value, flags, positionals);
-// what it cannot place is reported here, as the engine words it.
+// what it cannot place is reported here, as the engine words it. Each option takes one value,
+// given once and not empty; whole numbers are read from their text once parsing is done.
 class OptionParser {
  public:
   explicit OptionParser(std::string command) : command_(std::move(command)) {
@@ -120,6 +125,7 @@ class OptionParser {
 
   // Parses `args`; true when --help was asked for.
   bool parse(std::vector<std::string> args) {
+    refuse_repeats_and_gaps(args);
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
     try {
       app_.parse(args);
@@ -136,16 +142,59 @@ class OptionParser {
       }
       throw UserError(command_ + ": unexpected argument '" + extra + "'");
     }
+    for (const auto& [name, value] : texts_) {  // "" would read as the option left out
+      if (given(name) && value->empty()) throw UserError(command_ + ": " + name + " needs a value, got ''");
+    }
+    for (const auto& read : numbers_) read();
     return false;
   }
 
-  // A string option; each occurrence takes one value.
-  CLI::Option* add(const std::string& name, std::string& value) { return app_.add_option(name, value); }
+  // A string option (or, named without "--", a positional one).
+  void add(const std::string& name, std::string& value) {
+    app_.add_option(name, value);
+    if (name.starts_with("--")) texts_.emplace_back(name, &value);
+  }
+
+  // A whole number in [min, max], refused in the command's words (whole_number) as given,
+  // empty or spaced text included.
+  template <typename Int>
+  void add_number(const std::string& name, Int& value, int64_t min, int64_t max) {
+    std::string& text = number_texts_.emplace_back();
+    app_.add_option(name, text);
+    numbers_.push_back([this, name, &text, &value, min, max] {
+      if (given(name)) value = static_cast<Int>(whole_number(command_, name, text, min, max));
+    });
+  }
+
+  bool given(const std::string& name) const { return app_.get_option(name)->count() > 0; }
 
  private:
+  // CLI11 reads an option given twice as one missing its value, and `--opt= 3` as `--opt 3`:
+  // both are refused before it sees them, naming the option.
+  void refuse_repeats_and_gaps(const std::vector<std::string>& args) const {
+    for (const CLI::Option* option : app_.get_options()) {
+      const std::string name = option->get_name();
+      if (!name.starts_with("--") || name == "--set" || name == "--help") continue;
+      int uses = 0;
+      for (const std::string& arg : args) {
+        if (arg == name + "=") {
+          throw UserError(command_ + ": " + name + "= has no value after '='; write " + name + "=VALUE or " + name +
+                          " VALUE");
+        }
+        uses += arg == name || arg.starts_with(name + "=");
+      }
+      if (uses > 1) {
+        throw UserError(command_ + ": " + name + " given " + (uses == 2 ? "twice" : std::to_string(uses) + " times"));
+      }
+    }
+  }
+
   std::string command_;
   CLI::App app_;
   bool help_ = false;
+  std::vector<std::pair<std::string, const std::string*>> texts_;
+  std::deque<std::string> number_texts_;  // a deque: CLI11 holds references into it
+  std::vector<std::function<void()>> numbers_;
 };
 
 // train, eval and plan: CONFIG, --set (any number) and --verbose, with each one's own options.
@@ -155,21 +204,18 @@ void parse_run_command(const std::string& command, const std::vector<std::string
   parser.add("CONFIG", cl.config);
   app.add_option("--set", cl.overrides)->allow_extra_args(false);
   app.add_flag("--verbose", cl.verbose);
-  std::string max_windows, world;
   if (command == "eval") {
     parser.add("--tokens", cl.tokens);
     parser.add("--logits", cl.logits);
-    parser.add("--max-windows", max_windows);
+    parser.add_number("--max-windows", cl.max_windows, 0, int64_t{1} << 40);
   }
-  if (command == "plan") parser.add("--world", world);
+  if (command == "plan") parser.add_number("--world", cl.world, 1, 1 << 20);
   if (command == "eval" || command == "plan") app.add_flag("--json", cl.json);
   if (parser.parse(args)) {
     cl.help = command == "train" ? kTrainHelp : command == "eval" ? kEvalHelp : kPlanHelp;
     return;
   }
   if (cl.config.empty()) throw UserError(command + ": missing CONFIG (see fsdpp " + command + " --help)");
-  if (!max_windows.empty()) cl.max_windows = whole_number(command, "--max-windows", max_windows, 0, int64_t{1} << 40);
-  if (!world.empty()) cl.world = static_cast<int>(whole_number(command, "--world", world, 1, 1 << 20));
 }
 
 void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
@@ -233,38 +279,36 @@ void parse_launch(const std::vector<std::string>& args, CommandLine& cl) {
     }
   }
   OptionParser parser("launch");
-  std::string nproc, nnodes, node_rank, master_addr, port;
-  parser.add("--nproc-per-node", nproc);
-  parser.add("--nnodes", nnodes);
-  parser.add("--node-rank", node_rank);
+  LaunchOptions& o = cl.launch;
+  std::string master_addr;
+  parser.add_number("--nproc-per-node", o.nproc_per_node, 1, max_local_ranks());
+  parser.add_number("--nnodes", o.nnodes, 1, 1 << 16);
+  parser.add_number("--node-rank", o.node_rank, 0, (1 << 16) - 1);
   parser.add("--master-addr", master_addr);
-  parser.add("--master-port", port);
+  parser.add_number("--master-port", o.master_port, 1, 65535);
   if (parser.parse({args.begin(), separator})) {
     cl.help = kLaunchHelp;
     return;
   }
-  LaunchOptions& o = cl.launch;
   if (separator != args.end()) o.command.assign(separator + 1, args.end());
   if (o.command.empty()) throw UserError("launch: missing '-- COMMAND', e.g. -- train run.toml");
   check_rank_command(o.command);
   // Required, as the usage says: a default of one would train as one rank, unasked.
-  if (nproc.empty()) throw UserError("launch: --nproc-per-node N is required (the ranks to start on this node)");
-  o.nproc_per_node = static_cast<int>(whole_number("launch", "--nproc-per-node", nproc, 1, max_local_ranks()));
-  if (!nnodes.empty()) o.nnodes = static_cast<int>(whole_number("launch", "--nnodes", nnodes, 1, 1 << 16));
-  if (!node_rank.empty()) o.node_rank = static_cast<int>(whole_number("launch", "--node-rank", node_rank, 0, (1 << 16) - 1));
+  if (!parser.given("--nproc-per-node")) {
+    throw UserError("launch: --nproc-per-node N is required (the ranks to start on this node)");
+  }
   if (o.node_rank >= o.nnodes) {
     throw UserError("launch: --node-rank " + std::to_string(o.node_rank) + " must be below --nnodes " +
                     std::to_string(o.nnodes));
   }
   // Across nodes every rank meets node 0's store: a node that guessed its place or the
   // address would wait out the whole timeout before failing.
-  if (o.nnodes > 1 && (node_rank.empty() || master_addr.empty())) {
+  if (o.nnodes > 1 && (!parser.given("--node-rank") || master_addr.empty())) {
     throw UserError("launch: --nnodes " + std::to_string(o.nnodes) + " needs --node-rank (this node's place, 0 to " +
                     std::to_string(o.nnodes - 1) + ") and --master-addr (node 0's address) on every node");
   }
   if (!master_addr.empty()) o.master_addr = master_addr;
-  o.master_port = !port.empty() ? static_cast<int>(whole_number("launch", "--master-port", port, 1, 65535))
-                  : o.nnodes == 1 ? 0 : 29500;
+  if (!parser.given("--master-port")) o.master_port = o.nnodes == 1 ? 0 : 29500;
 }
 
 }  // namespace

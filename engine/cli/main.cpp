@@ -3,6 +3,7 @@
 #include "bindings/lua/policy.h"
 #include "cli/arguments.h"
 #include "core/cpu_kernels.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/module_tree.h"
@@ -160,6 +161,10 @@ int run_eval(const CommandLine& args) {
   config.check_eval_seq_len();
   config.check_paths();
   if (!args.logits.empty()) check_logits_target(args.logits);
+  // [parallel] is checked as training checks it, a GPU asked for where this process sees none
+  // refused, though evaluation computes on the CPU: a run file's settings mean one thing.
+  const DistEnv env = DistEnv::from_environment();
+  resolve_device(config.parallel.device, env.local_rank, env.local_world_size, config.parallel.gpu_asked_by);
   // The policy puts on the adapters training would (a [model] adapter must agree with them),
   // and its [policy.options] are checked as there; evaluation does not shard.
   const auto skeleton =
@@ -168,7 +173,7 @@ int run_eval(const CommandLine& args) {
                                {.world_size = 1, .rank = 0, .training = false, .options = config.policy.options});
   auto loaded = load_model(config.model, /*unallocated=*/false, plan.lora ? &*plan.lora : nullptr);
   auto& model = loaded.model;
-  const auto batches = open_batches(data, model->config());
+  const auto batches = open_batches(data, model->config(), BatchUse::evaluate);
   // The windows --logits writes are those a stream is scored in; documents are scored in
   // packed rows, and samples with their images.
   if (!args.logits.empty() && dynamic_cast<const TokenWindows*>(batches.get()) == nullptr) {

@@ -1,7 +1,7 @@
 // Named failure points for crash tests: when FSDPP_FAILPOINT names the point (and
 // FSDPP_FAILPOINT_RANK, if set, names this rank), the process raises `signal` right there:
 // SIGKILL by default, as a power cut or the OOM killer would, leaving whatever it had
-// written; SIGTERM where a test needs a stop request to arrive at a known place.
+// written; SIGTERM or SIGINT where a test needs a stop request to arrive at a known place.
 #pragma once
 
 #include <csignal>

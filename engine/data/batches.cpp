@@ -10,7 +10,7 @@
 
 namespace fsdpp {
 
-std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model) {
+std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model, BatchUse use) {
   if (std::filesystem::is_directory(config.train)) {
     // A directory of anything else (a model, the folder a token file lies in) is no dataset:
     // said so before what a dataset would need of the model or of train_on.
@@ -36,7 +36,7 @@ std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfi
     throw UserError(tokens->path().string() + ": [data] packing = false gives each document a row, and this file "
                     "is one stream without document ends (write one with scripts/prepare_data.py)");
   }
-  return std::make_unique<TokenWindows>(std::move(tokens), config);
+  return std::make_unique<TokenWindows>(std::move(tokens), config, use == BatchUse::train);
 }
 
 }  // namespace fsdpp

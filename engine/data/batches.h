@@ -42,10 +42,16 @@ class Batches {
   virtual EvalResult evaluate(CausalLM& model, int64_t max_rows, Comm* group) const = 0;
 };
 
+// What the batches serve: training draws its steps from them, so a token stream must fill
+// one training window of seq_len + 1 tokens; `fsdpp eval` only scores them, in windows of
+// seq_len tokens (data/evaluate.h).
+enum class BatchUse { train, evaluate };
+
 // The batches `config` names for `model`: a directory is a multimodal dataset, a token file
 // with document ends its documents' rows, any other token file its windows. UserError when the
 // data does not fit the model (a vocabulary past the model's, images for a model without a
 // vision tower).
-std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model);
+std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfig& model,
+                                      BatchUse use = BatchUse::train);
 
 }  // namespace fsdpp

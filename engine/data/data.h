@@ -82,7 +82,9 @@ TokenRange eval_range(const DataConfig& data, const TokenFile& tokens);
 // train_on = "completion", where only the tokens the file's loss mask marks are.
 class TokenWindows : public Batches {
  public:
-  TokenWindows(std::shared_ptr<const TokenFile> tokens, const DataConfig& config);
+  // `trains`: steps are drawn, so the training part must fill a window; without, the
+  // windows are only evaluated (fsdpp eval), and a stream of seq_len tokens is enough.
+  TokenWindows(std::shared_ptr<const TokenFile> tokens, const DataConfig& config, bool trains = true);
 
   int64_t draw_step(int64_t micro_batches) override;
   MicroBatch rows(int64_t micro, int64_t first, int64_t count) const override;

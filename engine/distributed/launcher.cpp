@@ -161,7 +161,9 @@ JobEnd supervise(const std::vector<std::unique_ptr<RankProcess>>& ranks, double 
       --running;
       r->pump(true);  // what it printed before it ended
       if (r->succeeded(forwarded)) {
-        if (forwarded == 0 && r->stop_signal() != 0) stopped = r->stop_signal();  // sent to the ranks, not here
+        // Sent to the ranks, not here. They agree on the first that arrived and exit on it;
+        // the first rank's is kept, lest a later one (a rank stopped otherwise) replace it.
+        if (forwarded == 0 && stopped == 0) stopped = r->stop_signal();
         continue;
       }
       if (kill_time == Clock::time_point::max()) end.failed_unstopped.push_back(r.get());

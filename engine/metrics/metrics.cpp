@@ -8,8 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -37,11 +39,12 @@ std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
 }
 
 MetricsSink::MetricsSink(const MetricsConfig& config, int64_t total_steps, int64_t resumed_after)
-    : tensorboard_(std::make_unique<TensorBoardWriter>(config.tensorboard)),
+    : jsonl_path_(config.jsonl),
+      tensorboard_(std::make_unique<TensorBoardWriter>(config.tensorboard)),
       total_steps_(total_steps),
       progress_(config.progress == Progress::always ||
                 (config.progress == Progress::on_terminal && ::isatty(STDERR_FILENO))) {
-  const std::string& jsonl_path = config.jsonl;
+  const std::string& jsonl_path = jsonl_path_;
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes
@@ -56,8 +59,19 @@ MetricsSink::MetricsSink(const MetricsConfig& config, int64_t total_steps, int64
     }
   }
   jsonl_.open(jsonl_path, std::ios::trunc);
-  jsonl_ << kept;
-  if (!jsonl_) throw UserError(jsonl_path + ": cannot write metrics");
+  if (!jsonl_) throw UserError("[metrics] jsonl: " + jsonl_path + ": cannot write metrics");
+  write_record(kept);
+}
+
+void MetricsSink::write_record(const std::string& line) {
+  errno = 0;
+  jsonl_ << line << std::flush;
+  // A run whose records are lost (a full disk, /dev/full) stops at the first, as a failed
+  // TensorBoard write does, rather than train on with no figures to show for it.
+  if (!jsonl_) {
+    throw UserError("[metrics] jsonl: " + jsonl_path_ + ": cannot write metrics" +
+                    (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
+  }
 }
 
 MetricsSink::~MetricsSink() { clear_progress(); }
@@ -70,7 +84,7 @@ void MetricsSink::record_step(const StepMetrics& m, bool log_line) {
     if (std::isfinite(value)) scalars.emplace_back(key, value);  // JSON null: no scalar
   }
   if (m.skipped) j["skipped"] = true;
-  jsonl_ << j.dump() << '\n' << std::flush;
+  write_record(j.dump() + '\n');
   tensorboard_->add_scalars(m.step, scalars);
   if (log_line) {
     clear_progress();
@@ -96,8 +110,7 @@ std::string MetricsSink::step_line(const StepMetrics& m) const {
 }
 
 void MetricsSink::record_eval(int64_t step, double loss, double perplexity) {
-  jsonl_ << nlohmann::json{{"step", step}, {"eval_loss", loss}, {"eval_perplexity", perplexity}}.dump()
-         << '\n' << std::flush;
+  write_record(nlohmann::json{{"step", step}, {"eval_loss", loss}, {"eval_perplexity", perplexity}}.dump() + '\n');
   tensorboard_->add_scalars(step, {{"eval_loss", loss}, {"eval_perplexity", perplexity}});
   clear_progress();
   log_info("eval at step ", step, ": loss ", loss, "  perplexity ", perplexity);

@@ -49,10 +49,13 @@ class MetricsSink {
   void record_eval(int64_t step, double loss, double perplexity);
 
  private:
+  // Writes one JSONL record and flushes it; UserError naming the file where that fails.
+  void write_record(const std::string& line);
   std::string step_line(const StepMetrics& m) const;
   void draw_progress(const StepMetrics& m);
   void clear_progress();
 
+  std::string jsonl_path_;
   std::ofstream jsonl_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t total_steps_;

@@ -142,13 +142,13 @@ RunConfig RunConfig::parse(const ConfigFile& file) {
   }
   // Runs beside each other ([train] reuse_out_dir) keep their checkpoints, models and
   // metrics apart by their settings' hash, where each would replace or truncate the others'
-  // (step-N names no run).
+  // (step-N names no run), or, in TensorBoard, show their steps as one series.
   const std::string own = run.train.reuse_out_dir ? settings_suffix(run) : "";
   if (run.checkpoint.dir.empty()) run.checkpoint.dir = run.train.out_dir + "/checkpoints" + own;
   if (run.checkpoint.export_dir.empty()) run.checkpoint.export_dir = run.train.out_dir + "/model" + own;
   if (run.checkpoint.adapter_dir.empty()) run.checkpoint.adapter_dir = run.train.out_dir + "/adapter" + own;
   if (run.metrics.jsonl.empty()) run.metrics.jsonl = run.train.out_dir + "/metrics" + own + ".jsonl";
-  if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard";
+  if (run.metrics.tensorboard.empty()) run.metrics.tensorboard = run.train.out_dir + "/tensorboard" + own;
   return run;
 }
 

@@ -15,11 +15,14 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <fstream>
+#include <limits>
 #include <string_view>
 
 namespace fsdpp {
@@ -35,12 +38,20 @@ double seconds_since(Clock::time_point t) {
 // Set by SIGTERM or SIGINT; the loop finishes its step, saves and stops. The handler
 // resets itself, so a second signal ends the process at once.
 volatile std::sig_atomic_t stop_signal = 0;
+// When it arrived (CLOCK_REALTIME, in ns, comparable across nodes), to tell which rank's came
+// first where several ranks caught one.
+std::atomic<int64_t> stop_arrival_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "set in a signal handler");
 
 // Set once the last step is saved and the export at the end runs.
 volatile std::sig_atomic_t exporting = 0;
 
-// Says so at once, where the saved step may be minutes away (write(2) alone is safe here).
+// Says so at once, where the saved step may be minutes away (write(2) and clock_gettime(2)
+// alone are safe here).
 extern "C" void on_stop_signal(int sig) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);  // async-signal-safe
+  stop_arrival_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
   stop_signal = sig;
   static constexpr std::string_view kStep =
       ": finishing the step in flight and saving it; a second signal stops at once, unsaved\n";
@@ -167,21 +178,51 @@ bool stop_voted(Run& run) {
   return votes.item<double>() > 0;
 }
 
+// The signal the ranks stop for, the same on every rank (a collective, run once all of them
+// stop): the first to arrive at any of them. A rank whose peers alone were signalled would
+// otherwise exit as if by SIGTERM, whatever the user sent.
+int agreed_stop_signal(Run& run) {
+  Comm& comm = run.comm();
+  enum { kSignal, kArrival };
+  at::Tensor caught = at::zeros({comm.size(), 2}, at::kDouble);
+  caught[comm.rank()][kSignal] = static_cast<double>(stop_signal);
+  caught[comm.rank()][kArrival] = static_cast<double>(stop_arrival_ns.load());
+  comm.all_reduce_sum(caught);  // [ranks, 2]: each rank's row is its own
+  const auto rows = caught.accessor<double, 2>();
+  int first = SIGTERM;  // a stop no rank caught a signal for: the launcher's gone (PR_SET_PDEATHSIG)
+  double first_at = std::numeric_limits<double>::infinity();
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    if (rows[r][kSignal] != 0 && rows[r][kArrival] < first_at) {
+      first = static_cast<int>(rows[r][kSignal]);
+      first_at = rows[r][kArrival];
+    }
+  }
+  return first;
+}
+
 // What follows a step when due: evaluation on the held-out batches, and a checkpoint
 // (periodic, the last step's, or the one a stop signal asks for). Returns whether the run
-// stops after this step: `stopping`, or a signal that arrived during the evaluation, whose
-// length the ranks would otherwise spend on another step before saving.
+// stops after this step: `stopping`, or a signal that arrived during the evaluation or the
+// save, whose length the ranks would otherwise spend on another step and another save.
 bool after_step(Run& run, int64_t step, bool stopping, MetricsSink* metrics, const ClientState& state) {
   const RunConfig& config = run.config();
   const TrainConfig& tc = config.train;
+  // Once the ranks are past the evaluation or the save: a stop asked meanwhile, voted.
+  const auto asked_meanwhile = [&] { return config.checkpoint.save_on_signal && step < tc.steps && stop_voted(run); };
+  const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
+  const bool saving = periodic || (config.checkpoint.save_final && step == tc.steps);
   if (tc.eval_every > 0 && (step % tc.eval_every == 0 || step == tc.steps)) {
     failpoint("signal-mid-eval", SIGTERM);
     if (const auto e = run.evaluate(); e && metrics) metrics->record_eval(step, e->loss, e->perplexity);
-    if (!stopping && config.checkpoint.save_on_signal && step < tc.steps) stopping = stop_voted(run);
+    // A save follows anyway: its vote counts this one's signals too.
+    if (!stopping && !saving) stopping = asked_meanwhile();
   }
-  const bool periodic = config.checkpoint.save_every > 0 && step % config.checkpoint.save_every == 0;
-  const bool last = config.checkpoint.save_final && step == tc.steps;
-  if (periodic || last || stopping) run.save(step, state, config.checkpoint.dir);
+  if (saving || stopping) {
+    failpoint("signal-mid-save", SIGINT);
+    run.save(step, state, config.checkpoint.dir);
+    // The step is saved: a signal during the save stops here, not after the next step's save.
+    if (!stopping) stopping = asked_meanwhile();
+  }
   return stopping;
 }
 
@@ -227,7 +268,7 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
         after_step(run, step, f.stopping, metrics.get(),
                    {.skipped_steps = summary.skipped_steps, .tokens_seen = step * step_tokens, .loss = m.loss});
     if (stopping) {
-      summary.stop_signal = stop_signal != 0 ? static_cast<int>(stop_signal) : SIGTERM;
+      summary.stop_signal = agreed_stop_signal(run);
       if (rank == 0) log_warn("stopped by ", ::strsignal(summary.stop_signal), " after step ", step);
       return summary;
     }

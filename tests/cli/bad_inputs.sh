@@ -71,6 +71,21 @@ done
 "$FSDPP" eval "$work/ok.toml" --set train.eval_every=3 >"$work/eval.out" 2>&1 ||
   { echo "FAIL eval refused [train] eval_every with nothing held out: $(tail -1 "$work/eval.out")"; failures=$((failures + 1)); }
 
+# Training windows hold seq_len + 1 tokens (inputs and the targets one on); evaluation's hold
+# seq_len, predicting tokens 2..seq_len, so eval scores a file of exactly seq_len tokens. A
+# fraction that leaves too little to train is named, not the file.
+python3 -c 'import struct, sys; t = [i % 101 for i in range(16)]
+open(sys.argv[1], "wb").write(b"FSDPTOK\0" + struct.pack("<IIQQ", 1, 2, len(t), 101) + struct.pack(f"<{len(t)}H", *t))' \
+  "$work/exact.tok" || exit 1
+"$FSDPP" eval "$work/ok.toml" --tokens "$work/exact.tok" >"$work/eval.out" 2>&1 &&
+  grep -q '^eval: 1 windows of 16 tokens, 15 predicted' "$work/eval.out" ||
+  { echo "FAIL eval of exactly seq_len tokens: $(tail -1 "$work/eval.out")"; failures=$((failures + 1)); }
+expect "training on exactly seq_len tokens" "exact.tok: 16 tokens cannot fill one training window of seq_len 16 + 1" \
+  -- train "$work/ok.toml" --set "data.train=\"$work/exact.tok\""
+expect "an eval_fraction that leaves too little to train" \
+  "ok.tok: [data] eval_fraction 0.9999 of 2000 tokens leaves 1 to train, fewer than one training window of seq_len 16 + 1" \
+  -- train "$work/ok.toml" --set data.eval_fraction=0.9999
+
 expect "an open range's end" "[data] eval_fraction: must be a finite number in [0, 1), got 1" \
   -- train "$work/ok.toml" --set data.eval_fraction=1
 expect "below an open range" "[data] eval_fraction: must be a finite number in [0, 1), got -1e-09" \
@@ -142,6 +157,15 @@ if ! command -v nvidia-smi >/dev/null; then
   expect "nccl where there is no GPU" \
     "--set parallel.backend=\"nccl\": [parallel] backend = \"nccl\", but this process sees no GPU" \
     -- train "$work/ok.toml" --set 'parallel.backend="nccl"'
+  # eval reads [parallel] as train does, alone and as ranks of a launch.
+  expect "eval on a GPU where there is none" \
+    "--set parallel.device=\"cuda\": [parallel] device = \"cuda\", but this process sees no GPU" \
+    -- eval "$work/ok.toml" --set 'parallel.device="cuda"'
+  expect "eval over nccl where there is no GPU" "[parallel] backend = \"nccl\", but this process sees no GPU" \
+    -- eval "$work/ok.toml" --set 'parallel.backend="nccl"'
+  expect "launched eval on a GPU where there is none" \
+    "rank 0: --set parallel.device=\"cuda\": [parallel] device = \"cuda\", but this process sees no GPU" \
+    -- launch --nproc-per-node 2 -- eval "$work/ok.toml" --set 'parallel.device="cuda"'
 fi
 
 cp -r "$FIXTURES/llama_untied" "$work/corrupt_model"
@@ -449,6 +473,11 @@ expect "eval --logits over the token file" "eval --logits $work/kept.tok: exists
 expect "metrics over the token file" "[metrics] jsonl: $work/kept.tok: holds something other than a run's metrics" \
   -- train "$work/ok.toml" --set "data.train=\"$work/kept.tok\"" --set "metrics.jsonl=\"$work/kept.tok\""
 cmp -s "$work/ok.tok" "$work/kept.tok" || { echo "FAIL a refused output changed the token file"; failures=$((failures + 1)); }
+# Metrics that cannot be written end the run at the first record, naming the file.
+if [ -w /dev/full ]; then
+  expect "metrics to a full disk" "[metrics] jsonl: /dev/full: cannot write metrics: No space left on device" \
+    -- train "$work/ok.toml" --set "train.out_dir=\"$work/full\"" --set 'metrics.jsonl="/dev/full"'
+fi
 # Left unset, the metrics file lies in out_dir, and the message names where out_dir was set.
 mkdir -p "$work/held" && cp "$work/ok.tok" "$work/held/metrics.jsonl"
 expect "metrics left unset, over a file in out_dir" \
@@ -540,6 +569,17 @@ expect "an option key holding a dot, named at its own line" \
   -- train "$work/quoted_option.toml"
 expect "a number with a space before it" "plan: --world takes a whole number in [1, 1048576], got ' 4'" \
   -- plan "$work/ok.toml" --world " 4"
+# An option given twice, empty or spaced from its '=' is refused as such, not read as another.
+expect "an option given twice" "plan: --world given twice" -- plan "$work/ok.toml" --world 3 --world 5
+expect "an option given twice, once with '='" "eval: --max-windows given twice" \
+  -- eval "$work/ok.toml" --max-windows 2 --max-windows=3
+expect "an empty number" "plan: --world takes a whole number in [1, 1048576], got ''" -- plan "$work/ok.toml" --world ""
+expect "an empty count" "eval: --max-windows takes a whole number in [0, 1099511627776], got ''" \
+  -- eval "$work/ok.toml" --max-windows ""
+expect "an empty file name" "eval: --tokens needs a value, got ''" -- eval "$work/ok.toml" --tokens ""
+expect "a space after '='" "plan: --world= has no value after '='" -- plan "$work/ok.toml" --world= 3
+expect "a launch option given twice" "launch: --nproc-per-node given twice" \
+  -- launch --nproc-per-node 2 --nproc-per-node 3 -- train "$work/ok.toml"
 FSDPP_POLICY_DIR=$work/none expect "FSDPP_POLICY_DIR naming no directory" \
   "[policy] name: no shipped policy 'llama': the policy directory $work/none (FSDPP_POLICY_DIR) is no directory" \
   -- train "$work/ok.toml"

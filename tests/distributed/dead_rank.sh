@@ -4,7 +4,8 @@
 # ranks' lost connections are its consequences, not printed), within the configured
 # timeout. Also checks that every line a rank prints carries its rank prefix. And a launcher
 # killed mid-run (SIGKILL) leaves no rank behind: each is told to stop as by SIGTERM, saves
-# its checkpoint and exits; a SIGTERM sent to one rank alone is a stop, not a failure.
+# its checkpoint and exits; a SIGINT sent to one rank alone is a stop, not a failure, and the
+# job exits on that signal.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -80,23 +81,33 @@ else
   echo "a killed launcher's ranks saved $(ls "$out/orphans/checkpoints") and exited"
 fi
 
-# SIGTERM sent to one rank, not the launcher: every rank stops at the same step and saves, and
-# the launcher reports the stop (128 + SIGTERM), not a failure.
+# SIGINT sent to rank 1 alone, not the launcher: every rank stops at the same step and saves,
+# each exits as that signal asks (rank 0, which caught none, too), and the launcher reports the
+# stop (128 + SIGINT), not a failure.
 "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=100000 \
   --set train.log_every=1 --set "train.out_dir=\"$out/one-signalled\"" >/dev/null 2>"$out/one-signalled.stderr" &
 launcher=$!
+victim=""
 for _ in $(seq 1 300); do
-  grep -q '"step":3' "$out/one-signalled/metrics.jsonl" 2>/dev/null && break
+  if grep -q '"step":3' "$out/one-signalled/metrics.jsonl" 2>/dev/null; then
+    for pid in $(pgrep -P $launcher); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
+    done
+    break
+  fi
   sleep 0.1
 done
-kill -TERM "$(pgrep -P $launcher | head -1)"
+[ -n "$victim" ] || { echo "FAIL: the third job's rank 1 never started training"; kill -9 $launcher; exit 1; }
+kill -INT "$victim"
 wait $launcher
 rc=$?
-if [ "$rc" -ne 143 ] || grep -q 'fsdpp: error' "$out/one-signalled.stderr"; then
-  echo "FAIL: one rank's SIGTERM ended the launcher with $rc:"; grep -v ' info ' "$out/one-signalled.stderr"; status=1
+if [ "$rc" -ne 130 ] || grep -q 'fsdpp: error' "$out/one-signalled.stderr" ||
+   ! grep -q '^\[rank 0\] .*stopped by Interrupt after step' "$out/one-signalled.stderr" ||
+   ! grep -q '^fsdpp launch: every rank stopped after Interrupt' "$out/one-signalled.stderr"; then
+  echo "FAIL: rank 1's SIGINT ended the launcher with $rc:"; grep -v ' info ' "$out/one-signalled.stderr"; status=1
 elif ! ls "$out/one-signalled/checkpoints" 2>/dev/null | grep -q '^step-'; then
-  echo "FAIL: one rank's SIGTERM saved no checkpoint"; status=1
+  echo "FAIL: rank 1's SIGINT saved no checkpoint"; status=1
 else
-  echo "one rank's SIGTERM: every rank saved $(ls "$out/one-signalled/checkpoints"), launcher exit 143"
+  echo "rank 1's SIGINT: every rank saved $(ls "$out/one-signalled/checkpoints"), launcher exit 130"
 fi
 exit $status

@@ -3,8 +3,8 @@
 #  - a save killed with SIGKILL mid-write (rank 1) or just before its commit (rank 0) leaves
 #    the previous checkpoint loadable, is never taken as the latest, and resuming works;
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
-#    status 143, and resuming continues after that step; one raised during a step, or during
-#    the evaluation after it, stops the run after that step;
+#    status 143, and resuming continues after that step; one raised during a step, during
+#    the evaluation after it, or during its periodic save, stops the run after that step;
 #  - a save that fails on one rank names that rank and why, not a rank that saw it fail;
 #  - an older checkpoint that cannot all be rotated away is a warning, not the run's end;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
@@ -77,23 +77,42 @@ train "$run" --set train.steps=$((last + 2)) --set checkpoint.save_every=0 >"$ru
 grep -q "continuing after step $last" "$run.resume.log" || fail "SIGTERM: resume did not continue after step $last"
 echo "ok   SIGTERM after step $last: exit $rc, $saved saved, resumed to step $((last + 2))"
 
-# A stop signal that arrives during a step (rank 1 raises SIGTERM in step 1's forward), or
-# during the evaluation after step 2 (the ranks vote again once it is over), stops the run
-# after that step, not after the next: a second SIGTERM there would kill rank 1.
-stop_within() {  # NAME FAILPOINT STEP [--set ...]: the step saved alone, exit status 143
-  local name=$1 point=$2 want rc saved run
-  want=$(printf 'step-%08d ' "$3")
-  shift 3
+# A stop signal that arrives during a step (rank 1 raises SIGTERM in step 1's forward), during
+# the evaluation after step 2, or during the periodic save of step 5 (SIGINT; the ranks vote
+# again once either is over), stops the run after that step, not after the next: a second
+# signal there would kill rank 1. Every rank, and the launcher, exit on the signal rank 1
+# caught, though rank 0 caught none.
+stop_within() {  # NAME FAILPOINT STEP SIGNAL [--set ...]: the step saved alone, exit 128 + SIGNAL
+  local name=$1 point=$2 step=$3 signal=$4 want said rc saved run
+  want=$(printf 'step-%08d ' "$step")
+  case $signal in TERM) said=Terminated ;; INT) said=Interrupt ;; esac
+  shift 4
   run="$out/$point"
   FSDPP_FAILPOINT=$point FSDPP_FAILPOINT_RANK=1 train "$run" --set train.steps=100 "$@" >"$run.log" 2>&1
   rc=$?
   saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
-  [ "$rc" -eq 143 ] || fail "signal $name: launcher exited $rc, not 143: $(grep -v ' info ' "$run.log" | tail -2)"
-  [ "$saved" = "$want" ] || fail "signal $name: saved '$saved', not ${want% } alone"
-  echo "ok   SIGTERM $name: exit $rc, ${saved% } saved"
+  [ "$rc" -eq $((128 + $(kill -l "$signal"))) ] ||
+    fail "SIG$signal $name: launcher exited $rc: $(grep -v ' info ' "$run.log" | tail -2)"
+  grep -q "^\[rank 0\] .*stopped by $said after step $step" "$run.log" &&
+    grep -q "^fsdpp launch: every rank stopped after $said" "$run.log" ||
+    fail "SIG$signal $name: not reported as stopped by $said: $(grep -v ' info ' "$run.log" | tail -2)"
+  [ "$saved" = "$want" ] || fail "SIG$signal $name: saved '$saved', not ${want% } alone"
+  echo "ok   SIG$signal $name: exit $rc, ${saved% } saved"
 }
-stop_within "during step 1" signal-mid-step 1
-stop_within "during the evaluation after step 2" signal-mid-eval 2 --set train.eval_every=2 --set data.eval_fraction=0.1
+stop_within "during step 1" signal-mid-step 1 TERM
+stop_within "during the evaluation after step 2" signal-mid-eval 2 TERM --set train.eval_every=2 --set data.eval_fraction=0.1
+stop_within "during the save of step 5" signal-mid-save 5 INT
+# The same without a launcher: one process stops after the step it was saving.
+run="$out/signal-mid-save-alone"
+FSDPP_FAILPOINT=signal-mid-save "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
+  --set checkpoint.save_every=5 --set train.steps=100 >"$run.log" 2>&1
+rc=$?
+saved=$(ls "$run/checkpoints" 2>/dev/null | tr '\n' ' ')
+if [ "$rc" -eq 130 ] && [ "$saved" = "step-00000005 " ] && grep -q "stopped by Interrupt after step 5" "$run.log"; then
+  echo "ok   SIGINT during the save of step 5, one process: exit $rc, ${saved% } saved"
+else
+  fail "SIGINT during the save of step 5, one process: exit $rc, saved '$saved'"
+fi
 
 # A save that fails on rank 1 (a full disk there) stops every rank; the launcher's one error
 # line is rank 1's, which says why, not rank 0's report that another rank failed.

@@ -3,9 +3,9 @@
 # checkpoints, or where a run of other settings trained, is refused (resuming is the way on),
 # and so is another model's run; resumed, the run may change its settings and is told which
 # (and how its learning rate moves where it changes [train] steps);
-# [train] reuse_out_dir = true trains beside them anyway, each run writing checkpoints and
-# metrics of its own, and resume = "latest" then picks only the checkpoints of this run's
-# settings (a run that would start afresh over its own, or save a step another saved in a
+# [train] reuse_out_dir = true trains beside them anyway, each run writing checkpoints,
+# metrics and TensorBoard events of its own, and resume = "latest" then picks only the
+# checkpoints of this run's settings (a run that would start afresh over its own, or save a step another saved in a
 # [checkpoint] dir they share, is refused at start); a [checkpoint] dir outside out_dir holds the
 # run's own by the out_dir they record. Each refusal is one line with exit status 2,
 # and leaves the run's record (run.json) as it was.
@@ -54,6 +54,7 @@ grep -q "continuing after step 3" "$out.log" || { echo "FAIL: the changed run di
 # starts afresh; its own step 1 is then the one it resumes, though the other's step 4 is newer.
 beside=(--set policy.options.lora_rank=2 --set train.reuse_out_dir=true --set 'checkpoint.resume="latest"'
         --set checkpoint.keep=0)
+first_events=$(ls "$out/tensorboard" | wc -l)
 check "another run beside, resuming none of the first's" 0 "done: 1 steps" -- "${run[@]}" "${beside[@]}" --set train.steps=1
 if grep -q "continuing after" "$out.log"; then echo "FAIL: resumed another run's checkpoint"; failures=$((failures + 1)); fi
 check "its own latest, beside the other's" 0 "continuing after step 1" -- "${run[@]}" "${beside[@]}" --set train.steps=5
@@ -63,6 +64,15 @@ own_metrics=$(sed -n 's/.* metrics: \(.*metrics-[0-9a-f]*\.jsonl\)$/\1/p' "$out.
 if [ "$(grep -c '"grad_norm"' "$out/metrics.jsonl")" != 4 ] || [ -z "$own_metrics" ] ||
    [ "$(grep -c '"grad_norm"' "$own_metrics")" != 5 ]; then
   echo "FAIL: runs beside each other mixed their metrics ('$own_metrics')"; failures=$((failures + 1))
+fi
+# And its TensorBoard events (one file per run), under the same hash, where TensorBoard would
+# show the two runs' steps as one series; the first run's directory gains none.
+own_events=${own_metrics%.jsonl}
+own_events="$out/tensorboard-${own_events##*metrics-}"
+if [ "$(ls "$own_events" 2>/dev/null | grep -c '^events\.out\.tfevents\.')" != 2 ] ||
+   [ "$(ls "$out/tensorboard" | wc -l)" != "$first_events" ]; then
+  echo "FAIL: runs beside each other mixed their TensorBoard events: $(ls -d "$out"/tensorboard*)"
+  failures=$((failures + 1))
 fi
 # Its adapter goes to a directory of its own settings, and run.json stays the first run's.
 adapters=$(ls -d "$out"/adapter-* 2>/dev/null | wc -l)
