@@ -215,6 +215,7 @@ class Run {
   // refilled the experts' load-balancing buffers, the Python API's.
   std::optional<int64_t> balanced_after_;
   std::weak_ptr<torch::autograd::Node> balanced_graph_;  // that forward's output's node, while it lives
+  int64_t balanced_forwards_ = 0;  // forwards with autograd that refilled them, the last one's number
   std::optional<BaseIdentity> base_;      // a LoRA run's base, which its checkpoints record
   bool computes_float16_ = false;         // some unit computes in float16
   std::optional<LossScaler> scaler_;      // float16 compute's loss scale ([loss_scale])

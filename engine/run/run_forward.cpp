@@ -67,6 +67,18 @@ void Run::balance_experts(const at::Tensor& output, double grad_divisor) {
   if (experts_ && at::GradMode::is_enabled()) {
     balanced_after_ = fsdp_->backwards_ended();
     balanced_graph_ = output.grad_fn();
+    // A retained graph may be backpropagated again after a later forward refilled the buffers
+    // it reads: refused, where it would take that forward's load-balancing gradient.
+    const int64_t forward = ++balanced_forwards_;
+    if (output.requires_grad()) {
+      output.register_hook([this, forward](const at::Tensor&) {
+        if (forward != balanced_forwards_) {
+          throw UserError("backward: through a mixture-of-experts model's forward made before the latest forward "
+                          "with autograd, which replaced its load-balancing gradient: backward each forward before "
+                          "the next");
+        }
+      });
+    }
     experts_->micro_batch_loss(*model().routing(), *comm_, /*micro_batches=*/1,
                                grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
   }

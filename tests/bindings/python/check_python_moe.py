@@ -117,6 +117,20 @@ def second_forward_refused(run_file):
     ok &= good
     print(f"{'ok  ' if good else 'FAIL'} forwards dropped before their backward, then a forward, backward and step: "
           f"{dropped[0]}, a fresh run's {dropped[1]}")
+    # A retained graph backpropagated again after a later forward would read that forward's
+    # load-balancing gradient: refused.
+    run = fsdpp.Run(run_file)
+    first = run.model(ids).sum()
+    first.backward(retain_graph=True)
+    run.model(ids).sum().backward()
+    try:
+        first.backward()
+        late = "no error"
+    except RuntimeError as e:
+        late = str(e)
+    good = late.startswith("backward: through a mixture-of-experts model's forward made before the latest forward")
+    ok &= good
+    print(f"{'ok  ' if good else 'FAIL'} a retained graph backpropagated after a later forward: {late}")
     return ok
 
 
