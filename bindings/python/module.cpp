@@ -195,6 +195,14 @@ class PythonRun {
   void zero_grad() {
     exclusively([&] { run_->zero_grad(); });
   }
+
+  // Whether the model's forwards train (LoRA's dropout on) or only compute (off), as a torch
+  // module's train() and eval() say: a loop samples and takes reference log-probabilities in
+  // eval(), so that a PPO ratio starts at 1.
+  void set_training(bool training) {
+    exclusively([&] { run_->model().train(training); });
+  }
+  bool training() { return run_->model().is_training(); }
   int64_t units() const { return static_cast<int64_t>(run_->units()); }
   int rank() { return run_->comm().rank(); }
   int world_size() const { return run_->comm().size(); }
@@ -321,6 +329,8 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def("offload", &PythonRun::offload, py::arg("what"))
       .def("reload", &PythonRun::reload)
       .def("zero_grad", &PythonRun::zero_grad)
+      .def("set_training", &PythonRun::set_training, py::arg("training"))
+      .def_property_readonly("training", &PythonRun::training)
       .def_property_readonly("units", &PythonRun::units)
       .def_property_readonly("rank", &PythonRun::rank)
       .def_property_readonly("world_size", &PythonRun::world_size)

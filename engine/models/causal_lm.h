@@ -68,6 +68,7 @@ class CausalLM : public Module {
   }
 
   // The final hidden states; the text decoders give them.
+  virtual bool gives_final_hidden() const { return false; }
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
     throw UserError(class_name() + " does not give its hidden states apart from its logits");
   }

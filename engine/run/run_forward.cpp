@@ -92,6 +92,10 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
 at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                          const RowLayout& layout, double grad_divisor) {
   check_loaded("logprobs", /*params_only=*/true);
+  if (!model().gives_final_hidden()) {
+    throw UserError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
+                    "logprobs reads: take log_softmax of run.model's logits");
+  }
   if (!head_in_root_) {
     throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
                     "[policy.options] fused_linear_logprob = true");

@@ -26,7 +26,10 @@ std::string Run::Offloaded::names() const {
 
 void Run::offload(const Offloaded& what) {
   check_outside_backward("offload");
-  if (offloaded_) throw UserError("offload: the run's " + offloaded_->names() + " are offloaded already; reload() first");
+  if (offloaded_) {
+    throw UserError("offload: offload() moved the run's " + offloaded_->names() + " off the device already; "
+                    "reload() first");
+  }
   fsdp_->reshard_all();
   // Pinned on a GPU run, so the copies back run at full speed.
   const bool pinned = device_.is_cuda();
@@ -60,7 +63,8 @@ void Run::check_outside_backward(const char* what) const {
 
 void Run::check_not_offloaded(const char* what, bool params_only) const {
   if (offloaded_ && (offloaded_->params || !params_only)) {
-    throw UserError(std::string(what) + ": the run's " + offloaded_->names() + " are offloaded; call reload() first");
+    throw UserError(std::string(what) + ": offload() moved the run's " + offloaded_->names() + " off the device; call "
+                    "reload() first");
   }
 }
 

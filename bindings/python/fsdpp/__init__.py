@@ -153,6 +153,23 @@ class Model:
 
         return _holding(self._run, self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare)))
 
+    def train(self, mode=True):
+        """Forwards train (`mode` True: LoRA's dropout on, as after Run()) or only compute
+        (False, as eval() says), as a torch module's train() does; returns the model."""
+        if not isinstance(mode, bool):
+            raise Error(f"train: mode must be a bool, got {type(mode).__name__}")
+        self._run.set_training(mode)
+        return self
+
+    def eval(self):
+        """Forwards without LoRA's dropout, for sampling and reference log-probabilities: the
+        same weights give the same outputs, so a PPO ratio starts at 1. train() turns it back on."""
+        return self.train(False)
+
+    @property
+    def training(self):
+        return self._run.training
+
 
 class Run:
     """One rank's training run, built from a run file as `fsdpp train` builds it.

@@ -252,11 +252,11 @@ def offload_round_trip(run_file):
     same = plain == moved and all(torch.equal(plain_weights[k], moved_weights[k]) for k in plain_weights)
     print(f"{'ok  ' if same else 'FAIL'} offload and reload between backward and step: the step and the weights "
           f"{'bitwise' if same else 'NOT'} as with no offload")
-    expected = ["forward: the run's params, grads, optimizer are offloaded; call reload() first",
-                "step: the run's params, grads, optimizer are offloaded; call reload() first",
-                "full_weights: the run's params, grads, optimizer are offloaded; call reload() first",
-                "save: the run's params, grads, optimizer are offloaded; call reload() first",
-                "offload: the run's params, grads, optimizer are offloaded already; reload() first"]
+    expected = ["forward: offload() moved the run's params, grads, optimizer off the device; call reload() first",
+                "step: offload() moved the run's params, grads, optimizer off the device; call reload() first",
+                "full_weights: offload() moved the run's params, grads, optimizer off the device; call reload() first",
+                "save: offload() moved the run's params, grads, optimizer off the device; call reload() first",
+                "offload: offload() moved the run's params, grads, optimizer off the device already; reload() first"]
     ok = same
     for got, want in zip(refused, expected):
         good = got == want
@@ -792,6 +792,9 @@ def bad_uses(run_file, other_model_dir, work):
         logits.register_hook(lambda grad: call())
         logits.sum().backward()
     one_step = fsdpp.Run(run_file, {"scheduler.kind": "cosine", "train.steps": 1})
+    os.makedirs(os.path.join(work, "vision"), exist_ok=True)
+    vision = fsdpp.Run(write_run_file(os.path.join(work, "vision"), os.path.join(os.path.dirname(other_model_dir),
+                                                                                  "qwen2_vl")))
 
     def step_of(decaying):
         decaying.model(ids).sum().backward()
@@ -864,6 +867,8 @@ def bad_uses(run_file, other_model_dir, work):
         ("a step with no backward", lambda: run.step(), "step: no gradients since zero_grad"),
         ("a step after a backward that stopped at the logits", lambda: stopped_at_logits(run.step),
          "step: no gradients since zero_grad"),
+        ("logprobs of a model that gives its logits alone", lambda: vision.model.logprobs(ids, ids),
+         "logprobs: Qwen2VLForConditionalGeneration gives its logits alone, not the final hidden states"),
         ("a step past the end of a decaying schedule", lambda: [step_of(one_step) for _ in range(2)],
          "step: the run has taken its [train] steps = 1, where its [scheduler] decay ends"),
         ("saving behind a later checkpoint of the run", lambda: run.save(later),
@@ -987,6 +992,7 @@ def main():
     ok &= path_of_any_bytes(run_file, work)
     ok &= bad_uses(run_file, os.path.join(fixtures, "llama_untied"), os.path.join(work, "bad-uses"))
     ok &= tied_head_adapter(os.path.join(fixtures, "llama_tied_rope3"), os.path.join(work, "tied-head"))
+    ok &= dropout_follows_train_and_eval(os.path.join(fixtures, "llama_untied"), os.path.join(work, "dropout"))
     ok &= resume_of_a_binary_run(os.path.join(work, "binary-run"))
     return 0 if ok else 1
 
@@ -1049,6 +1055,30 @@ def tied_head_adapter(model_dir, work):
     print(f"{'ok  ' if head and same else 'FAIL'} a tied model's adapted lm_head: full_weights gives it apart from the "
           f"embedding ({head}) and {'equals' if same else 'DIFFERS from'} the merged export, {len(export)} tensors")
     return head and same
+
+
+def dropout_follows_train_and_eval(model_dir, work):
+    """LoRA's dropout acts in run.model.train() (as after Run(): two forwards of the same rows
+    differ) and not in eval() (they agree), as a torch module's does."""
+    import fsdpp
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    run = fsdpp.Run(write_run_file(work, model_dir), {"policy.options.lora_rank": 2,
+                                                      "policy.options.lora_dropout": 0.5})
+    ids = batches(101)[0][0][:, :-1]
+    run.model(ids).sum().backward()
+    run.step()  # lora_B starts at zero, where dropout on the adapters' input changes nothing
+    with torch.no_grad():
+        trained = [run.model(ids) for _ in range(2)]
+        was_training = run.model.training
+        run.model.eval()
+        evaluated = [run.model(ids) for _ in range(2)]
+    run.model.train()
+    ok = (was_training and not torch.equal(*trained) and torch.equal(*evaluated) and run.model.training and
+          run.model.eval() is run.model and not run.model.training)
+    print(f"{'ok  ' if ok else 'FAIL'} LoRA dropout on in train() (forwards differ: {not torch.equal(*trained)}), "
+          f"off in eval() (forwards agree: {torch.equal(*evaluated)})")
+    return ok
 
 
 if __name__ == "__main__":
