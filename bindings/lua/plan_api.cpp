@@ -7,7 +7,6 @@
 
 #include "core/config_file.h"
 #include "core/log.h"
-#include "core/module_tree.h"
 
 #include <cmath>
 #include <limits>
@@ -184,31 +183,6 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   lua_pop(L, 1);
 }
 
-// Refuses, at the wrap call, a unit the plan's own check (resolve_plan) would refuse for
-// wrapping a module twice, in its words: a wrap in an endless loop would otherwise fill the
-// engine's memory with units before that check ran. In sets, as a unit may list many modules.
-void check_wrapped_once(const PolicyRun& run, const UnitPlan& unit) {
-  const std::set<std::string> listed(unit.modules.begin(), unit.modules.end());
-  std::set<std::string> seen;
-  for (const auto& path : unit.modules) {
-    if (!seen.insert(path).second) {
-      throw ScriptError(unit.origin + ": one wrap lists module '" + module_label(path) + "' twice");
-    }
-    // Each module above `path`, up to the root "".
-    for (std::string above = path; !above.empty();) {
-      const size_t dot = above.rfind('.');
-      above = dot == std::string::npos ? "" : above.substr(0, dot);
-      if (listed.count(above)) {
-        throw ScriptError(unit.origin + ": one wrap lists '" + path + "' and '" + module_label(above) +
-                          "', which holds it; list either, or wrap the inner one in a unit of its own");
-      }
-    }
-    if (const auto it = run.wrapped.find(path); it != run.wrapped.end()) {
-      throw ScriptError(unit.origin + ": module '" + module_label(path) + "' is already wrapped by " + it->second);
-    }
-  }
-}
-
 // wrap(module | {module, ...}, options): one unit of the module(s) given.
 int api_wrap(lua_State* L) {
   PolicyRun& run = run_of(L);
@@ -231,8 +205,7 @@ int api_wrap(lua_State* L) {
     if (!lua_istable(L, 2)) throw ScriptError("wrap: options must be a table");
     read_wrap_options(L, 2, unit);
   }
-  check_wrapped_once(run, unit);
-  for (const auto& path : unit.modules) run.wrapped.emplace(path, unit.origin);
+  claim_modules(unit, run.wrapped);
   run.plan.units.push_back(std::move(unit));
   return 0;
 }

@@ -119,13 +119,13 @@ class PythonRun {
   // (global gradient norm before clipping, whether the update was applied).
   py::tuple step() {
     const UpdateFigures figures = exclusively([&] {
-      // The schedule spans [train] steps: past them a decaying one stays at its end (the learning
-      // rate 0 by default), and the steps would update nothing without a word. Every rank has
-      // taken as many steps as the others, so all raise alike.
-      if (steps_ >= config_.train.steps && config_.scheduler.kind != Decay::constant) {
+      // The schedule spans [train] steps: past them a decaying one stays at its end, and where
+      // that is 0 (min_lr_ratio's default) the steps would update nothing without a word. Every
+      // rank has taken as many steps as the others, so all raise alike.
+      if (steps_ >= config_.train.steps && schedule_.at(steps_ + 1) == 0.0) {
         throw EveryRankError("step: the run has taken its [train] steps = " + std::to_string(config_.train.steps) +
-                             ", where its [scheduler] decay ends; set [train] steps to the updates the loop makes "
-                             "(a constant schedule goes on past them)");
+                             ", where its [scheduler] decays to a learning rate of 0; set [train] steps to the "
+                             "updates the loop makes (or [scheduler] min_lr_ratio above 0)");
       }
       const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1), grad_divisor());
       if (applied.stepped) ++steps_;
@@ -167,6 +167,7 @@ class PythonRun {
   // Replaces the parameters, the optimizer's state and the step count with the checkpoint's.
   void load(const std::string& path) {
     exclusively([&] {
+      agree_on_inputs("load", [] {});  // the package's refusals of a path, on any rank, meet this
       const ResumePoint point = run_->load(path);
       steps_ = point.step;
       skipped_steps_ = point.state.skipped_steps;

@@ -170,11 +170,11 @@ class OptionParser {
 
  private:
   // CLI11 reads an option given twice as one missing its value, and `--opt= 3` as `--opt 3`:
-  // both are refused before it sees them, naming the option.
+  // both are refused before it sees them, naming the option. A flag said twice is said once.
   void refuse_repeats_and_gaps(const std::vector<std::string>& args) const {
     for (const CLI::Option* option : app_.get_options()) {
       const std::string name = option->get_name();
-      if (!name.starts_with("--") || name == "--set" || name == "--help") continue;
+      if (!name.starts_with("--") || name == "--set" || option->get_expected_max() == 0) continue;  // flags
       int uses = 0;
       for (const std::string& arg : args) {
         if (arg == name + "=") {

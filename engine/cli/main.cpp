@@ -161,10 +161,12 @@ int run_eval(const CommandLine& args) {
   config.check_eval_seq_len();
   config.check_paths();
   if (!args.logits.empty()) check_logits_target(args.logits);
-  // [parallel] is checked as training checks it, a GPU asked for where this process sees none
-  // refused, though evaluation computes on the CPU: a run file's settings mean one thing.
-  const DistEnv env = DistEnv::from_environment();
-  resolve_device(config.parallel.device, env.local_rank, env.local_world_size, config.parallel.gpu_asked_by);
+  // A GPU the run file asks for is checked as training checks it, though evaluation computes on
+  // the CPU: a run file's settings mean one thing. device = "auto" asks for none here.
+  if (!config.parallel.gpu_asked_by.empty()) {
+    const DistEnv env = DistEnv::from_environment();
+    resolve_device(config.parallel.device, env.local_rank, env.local_world_size, config.parallel.gpu_asked_by);
+  }
   // The policy puts on the adapters training would (a [model] adapter must agree with them),
   // and its [policy.options] are checked as there; evaluation does not shard.
   const auto skeleton =

@@ -98,8 +98,9 @@ class UserError : public std::runtime_error {
   explicit UserError(const std::string& message) : std::runtime_error(message_line(message)) {}
 };
 
-// A UserError that every rank of a run raises alike, agreed by a collective before any other
-// collective of the call: the ranks stay in step, and the run may go on.
+// A UserError that every rank of a run raises alike before any collective of the call: agreed
+// by a collective, or decided by state every rank holds alike (offloaded, inside a backward,
+// the step count). The ranks stay in step, and the run may go on.
 class EveryRankError : public UserError {
  public:
   using UserError::UserError;

@@ -86,8 +86,7 @@ namespace {
 
 // The training windows of seq_len + 1 tokens (inputs, and targets one token on) in the
 // training part, or UserError: naming [data] eval_fraction where it is what left too few.
-int64_t window_count(const TokenFile& tokens, const DataConfig& data, int64_t seq_len) {
-  const TokenRange range = train_range(data, tokens);
+int64_t window_count(const TokenFile& tokens, TokenRange range, const DataConfig& data, int64_t seq_len) {
   const int64_t windows = (range.end - range.begin - 1) / seq_len;
   if (windows >= 1) return windows;
   const std::string window = "one training window of seq_len " + std::to_string(seq_len) + " + 1";
@@ -104,7 +103,7 @@ int64_t window_count(const TokenFile& tokens, const DataConfig& data, int64_t se
 
 TokenWindows::TokenWindows(std::shared_ptr<const TokenFile> tokens, const DataConfig& config, bool trains)
     : tokens_(std::move(tokens)), config_(config), range_(train_range(config, *tokens_)),
-      order_(trains ? window_count(*tokens_, config, config.seq_len) : 0, config.seed, config.shuffle) {
+      order_(trains ? window_count(*tokens_, range_, config, config.seq_len) : 0, config.seed, config.shuffle) {
   if (config.train_on == TrainOn::completion && !tokens_->has_mask()) {
     throw UserError(tokens_->path().string() + ": [data] train_on = \"completion\" needs a token file with a loss "
                     "mask (version 2, written by scripts/prepare_data.py)");

@@ -55,24 +55,41 @@ std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::stri
     for (const auto& path : unit.modules) {
       if (!by_path.count(path)) throw UserError(where(unit) + ": no module at path '" + path + "'");
       check_has_forward(unit, path, *by_path.at(path));
-      for (const auto& other : unit.modules) {
-        if (other != path && path_under(path, other)) {
-          throw UserError(where(unit) + ": one wrap lists '" + path + "' and '" + module_label(other) +
-                          "', which holds it; list either, or wrap the inner one in a unit of its own");
-        }
-      }
-      if (std::count(unit.modules.begin(), unit.modules.end(), path) > 1) {
-        throw UserError(where(unit) + ": one wrap lists module '" + module_label(path) + "' twice");
-      }
-      auto [it, fresh] = wrapped.emplace(path, where(unit));
-      if (!fresh) {
-        throw UserError(where(unit) + ": module '" + module_label(path) +
-                        "' is already wrapped by " + it->second);
-      }
     }
+    claim_modules(unit, wrapped);
   }
   return units;
 }
+
+}  // namespace
+
+void claim_modules(const UnitPlan& unit, std::map<std::string, std::string>& wrapped) {
+  // In sets: a unit may list many modules.
+  const std::set<std::string> listed(unit.modules.begin(), unit.modules.end());
+  if (listed.size() < unit.modules.size()) {
+    for (auto it = unit.modules.begin(); it != unit.modules.end(); ++it) {
+      if (std::find(it + 1, unit.modules.end(), *it) != unit.modules.end()) {
+        throw UserError(where(unit) + ": one wrap lists module '" + module_label(*it) + "' twice");
+      }
+    }
+  }
+  for (const auto& path : unit.modules) {
+    for (std::string above = path; !above.empty();) {  // each module above `path`, up to the root ""
+      const size_t dot = above.rfind('.');
+      above = dot == std::string::npos ? "" : above.substr(0, dot);
+      if (listed.count(above)) {
+        throw UserError(where(unit) + ": one wrap lists '" + path + "' and '" + module_label(above) +
+                        "', which holds it; list either, or wrap the inner one in a unit of its own");
+      }
+    }
+    if (const auto it = wrapped.find(path); it != wrapped.end()) {
+      throw UserError(where(unit) + ": module '" + module_label(path) + "' is already wrapped by " + it->second);
+    }
+  }
+  for (const auto& path : unit.modules) wrapped.emplace(path, where(unit));
+}
+
+namespace {
 
 // The unit's options in force for `world` ranks: its mesh, how it reshards, its reduction dtype.
 void resolve_options(ResolvedUnit& r, int world, at::ScalarType model_dtype) {

@@ -10,6 +10,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -109,5 +110,11 @@ struct ResolvedPlan {
 // (a vision tower replicated beside a sharded language model, say). The root unit is added
 // when the plan lacks one, on the first unit's mesh.
 ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype);
+
+// Refuses `unit` where it lists a module twice, a module and one that holds it, or a module
+// that a unit in `wrapped` (path -> that unit's origin) holds already; then adds its modules
+// there. A policy's wrap calls it as it goes (a wrap in an endless loop is stopped at once),
+// resolve_plan over the whole plan.
+void claim_modules(const UnitPlan& unit, std::map<std::string, std::string>& wrapped);
 
 }  // namespace fsdpp

@@ -79,15 +79,15 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   if (fs::exists(final_dir)) {  // the same on every rank: a step is saved once
     // Beside another run ([train] reuse_out_dir), its checkpoint of this step is not ours.
     if (!of_this_run(config_, final_dir)) {
-      throw UserError(final_dir.string() + ": holds another run's checkpoint of step " + std::to_string(step) +
-                      ", which this run's would replace; choose another [checkpoint] dir");
+      throw EveryRankError(final_dir.string() + ": holds another run's checkpoint of step " + std::to_string(step) +
+                           ", which this run's would replace; choose another [checkpoint] dir");
     }
     return;
   }
   if (const auto later = later_of_this_run(config_, root, step)) {
-    throw UserError("save: " + later->string() + " is a later checkpoint of this run than step " + std::to_string(step) +
-                    " (the run went back to an earlier one): a restart's resume = \"latest\" would take it, and "
-                    "rotation would delete this save as the oldest; save elsewhere, or move the later ones away");
+    throw EveryRankError("save: " + later->string() + " is a later checkpoint of this run than step " +
+                         std::to_string(step) + " (the run went back to an earlier one): a restart's resume = \"latest\" would take it, and "
+                         "rotation would delete this save as the oldest; save elsewhere, or move the later ones away");
   }
   const fs::path staging = staging_path(root, step);
   const int rank = comm_->rank();

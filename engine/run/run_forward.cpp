@@ -57,9 +57,9 @@ void Run::check_balance_consumed(const char* what) const {
   // gone (dropped, or detached) will have no backward to wait for.
   if (experts_ && at::GradMode::is_enabled() && balanced_after_ && *balanced_after_ == fsdp_->backwards_ended() &&
       !balanced_graph_.expired()) {
-    throw UserError(std::string(what) + ": a mixture-of-experts model's forward with autograd before the backward of "
-                    "the previous one, whose load-balancing gradient it would replace: backward each forward first, "
-                    "forward the rows in one call, or sample under torch.no_grad()");
+    throw EveryRankError(std::string(what) + ": a mixture-of-experts model's forward with autograd before the "
+                         "backward of the previous one, whose load-balancing gradient it would replace: backward each forward first, "
+                         "forward the rows in one call, or sample under torch.no_grad()");
   }
 }
 
@@ -93,14 +93,14 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
                          const RowLayout& layout, double grad_divisor) {
   check_loaded("logprobs", /*params_only=*/true);
   if (!model().gives_final_hidden()) {
-    throw UserError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
-                    "logprobs reads: take log_softmax of run.model's logits");
+    throw EveryRankError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
+                         "logprobs reads: take log_softmax of run.model's logits");
   }
   if (!head_in_root_) {
-    throw UserError("logprobs: the output head must stay in the root unit, gathered until backward: set "
-                    "[policy.options] fused_linear_logprob = true");
+    throw EveryRankError("logprobs: the output head must stay in the root unit, gathered until backward: set "
+                         "[policy.options] fused_linear_logprob = true");
   }
-  if (model().output_head_adapted()) throw UserError("logprobs: the output head carries a LoRA adapter");
+  if (model().output_head_adapted()) throw EveryRankError("logprobs: the output head carries a LoRA adapter");
   check_balance_consumed("logprobs");
   const at::Tensor input = to_device(input_ids, device_);
   const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]

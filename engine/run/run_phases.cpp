@@ -27,8 +27,8 @@ std::string Run::Offloaded::names() const {
 void Run::offload(const Offloaded& what) {
   check_outside_backward("offload");
   if (offloaded_) {
-    throw UserError("offload: offload() moved the run's " + offloaded_->names() + " off the device already; "
-                    "reload() first");
+    throw EveryRankError("offload: offload() moved the run's " + offloaded_->names() + " off the device already; "
+                         "reload() first");
   }
   fsdp_->reshard_all();
   // Pinned on a GPU run, so the copies back run at full speed.
@@ -56,23 +56,23 @@ void Run::reload() {
 
 void Run::check_outside_backward(const char* what) const {
   if (fsdp_->in_backward()) {
-    throw UserError(std::string(what) + ": not from inside a backward through the units (a hook's call): the backward "
-                    "still reads what it would replace; call it once backward() has returned");
+    throw EveryRankError(std::string(what) + ": not from inside a backward through the units (a hook's call): the "
+                         "backward still reads what it would replace; call it once backward() has returned");
   }
 }
 
 void Run::check_not_offloaded(const char* what, bool params_only) const {
   if (offloaded_ && (offloaded_->params || !params_only)) {
-    throw UserError(std::string(what) + ": offload() moved the run's " + offloaded_->names() + " off the device; call "
-                    "reload() first");
+    throw EveryRankError(std::string(what) + ": offload() moved the run's " + offloaded_->names() +
+                         " off the device; call reload() first");
   }
 }
 
 void Run::check_loaded(const char* what, bool params_only) const {
   check_not_offloaded(what, params_only);
   if (partly_loaded_from_) {
-    throw UserError(std::string(what) + ": the run holds part of " + partly_loaded_from_->string() +
-                    " and part of its earlier state, since that load failed; load() a checkpoint in full first");
+    throw EveryRankError(std::string(what) + ": the run holds part of " + partly_loaded_from_->string() +
+                         " and part of its earlier state, since that load failed; load() a checkpoint in full first");
   }
 }
 

@@ -36,7 +36,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 // Set by SIGTERM or SIGINT; the loop finishes its step, saves and stops. The handler
-// resets itself, so a second signal ends the process at once.
+// resets both signals, so a second one of either ends the process at once.
 volatile std::sig_atomic_t stop_signal = 0;
 // When it arrived (CLOCK_REALTIME, in ns, comparable across nodes), to tell which rank's came
 // first where several ranks caught one.
@@ -49,6 +49,10 @@ volatile std::sig_atomic_t exporting = 0;
 // Says so at once, where the saved step may be minutes away (write(2) and clock_gettime(2)
 // alone are safe here).
 extern "C" void on_stop_signal(int sig) {
+  struct sigaction fallback {};
+  fallback.sa_handler = SIG_DFL;  // sigaction(2) is async-signal-safe
+  ::sigaction(SIGTERM, &fallback, nullptr);
+  ::sigaction(SIGINT, &fallback, nullptr);
   timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);  // async-signal-safe
   stop_arrival_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
@@ -68,7 +72,6 @@ extern "C" void on_stop_signal(int sig) {
 void catch_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_RESETHAND;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
 }
@@ -184,13 +187,13 @@ bool stop_voted(Run& run) {
 int agreed_stop_signal(Run& run) {
   Comm& comm = run.comm();
   enum { kSignal, kArrival };
-  at::Tensor caught = at::zeros({comm.size(), 2}, at::kDouble);
-  caught[comm.rank()][kSignal] = static_cast<double>(stop_signal);
-  caught[comm.rank()][kArrival] = static_cast<double>(stop_arrival_ns.load());
+  at::Tensor caught = at::zeros({comm.size(), 2}, at::kLong);
+  caught[comm.rank()][kSignal] = static_cast<int64_t>(stop_signal);
+  caught[comm.rank()][kArrival] = stop_arrival_ns.load();
   comm.all_reduce_sum(caught);  // [ranks, 2]: each rank's row is its own
-  const auto rows = caught.accessor<double, 2>();
+  const auto rows = caught.accessor<int64_t, 2>();
   int first = SIGTERM;  // a stop no rank caught a signal for: the launcher's gone (PR_SET_PDEATHSIG)
-  double first_at = std::numeric_limits<double>::infinity();
+  int64_t first_at = std::numeric_limits<int64_t>::max();
   for (int64_t r = 0; r < rows.size(0); ++r) {
     if (rows[r][kSignal] != 0 && rows[r][kArrival] < first_at) {
       first = static_cast<int>(rows[r][kSignal]);

@@ -154,15 +154,31 @@ function M.lora_from_options()
        dropout = opt.lora_dropout, trainable = modules_named(opt.lora_trainable, "lora_trainable", false)}
 end
 
--- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data.
-local function vision_tower_mode()
+-- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data; said
+-- where either is given to no purpose (a model of no `vision` blocks, or vision_tower over
+-- mixed_mm_data).
+local function vision_tower_mode(vision)
   local opt = options{
     vision_tower = {"shard", "root", "replicate",
                     doc = "\"shard\": each vision block a unit; \"root\": the blocks stay in the root; " ..
                           "\"replicate\": the tower one unsharded unit; unset: \"root\" with mixed_mm_data, else \"shard\""},
     mixed_mm_data = {"boolean", default = false, doc = "true is vision_tower = \"root\""},
   }
+  if #vision == 0 and (opt.vision_tower ~= nil or opt.mixed_mm_data) then
+    warn((opt.vision_tower ~= nil and "vision_tower" or "mixed_mm_data") .. ": this model has no vision tower")
+  elseif opt.mixed_mm_data and opt.vision_tower ~= nil and opt.vision_tower ~= "root" then
+    warn("mixed_mm_data = true asks vision_tower = \"root\"; vision_tower = \"" .. opt.vision_tower .. "\" overrides it")
+  end
   return either(opt.vision_tower, opt.mixed_mm_data and "root" or "shard")
+end
+
+-- Warns of each experts_* option given where experts = "layer" leaves it nothing to apply to.
+local function warn_unused_expert_options(e)
+  if e.experts == "unit" then return end
+  for _, name in ipairs{"experts_reshard_after_forward", "experts_offload", "experts_param_dtype",
+                        "experts_reduce_dtype"} do
+    if e[name] ~= nil then warn(name .. ": applies with experts = \"unit\" alone, and experts is \"layer\"") end
+  end
 end
 
 -- The standard rule: no_split_modules plus `classes` as units, routed experts as experts
@@ -171,8 +187,10 @@ end
 function M.standard(spec)
   local classes = {}
   local vision = spec.vision or {}
-  local mode = vision_tower_mode()
-  local placement = expert_settings().experts
+  local mode = vision_tower_mode(vision)
+  local experts = expert_settings()
+  warn_unused_expert_options(experts)
+  local placement = experts.experts
   local function add(class)
     if contains(classes, class) then return end
     if contains(vision, class) and mode ~= "shard" then return end

@@ -580,6 +580,9 @@ expect "an empty file name" "eval: --tokens needs a value, got ''" -- eval "$wor
 expect "a space after '='" "plan: --world= has no value after '='" -- plan "$work/ok.toml" --world= 3
 expect "a launch option given twice" "launch: --nproc-per-node given twice" \
   -- launch --nproc-per-node 2 --nproc-per-node 3 -- train "$work/ok.toml"
+# A flag said twice is said once.
+"$FSDPP" plan "$work/ok.toml" --json --json >/dev/null 2>"$work/flags.err" ||
+  { echo "FAIL a flag given twice: $(tail -1 "$work/flags.err")"; failures=$((failures + 1)); }
 FSDPP_POLICY_DIR=$work/none expect "FSDPP_POLICY_DIR naming no directory" \
   "[policy] name: no shipped policy 'llama': the policy directory $work/none (FSDPP_POLICY_DIR) is no directory" \
   -- train "$work/ok.toml"

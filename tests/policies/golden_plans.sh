@@ -85,4 +85,22 @@ print(f"{'ok  ' if ok else 'FAIL'} expert bytes of the JSON plan: {[(u['expert_b
 sys.exit(0 if ok else 1)
 PY
 
+# Options given to no purpose are said: experts_* beside experts = "layer", a vision tower's
+# options on a text model, vision_tower over mixed_mm_data.
+unused() {  # NAME TOML WARNING [--set ...]
+  local name=$1 toml=$2 warning=$3; shift 3
+  if "$FSDPP" plan "$toml" --world 4 "$@" >/dev/null 2>"$work/unused.err" && grep -qF "$warning" "$work/unused.err"; then
+    echo "ok   $name: $warning"
+  else
+    echo "FAIL $name: no '$warning' in: $(tail -2 "$work/unused.err")"; failures=$((failures + 1))
+  fi
+}
+unused "experts_offload beside experts = layer" "$work/qwen3_moe-expert-units.toml" \
+  'experts_offload: applies with experts = "unit" alone, and experts is "layer"' --set 'policy.options.experts_offload="cpu"'
+unused "vision_tower on a text model" "$work/llama-untied.toml" "vision_tower: this model has no vision tower" \
+  --set 'policy.options.vision_tower="root"'
+unused "vision_tower over mixed_mm_data" "$work/qwen2_vl-shard.toml" \
+  'mixed_mm_data = true asks vision_tower = "root"; vision_tower = "shard" overrides it' \
+  --set policy.options.mixed_mm_data=true --set 'policy.options.vision_tower="shard"'
+
 [ $failures -eq 0 ] || { echo "$failures golden plan(s) differ"; exit 1; }

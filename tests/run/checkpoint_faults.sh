@@ -4,7 +4,8 @@
 #    the previous checkpoint loadable, is never taken as the latest, and resuming works;
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
 #    status 143, and resuming continues after that step; one raised during a step, during
-#    the evaluation after it, or during its periodic save, stops the run after that step;
+#    the evaluation after it, or during its periodic save, stops the run after that step; a
+#    second signal of the other kind ends the process at once;
 #  - a save that fails on one rank names that rank and why, not a rank that saw it fail;
 #  - an older checkpoint that cannot all be rotated away is a warning, not the run's end;
 #  - a second job into the out_dir of a run still training is refused, and so is a resume
@@ -113,6 +114,34 @@ if [ "$rc" -eq 130 ] && [ "$saved" = "step-00000005 " ] && grep -q "stopped by I
 else
   fail "SIGINT during the save of step 5, one process: exit $rc, saved '$saved'"
 fi
+# Two stop signals of different kinds: the second ends the rank at once, unsaved, as a second
+# of the same kind does. Rank 1 is held stopped, so rank 0 waits in a collective meanwhile.
+run="$out/two-signals"
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
+  --set train.steps=100000 --set parallel.timeout_s=60 >"$run.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  grep -q '"step":2' "$run/metrics.jsonl" 2>/dev/null && break
+  sleep 0.1
+done
+declare -A rank_pid
+for pid in $(pgrep -P $launcher); do
+  rank_pid[$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^RANK=//p')]=$pid
+done
+catches_sigint() { (( 0x$(awk '/^SigCgt/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0) & 2 )); }
+alive() { [ -e "/proc/$1" ] && [ "$(awk '/^State/ {print $2}' "/proc/$1/status" 2>/dev/null)" != Z ]; }
+kill -STOP "${rank_pid[1]}"
+kill -INT "${rank_pid[0]}"
+for _ in $(seq 1 200); do catches_sigint "${rank_pid[0]}" || break; sleep 0.05; done  # its handler ran
+kill -TERM "${rank_pid[0]}"
+for _ in $(seq 1 200); do alive "${rank_pid[0]}" || break; sleep 0.05; done
+if alive "${rank_pid[0]}"; then
+  fail "SIGINT then SIGTERM: rank 0 still runs after the second signal: $(grep -v ' info ' "$run.log" | tail -2)"
+else
+  echo "ok   SIGINT then SIGTERM: the second ended rank 0 at once"
+fi
+kill -CONT "${rank_pid[1]}"
+wait $launcher
 
 # A save that fails on rank 1 (a full disk there) stops every rank; the launcher's one error
 # line is rank 1's, which says why, not rank 0's report that another rank failed.

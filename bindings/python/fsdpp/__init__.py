@@ -211,7 +211,8 @@ class Run:
         path, which load() reads back into a built Run, and a later Run (or `fsdpp train`)
         resumes from with overrides={"checkpoint.resume": path}, at any world size;
         `fsdpp export` turns it into a Hugging Face directory."""
-        return os.fsdecode(self._run.save(None if dir is None else _path("save", dir)))
+        root = _agreed(self._run, "save", lambda: None if dir is None else _path("save", dir))
+        return os.fsdecode(self._run.save(root))
 
     def load(self, path):
         """Replaces the parameters, the optimizer's state and the step count with those of the
@@ -219,7 +220,7 @@ class Run:
         size: each rank reads its rows of the current sharding. Every rank calls it. A
         checkpoint of another architecture, other adapters or another base raises fsdpp.Error
         before anything is read."""
-        self._run.load(_path("load", path))
+        self._run.load(_agreed(self._run, "load", lambda: _path("load", path)))
 
     def offload(self, what=("params", "grads", "optimizer")):
         """Moves the named state off the device, to host memory (pinned on a GPU), and hands the

@@ -533,10 +533,9 @@ TEST_CASE("an xpcall handler never runs once the budget is spent", "[lua]") {
                                    "\nxpcall(function() while true do end end, function() while true do end end)\n",
                                    "xpcall(error, function() xpcall(error, function() while true do end end) end)\n"}) {
     INFO(script);
-    const auto start = std::chrono::steady_clock::now();
+    // Where the handler ran unbudgeted, the deadline stopped it, with a message of its own.
     CHECK_THAT(policy_error(script, quick), Catch::Contains("escape.lua:") &&
                                                 Catch::Contains(": policy exceeded its instruction budget (an endless loop?)"));
-    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   }
   // A handler still runs for the policy's own errors.
   CHECK(policy_error("local ok, e = xpcall(error, function(m) return 'handled ' .. m end, 'x')\n"
@@ -544,10 +543,9 @@ TEST_CASE("an xpcall handler never runs once the budget is spent", "[lua]") {
 }
 
 TEST_CASE("wrapping a module twice is refused at the wrap call, in the plan check's words", "[lua]") {
-  // In a loop, the engine's memory filled with units before the plan check saw the first twice.
-  const auto start = std::chrono::steady_clock::now();
+  // In a loop, the engine's memory filled with units (out of memory, naming no policy) before
+  // the plan check saw the first twice.
   const std::string looped = policy_error("local l = ctx.model:get('model.layers.0')\nfor i = 1, 1e6 do wrap(l) end\n");
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
   CHECK_THAT(looped, Catch::Contains("policy error: ") &&
                          Catch::EndsWith("escape.lua:2: module 'model.layers.0' is already wrapped by " +
                                          (testing::scratch_dir("policy") / "escape.lua:2").string()));

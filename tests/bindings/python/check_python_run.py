@@ -870,7 +870,7 @@ def bad_uses(run_file, other_model_dir, work):
         ("logprobs of a model that gives its logits alone", lambda: vision.model.logprobs(ids, ids),
          "logprobs: Qwen2VLForConditionalGeneration gives its logits alone, not the final hidden states"),
         ("a step past the end of a decaying schedule", lambda: [step_of(one_step) for _ in range(2)],
-         "step: the run has taken its [train] steps = 1, where its [scheduler] decay ends"),
+         "step: the run has taken its [train] steps = 1, where its [scheduler] decays to a learning rate of 0"),
         ("saving behind a later checkpoint of the run", lambda: run.save(later),
          f"save: {later}/step-00000001 is a later checkpoint of this run than step 0"),
         ("a document spanning rows", lambda: run.model(ids, document_offsets=torch.tensor([0, 3, 7, 10])),
@@ -894,6 +894,13 @@ def bad_uses(run_file, other_model_dir, work):
         good = expected in message and "\n" not in message
         ok = ok and good
         print(f"{'ok  ' if good else 'FAIL'} {name}: {message}")
+    # A decay to a min_lr_ratio above 0 goes on past [train] steps at its last rate.
+    floor = fsdpp.Run(run_file, {"scheduler.kind": "cosine", "train.steps": 1, "scheduler.min_lr_ratio": 0.1})
+    for _ in range(2):
+        step_of(floor)
+    good = floor.steps == 2
+    ok = ok and good
+    print(f"{'ok  ' if good else 'FAIL'} a decay to min_lr_ratio 0.1 steps past [train] steps: {floor.steps} steps")
     # A temperature may be any real scalar a loop holds: numpy's, or a one-element tensor.
     import numpy
     head_in_root = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})

@@ -2,9 +2,11 @@
 
 Under torchrun, two ranks of one Run over the llama_untied fixture:
 - inputs refused on one rank (a token past the vocabulary, an argument the package refuses,
-  a temperature out of range, a save over a checkpoint only that rank's directory holds):
-  every rank raises, the refusing one its own message and the other one naming it, and the
-  run goes on in step (the next step's gradient norm is the same on both ranks);
+  a temperature out of range, a save over a checkpoint only that rank's directory holds, a
+  save's directory the package refuses): every rank raises, the refusing one its own message
+  and the other one naming it, and the run goes on in step (the next step's gradient norm is
+  the same on both ranks); so does an error every rank's state raises alike (an offload
+  while offloaded);
 - a hook of the loop's that raises in one rank's backward: that rank refuses every later call,
   naming why; the other's backward fails in its collective (or its next call does, where the
   failed collective was a prefetch), after which it refuses every call too; and both
@@ -44,6 +46,10 @@ def rank_main(run_file, work):
     if rank == 1:
         os.makedirs(os.path.join(own_dir, "step-00000000"))
     attempt("save", lambda: run.save(own_dir))
+    attempt("package save", lambda: run.save(3 if rank == 1 else own_dir))
+    run.offload(("grads",))
+    attempt("offload twice", lambda: run.offload(("grads",)))  # every rank's state says so alike
+    run.reload()
     run.model(mine).logsumexp(-1).mean().backward()
     seen["step"] = list(run.step())
 
@@ -91,6 +97,12 @@ def main():
         ("a save over a checkpoint rank 1 alone sees",
          seen[1]["save"] == f"save: {saved_twice} exists already; save to another directory or remove it" and
          seen[0]["save"] == "save: rank 1" + refused),
+        ("a save's directory the package refuses on rank 1",
+         seen[1]["package save"] == "save: expected a str, bytes or path, got int" and
+         seen[0]["package save"] == "save: rank 1" + refused),
+        ("an offload twice on every rank, which leaves the ranks in step",
+         all(seen[r]["offload twice"] == "offload: offload() moved the run's grads off the device already; reload() "
+             "first" for r in range(2))),
         ("the next step in step on both ranks", seen[0]["step"] == seen[1]["step"] and seen[0]["step"][1] is True),
         ("a hook raising in rank 1's backward",
          seen[1]["raising backward"] == "the loop's hook" and seen[0]["raising backward"] != "no error"),
