@@ -114,6 +114,8 @@ std::string chunk_name(const std::filesystem::path& script);
 int load_script(lua_State* L, const std::filesystem::path& script);
 
 void push_policy_value(lua_State* L, const PolicyValue& value);
+// A value as a policy would write it: true, 8, 0.5, "cpu".
+std::string lua_text(const PolicyValue& value);
 void push_module(lua_State* L, int index);
 int module_index(lua_State* L, int arg);  // throws unless arg is a module handle
 void open_module_api(lua_State* L);

@@ -47,7 +47,8 @@ std::string shortest(double value) {
   return text;
 }
 
-// A value as a policy would write it.
+}  // namespace
+
 std::string lua_text(const PolicyValue& value) {
   return std::visit([](const auto& v) -> std::string {
     using T = std::decay_t<decltype(v)>;
@@ -60,6 +61,8 @@ std::string lua_text(const PolicyValue& value) {
     } else return "\"" + v + "\"";
   }, value);
 }
+
+namespace {
 
 // An integer option's bound as an integer where it is one within int64 (the cast of any
 // other would be undefined).

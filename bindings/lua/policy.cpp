@@ -199,4 +199,19 @@ Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int worl
                     {.world_size = world, .rank = rank, .training = true, .options = config.options});
 }
 
+ResolvedPlan resolve_policy_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype,
+                                 const PolicyConfig& config) {
+  try {
+    return resolve_plan(plan, root, world, model_dtype);
+  } catch (const UserError& e) {
+    std::string given;
+    for (const auto& option : config.options) {
+      given += (given.empty() ? "" : ", ") + option.name + " = " + lua::lua_text(option.value) +
+               (option.where.empty() ? "" : " (" + option.where + ")");
+    }
+    if (given.empty()) throw;
+    throw UserError(std::string(e.what()) + "; [policy.options] given: " + given);
+  }
+}
+
 }  // namespace fsdpp

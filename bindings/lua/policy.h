@@ -44,5 +44,9 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
                 const PolicyLimits& limits = {});
 // The plan a training run's [policy] gives `model` at (world, rank).
 Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank);
+// resolve_plan of the plan `config`'s policy made. Its sizes often come from the run file's
+// [policy.options]: a plan it refuses also names those given, with where each was set.
+ResolvedPlan resolve_policy_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype,
+                                 const PolicyConfig& config);
 
 }  // namespace fsdpp

@@ -1,6 +1,7 @@
 // Building a run in order, and training one step of it.
 #include "run/run.h"
 
+#include "bindings/lua/policy.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -170,7 +171,7 @@ void Run::shard(const Plan& plan) {
   parameters_ = model.recursive_param_count();  // numel holds for unallocated parameters too
   model.train();
   const int rank = comm_->rank();
-  const ResolvedPlan resolved = resolve_plan(plan, model, comm_->size(), config_.model.dtype);
+  const ResolvedPlan resolved = resolve_policy_plan(plan, model, comm_->size(), config_.model.dtype, config_.policy);
   require_same_plan(resolved, *comm_);
   // A tied head's weight is the embedding's, named by the path that reaches it first.
   const std::string head = model.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";

@@ -580,6 +580,10 @@ expect "an empty file name" "eval: --tokens needs a value, got ''" -- eval "$wor
 expect "a space after '='" "plan: --world= has no value after '='" -- plan "$work/ok.toml" --world= 3
 expect "a launch option given twice" "launch: --nproc-per-node given twice" \
   -- launch --nproc-per-node 2 --nproc-per-node 3 -- train "$work/ok.toml"
+# A plan refused for sizes the run file's [policy.options] gave names them.
+expect "a mesh from the run file's options" \
+  "mesh replicate 1 × shard 5 ≠ world 4; [policy.options] given: shard_size = 5 (--set policy.options.shard_size=5)" \
+  -- plan "$work/ok.toml" --world 4 --set policy.options.shard_size=5
 # A flag said twice is said once.
 "$FSDPP" plan "$work/ok.toml" --json --json >/dev/null 2>"$work/flags.err" ||
   { echo "FAIL a flag given twice: $(tail -1 "$work/flags.err")"; failures=$((failures + 1)); }
