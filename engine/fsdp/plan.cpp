@@ -175,6 +175,7 @@ class ParameterClaims {
     const int64_t bytes = per_rank * (constant ? compute_bytes : master_bytes_);
     resolved.param_bytes += bytes;
     if (constant) resolved.constant_param_bytes += bytes;
+    if (r.declared.offload == Offload::cpu) resolved.host_param_bytes += bytes;
     if (t.requires_grad()) {
       r.trainable_numel_per_rank += per_rank;
       resolved.trainable_numel += t.numel();

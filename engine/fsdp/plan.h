@@ -102,6 +102,7 @@ struct ResolvedPlan {
   int64_t constant_param_bytes = 0;       // of param_bytes, the constant parameters' shards
   int64_t largest_gathered_bytes = 0;
   int64_t expert_param_bytes = 0;         // of param_bytes, the routed experts' master shards
+  int64_t host_param_bytes = 0;           // of param_bytes, the shards of units offloaded to host memory
 };
 
 // Checks `plan` against the model for `world` ranks and resolves ownership: unknown paths,

@@ -89,6 +89,10 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
     out << "per rank, frozen parameters held in their compute dtype with no master: " << mib(plan.constant_param_bytes)
         << " of " << mib(plan.param_bytes) << "\n";
   }
+  if (plan.host_param_bytes > 0) {
+    out << "per rank, in host memory (offload cpu): parameters " << mib(plan.host_param_bytes) << " of "
+        << mib(plan.param_bytes) << " (gradients and optimizer state in proportion)\n";
+  }
   if (plan.expert_param_bytes > 0) {
     out << "per rank, routed experts: parameters " << mib(plan.expert_param_bytes) << " of "
         << mib(plan.param_bytes) << " (gradients and optimizer state in proportion)\n";
@@ -175,7 +179,8 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
                                             {"optimizer", plan.optimizer_bytes},
                                             {"largest_gathered_unit", plan.largest_gathered_bytes},
                                             {"expert_params", plan.expert_param_bytes},
-                                            {"constant_params", plan.constant_param_bytes}}}}
+                                            {"constant_params", plan.constant_param_bytes},
+                                            {"host_params", plan.host_param_bytes}}}}
       .dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
