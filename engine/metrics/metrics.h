@@ -21,7 +21,7 @@ struct StepMetrics {
   double lr = 0.0;
   double grad_norm = 0.0;    // before clipping
   double tokens_per_s = 0.0; // since the previous record
-  double elapsed_s = 0.0;    // since training began
+  double elapsed_s = 0.0;    // since this process began training (a resumed run's: since it resumed)
   int64_t tokens = 0;        // trained so far
   double eta_s = 0.0;        // time left at this run's pace so far
   double host_peak_gb = 0.0; // peak resident memory of the process
