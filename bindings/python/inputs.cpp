@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <sstream>
 
 namespace fsdpp {
 
@@ -57,6 +58,20 @@ void check_token_ids(const std::string& what, const at::Tensor& ids, int64_t voc
   if (low < 0 || high >= vocab) {
     throw UserError(what + ": token ids must be in [0, " + std::to_string(vocab) + "), got " +
                     std::to_string(low < 0 ? low : high));
+  }
+}
+
+void check_logprobs_inputs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature, int64_t vocab) {
+  check_token_ids("input_ids", input_ids, vocab);
+  check_token_ids("targets", targets, vocab);
+  if (targets.sizes() != input_ids.sizes()) {
+    throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " + shape_text(targets));
+  }
+  // Past these the logits / temperature overflow or flatten, and the log-probabilities are NaN or 0.
+  if (!(temperature >= 1e-6 && temperature <= 1e6)) {
+    std::ostringstream given;
+    given << temperature;
+    throw UserError("temperature: must be a positive number in [1e-06, 1e+06], got " + given.str());
   }
 }
 

@@ -21,7 +21,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -89,18 +88,7 @@ class PythonRun {
     return exclusively([&] {
       RowLayout layout;
       agree_on_inputs("run.model.logprobs", [&] {
-        check_token_ids("input_ids", input_ids, vocab_size());
-        check_token_ids("targets", targets, vocab_size());
-        if (targets.sizes() != input_ids.sizes()) {
-          throw UserError("targets: expected the shape of input_ids " + shape_text(input_ids) + ", got " +
-                          shape_text(targets));
-        }
-        // Past these the logits / temperature overflow or flatten, and the log-probabilities are NaN or 0.
-        if (!(temperature >= 1e-6 && temperature <= 1e6)) {
-          std::ostringstream given;
-          given << temperature;
-          throw UserError("temperature: must be a positive number in [1e-06, 1e+06], got " + given.str());
-        }
+        check_logprobs_inputs(input_ids, targets, temperature, vocab_size());
         layout = checked_layout(input_ids, position_ids, document_offsets);
       });
       const NoAutocast own_precision;
@@ -240,9 +228,8 @@ class PythonRun {
   }
 
   void fall_out_of_step(const std::string& error) {
-    const std::string text = error.substr(0, error.find('\n'));  // c10::Error's runs on with a backtrace
     out_of_step_ = "rank " + std::to_string(rank()) + " is out of step with the other ranks since an error not " +
-                   "every rank raised (" + text + "): build a new fsdpp.Run on every rank";
+                   "every rank raised (" + first_line(error) + "): build a new fsdpp.Run on every rank";
     log_warn(*out_of_step_);
   }
 
@@ -255,24 +242,18 @@ class PythonRun {
     try {
       check();
     } catch (const std::exception& e) {
-      refused = e.what();
+      refused = first_line(e.what());
     }
     agree_on_refusal(call, refused.has_value());
     if (refused) throw EveryRankError(*refused);
   }
 
-  // A collective: whether any rank refused its inputs to `call` (this one where
-  // `refused_here`). Where another did, raises EveryRankError naming the first such rank;
-  // otherwise returns, for this rank to go on or raise its own error.
+  // Where another rank refused its inputs to `call` (Run::first_refusing_rank), EveryRankError
+  // naming it; otherwise returns, for this rank to go on or raise its own error.
   void agree_on_refusal(const std::string& call, bool refused_here) {
-    Comm& world = run_->comm();
-    if (world.size() == 1) return;
-    at::Tensor refused = at::zeros({world.size()}, at::kLong);  // [world]
-    if (refused_here) refused[world.rank()] = 1;
-    world.all_reduce_sum(refused);
-    const int64_t first = refused.argmax().item<int64_t>();
-    if (!refused_here && refused[first].item<int64_t>() > 0) {
-      throw EveryRankError(call + ": rank " + std::to_string(first) + "'s inputs were refused (its error says "
+    const std::optional<int> first = run_->first_refusing_rank(refused_here);
+    if (!refused_here && first) {
+      throw EveryRankError(call + ": rank " + std::to_string(*first) + "'s inputs were refused (its error says "
                            "why); every rank raises, and the run goes on");
     }
   }

@@ -80,6 +80,9 @@ inline std::string cut_line(std::string text, size_t total, size_t max_bytes = k
   return text + "... (" + std::to_string(total) + " bytes in all)";
 }
 
+// An exception's text up to its first line break: c10::Error's runs on with a backtrace.
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 // A message as one printable line of at most kMaxMessageBytes: room for a line cut at
 // kMaxLineBytes and the context that names where it came from, so it is not cut twice.
 inline constexpr size_t kMaxMessageBytes = 2 * kMaxLineBytes;

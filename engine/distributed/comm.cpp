@@ -92,7 +92,7 @@ void CommWork::wait() {
   } catch (const std::exception& e) {  // gloo's own
     why = e.what();
   }
-  throw CollectiveFailure(impl->where + " failed: " + why.substr(0, why.find('\n')) + " (" + kAnotherRankFailed +
+  throw CollectiveFailure(impl->where + " failed: " + first_line(why) + " (" + kAnotherRankFailed +
                           " or stopped, or took longer than [parallel] timeout_s)");
 }
 
@@ -146,7 +146,7 @@ std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, i
         make_backend(c10::make_intrusive<c10d::PrefixStore>(prefix, comm->c10d_->store), rank, size, timeout, device);
   } catch (const std::exception& e) {
     throw UserError("rank " + std::to_string(rank) + ": rendezvous at " + addr + ":" + std::to_string(port) +
-                    " failed: " + std::string(e.what()).substr(0, std::string(e.what()).find('\n')));
+                    " failed: " + first_line(e.what()));
   }
   return comm;
 }

@@ -95,6 +95,10 @@ class Run {
   // another thread runs waited out (FsdpState::begin_call); within it, settle_backward puts
   // right what a backward that ended in an exception left.
   std::unique_lock<std::mutex> begin_call();
+  // A collective: the first rank that says it refused what its caller was given (this one
+  // where `refused_here`), or none; every rank learns it before any other collective of the
+  // call, so that all raise alike.
+  std::optional<int> first_refusing_rank(bool refused_here);
   bool settle_backward();  // whether a backward had ended in an exception
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed

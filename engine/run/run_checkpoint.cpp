@@ -86,8 +86,9 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   }
   if (const auto later = later_of_this_run(config_, root, step)) {
     throw EveryRankError("save: " + later->string() + " is a later checkpoint of this run than step " +
-                         std::to_string(step) + " (the run went back to an earlier one): a restart's resume = \"latest\" would take it, and "
-                         "rotation would delete this save as the oldest; save elsewhere, or move the later ones away");
+                         std::to_string(step) + " (the run went back to an earlier one): a restart's resume = "
+                         "\"latest\" would take it, and rotation would delete this save as the oldest; save "
+                         "elsewhere, or move the later ones away");
   }
   const fs::path staging = staging_path(root, step);
   const int rank = comm_->rank();
@@ -241,16 +242,23 @@ void Run::on_every_rank(const std::string& what, const std::string& subject, con
     work();
   } catch (const UserError& e) {  // names its file already
     failure = what + ": " + e.what();
-  } catch (const std::exception& e) {  // c10::Error's text runs on with a backtrace
-    const std::string text = e.what();
-    failure = what + ": " + subject + ": " + text.substr(0, text.find('\n'));
+  } catch (const std::exception& e) {
+    failure = what + ": " + subject + ": " + first_line(e.what());
   }
-  at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1, at::kLong);
-  comm_->all_reduce_sum(failed);
+  const std::optional<int> refusing = first_refusing_rank(!failure.empty());
   if (!failure.empty()) throw EveryRankError(failure + after);
-  if (failed.item<int64_t>() > 0) {
+  if (refusing) {
     throw EveryRankError(what + ": " + subject + ": " + kAnotherRankFailed + " (its error says why)" + after);
   }
+}
+
+std::optional<int> Run::first_refusing_rank(bool refused_here) {
+  if (comm_->size() == 1) return refused_here ? std::optional<int>(0) : std::nullopt;
+  at::Tensor refused = at::zeros({comm_->size()}, at::kLong);  // [world]
+  if (refused_here) refused[comm_->rank()] = 1;
+  comm_->all_reduce_sum(refused);
+  const auto first = static_cast<int>(refused.argmax().item<int64_t>());
+  return refused[first].item<int64_t>() > 0 ? std::optional<int>(first) : std::nullopt;
 }
 
 
