@@ -194,9 +194,9 @@ Plan run_policy(const std::filesystem::path& script, CausalLM& model, const Poli
   return plan;
 }
 
-Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank) {
+Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank, bool training) {
   return run_policy(find_policy(config, model.config().model_type), model,
-                    {.world_size = world, .rank = rank, .training = true, .options = config.options});
+                    {.world_size = world, .rank = rank, .training = training, .options = config.options});
 }
 
 ResolvedPlan resolve_policy_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype,

@@ -42,8 +42,9 @@ std::filesystem::path policy_dir();
 
 Plan run_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
                 const PolicyLimits& limits = {});
-// The plan a training run's [policy] gives `model` at (world, rank).
-Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank);
+// The plan a run's [policy] gives `model` at (world, rank): one that trains it, or one that
+// only runs it forward (ctx.training false: a frozen reference model).
+Plan run_configured_policy(const PolicyConfig& config, CausalLM& model, int world, int rank, bool training);
 // resolve_plan of the plan `config`'s policy made. Its sizes often come from the run file's
 // [policy.options]: a plan it refuses also names those given, with where each was set.
 ResolvedPlan resolve_policy_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype,

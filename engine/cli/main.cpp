@@ -84,7 +84,7 @@ int run_train(const CommandLine& args) {
   config.check_eval_schedule();
   check_outputs(config);
   auto build_plan = [&config](CausalLM& model, int world, int rank) {
-    return run_configured_policy(config.policy, model, world, rank);
+    return run_configured_policy(config.policy, model, world, rank, /*training=*/true);
   };
   const TrainSummary s = train(config, build_plan);
   if (s.stop_signal != 0) return 128 + s.stop_signal;  // as if the signal had ended it, after the save

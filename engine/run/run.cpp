@@ -76,21 +76,25 @@ void log_shards(const FsdpState& fsdp) {
 
 }  // namespace
 
-Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
-    : config_(config), built_from_(std::chrono::steady_clock::now()) {
+Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weights)
+    : config_(config), weights_(weights), built_from_(std::chrono::steady_clock::now()) {
   const DistEnv env = DistEnv::from_environment();
   // Before the rendezvous: every rank refuses a batch it cannot split alike, where a rank
   // leaving mid-rendezvous would make the others report a lost connection instead.
   if (!config.data.train.empty()) rows_ = rows_per_rank(config, env.world_size);
-  if (env.rank == 0) out_dir_lock_ = OutDirLock::claim(config);
-  check_complete_checkpoints(config.checkpoint.dir);
-  check_out_dir(config);
+  // A frozen run writes nothing: it claims no out_dir, and the checkpoints there are the
+  // trained run's.
+  if (!frozen()) {
+    if (env.rank == 0) out_dir_lock_ = OutDirLock::claim(config);
+    check_complete_checkpoints(config.checkpoint.dir);
+    check_out_dir(config);
+  }
   comm_ = init_distributed(env, config.parallel);
   device_ = comm_->device();
   const int rank = comm_->rank();
   // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
-  if (auto path = resume_path(config)) {
+  if (auto path = frozen() ? std::nullopt : resume_path(config)) {
     checkpoint_ = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
     if (const auto later = later_of_this_run(config, config.checkpoint.dir, checkpoint_->step())) {
       throw UserError(config.source.where("checkpoint", "resume") + ": [checkpoint] resume: " + path->string() +
@@ -107,7 +111,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
       saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config.model.path, config.model.init_seed),
                                                    checkpoint_->dir().string());
     }
-  } else if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && rank == 0) {
+  } else if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && rank == 0 && !frozen()) {
     const size_t beside = list_checkpoints(config.checkpoint.dir).size();
     log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet",
              beside == 0 ? "" : " (the " + std::to_string(beside) + " there are other settings' runs)", "; starting fresh");
@@ -138,7 +142,9 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
   }
   using LossScaleMode = LossScaleConfig::Mode;
   const LossScaleMode scaling = config.loss_scale.mode;
-  if (scaling == LossScaleMode::dynamic || (scaling == LossScaleMode::automatic && computes_float16_)) {
+  if (frozen()) {
+    // No backward: nothing to scale.
+  } else if (scaling == LossScaleMode::dynamic || (scaling == LossScaleMode::automatic && computes_float16_)) {
     scaler_.emplace(config.loss_scale);
     if (rank == 0) log_info("loss scale: dynamic, from ", scaler_->scale(), " ([loss_scale])");
   } else if (computes_float16_ && rank == 0) {
@@ -154,7 +160,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan)
     }
     return false;
   };
-  if (shape.moe && routes()) experts_.emplace(*shape.moe, config.experts, routing_bias_names(model()));
+  if (shape.moe && routes() && !frozen()) experts_.emplace(*shape.moe, config.experts, routing_bias_names(model()));
   if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
   model_files_ = model_files_dir(config.model);
   export_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.export_dir);
@@ -169,7 +175,12 @@ void Run::shard(const Plan& plan) {
   loaded_ = load_model(config_.model, /*unallocated=*/true, plan.lora ? &*plan.lora : nullptr);
   CausalLM& model = *loaded_.model;
   parameters_ = model.recursive_param_count();  // numel holds for unallocated parameters too
-  model.train();
+  // Frozen before the plan resolves: each parameter is then held in its compute dtype, with
+  // no gradient or optimizer state, as a LoRA run's base is.
+  if (frozen()) {
+    for (auto& p : model.parameters()) p.set_requires_grad(false);
+  }
+  model.train(!frozen());
   const int rank = comm_->rank();
   const ResolvedPlan resolved = resolve_policy_plan(plan, model, comm_->size(), config_.model.dtype, config_.policy);
   require_same_plan(resolved, *comm_);
@@ -262,7 +273,15 @@ void Run::update(double lr, const GradClip& clip) {
   fsdp_->expect_host_updates(optimizer_->step(lr, clip, fsdp_->host_update_batches()));
 }
 
+void Run::check_trains(const char* what) const {
+  if (frozen()) {
+    throw EveryRankError(std::string(what) + ": the run is frozen (a reference model): its weights stay as [model] "
+                         "path gave them, and it neither steps, saves nor loads");
+  }
+}
+
 UpdateFigures Run::apply_gradients(double lr, double divisor) {
+  check_trains("step");
   check_loaded("step");
   check_outside_backward("step");
   // torch's optimizers leave a parameter without a gradient as it is: a step with none at all

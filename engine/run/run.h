@@ -72,11 +72,18 @@ struct StepFigures {
   std::optional<double> loss_scale;   // what the step's loss was multiplied by (float16 compute)
 };
 
+// What a run does with its weights: trains them, or keeps them as they loaded, frozen (the
+// reference model of an RL loop, beside the run it trains).
+enum class RunWeights { trained, frozen };
+
 class Run {
  public:
   // Builds this rank's run (a collective over the world). UserErrors name the file, key or
-  // rank at fault.
-  Run(const RunConfig& config, const PlanBuilder& build_plan);
+  // rank at fault. A frozen run reads its weights from [model] alone (an HF directory or a
+  // checkpoint; [checkpoint] is not read), holds each in its unit's compute dtype, and keeps no
+  // gradients, optimizer state or loss scale: it computes forwards and log-probabilities,
+  // offloads and gives its full weights, and refuses to step, save or load.
+  Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weights = RunWeights::trained);
   ~Run();
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -161,6 +168,9 @@ class Run {
   void export_final(int64_t step);
 
   const RunConfig& config() const { return config_; }
+  bool frozen() const { return weights_ == RunWeights::frozen; }
+  // Refuses `what` (step, save, load) of a frozen run, on every rank alike.
+  void check_trains(const char* what) const;
   Comm& comm() { return *comm_; }
   c10::Device device() const { return device_; }
   CausalLM& model() { return *loaded_.model; }
@@ -203,6 +213,7 @@ class Run {
                      const std::function<void()>& work);
 
   const RunConfig& config_;
+  const RunWeights weights_;
   std::unique_ptr<OutDirLock> out_dir_lock_;  // rank 0's; declared first, so released last
   const std::chrono::steady_clock::time_point built_from_;  // when the build began, for the resume's log
   int64_t rows_ = 0;  // this rank's rows of every global micro-batch

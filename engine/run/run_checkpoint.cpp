@@ -73,6 +73,7 @@ void from_json(const json& j, ClientState& state) {
 bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
 
 void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
+  check_trains("save");
   check_loaded("save");
   optimizer_->settle();  // the last step's host updates of the rows about to be written
   const fs::path final_dir = checkpoint_path(root, step);

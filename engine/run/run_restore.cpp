@@ -77,6 +77,7 @@ void check_data_position(const json& saved, const json& data, const std::string&
 }  // namespace
 
 ResumePoint Run::resume() {
+  check_trains("resume");
   const ResumePoint point = checkpoint_ ? restore(*checkpoint_) : ResumePoint{};
   if (comm_->rank() == 0) record_run(config_);
   return point;
@@ -129,6 +130,7 @@ ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
 }
 
 ResumePoint Run::load(const fs::path& dir) {
+  check_trains("load");
   check_not_offloaded("load");
   check_outside_backward("load");
   // Each rank opens the checkpoint and reads its own rows of other ranks' files: one rank's

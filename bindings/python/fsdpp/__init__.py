@@ -178,13 +178,20 @@ class Run:
     {"train.out_dir": "runs/x", "policy.options.lora_rank": 8}. The run file's [data] is not
     read: the loop brings its own rows. `grad_reduction` "mean" averages gradients over the
     data-parallel ranks (as DDP and FSDP2 do); "sum" leaves them summed.
+
+    `frozen=True` builds a reference model: the weights [model] path gives (an HF directory or
+    a checkpoint; [checkpoint] is not read), each held in its unit's compute dtype, with no
+    gradients or optimizer state, in eval() mode. It forwards, gives log-probabilities, offloads
+    and gives its full weights; step, save and load raise fsdpp.Error.
     """
 
-    def __init__(self, toml_path, overrides=None, grad_reduction="mean"):
+    def __init__(self, toml_path, overrides=None, grad_reduction="mean", frozen=False):
         toml_path = _path("toml_path", toml_path)
         if not isinstance(grad_reduction, str):
             raise Error(f"grad_reduction: expected \"mean\" or \"sum\", got {type(grad_reduction).__name__}")
-        self._run = _Run(toml_path, _overrides(overrides), grad_reduction)
+        if not isinstance(frozen, bool):
+            raise Error(f"frozen: expected a bool, got {type(frozen).__name__}")
+        self._run = _Run(toml_path, _overrides(overrides), grad_reduction, frozen)
         self.model = Model(self._run)
 
     def step(self):
@@ -244,6 +251,11 @@ class Run:
     def zero_grad(self):
         """Drops the gradients, for the next backward calls to start afresh."""
         self._run.zero_grad()
+
+    @property
+    def frozen(self):
+        """Whether the run is a frozen reference model (Run(..., frozen=True))."""
+        return self._run.frozen
 
     @property
     def rank(self):

@@ -1,0 +1,218 @@
+// A Run driven from Python: each call's checks, its agreement over the ranks, and the call
+// made with the GIL released.
+#include "bindings/python/python_run.h"
+
+#include "bindings/lua/policy.h"
+#include "bindings/python/inputs.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "distributed/comm.h"
+#include "io/sharded_checkpoint.h"
+
+#include <ATen/Parallel.h>
+#include <torch/python.h>
+
+#include <filesystem>
+
+namespace py = pybind11;
+
+namespace fsdpp {
+
+namespace {
+
+// The units compute in their plan's precision (precision{...}): a forward called under
+// torch.autocast would otherwise cast inside them, and leave a backward outside it products of
+// mixed dtypes.
+struct NoAutocast {
+  c10::impl::ExcludeDispatchKeyGuard excluded{c10::autocast_dispatch_keyset};
+};
+
+}  // namespace
+
+GradReduction grad_reduction_named(const std::string& name) {
+  if (name == "mean") return GradReduction::mean;
+  if (name == "sum") return GradReduction::sum;
+  throw UserError("grad_reduction: '" + name + "' is not one of mean, sum");
+}
+
+template <typename Work>
+std::invoke_result_t<Work&> PythonRun::exclusively(Work&& work) {
+  py::gil_scoped_release released;
+  const auto call = run_->begin_call();
+  if (out_of_step_) throw UserError(*out_of_step_);
+  try {
+    if (run_->settle_backward() && world_size() > 1) {
+      fall_out_of_step("a backward through the units ended in an exception");
+      throw UserError(*out_of_step_);
+    }
+    return work();
+  } catch (const EveryRankError&) {  // every rank raised it: they stay in step
+    throw;
+  } catch (const std::exception& e) {
+    if (world_size() > 1 && !out_of_step_) fall_out_of_step(e.what());
+    throw;
+  }
+}
+
+void PythonRun::fall_out_of_step(const std::string& error) {
+  out_of_step_ = "rank " + std::to_string(rank()) + " is out of step with the other ranks since an error not " +
+                 "every rank raised (" + first_line(error) + "): build a new fsdpp.Run on every rank";
+  log_warn(*out_of_step_);
+}
+
+template <typename Check>
+void PythonRun::agree_on_inputs(const std::string& call, Check&& check) {
+  std::optional<std::string> refused;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    refused = first_line(e.what());
+  }
+  agree_on_refusal(call, refused.has_value());
+  if (refused) throw EveryRankError(*refused);
+}
+
+void PythonRun::agree_on_refusal(const std::string& call, bool refused_here) {
+  const std::optional<int> first = run_->first_refusing_rank(refused_here);
+  if (!refused_here && first) {
+    throw EveryRankError(call + ": rank " + std::to_string(*first) + "'s inputs were refused (its error says "
+                         "why); every rank raises, and the run goes on");
+  }
+}
+
+PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& overrides,
+                     const std::string& grad_reduction, bool frozen)
+    : config_(RunConfig::load(path, overrides, "overrides:")),
+      reduction_(grad_reduction_named(grad_reduction)),
+      schedule_(config_.scheduler, config_.optimizer.lr, config_.train.steps) {
+  config_.data.train.clear();  // the loop brings its own rows: [data] is not read
+  // A reference model is the one its [model] path names, whatever checkpoint the trained run
+  // beside it resumes from the same run file.
+  if (frozen) config_.checkpoint.resume = {};
+  config_.check_paths();
+  if (config_.train.threads > 0) at::set_num_threads(static_cast<int>(config_.train.threads));
+  // A frozen run's policy sees ctx.training false: shard_size = "auto" then keeps a small
+  // reference model whole on every rank, as the seed's rule does.
+  run_ = std::make_unique<Run>(
+      config_,
+      [this, frozen](CausalLM& model, int world, int rank) {
+        return run_configured_policy(config_.policy, model, world, rank, /*training=*/!frozen);
+      },
+      frozen ? RunWeights::frozen : RunWeights::trained);
+  if (frozen) return;
+  const ResumePoint resumed = run_->resume();
+  steps_ = resumed.step;
+  skipped_steps_ = resumed.state.skipped_steps;
+}
+
+at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
+                              const std::optional<at::Tensor>& document_offsets) {
+  return exclusively([&] {
+    RowLayout layout;
+    agree_on_inputs("run.model", [&] {
+      check_token_ids("input_ids", input_ids, vocab_size());
+      layout = checked_layout(input_ids, position_ids, document_offsets);
+    });
+    const NoAutocast own_precision;
+    return run_->forward(input_ids, layout, grad_divisor());
+  });
+}
+
+at::Tensor PythonRun::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                               const std::optional<at::Tensor>& position_ids,
+                               const std::optional<at::Tensor>& document_offsets) {
+  return exclusively([&] {
+    RowLayout layout;
+    agree_on_inputs("run.model.logprobs", [&] {
+      check_logprobs_inputs(input_ids, targets, temperature, vocab_size());
+      layout = checked_layout(input_ids, position_ids, document_offsets);
+    });
+    const NoAutocast own_precision;
+    return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor());
+  });
+}
+
+void PythonRun::refuse_inputs(const std::string& call) {
+  exclusively([&] { agree_on_refusal(call, true); });
+}
+
+std::pair<double, bool> PythonRun::step() {
+  const UpdateFigures figures = exclusively([&] {
+    run_->check_trains("step");
+    // The schedule spans [train] steps: past them a decaying one stays at its end, and where
+    // that is 0 (min_lr_ratio's default) the steps would update nothing without a word. Every
+    // rank has taken as many steps as the others, so all raise alike.
+    if (steps_ >= config_.train.steps && schedule_.at(steps_ + 1) == 0.0) {
+      throw EveryRankError("step: the run has taken its [train] steps = " + std::to_string(config_.train.steps) +
+                           ", where its [scheduler] decays to a learning rate of 0; set [train] steps to the "
+                           "updates the loop makes (or [scheduler] min_lr_ratio above 0)");
+    }
+    const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1), grad_divisor());
+    if (applied.stepped) ++steps_;
+    else ++skipped_steps_;
+    return applied;
+  });
+  return {figures.grad_norm, figures.stepped};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> PythonRun::full_weights(int64_t unit, const std::string& dtype) {
+  if (unit < 0 || unit >= units()) throw UserError("full_weights: no unit " + std::to_string(unit));
+  const at::ScalarType type = parse_dtype(dtype);
+  return exclusively([&] { return run_->full_weights(static_cast<size_t>(unit), type); });
+}
+
+std::string PythonRun::save(const std::optional<std::string>& root) {
+  const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
+  exclusively([&] {
+    run_->check_trains("save");
+    // Each rank looks at its own file system: ranks on nodes of their own may see otherwise.
+    agree_on_inputs("save", [&] {
+      if (root && root->empty()) throw UserError("save: the directory is an empty path");
+      // The binary leaves a step saved twice as it is; here a load() may have rewound the step
+      // count under a directory that holds the older checkpoint of that step.
+      if (std::filesystem::exists(checkpoint_path(dir, steps_))) {
+        throw UserError("save: " + checkpoint_path(dir, steps_).string() + " exists already; save to another "
+                        "directory or remove it");
+      }
+    });
+    run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir);
+  });
+  return checkpoint_path(dir, steps_).string();
+}
+
+void PythonRun::load(const std::string& path) {
+  exclusively([&] {
+    agree_on_inputs("load", [] {});  // the package's refusals of a path, on any rank, meet this
+    const ResumePoint point = run_->load(path);
+    steps_ = point.step;
+    skipped_steps_ = point.state.skipped_steps;
+  });
+}
+
+void PythonRun::offload(const std::vector<std::string>& what) {
+  Run::Offloaded moved;
+  for (const auto& name : what) {
+    if (name == "params") moved.params = true;
+    else if (name == "grads") moved.grads = true;
+    else if (name == "optimizer") moved.optimizer = true;
+    else throw UserError("offload: '" + name + "' is not one of params, grads, optimizer");
+  }
+  if (!moved.params && !moved.grads && !moved.optimizer) {
+    throw UserError("offload: name at least one of params, grads, optimizer");
+  }
+  exclusively([&] { run_->offload(moved); });
+}
+
+void PythonRun::reload() {
+  exclusively([&] { run_->reload(); });
+}
+
+void PythonRun::zero_grad() {
+  exclusively([&] { run_->zero_grad(); });
+}
+
+void PythonRun::set_training(bool training) {
+  exclusively([&] { run_->model().train(training); });
+}
+
+}  // namespace fsdpp

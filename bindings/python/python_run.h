@@ -1,0 +1,109 @@
+// A Run driven from Python, one rank per process, for loops that bring their own rows and loss
+// (RL: log-probabilities, ratios, KL): the run the binary builds, from the same run file and
+// policies. module.cpp gives it to Python as _fsdpp.Run; fsdpp/__init__.py is its Python face.
+// Every call releases the GIL and holds the run alone (exclusively); at world > 1 a call's
+// inputs are agreed over the ranks before its first collective, so that one rank's refusal is
+// every rank's and the run goes on in step.
+#pragma once
+
+#include "core/error.h"
+#include "optim/lr_schedule.h"
+#include "run/run.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fsdpp {
+
+// How gradients summed over the ranks become the step's: averaged (as DDP and FSDP2 do) or
+// left summed.
+enum class GradReduction { mean, sum };
+GradReduction grad_reduction_named(const std::string& name);
+
+class PythonRun {
+ public:
+  // The run of the file at `path` with `overrides` ("key=value", as --set gives them); a frozen
+  // one (Run's RunWeights::frozen) is an RL loop's reference model, and reads no [checkpoint].
+  PythonRun(const std::string& path, const std::vector<std::string>& overrides, const std::string& grad_reduction,
+            bool frozen);
+
+  // Logits [B, T, V] of input_ids [B, T] int64 (RoPE positions from `position_ids` [B, T];
+  // documents packed into the rows from `document_offsets` [S + 1], offsets into the rows
+  // read one after another).
+  at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
+                     const std::optional<at::Tensor>& document_offsets);
+  // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
+  // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs).
+  at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                      const std::optional<at::Tensor>& position_ids, const std::optional<at::Tensor>& document_offsets);
+  // Where the package refused this rank's arguments to `call` before they reached the run:
+  // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
+  // own error.
+  void refuse_inputs(const std::string& call);
+  // One optimizer step from the gradients the backward calls since zero_grad left:
+  // (global gradient norm before clipping, whether the update was applied).
+  std::pair<double, bool> step();
+  // Unit `unit`'s weights gathered whole in `dtype` ("bfloat16", ...), LoRA merged.
+  std::vector<std::pair<std::string, at::Tensor>> full_weights(int64_t unit, const std::string& dtype);
+  // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
+  // (none: [checkpoint] dir; older ones rotated by keep and max_gb) that `fsdpp train` and
+  // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.
+  // Returns its path, as bytes for the module to hand over: a name of no UTF-8 is the caller's
+  // to decode.
+  std::string save(const std::optional<std::string>& root);
+  // Replaces the parameters, the optimizer's state and the step count with the checkpoint's.
+  void load(const std::string& path);
+  // Moves the named state ("params", "grads", "optimizer") off the device until reload().
+  void offload(const std::vector<std::string>& what);
+  void reload();
+  void zero_grad();
+  // Whether the model's forwards train (LoRA's dropout on) or only compute (off), as a torch
+  // module's train() and eval() say: a loop samples and takes reference log-probabilities in
+  // eval(), so that a PPO ratio starts at 1.
+  void set_training(bool training);
+  bool training() { return run_->model().is_training(); }
+  bool frozen() const { return run_->frozen(); }
+  int64_t units() const { return static_cast<int64_t>(run_->units()); }
+  int rank() { return run_->comm().rank(); }
+  int world_size() const { return run_->comm().size(); }
+  int64_t steps() const { return steps_; }
+  std::optional<double> loss_scale() const { return run_->loss_scale(); }
+  std::string device() const { return run_->device().str(); }
+  int64_t vocab_size() const { return run_->model().config().vocab_size; }
+
+ private:
+  // `work` on the run with the GIL released, so that the loop's other Python threads go on
+  // meanwhile, and one call at a time: a second thread's call, or a backward another thread
+  // begins, waits for the first to end, and a call waits for a backward another thread runs
+  // (Run::begin_call). One that ended in an exception is put right (FsdpState::settle_backward).
+  // Past an error of this rank's alone, a rank of a larger world is out of step with the others
+  // (they wait in collectives it left, or would meet its next ones with theirs): its run
+  // refuses every later call, naming that error, rather than pair collectives that differ.
+  template <typename Work>
+  std::invoke_result_t<Work&> exclusively(Work&& work);
+  void fall_out_of_step(const std::string& error);
+  // `check` of a call's inputs, agreed over the ranks before the call's first collective: an
+  // input is a rank's own (its rows), and a rank that raised alone would leave the others in
+  // collectives it never joins. Where any rank's check failed, every rank raises.
+  template <typename Check>
+  void agree_on_inputs(const std::string& call, Check&& check);
+  // Where another rank refused its inputs to `call` (Run::first_refusing_rank), EveryRankError
+  // naming it; otherwise returns, for this rank to go on or raise its own error.
+  void agree_on_refusal(const std::string& call, bool refused_here);
+  // What step() divides the gradients summed over the ranks by.
+  double grad_divisor() { return reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0; }
+
+  RunConfig config_;
+  GradReduction reduction_;
+  LrSchedule schedule_;
+  std::unique_ptr<Run> run_;
+  int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
+  int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
+  std::optional<std::string> out_of_step_;  // why this rank left the others' collectives, once it has
+};
+
+}  // namespace fsdpp
