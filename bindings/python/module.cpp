@@ -47,8 +47,11 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def("step", &PythonRun::step)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
       .def(
-          "save", [](PythonRun& run, const std::optional<std::string>& root) { return py::bytes(run.save(root)); },
-          py::arg("root") = py::none())
+          "save",
+          [](PythonRun& run, const std::optional<std::string>& root, const std::string& loop_state) {
+            return py::bytes(run.save(root, loop_state));
+          },
+          py::arg("root"), py::arg("loop_state"))
       .def("load", &PythonRun::load, py::arg("path"))
       .def("offload", &PythonRun::offload, py::arg("what"))
       .def("reload", &PythonRun::reload)
@@ -56,6 +59,7 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def("set_training", &PythonRun::set_training, py::arg("training"))
       .def_property_readonly("training", &PythonRun::training)
       .def_property_readonly("frozen", &PythonRun::frozen)
+      .def_property_readonly("loop_state", &PythonRun::loop_state)
       .def_property_readonly("units", &PythonRun::units)
       .def_property_readonly("rank", &PythonRun::rank)
       .def_property_readonly("world_size", &PythonRun::world_size)

@@ -103,6 +103,7 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
   const ResumePoint resumed = run_->resume();
   steps_ = resumed.step;
   skipped_steps_ = resumed.state.skipped_steps;
+  loop_state_ = resumed.loop_state;
 }
 
 at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
@@ -161,7 +162,7 @@ std::vector<std::pair<std::string, at::Tensor>> PythonRun::full_weights(int64_t 
   return exclusively([&] { return run_->full_weights(static_cast<size_t>(unit), type); });
 }
 
-std::string PythonRun::save(const std::optional<std::string>& root) {
+std::string PythonRun::save(const std::optional<std::string>& root, const std::string& loop_state) {
   const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
   exclusively([&] {
     run_->check_trains("save");
@@ -175,7 +176,7 @@ std::string PythonRun::save(const std::optional<std::string>& root) {
                         "directory or remove it");
       }
     });
-    run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir);
+    run_->save(steps_, ClientState{.skipped_steps = skipped_steps_}, dir, loop_state);
   });
   return checkpoint_path(dir, steps_).string();
 }
@@ -186,6 +187,7 @@ void PythonRun::load(const std::string& path) {
     const ResumePoint point = run_->load(path);
     steps_ = point.step;
     skipped_steps_ = point.state.skipped_steps;
+    loop_state_ = point.loop_state;
   });
 }
 

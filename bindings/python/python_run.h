@@ -53,10 +53,14 @@ class PythonRun {
   // (none: [checkpoint] dir; older ones rotated by keep and max_gb) that `fsdpp train` and
   // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.
   // Returns its path, as bytes for the module to hand over: a name of no UTF-8 is the caller's
-  // to decode.
-  std::string save(const std::optional<std::string>& root);
+  // to decode. `loop_state` (JSON text, "" for none) is this rank's state of the caller's loop,
+  // kept in the checkpoint beside the run's.
+  std::string save(const std::optional<std::string>& root, const std::string& loop_state);
   // Replaces the parameters, the optimizer's state and the step count with the checkpoint's.
   void load(const std::string& path);
+  // The loop state (JSON text; "" for none) of the checkpoint the run last resumed from or
+  // loaded: this rank's, or rank r % the saved world's.
+  const std::string& loop_state() const { return loop_state_; }
   // Moves the named state ("params", "grads", "optimizer") off the device until reload().
   void offload(const std::vector<std::string>& what);
   void reload();
@@ -103,6 +107,7 @@ class PythonRun {
   std::unique_ptr<Run> run_;
   int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
   int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
+  std::string loop_state_;     // what the last resume or load brought of the caller's loop
   std::optional<std::string> out_of_step_;  // why this rank left the others' collectives, once it has
 };
 

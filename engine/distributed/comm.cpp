@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 
 namespace fsdpp {
@@ -198,6 +200,22 @@ void Comm::reduce_scatter_sum(at::Tensor& out, const at::Tensor& in) {
 void Comm::all_reduce_sum(at::Tensor& t) {
   if (!c10d_->backend) return;
   on_device(t, device_, [&](at::Tensor& x) { all_reduce_sum_async(x).wait(); });
+}
+
+std::vector<std::string> Comm::all_gather_texts(const std::string& text) {
+  at::Tensor lengths = at::empty({size()}, at::kLong);  // [world]
+  all_gather(lengths, at::tensor({static_cast<int64_t>(text.size())}, at::kLong));
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor mine = at::zeros({longest}, at::kByte);  // [longest]
+  std::memcpy(mine.data_ptr(), text.data(), text.size());
+  at::Tensor all = at::empty({size() * longest}, at::kByte);  // [world * longest]
+  all_gather(all, mine);
+  std::vector<std::string> texts;
+  for (int r = 0; r < size(); ++r) {
+    const char* start = static_cast<const char*>(all.data_ptr()) + r * longest;
+    texts.emplace_back(start, static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return texts;
 }
 
 CommWork Comm::all_gather_async(at::Tensor& out, const at::Tensor& in) {

@@ -54,6 +54,8 @@ class Comm {
   // out [n] = this rank's slice of the sum over ranks of in [size * n].
   void reduce_scatter_sum(at::Tensor& out, const at::Tensor& in);
   void all_reduce_sum(at::Tensor& t);
+  // Every rank's `text`, in rank order.
+  std::vector<std::string> all_gather_texts(const std::string& text);
   // The same on tensors already on the group's device, returning at once: compute may run
   // while the backend moves the data. Every rank of the group must issue the group's
   // collectives in the same order.

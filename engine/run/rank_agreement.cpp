@@ -10,7 +10,6 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <cstring>
 #include <map>
 #include <sstream>
 #include <string>
@@ -56,28 +55,11 @@ std::map<std::string, std::string> settings_in(const std::string& text) {
   return settings;
 }
 
-// Every rank's `text`, in rank order.
-std::vector<std::string> gather_texts(Comm& world, const std::string& text) {
-  at::Tensor lengths = at::empty({world.size()}, at::kLong);  // [world]
-  world.all_gather(lengths, at::tensor({static_cast<int64_t>(text.size())}, at::kLong));
-  const int64_t longest = lengths.max().item<int64_t>();
-  at::Tensor mine = at::zeros({longest}, at::kByte);  // [longest]
-  std::memcpy(mine.data_ptr(), text.data(), text.size());
-  at::Tensor all = at::empty({world.size() * longest}, at::kByte);  // [world * longest]
-  world.all_gather(all, mine);
-  std::vector<std::string> texts;
-  for (int r = 0; r < world.size(); ++r) {
-    const char* start = static_cast<const char*>(all.data_ptr()) + r * longest;
-    texts.emplace_back(start, static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
-  return texts;
-}
-
 // The fields in which a rank's model computes otherwise than rank 0's (copies of config.json
 // made apart may differ in what builds no other model: _name_or_path, transformers_version).
 void require_same_model(const RunConfig& config, Comm& world) {
   const ModelConfig model = model_config_of(config.model);
-  const std::vector<std::string> texts = gather_texts(world, model.raw->dump());  // read from a file: raw is set
+  const std::vector<std::string> texts = world.all_gather_texts(model.raw->dump());  // read from a file: raw is set
   const ModelConfig first = ModelConfig::from_text(texts[0], "rank 0's config.json");
   for (int r = 1; r < world.size(); ++r) {
     if (texts[r] == texts[0]) continue;
@@ -102,7 +84,7 @@ void require_same_model(const RunConfig& config, Comm& world) {
 void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world) {
   if (world.size() == 1) return;
   require_same_model(config, world);
-  const std::vector<std::string> texts = gather_texts(world, lines_of(settings_of(config, resumed_step)));
+  const std::vector<std::string> texts = world.all_gather_texts(lines_of(settings_of(config, resumed_step)));
   const auto first = settings_in(texts[0]);
   for (int r = 1; r < world.size(); ++r) {
     if (texts[r] == texts[0]) continue;

@@ -55,6 +55,9 @@ void from_json(const nlohmann::json& j, ClientState& state);
 struct ResumePoint {
   int64_t step = 0;
   ClientState state;
+  // This rank's state of a caller's own loop (JSON text, Run::save's `loop_state`); "" where
+  // none was saved.
+  std::string loop_state;
 };
 
 // What applying the caller's gradients did (Run::apply_gradients), the same on every rank.
@@ -153,8 +156,11 @@ class Run {
   std::optional<EvalResult> evaluate();
   // Saves step `step` as a sharded checkpoint under `root` ([checkpoint] dir for the training
   // loop) and rotates older ones there by [checkpoint] keep and max_gb (a collective). A step
-  // already saved is left as it is.
-  void save(int64_t step, const ClientState& state, const std::filesystem::path& root);
+  // already saved is left as it is. `loop_state` is this rank's state of a caller's own loop
+  // (JSON text, "" for none): every rank's is kept, and a rank that resumes or loads the
+  // checkpoint gets back rank r % the saved world's.
+  void save(int64_t step, const ClientState& state, const std::filesystem::path& root,
+            const std::string& loop_state = {});
   // Replaces the parameters, the optimizer's state and the generator with those of the
   // checkpoint at `dir`, saved at any world size or mesh (a collective): for a caller that keeps
   // its run built between uses. A checkpoint that does not fit this run (another architecture,
@@ -192,7 +198,8 @@ class Run {
   at::Tensor write_rank_file(const std::filesystem::path& staging, const std::vector<ShardRows>& shards,
                              std::chrono::steady_clock::time_point start) const;
   nlohmann::json metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
-                          const at::Tensor& files, const at::Tensor& rows) const;
+                          const at::Tensor& files, const at::Tensor& rows,
+                          const std::vector<std::string>& loop_states) const;
   std::vector<std::filesystem::path> commit(nlohmann::json meta, const std::filesystem::path& staging,
                                             const std::filesystem::path& root,
                                             const std::filesystem::path& final_dir) const;

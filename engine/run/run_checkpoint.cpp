@@ -72,7 +72,7 @@ void from_json(const json& j, ClientState& state) {
 
 bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
 
-void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
+void Run::save(int64_t step, const ClientState& state, const fs::path& root, const std::string& loop_state) {
   check_trains("save");
   check_loaded("save");
   optimizer_->settle();  // the last step's host updates of the rows about to be written
@@ -118,12 +118,13 @@ void Run::save(int64_t step, const ClientState& state, const fs::path& root) {
   }
   at::Tensor rows = at::empty({comm_->size() * static_cast<int64_t>(my_rows.size())}, at::kLong);
   comm_->all_gather(rows, at::tensor(my_rows, at::kLong));
+  const std::vector<std::string> loop_states = comm_->all_gather_texts(loop_state);
 
   std::vector<fs::path> removed;
   on_every_rank("save", final_dir.string(), "", [&] {
     if (rank != 0) return;
-    removed = commit(metadata(step, state, shards, files.view({-1, 3}), rows.view({comm_->size(), -1, 2})), staging,
-                     root, final_dir);
+    removed = commit(metadata(step, state, shards, files.view({-1, 3}), rows.view({comm_->size(), -1, 2}), loop_states),
+                     staging, root, final_dir);
   });
   if (rank == 0) {
     log_saved(step, final_dir, files.view({-1, 3}), std::chrono::duration<double>(Clock::now() - start).count(),
@@ -183,7 +184,7 @@ std::vector<fs::path> Run::commit(json meta, const fs::path& staging, const fs::
 }
 
 json Run::metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,
-                   const at::Tensor& files, const at::Tensor& rows) const {
+                   const at::Tensor& files, const at::Tensor& rows, const std::vector<std::string>& loop_states) const {
   const int world = comm_->size();
   json meta = {{"format", kCheckpointFormat}, {"version", 1},    {"step", step}, {"world_size", world},
                {"meshes", fsdp_->mesh_shapes()}, {"config_hash", config_hash(config_)},
@@ -229,6 +230,11 @@ json Run::metadata(int64_t step, const ClientState& state, const std::vector<Sha
     meta["data"]["window"] = position.window;
   }
   meta["client_state"] = state;
+  // Per rank, null where a rank saved none; left out where none did (the binary's own loop).
+  if (std::any_of(loop_states.begin(), loop_states.end(), [](const auto& s) { return !s.empty(); })) {
+    json& saved = meta["loop_states"] = json::array();
+    for (const auto& text : loop_states) saved.push_back(text.empty() ? json(nullptr) : json::parse(text));
+  }
   if (scaler_) {
     meta["loss_scale"] = {{"scale", scaler_->state().scale}, {"growth_tracker", scaler_->state().growth_tracker}};
   }

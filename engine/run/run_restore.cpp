@@ -34,6 +34,18 @@ using nlohmann::json;
 
 namespace {
 
+// Where a checkpoint leaves `rank`: its step, the loop's figures, and the caller's loop state
+// of rank `rank` % the saved world (as the generators carry over to another size).
+ResumePoint resume_point(const json& meta, int rank) {
+  ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+  const json states = meta.value("loop_states", json::array());
+  if (!states.empty()) {
+    const json& mine = states.at(static_cast<size_t>(rank) % states.size());
+    if (!mine.is_null()) point.loop_state = mine.dump();
+  }
+  return point;
+}
+
 // A checkpoint's data position carries over only to the same stream of windows.
 void check_data_position(const json& saved, const json& data, const std::string& where) {
   if (saved.is_null()) {
@@ -108,7 +120,7 @@ ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
     log_warn(where, ": resuming with other settings than it was saved with: ",
              settings_change(saved_settings, run_settings(config_)));
   }
-  const ResumePoint point{meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+  const ResumePoint point = resume_point(meta, comm_->rank());
   warn_schedule_change(meta, point.step, where);
   restore_optimizer(checkpoint);
   if (batches_) {
@@ -166,8 +178,7 @@ ResumePoint Run::load(const fs::path& dir) {
     restore_optimizer(*checkpoint);
   });
   partly_loaded_from_.reset();
-  const json& meta = checkpoint->metadata();
-  return {meta.at("step").get<int64_t>(), meta.value("client_state", json::object()).get<ClientState>()};
+  return resume_point(checkpoint->metadata(), comm_->rank());
 }
 
 void Run::check_fits(const ShardedCheckpoint& checkpoint) const {

@@ -88,6 +88,16 @@ def _path(name, value):
     return path
 
 
+def _loop_state_text(value):
+    """`value` as JSON text, "" for None; else fsdpp.Error."""
+    if value is None:
+        return ""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise Error(f"save: loop_state must be a JSON value (dicts, lists, str, finite numbers, bool, None): {e}")
+
+
 def _holding(run, output):
     """`output`, whose graph now holds `run`: backward runs the run's hooks, so the run lives
     as long as the graph does, even where the loop dropped its Run before calling backward."""
@@ -211,23 +221,38 @@ class Run:
         for unit in range(self._run.units):
             yield from self._run.full_weights(unit, name)
 
-    def save(self, dir=None):
+    def save(self, dir=None, loop_state=None):
         """Saves the run at its step count as `fsdpp train` does: a sharded checkpoint
         step-NNNNNNNN under `dir` (None: the run file's [checkpoint] dir); older ones there
         rotate by [checkpoint] keep and max_gb. Every rank calls it. Returns the checkpoint's
         path, which load() reads back into a built Run, and a later Run (or `fsdpp train`)
         resumes from with overrides={"checkpoint.resume": path}, at any world size;
-        `fsdpp export` turns it into a Hugging Face directory."""
-        root = _agreed(self._run, "save", lambda: None if dir is None else _path("save", dir))
-        return os.fsdecode(self._run.save(root))
+        `fsdpp export` turns it into a Hugging Face directory.
+
+        `loop_state` is this rank's state of the loop itself (its place in the prompts, a KL
+        coefficient, sampling seeds), any JSON value: it is committed with the checkpoint, and
+        load() or a resumed Run gives it back (`loop_state`) as json.loads reads it."""
+        root, state = _agreed(self._run, "save", lambda: (None if dir is None else _path("save", dir),
+                                                           _loop_state_text(loop_state)))
+        return os.fsdecode(self._run.save(root, state))
 
     def load(self, path):
         """Replaces the parameters, the optimizer's state and the step count with those of the
         checkpoint at `path` (one save() returned, or `fsdpp train` wrote), saved at any world
         size: each rank reads its rows of the current sharding. Every rank calls it. A
         checkpoint of another architecture, other adapters or another base raises fsdpp.Error
-        before anything is read."""
+        before anything is read. Returns the checkpoint's loop state for this rank (None where
+        none was saved), as `loop_state` then gives it."""
         self._run.load(_agreed(self._run, "load", lambda: _path("load", path)))
+        return self.loop_state
+
+    @property
+    def loop_state(self):
+        """The loop state save() kept in the checkpoint this run resumed from or last loaded:
+        this rank's, or at another world size rank r % the saved world's; None where none was
+        saved (or the run started fresh)."""
+        text = self._run.loop_state
+        return json.loads(text) if text else None
 
     def offload(self, what=("params", "grads", "optimizer")):
         """Moves the named state off the device, to host memory (pinned on a GPU), and hands the
