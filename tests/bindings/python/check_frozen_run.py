@@ -22,13 +22,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import torch
 
-from check_python_run import ROWS, batches, write_run_file
+from check_python_run import ROWS, batches, run_ranks, write_run_file
 
 FUSED = {"policy.options.fused_linear_logprob": True}
 KL_WEIGHT = 0.5
@@ -184,9 +183,7 @@ def rank_main(run_file, work):
 
 def world2_checks(work, world1_ref, world1_norms):
     run_file = os.path.join(work, "run.toml")
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--rank", run_file, work],
-                          timeout=300, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_ranks(__file__, 2, run_file, work)
     if done.returncode != 0:
         print(done.stdout + done.stderr)
         return [("world 2 ran", False)]

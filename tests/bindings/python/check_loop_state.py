@@ -13,12 +13,11 @@ usage: check_loop_state.py FIXTURE_DIR WORK_DIR
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import torch
 
-from check_python_run import ROWS, batches, write_run_file
+from check_python_run import ROWS, batches, run_ranks, write_run_file
 
 
 def state_of(rank):
@@ -52,10 +51,7 @@ def rank_main(run_file, work, phase):
 
 
 def torchrun(work, run_file, world, phase):
-    command = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc-per-node",
-               str(world), __file__, "--rank", run_file, work, phase]
-    done = subprocess.run(command, timeout=300, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_ranks(__file__, world, run_file, work, phase)
     if done.returncode != 0:
         print(done.stdout + done.stderr)
     return done.returncode == 0

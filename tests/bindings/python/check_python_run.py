@@ -59,6 +59,14 @@ reuse_out_dir = true
     return path
 
 
+def run_ranks(script, world, *args):
+    """`script --rank ARGS...` as `world` ranks under torchrun, one thread each: the finished
+    process, its output captured."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(world), script, "--rank", *args],
+                          timeout=300, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def batches(vocab):
     """Per step: token rows [ROWS, TOKENS + 1], advantages and old-log-prob offsets [ROWS, TOKENS]."""
     g = torch.Generator().manual_seed(7)

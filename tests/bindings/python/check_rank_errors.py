@@ -17,10 +17,9 @@ usage: check_rank_errors.py FIXTURE_DIR WORK_DIR
 import json
 import os
 import shutil
-import subprocess
 import sys
 
-from check_python_run import ROWS, batches, write_run_file
+from check_python_run import ROWS, batches, run_ranks, write_run_file
 
 
 def rank_main(run_file, work):
@@ -73,9 +72,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     run_file = write_run_file(work, os.path.join(fixtures, "llama_untied"))
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--rank", run_file, work],
-                          timeout=300, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_ranks(__file__, 2, run_file, work)
     if done.returncode != 0 or "terminate called" in done.stderr:
         print(done.stdout + done.stderr)
         print(f"FAIL the ranks ended with status {done.returncode}")
