@@ -28,7 +28,14 @@ namespace {
 constexpr const char* kCompanionFiles[] = {"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
                                            "added_tokens.json",   "tokenizer.model",       "vocab.json",
                                            "merges.txt",          "chat_template.jinja",   "chat_template.json",
-                                           "generation_config.json"};
+                                           "generation_config.json",
+                                           // A vision-language model's processors: its images' and videos'.
+                                           "preprocessor_config.json", "video_preprocessor_config.json",
+                                           "processor_config.json"};
+
+// Marks a staging directory as an export's while it is written, so that a later export
+// removes only what an interrupted export left, never a directory of the user's of that name.
+constexpr const char* kStagingMark = ".fsdpp-export-staging";
 
 // What an export's safetensors files carry in their metadata, beside transformers' "format":
 // a directory whose weights lack it is a model no export wrote, which an export never replaces.
@@ -54,6 +61,13 @@ bool written_by_export(const std::string& name) {
   return std::find(std::begin(kCompanionFiles), std::end(kCompanionFiles), name) != std::end(kCompanionFiles);
 }
 
+// Whether `weights` (a safetensors file; empty: none) says an export wrote it.
+bool bears_export_mark(const fs::path& weights) {
+  if (weights.empty()) return false;
+  const auto mark = SafetensorsFile::open(weights)->metadata();
+  return mark.count("written_by") > 0 && mark.at("written_by") == kExportMetadata.at("written_by");
+}
+
 // `dir` through its links, or as written where they do not resolve (check_export_target
 // then says why).
 fs::path resolved_links(const fs::path& dir) {
@@ -63,6 +77,21 @@ fs::path resolved_links(const fs::path& dir) {
   // "out/" names the directory "out", beside which its staging directory is made.
   if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();
   return path;
+}
+
+// Clears what an interrupted export left at `path` (its staging directory, or the old export
+// it had moved aside); refuses anything else found there.
+void clear_leftover(const fs::path& path, const fs::path& export_dir) {
+  std::error_code error;
+  const fs::file_status status = fs::symlink_status(path, error);
+  if (!fs::exists(status)) return;
+  // The mark first: an interrupted export's weights may be half written.
+  if (fs::is_directory(status) && (fs::exists(path / kStagingMark) || bears_export_mark(weights_file_in(path)))) {
+    remove_tree(path);
+    return;
+  }
+  throw UserError(path.string() + ": is in the way of the export to " + export_dir.string() +
+                  ", which works beside it under that name, and is not an export's; move it or remove it");
 }
 
 }  // namespace
@@ -83,10 +112,7 @@ void check_export_target(const fs::path& dir, bool in_own_run_dir) {
   const std::string choose = "); an export replaces only an empty directory or an earlier export: choose another directory";
   if (weights.empty()) throw UserError(refusal + "it has no model.safetensors" + choose);
   if (in_own_run_dir) return;
-  const auto mark = SafetensorsFile::open(weights)->metadata();
-  if (mark.count("written_by") == 0 || mark.at("written_by") != kExportMetadata.at("written_by")) {
-    throw UserError(refusal + weights.filename().string() + " bears no export's mark" + choose);
-  }
+  if (!bears_export_mark(weights)) throw UserError(refusal + weights.filename().string() + " bears no export's mark" + choose);
 }
 
 HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<TensorSpec>& specs, const fs::path& dir,
@@ -108,8 +134,9 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
     throw UserError(dir_.string() + ": cannot make the directory it lies in (" +
                     (made ? made.message() : std::string("not a directory")) + ")");
   }
-  remove_tree(staging_);  // an interrupted export's
+  clear_leftover(staging_, dir_);
   fs::create_directories(staging_);
+  write_file_atomically(staging_ / kStagingMark, "", 0);
   json config = model_config.raw ? *model_config.raw : json::object();
   // transformers 5 names it dtype; readers before 4.56 know torch_dtype alone.
   config["dtype"] = config["torch_dtype"] = dtype_name(dtype);
@@ -160,13 +187,14 @@ void HfDirWriter::finish() {
   writer_.reset();
   if (shards_.size() == 1 && shards_[0].empty()) write_safetensors(staging_ / files_[0], {}, kExportMetadata);
   if (shards_.size() > 1) write_index();
+  fs::remove(staging_ / kStagingMark);
   fsync_directory(staging_);
   // The old export and the new trade places in one step; the old is then removed. Where the
   // file system cannot exchange, the old steps aside first.
   if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, dir_.c_str(), RENAME_EXCHANGE) != 0) {
     if (errno == EINVAL || errno == ENOTSUP) {
       const fs::path aside = dir_.parent_path() / (".replaced-" + dir_.filename().string());
-      remove_tree(aside);
+      clear_leftover(aside, dir_);
       fs::rename(dir_, aside);
       fs::rename(staging_, dir_);
       remove_tree(aside);

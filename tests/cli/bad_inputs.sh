@@ -330,6 +330,19 @@ SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_NTASKS_PER_NODE=8 WORLD_SIZE=1 "$FSDPP" trai
 SLURM_PROCID=0 SLURM_NTASKS=4 "$FSDPP" export "$work/slurm/checkpoints/step-00000001" "$work/slurm-export" \
   >"$work/slurm.log" 2>&1 ||
   { echo "FAIL an export inside a Slurm allocation: $(tail -1 "$work/slurm.log")"; failures=$((failures + 1)); }
+# An export works beside its directory, in .partial-OUT: what an interrupted export left there
+# is cleared, a directory of the user's of that name refused and kept.
+mkdir -p "$work/.partial-kept" "$work/.partial-cleared" && echo mine >"$work/.partial-kept/notes.txt"
+touch "$work/.partial-cleared/.fsdpp-export-staging" "$work/.partial-cleared/model.safetensors"
+expect "a directory of the user's where an export stages" \
+  "$work/.partial-kept: is in the way of the export to $work/kept, which works beside it under that name, and is not an export's" \
+  -- export "$work/slurm/checkpoints/step-00000001" "$work/kept"
+[ "$(cat "$work/.partial-kept/notes.txt" 2>/dev/null)" = mine ] ||
+  { echo "FAIL a refused export lost the user's .partial-kept"; failures=$((failures + 1)); }
+"$FSDPP" export "$work/slurm/checkpoints/step-00000001" "$work/cleared" >"$work/slurm.log" 2>&1 &&
+  [ ! -e "$work/.partial-cleared" ] && [ -f "$work/cleared/model.safetensors" ] ||
+  { echo "FAIL an interrupted export's staging directory was not cleared: $(tail -1 "$work/slurm.log")"
+    failures=$((failures + 1)); }
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=7 LOCAL_WORLD_SIZE=2 expect "LOCAL_RANK past LOCAL_WORLD_SIZE" \
   "environment: LOCAL_RANK 7 of LOCAL_WORLD_SIZE 2 does not fit a world of 1" -- train "$work/ok.toml"
 

@@ -200,6 +200,26 @@ TEST_CASE("HF writer: streams tensors into one file, or shards with an index abo
   CHECK_THROWS(out_of_order.write("b", at::ones({8})));
 }
 
+TEST_CASE("HF writer: copies the source's tokenizer and processors, and nothing else of it", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("hfw-companions");
+  const fs::path source = root / "source";
+  fs::create_directories(source);
+  const std::vector<std::string> companions = {"tokenizer.json", "preprocessor_config.json",
+                                               "video_preprocessor_config.json", "processor_config.json"};
+  for (const auto& name : companions) std::ofstream(source / name) << "{\"" << name << "\": 1}";
+  std::ofstream(source / "notes.txt") << "mine";
+  ModelConfig config;
+  const std::vector<TensorSpec> specs = {{"a", at::kFloat, {2}}};
+  for (int round = 0; round < 2; ++round) {  // the second replaces the first, processors and all
+    HfDirWriter writer(config, specs, root / "out", at::kFloat, size_t{1} << 20, source);
+    writer.write("a", at::ones({2}));
+    writer.finish();
+  }
+  for (const auto& name : companions) CHECK(read_text_file(root / "out" / name) == read_text_file(source / name));
+  CHECK_FALSE(fs::exists(root / "out" / "notes.txt"));
+  CHECK_FALSE(fs::exists(root / "out" / ".fsdpp-export-staging"));  // the staging directory's mark stays behind
+}
+
 TEST_CASE("HF writer: replaces an earlier export, and refuses a directory holding anything else", "[checkpoint]") {
   const fs::path root = testing::scratch_dir("hfw-target");
   ModelConfig config;
