@@ -84,12 +84,13 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
   if (j.contains("modules_to_save") && j["modules_to_save"].is_array()) {
     for (const auto& m : j["modules_to_save"]) {
       if (!m.is_string()) throw UserError(config_path.string() + ": modules_to_save must list module names");
-      to_save.push_back(m.get<std::string>());
+      to_save.push_back(engine_module_path(m.get<std::string>()));
     }
   }
   std::set<std::string> targets, saved;  // saved: the modules_to_save entries' modules, by path
   for (const auto& [name, entry] : adapter.weights_->entries()) {
     const std::string engine = engine_tensor_name(name);
+    adapter.stored_[engine] = name;
     const auto at = engine.find(".lora_A.");
     if (at != std::string::npos) targets.insert(engine.substr(0, at));
     if (is_adapter_parameter(engine)) continue;
@@ -107,14 +108,14 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
   return adapter;
 }
 
-bool PeftAdapter::holds(const std::string& name) const { return weights_->contains(peft_tensor_name(name)); }
+bool PeftAdapter::holds(const std::string& name) const { return stored_.count(name) > 0; }
 
 void PeftAdapter::check_shapes(Module& model) const {
   const std::string file = (dir_ / kWeightsFile).string();
   for (const auto& p : unique_named_parameters(model)) {
     if (!is_adapter_parameter(p.name) && !holds(p.name)) continue;
-    const std::string stored = peft_tensor_name(p.name);
-    if (!weights_->contains(stored)) throw UserError(file + ": no tensor '" + stored + "'");
+    if (!holds(p.name)) throw UserError(file + ": no tensor of the model's '" + p.name + "'");
+    const std::string& stored = stored_.at(p.name);
     const std::vector<int64_t>& shape = weights_->entries().at(stored).shape;
     if (c10::IntArrayRef(shape) != p.tensor.sizes()) {
       throw UserError(file + ": tensor '" + stored + "' has shape " + c10::str(c10::IntArrayRef(shape)) +
@@ -124,8 +125,9 @@ void PeftAdapter::check_shapes(Module& model) const {
 }
 
 ShardFill PeftAdapter::fill() const {
-  return [weights = weights_](const std::string& name, const at::Tensor& param, at::Tensor& rows, int64_t first_row) {
-    const at::Tensor full = weights->tensor(peft_tensor_name(name));
+  return [weights = weights_, stored = stored_](const std::string& name, const at::Tensor& param, at::Tensor& rows,
+                                               int64_t first_row) {
+    const at::Tensor full = weights->tensor(stored.at(name));
     rows.view({rows.size(0), -1}).copy_(full.reshape({param.size(0), -1}).narrow(0, first_row, rows.size(0)));
   };
 }
@@ -143,19 +145,26 @@ void check_adapter_target(const std::filesystem::path& dir, bool in_own_run_dir)
 }
 
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
-                        const NamedTensors& tensors, bool in_own_run_dir) {
+                        const std::string& model_type, const NamedTensors& tensors, bool in_own_run_dir) {
   check_adapter_target(dir, in_own_run_dir);
   std::filesystem::create_directories(dir);
   NamedTensors stored;
-  for (const auto& [name, tensor] : tensors) stored.emplace_back(peft_tensor_name(name), tensor);
+  for (const auto& [name, tensor] : tensors) stored.emplace_back(peft_tensor_name(name, model_type), tensor);
+  const auto module_paths = [&](const std::vector<std::string>& paths) {
+    std::vector<std::string> mapped;
+    for (const auto& path : paths) mapped.push_back(peft_module_path(path, model_type));
+    return mapped;
+  };
   write_safetensors(dir / kWeightsFile, stored, kAdapterMetadata);
   const nlohmann::json config = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"},
                                  {"base_model_name_or_path", base_model},
                                  {"r", lora.rank}, {"lora_alpha", lora.alpha}, {"lora_dropout", lora.dropout},
-                                 {"target_modules", lora.targets}, {"bias", "none"}, {"fan_in_fan_out", false},
+                                 {"target_modules", module_paths(lora.targets)}, {"bias", "none"},
+                                 {"fan_in_fan_out", false},
                                  {"inference_mode", true}, {"use_rslora", false}, {"use_dora", false},
                                  {"init_lora_weights", true},
-                                 {"modules_to_save", lora.trainable.empty() ? nlohmann::json() : nlohmann::json(lora.trainable)}};
+                                 {"modules_to_save", lora.trainable.empty() ? nlohmann::json()
+                                                                            : nlohmann::json(module_paths(lora.trainable))}};
   AtomicFileWriter writer(dir / kConfigFile);
   const std::string text = config.dump(2) + "\n";
   writer.append(text.data(), text.size());

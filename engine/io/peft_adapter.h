@@ -9,6 +9,7 @@
 #include "io/safetensors.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -36,13 +37,14 @@ class PeftAdapter {
 
  private:
   LoraPlan plan_;
+  std::map<std::string, std::string> stored_;  // engine parameter name -> its tensor's name in the file
   std::filesystem::path dir_;
   std::shared_ptr<SafetensorsFile> weights_;
 };
 
 // Writes `tensors` (engine names with their full values: the adapters', and those of the
-// trainable base modules) as a PEFT adapter of `lora` for the base model at `base_model`
-// into `dir`, atomically file by file.
+// trainable base modules) as a PEFT adapter of `lora` for the base model at `base_model` (of
+// `model_type`, whose module paths PEFT names them by) into `dir`, atomically file by file.
 // Refuses, in one line, an adapter written into `dir` that would delete anything but an
 // earlier adapter of a run: `dir` may be missing, empty, or hold the two files an adapter is,
 // whose weights bear the mark write_peft_adapter gives them (another program's adapter, a
@@ -50,6 +52,6 @@ class PeftAdapter {
 // (`in_own_run_dir`) an unmarked adapter is taken for one of the run's own.
 void check_adapter_target(const std::filesystem::path& dir, bool in_own_run_dir = false);
 void write_peft_adapter(const std::filesystem::path& dir, const LoraPlan& lora, const std::string& base_model,
-                        const NamedTensors& tensors, bool in_own_run_dir = false);
+                        const std::string& model_type, const NamedTensors& tensors, bool in_own_run_dir = false);
 
 }  // namespace fsdpp

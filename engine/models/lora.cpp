@@ -16,6 +16,11 @@ namespace fsdpp {
 namespace {
 
 constexpr const char* kPeftPrefix = "base_model.model.";
+// Engine path prefix -> transformers 5's module path prefix, for the vision-language models.
+// No other model has a module under model.language_model or model.visual, so reading maps
+// back whatever the model.
+const std::pair<std::string, std::string> kVisionLanguagePaths[] = {{"model.", "model.language_model."},
+                                                                    {"visual.", "model.visual."}};
 
 // A weight two modules share (tied embeddings) cannot train as a module PEFT saves whole:
 // PEFT keeps a copy of each such module apart, untying them, and one of the two would
@@ -90,10 +95,28 @@ bool is_adapter_parameter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
-std::string peft_tensor_name(const std::string& name) { return kPeftPrefix + name; }
+std::string peft_module_path(const std::string& path, const std::string& model_type) {
+  if (model_type != "qwen2_vl" && model_type != "qwen2_5_vl") return path;
+  for (const auto& [engine, module] : kVisionLanguagePaths) {
+    if (path.starts_with(engine)) return module + path.substr(engine.size());
+  }
+  return path;
+}
+
+std::string peft_tensor_name(const std::string& name, const std::string& model_type) {
+  return kPeftPrefix + peft_module_path(name, model_type);
+}
+
+std::string engine_module_path(const std::string& peft_path) {
+  for (const auto& [engine, module] : kVisionLanguagePaths) {
+    if (peft_path.starts_with(module)) return engine + peft_path.substr(module.size());
+  }
+  return peft_path;
+}
 
 std::string engine_tensor_name(const std::string& peft_name) {
-  return peft_name.starts_with(kPeftPrefix) ? peft_name.substr(std::string(kPeftPrefix).size()) : peft_name;
+  return engine_module_path(peft_name.starts_with(kPeftPrefix) ? peft_name.substr(std::string(kPeftPrefix).size())
+                                                               : peft_name);
 }
 
 void to_json(nlohmann::json& j, const LoraPlan& lora) {

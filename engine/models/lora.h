@@ -26,8 +26,14 @@ std::optional<std::string> adapted_tied_head(Module& model, const LoraPlan& lora
 
 // Whether a parameter name is an adapter's ("...q_proj.lora_A.weight").
 bool is_adapter_parameter(const std::string& name);
-// An adapter parameter's name in PEFT's adapter_model.safetensors, and back.
-std::string peft_tensor_name(const std::string& name);
+// PEFT names what it adapts by transformers' module paths. Those of Qwen2-VL and Qwen2.5-VL
+// (by `model_type`) keep the language model under model.language_model and the vision tower
+// under model.visual, where their checkpoints and the engine say model and visual. A module's
+// path (a target, a module saved whole) and an adapter tensor's name in PEFT's files:
+std::string peft_module_path(const std::string& path, const std::string& model_type);
+std::string peft_tensor_name(const std::string& name, const std::string& model_type);
+// And back, from either naming (adapters written before transformers 5 use the checkpoint's).
+std::string engine_module_path(const std::string& peft_path);
 std::string engine_tensor_name(const std::string& peft_name);
 
 }  // namespace fsdpp

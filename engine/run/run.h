@@ -195,6 +195,9 @@ class Run {
   // LoRA run's frozen base); this rank's file, [bytes, checksum, microseconds from `start` to
   // its commit]; rank 0's metadata and commit into `root`, returning the older checkpoints it removed.
   bool saves(const ShardRows& shard) const;
+  // Warns where a mixture-of-experts model's adapter written to `dir` adapts an MLP
+  // projection, which peft over transformers 5 drops.
+  void warn_unread_mlp_adapters(const LoraPlan& lora, const std::string& dir) const;
   at::Tensor write_rank_file(const std::filesystem::path& staging, const std::vector<ShardRows>& shards,
                              std::chrono::steady_clock::time_point start) const;
   nlohmann::json metadata(int64_t step, const ClientState& state, const std::vector<ShardRows>& shards,

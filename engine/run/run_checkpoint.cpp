@@ -70,6 +70,18 @@ void from_json(const json& j, ClientState& state) {
   state.loss = loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
 }
 
+void Run::warn_unread_mlp_adapters(const LoraPlan& lora, const std::string& dir) const {
+  if (!model().config().moe) return;
+  const auto on_mlp = std::find_if(lora.targets.begin(), lora.targets.end(), [](const std::string& path) {
+    return path.ends_with("gate_proj") || path.ends_with("up_proj") || path.ends_with("down_proj");
+  });
+  if (on_mlp == lora.targets.end()) return;
+  log_warn("adapter: ", dir, " adapts ", *on_mlp, ", an MLP projection of a mixture-of-experts model: peft over "
+           "transformers 5 reads every gate_proj, up_proj and down_proj target of such a model as its fused experts' "
+           "and drops these adapters without an error; fsdpp reads the adapter as written, and `fsdpp export "
+           "CHECKPOINT OUT --merge-lora` gives the model transformers loads");
+}
+
 bool Run::saves(const ShardRows& shard) const { return !loaded_.lora || shard.rows.requires_grad(); }
 
 void Run::save(int64_t step, const ClientState& state, const fs::path& root, const std::string& loop_state) {
@@ -283,7 +295,9 @@ void Run::export_final(int64_t step) {
       }
     });
     if (rank != 0) return;
-    write_peft_adapter(config.adapter_dir, *lora, config_.model.path, tensors, adapter_in_own_run_dir_);
+    write_peft_adapter(config.adapter_dir, *lora, config_.model.path, model().config().model_type, tensors,
+                       adapter_in_own_run_dir_);
+    warn_unread_mlp_adapters(*lora, config.adapter_dir);
     log_info("saved the LoRA adapter at step ", step, " to ", config.adapter_dir);
     return;
   }

@@ -230,6 +230,8 @@ def main():
     ok &= report(len(frozen) > 0 and err <= 1e-9, f"its {len(frozen)} frozen tensors vs a full-model run's fresh "
                  f"initial weights {err:.2e} (allowed 1e-9)")
     ok &= check_tied_head()
+    ok &= check_vision_language_adapter()
+    ok &= check_moe_mlp_adapter_warning()
     sys.exit(0 if ok else 1)
 
 
@@ -273,6 +275,62 @@ def check_tied_head():
     return refused and report(untied and err <= 1e-5 and not warned,
                   f"a tied model's adapted lm_head: the merged export unties it ({untied}), loads in transformers, "
                   f"which warns of {warned or 'nothing'}, with fsdpp eval's logits {err:.2e} (allowed 1e-5)")
+
+
+def check_vision_language_adapter():
+    """Qwen2-VL's adapter on its language model and vision tower: transformers 5 keeps them under
+    model.language_model and model.visual, and PEFT names adapters by those module paths. The
+    run's adapter loads in peft with fsdpp eval's logits; one peft makes loads in fsdpp."""
+    vl = os.path.join(WORK, "vl")
+    shutil.rmtree(vl, ignore_errors=True)
+    base = os.path.join(os.environ["FIXTURES"], "qwen2_vl")
+    fsdpp("train", CONFIG, "--set", f'model.path="{base}"', "--set", 'model.dtype="float64"', "--set",
+          "policy.options.lora_rank=3", "--set", 'policy.options.lora_targets="q_proj,v_proj,qkv"', "--set",
+          "train.steps=2", "--set", f'train.out_dir="{vl}/run"')
+    logits_file = os.path.join(vl, "logits.safetensors")
+    fsdpp("eval", CONFIG, "--set", f'model.path="{vl}/run/checkpoints/step-00000002"', "--set",
+          'model.dtype="float64"', "--max-windows", "2", "--logits", logits_file)
+    engine = load_file(logits_file)
+    model_class = transformers.Qwen2VLForConditionalGeneration
+    loaded = PeftModel.from_pretrained(model_class.from_pretrained(base, dtype=torch.float64), f"{vl}/run/adapter")
+    adapted = sum(1 for name, _ in loaded.named_parameters() if "lora_B" in name and "visual" in name)
+    with torch.no_grad():
+        err = ((loaded(engine["input_ids"]).logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    ok = report(err <= 1e-5 and adapted > 0, f"Qwen2-VL: peft loads the run's adapter ({adapted} vision-tower "
+                f"adapters among its factors): its logits vs fsdpp eval's {err:.2e} (allowed 1e-5)")
+    # The other way: peft's adapter, with nonzero B factors, read by fsdpp eval.
+    torch.manual_seed(5)
+    made = get_peft_model(model_class.from_pretrained(base, dtype=torch.float64),
+                          LoraConfig(r=2, lora_alpha=4, target_modules=["k_proj", "qkv"]))
+    with torch.no_grad():
+        for name, p in made.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    made.save_pretrained(f"{vl}/peft-made")
+    fsdpp("eval", CONFIG, "--set", f'model.path="{base}"', "--set", f'model.adapter="{vl}/peft-made"', "--set",
+          'model.dtype="float64"', "--max-windows", "2", "--logits", logits_file)
+    engine = load_file(logits_file)
+    with torch.no_grad():
+        err = ((made(engine["input_ids"]).logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+    return ok and report(err <= 1e-5, f"Qwen2-VL: fsdpp eval with peft's own adapter gives peft's logits {err:.2e} "
+                         "(allowed 1e-5)")
+
+
+def check_moe_mlp_adapter_warning():
+    """A mixture-of-experts model's adapter on an MLP projection, which peft over transformers 5
+    drops (it reads such targets as the fused experts'), is written with a warning saying so;
+    one on attention alone, which peft reads, without."""
+    warned = {}
+    for targets in ("q_proj,gate_proj", "q_proj"):
+        out = os.path.join(WORK, "moe-" + targets.replace(",", "-"))
+        shutil.rmtree(out, ignore_errors=True)
+        proc = fsdpp("train", CONFIG, "--set", 'model.path="tests/assets/models/fsdp-qwen3-moe"', "--set",
+                     "policy.options.lora_rank=2", "--set", f'policy.options.lora_targets="{targets}"', "--set",
+                     "train.steps=1", "--set", f'train.out_dir="{out}"')
+        warned[targets] = "drops these adapters without an error" in proc.stderr
+    return report(warned == {"q_proj,gate_proj": True, "q_proj": False},
+                  f"a MoE model's adapter on gate_proj is written with a warning that peft drops it, one on q_proj "
+                  f"alone without: {warned}")
 
 
 if __name__ == "__main__":
