@@ -41,8 +41,8 @@ PYBIND11_MODULE(_fsdpp, m) {
            py::arg("overrides"), py::arg("grad_reduction"), py::arg("frozen"))
       .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("position_ids") = py::none(),
            py::arg("document_offsets") = py::none())
-      .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature") = 1.0,
-           py::arg("position_ids") = py::none(), py::arg("document_offsets") = py::none())
+      .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature"),
+           py::arg("position_ids"), py::arg("document_offsets"), py::arg("entropy"))
       .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
       .def("step", &PythonRun::step)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))

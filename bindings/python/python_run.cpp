@@ -119,9 +119,9 @@ at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<a
   });
 }
 
-at::Tensor PythonRun::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                               const std::optional<at::Tensor>& position_ids,
-                               const std::optional<at::Tensor>& document_offsets) {
+std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
+                                            double temperature, const std::optional<at::Tensor>& position_ids,
+                                            const std::optional<at::Tensor>& document_offsets, bool entropy) {
   return exclusively([&] {
     RowLayout layout;
     agree_on_inputs("run.model.logprobs", [&] {
@@ -129,7 +129,8 @@ at::Tensor PythonRun::logprobs(const at::Tensor& input_ids, const at::Tensor& ta
       layout = checked_layout(input_ids, position_ids, document_offsets);
     });
     const NoAutocast own_precision;
-    return run_->logprobs(input_ids, targets, temperature, layout, grad_divisor());
+    const TokenLogprobs out = run_->logprobs(input_ids, targets, temperature, layout, grad_divisor(), entropy);
+    return entropy ? std::vector<at::Tensor>{out.logprobs, out.entropy} : std::vector<at::Tensor>{out.logprobs};
   });
 }
 

@@ -37,9 +37,11 @@ class PythonRun {
   at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
                      const std::optional<at::Tensor>& document_offsets);
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
-  // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs).
-  at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                      const std::optional<at::Tensor>& position_ids, const std::optional<at::Tensor>& document_offsets);
+  // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs); with `entropy`,
+  // each token's entropy [B, T] after them.
+  std::vector<at::Tensor> logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                                   const std::optional<at::Tensor>& position_ids,
+                                   const std::optional<at::Tensor>& document_offsets, bool entropy);
   // Where the package refused this rank's arguments to `call` before they reached the run:
   // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
   // own error.

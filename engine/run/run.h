@@ -12,6 +12,7 @@
 #include "fsdp/sharded_view.h"
 #include "io/hf_dir.h"
 #include "io/model_source.h"
+#include "loss/chunked_logprobs.h"
 #include "loss/expert_balance.h"
 #include "optim/adamw.h"
 #include "run/run_config.h"
@@ -129,9 +130,10 @@ class Run {
   // `temperature`, from the final hidden states a chunk of tokens at a time, never holding
   // [B, T, V] logits (loss/chunked_logprobs.h); differentiable as forward is. The output head
   // must sit in the root unit, which keeps it gathered from forward through backward
-  // ([policy.options] fused_linear_logprob = true).
-  at::Tensor logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                      const RowLayout& layout, double grad_divisor);
+  // ([policy.options] fused_linear_logprob = true). `with_entropy` adds each token's entropy
+  // [B, T] of that softmax, chunked and differentiable alike.
+  TokenLogprobs logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                         const RowLayout& layout, double grad_divisor, bool with_entropy);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.

@@ -7,10 +7,10 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "fsdp/fsdp_state.h"
-#include "loss/chunked_logprobs.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 #include <algorithm>
 
@@ -34,6 +34,17 @@ struct ScaleGradient : public torch::autograd::Function<ScaleGradient> {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {(grads[0] * ctx->saved_data["factor"].toDouble()).to(dtype), at::Tensor(), at::Tensor()};
   }
+};
+
+// Gathers the root unit again before the chunked log-probabilities' backward reads the head's
+// weight: once per run of that node, whichever of its outputs the loss used.
+struct GatherRootFirst : public torch::autograd::FunctionPreHook {
+  explicit GatherRootFirst(FsdpUnit* root) : root(root) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    root->pre_backward();
+    return grads;
+  }
+  FsdpUnit* root;
 };
 
 }  // namespace
@@ -89,8 +100,8 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
   const at::ScalarType dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat : output.scalar_type();
   return ScaleGradient::apply(output, dtype, scaler_->scale());
 }
-at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                         const RowLayout& layout, double grad_divisor) {
+TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
+                            const RowLayout& layout, double grad_divisor, bool with_entropy) {
   check_loaded("logprobs", /*params_only=*/true);
   if (!model().gives_final_hidden()) {
     throw EveryRankError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
@@ -107,17 +118,18 @@ at::Tensor Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
   const int64_t rows = hidden.size(0), tokens = hidden.size(1);
   // About 64 MiB of float32 logits live at a time.
   const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);
-  at::Tensor flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
-                                     to_device(targets, device_).reshape({-1}), temperature, chunk);  // [B * T]
+  const TokenLogprobs flat = chunked_logprobs(hidden.reshape({rows * tokens, -1}), model().output_head_weight(),
+                                              to_device(targets, device_).reshape({-1}), temperature, chunk,
+                                              with_entropy);  // [B * T] each
   // Backward reads the head's weight before the hidden states' gradient reaches the root
   // unit's own hook: a step or an offload between this forward and its backward resharded
   // it, so the root gathers again first, as a layer's unit does for its own backward.
-  if (flat.requires_grad()) {
-    FsdpUnit* root = fsdp_->units().back().get();
-    flat.register_hook([root](const at::Tensor&) { root->pre_backward(); });
+  if (flat.logprobs.requires_grad()) {
+    flat.logprobs.grad_fn()->add_pre_hook(std::make_unique<GatherRootFirst>(fsdp_->units().back().get()));
   }
-  const at::Tensor out = scaled_output(flat.view({rows, tokens}));
-  balance_experts(out, grad_divisor);
+  TokenLogprobs out{scaled_output(flat.logprobs.view({rows, tokens}))};
+  if (with_entropy) out.entropy = scaled_output(flat.entropy.view({rows, tokens}));
+  balance_experts(out.logprobs, grad_divisor);
   return out;
 }
 

@@ -137,13 +137,16 @@ class Model:
             _tensor("document_offsets", document_offsets, optional=True)))
         return _holding(self._run, self._run.forward(*args))
 
-    def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None):
+    def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None,
+                 entropy=False):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
         of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
         temperature) at the targets, computed from the final hidden states a chunk of tokens at
         a time, so [B, T, V] logits are never held. Its gradient is that of the full
         computation. The policy must keep lm_head in the root unit
-        ([policy.options] fused_linear_logprob = true)."""
+        ([policy.options] fused_linear_logprob = true). With `entropy=True` it returns
+        (logprobs, entropy): each token's entropy [B, T] of that softmax too, chunked alike and
+        differentiable (an entropy bonus's)."""
         def prepare():
             t = temperature
             if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_complex():
@@ -157,11 +160,15 @@ class Model:
             chosen = _tensor("targets", targets)
             if chosen.is_inference():  # saved for backward, which inference tensors cannot be
                 chosen = chosen.clone()
+            if not isinstance(entropy, bool):
+                raise Error(f"entropy: must be a bool, got {type(entropy).__name__}")
             return (_tensor("input_ids", input_ids), chosen, float(t),
                     _tensor("position_ids", position_ids, optional=True),
-                    _tensor("document_offsets", document_offsets, optional=True))
+                    _tensor("document_offsets", document_offsets, optional=True), entropy)
 
-        return _holding(self._run, self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare)))
+        outputs = [_holding(self._run, out)
+                   for out in self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare))]
+        return tuple(outputs) if entropy else outputs[0]
 
     def train(self, mode=True):
         """Forwards train (`mode` True: LoRA's dropout on, as after Run()) or only compute

@@ -3,9 +3,10 @@
 The same model (transformers-saved Llamas, untied and tied), the same rows and the same
 Python loss, for 5 steps in float64, at world 1 (in this process) and world 2 (two processes
 started by torchrun, each rank taking half of every batch, gradients averaged over the
-ranks). Two losses as RL loops write them: a clipped ratio on log-probabilities taken from
-run.model's logits, and a DPO-style margin on run.model.logprobs (chunked, at a
-temperature), which the reference takes from log_softmax of its full logits.
+ranks). Losses as RL loops write them: a clipped ratio on log-probabilities taken from
+run.model's logits, a DPO-style margin on run.model.logprobs (chunked, at a temperature),
+and a clipped ratio less an entropy bonus, both from logprobs(..., entropy=True), which the
+reference takes from log_softmax of its full logits.
 - Against transformers: the first step's loss and gradient norm within 1e-6 relative
   (transformers computes its rotary tables in float32 whatever the model's dtype), and each
   later step's loss within 1e-3 relative: AdamW moves a weight by about the learning rate
@@ -91,7 +92,16 @@ def margin_loss(logp, advantages, offsets):
 
 
 # loss name -> (loss, whether log-probs come from run.model.logprobs at TEMPERATURE)
-LOSSES = {"clipped-ratio": (clipped_ratio_loss, False), "dpo-margin": (margin_loss, True)}
+LOSSES = {"clipped-ratio": (clipped_ratio_loss, False), "dpo-margin": (margin_loss, True),
+          "ratio-entropy": (clipped_ratio_loss, True)}
+# loss name -> the weight of the mean token entropy subtracted from it (an entropy bonus),
+# from logprobs(..., entropy=True) in fsdpp and from the full logits in the reference.
+ENTROPY_BONUS = {"ratio-entropy": 0.05}
+
+
+def full_entropy(logits, temperature=1.0):
+    log_p = torch.log_softmax(logits.double() / temperature, -1)  # [B, T, V]
+    return -(log_p.exp() * log_p).sum(-1)  # [B, T]
 
 
 def full_logprobs(logits, ids, temperature=1.0):
@@ -123,12 +133,16 @@ def train_fsdpp(run_file, loss_name, rank, world, steps=range(STEPS), overrides=
     per_rank = ROWS // world
     for ids, advantages, offsets in batches(run._run.vocab_size)[steps.start:steps.stop]:
         mine = ids[rank * per_rank:(rank + 1) * per_rank]
-        if chunked:
+        bonus = ENTROPY_BONUS.get(loss_name)
+        if bonus:
+            logp, entropy = run.model.logprobs(mine[:, :-1], mine[:, 1:], temperature=TEMPERATURE, entropy=True)
+        elif chunked:
             logp = run.model.logprobs(mine[:, :-1], mine[:, 1:], temperature=TEMPERATURE)
         else:
             logp = full_logprobs(run.model(mine[:, :-1]), mine)
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        backward_and_step(run, loss_of(logp, advantages[rows], offsets[rows]), losses, norms)
+        loss = loss_of(logp, advantages[rows], offsets[rows])
+        backward_and_step(run, loss - bonus * entropy.mean() if bonus else loss, losses, norms)
     assert run.steps == steps.stop
     # Every rank iterates: each unit's gather is a collective.
     weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
@@ -148,8 +162,12 @@ def train_reference(model_dir, vocab, loss_name):
     for ids, advantages, offsets in batches(vocab):
         # Two halves, each its own mean, averaged: what two ranks' averaged gradients give.
         halves = [slice(0, ROWS // 2), slice(ROWS // 2, ROWS)]
-        loss = sum(loss_of(full_logprobs(model(ids[h, :-1]).logits, ids[h], temperature), advantages[h], offsets[h])
-                   for h in halves) / 2
+        bonus = ENTROPY_BONUS.get(loss_name, 0.0)
+        loss = 0
+        for h in halves:
+            logits = model(ids[h, :-1]).logits
+            loss = loss + (loss_of(full_logprobs(logits, ids[h], temperature), advantages[h], offsets[h]) -
+                           bonus * full_entropy(logits, temperature).mean()) / 2
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
         optimizer.step()
@@ -967,7 +985,7 @@ def main():
     ok = True
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     for model, loss_name in [("llama_untied", "clipped-ratio"), ("llama_untied", "dpo-margin"),
-                             ("llama_tied_rope3", "dpo-margin")]:
+                             ("llama_tied_rope3", "dpo-margin"), ("llama_tied_rope3", "ratio-entropy")]:
         case = f"{model}-{loss_name}"
         os.makedirs(os.path.join(work, case), exist_ok=True)
         model_dir = os.path.join(fixtures, model)
