@@ -99,6 +99,7 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
         return run_configured_policy(config_.policy, model, world, rank, /*training=*/!frozen);
       },
       frozen ? RunWeights::frozen : RunWeights::trained);
+  run_->divide_gradients_by(reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0);
   if (frozen) return;
   const ResumePoint resumed = run_->resume();
   steps_ = resumed.step;
@@ -115,7 +116,7 @@ at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<a
       layout = checked_layout(input_ids, position_ids, document_offsets);
     });
     const NoAutocast own_precision;
-    return run_->forward(input_ids, layout, grad_divisor());
+    return run_->forward(input_ids, layout);
   });
 }
 
@@ -129,7 +130,7 @@ std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const a
       layout = checked_layout(input_ids, position_ids, document_offsets);
     });
     const NoAutocast own_precision;
-    const TokenLogprobs out = run_->logprobs(input_ids, targets, temperature, layout, grad_divisor(), entropy);
+    const TokenLogprobs out = run_->logprobs(input_ids, targets, temperature, layout, entropy);
     return entropy ? std::vector<at::Tensor>{out.logprobs, out.entropy} : std::vector<at::Tensor>{out.logprobs};
   });
 }
@@ -149,7 +150,7 @@ std::pair<double, bool> PythonRun::step() {
                            ", where its [scheduler] decays to a learning rate of 0; set [train] steps to the "
                            "updates the loop makes (or [scheduler] min_lr_ratio above 0)");
     }
-    const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1), grad_divisor());
+    const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1));
     if (applied.stepped) ++steps_;
     else ++skipped_steps_;
     return applied;

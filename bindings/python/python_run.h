@@ -100,8 +100,6 @@ class PythonRun {
   // Where another rank refused its inputs to `call` (Run::first_refusing_rank), EveryRankError
   // naming it; otherwise returns, for this rank to go on or raise its own error.
   void agree_on_refusal(const std::string& call, bool refused_here);
-  // What step() divides the gradients summed over the ranks by.
-  double grad_divisor() { return reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0; }
 
   RunConfig config_;
   GradReduction reduction_;

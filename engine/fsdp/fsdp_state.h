@@ -51,6 +51,12 @@ class FsdpState : public ShardedView {
   // masters, and the unit before it in forward does not prefetch it while it is pending.
   void expect_host_updates(const std::vector<std::shared_future<void>>& updates);
   bool requires_gradient_sync() const { return sync_; }
+  // What each reduced gradient is divided by as it joins its shard's .grad: 1 (the loss was
+  // already divided by the step's global count), or the world size to average a caller's
+  // per-rank losses, as DDP and FSDP2 do. Dividing there, not at the step, keeps a gradient
+  // held across a step (no zero_grad) divided once.
+  void set_gradient_divisor(double divisor) { gradient_divisor_ = divisor; }
+  double gradient_divisor() const { return gradient_divisor_; }
 
   // Called by units from their hooks. A unit about to run issues its own gather and the
   // gather of the unit expected next (in forward: the one after it in the first forward's
@@ -103,6 +109,7 @@ class FsdpState : public ShardedView {
   BackwardWatch backward_;  // the backward in_backward_ stands for
   std::mutex calls_;        // held by a call (begin_call), and by a backward as it begins
   bool sync_ = true;
+  double gradient_divisor_ = 1.0;
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
   std::unordered_map<const FsdpUnit*, std::ptrdiff_t> forward_index_;  // unit -> its place in forward_order_
   bool recording_order_ = true;           // until that forward ends

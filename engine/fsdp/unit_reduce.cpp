@@ -114,8 +114,10 @@ void FsdpUnit::accumulate_reduced() {
 
 void FsdpUnit::accumulate_shard(ShardedParam& p, const at::Tensor& reduced) {
   // The fresh buffer itself (a new tensor when the reduction ran in another dtype or the
-  // masters live elsewhere), so a first gradient needs no copy.
-  const at::Tensor shard = reduced.to(p.owned.scalar_type());
+  // masters live elsewhere), so a first gradient needs no copy: the reduction's own, or the
+  // gradient a world of one handed over, so dividing it in place changes nothing else.
+  at::Tensor shard = reduced.to(p.owned.scalar_type());
+  if (const double divisor = state_->gradient_divisor(); divisor != 1.0) shard.div_(divisor);
   if (shard.device() == p.owned.device()) {
     if (p.owned.grad().defined()) {
       p.owned.mutable_grad().add_(shard);

@@ -280,7 +280,7 @@ void Run::check_trains(const char* what) const {
   }
 }
 
-UpdateFigures Run::apply_gradients(double lr, double divisor) {
+UpdateFigures Run::apply_gradients(double lr) {
   check_trains("step");
   check_loaded("step");
   check_outside_backward("step");
@@ -293,14 +293,6 @@ UpdateFigures Run::apply_gradients(double lr, double divisor) {
     throw EveryRankError("step: no gradients since zero_grad (no backward through the model's units yet)");
   }
   const auto groups = fsdp_->grad_groups();
-  if (divisor != 1.0) {
-    at::NoGradGuard no_grad;
-    for (const auto& group : groups) {
-      for (const auto& param : group.params) {
-        if (param.grad().defined()) param.grad().div_(divisor);
-      }
-    }
-  }
   const GradClip clip = clip_by_norm(groups, config_.train.clip_grad_norm, scaler_ ? scaler_->scale() : 1.0);
   update(lr, clip);
   const double norm = clip.norm.to(at::kCPU).item<double>();

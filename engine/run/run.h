@@ -112,20 +112,22 @@ class Run {
   std::optional<int> first_refusing_rank(bool refused_here);
   bool settle_backward();  // whether a backward had ended in an exception
   // For a caller that brings its own rows and loss (the Python API), the step in three parts.
+  // First, what the gradients summed over the ranks are divided by as each reaches its shard
+  // (FsdpState::set_gradient_divisor): the world size averages the ranks' losses; 1 sums them.
+  void divide_gradients_by(double divisor);
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
   // documents, chosen positions), with autograd through the units' hooks: a backward from them
-  // reduce-scatters each unit's gradient into its shards, summed over the ranks. With
-  // autograd on, a mixture-of-experts model's routing is then summed over the ranks (a
-  // collective): its load-balancing loss joins the coming backward, weighted by
-  // `grad_divisor` (what apply_gradients will divide by) to survive that division, and its
-  // counts join the step's for the routing-bias update. That gradient lives in one buffer the
-  // next forward with autograd refills: each forward's backward must come before it.
-  at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor);
-  // Applies the gradients the caller's backward calls left: divided by `divisor` (the world
-  // size averages them over the data-parallel ranks), clipped by one global norm, and AdamW
-  // at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts model's
-  // routing biases then move as the step's routing asks ([experts] bias_update_rate).
-  UpdateFigures apply_gradients(double lr, double divisor);
+  // reduce-scatters each unit's gradient into its shards, summed over the ranks and divided.
+  // With autograd on, a mixture-of-experts model's routing is then summed over the ranks (a
+  // collective): its load-balancing loss joins the coming backward, multiplied by the divisor
+  // to survive that division, and its counts join the step's for the routing-bias update.
+  // That gradient lives in one buffer the next forward with autograd refills: each forward's
+  // backward must come before it.
+  at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout);
+  // Applies the gradients the caller's backward calls left, clipped by one global norm, and
+  // AdamW at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts
+  // model's routing biases then move as the step's routing asks ([experts] bias_update_rate).
+  UpdateFigures apply_gradients(double lr);
   // Per-token log-probabilities [B, T] of `targets` [B, T] int64 after `input_ids` at
   // `temperature`, from the final hidden states a chunk of tokens at a time, never holding
   // [B, T, V] logits (loss/chunked_logprobs.h); differentiable as forward is. The output head
@@ -133,7 +135,7 @@ class Run {
   // ([policy.options] fused_linear_logprob = true). `with_entropy` adds each token's entropy
   // [B, T] of that softmax, chunked and differentiable alike.
   TokenLogprobs logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                         const RowLayout& layout, double grad_divisor, bool with_entropy);
+                         const RowLayout& layout, bool with_entropy);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.
@@ -260,7 +262,7 @@ class Run {
   void update(double lr, const GradClip& clip);
   // After a caller's forward with autograd on: a mixture-of-experts model's routing (forward),
   // whose load-balancing gradient the backward from `output` carries.
-  void balance_experts(const at::Tensor& output, double grad_divisor);
+  void balance_experts(const at::Tensor& output);
   // Before one: refuses a second such forward of a mixture-of-experts model with no backward
   // since the first, in one line beginning with `what`.
   void check_balance_consumed(const char* what) const;

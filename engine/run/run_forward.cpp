@@ -53,12 +53,14 @@ bool Run::settle_backward() { return fsdp_->settle_backward(); }
 
 std::unique_lock<std::mutex> Run::begin_call() { return fsdp_->begin_call(); }
 
-at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, double grad_divisor) {
+void Run::divide_gradients_by(double divisor) { fsdp_->set_gradient_divisor(divisor); }
+
+at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout) {
   check_loaded("forward", /*params_only=*/true);
   check_balance_consumed("forward");
   const at::Tensor input = to_device(input_ids, device_);
   const at::Tensor logits = scaled_output(layout.empty() ? model()(input) : model()(input, layout));
-  balance_experts(logits, grad_divisor);
+  balance_experts(logits);
   return logits;
 }
 
@@ -74,7 +76,7 @@ void Run::check_balance_consumed(const char* what) const {
   }
 }
 
-void Run::balance_experts(const at::Tensor& output, double grad_divisor) {
+void Run::balance_experts(const at::Tensor& output) {
   if (experts_ && at::GradMode::is_enabled()) {
     balanced_after_ = fsdp_->backwards_ended();
     balanced_graph_ = output.grad_fn();
@@ -91,7 +93,7 @@ void Run::balance_experts(const at::Tensor& output, double grad_divisor) {
       });
     }
     experts_->micro_batch_loss(*model().routing(), *comm_, /*micro_batches=*/1,
-                               grad_divisor * (scaler_ ? scaler_->scale() : 1.0));
+                               fsdp_->gradient_divisor() * (scaler_ ? scaler_->scale() : 1.0));
   }
 }
 
@@ -101,7 +103,7 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
   return ScaleGradient::apply(output, dtype, scaler_->scale());
 }
 TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                            const RowLayout& layout, double grad_divisor, bool with_entropy) {
+                            const RowLayout& layout, bool with_entropy) {
   check_loaded("logprobs", /*params_only=*/true);
   if (!model().gives_final_hidden()) {
     throw EveryRankError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
@@ -129,7 +131,7 @@ TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targe
   }
   TokenLogprobs out{scaled_output(flat.logprobs.view({rows, tokens}))};
   if (with_entropy) out.entropy = scaled_output(flat.entropy.view({rows, tokens}));
-  balance_experts(out.logprobs, grad_divisor);
+  balance_experts(out.logprobs);
   return out;
 }
 

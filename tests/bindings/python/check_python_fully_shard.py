@@ -3,7 +3,9 @@
 The same transformers-saved Llama, the same rows and the same Python loss for 5 steps: first
 a DPO-style margin on log-probabilities (fsdpp's chunked run.model.logprobs at a temperature,
 the peer's log_softmax of its full logits), then a clipped ratio on log-probabilities taken
-from the logits. The peer is transformers + fully_shard on every decoder layer and the root,
+from the logits, then that ratio again with zero_grad after every second step alone and no
+clip (a gradient kept across a step must be divided over the ranks once, as FSDP2's is). The
+peer is transformers + fully_shard on every decoder layer and the root,
 gradients averaged over the ranks (FSDP2's default), one global clip and torch.optim.AdamW
 with the same hyperparameters. Each rank computes the mean loss over its own rows, as a loop
 written for FSDP2 does. Each step's loss and gradient norm agree within 1e-5 (relative, or
@@ -37,23 +39,39 @@ def rank_rows(rank, world, *tensors):
     return [t[rank * per_rank:(rank + 1) * per_rank] for t in tensors]
 
 
-def fsdpp_worker(run_file, loss_name, out):
+# case -> (loss, whether gradients are kept across every second step, unclipped)
+CASES = {"dpo-margin": ("dpo-margin", False), "clipped-ratio": ("clipped-ratio", False),
+         "kept-gradients": ("clipped-ratio", True)}
+
+
+def fsdpp_worker(run_file, case, out):
     import fsdpp
+    loss_name, keep = CASES[case]
     loss_of, chunked = LOSSES[loss_name]
-    run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": chunked})
+    run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": chunked,
+                               **({"train.clip_grad_norm": 0.0} if keep else {})})
     losses, norms = [], []
-    for ids, advantages, offsets in batches(101):
+    for step, (ids, advantages, offsets) in enumerate(batches(101)):
         ids, advantages, offsets = rank_rows(run.rank, run.world_size, ids, advantages, offsets)
         if chunked:
             logp = run.model.logprobs(ids[:, :-1], ids[:, 1:], temperature=TEMPERATURE)
         else:
             logp = full_logprobs(run.model(ids[:, :-1]), ids)
-        backward_and_step(run, loss_of(logp.double(), advantages, offsets), losses, norms)
+        loss = loss_of(logp.double(), advantages, offsets)
+        if not keep:
+            backward_and_step(run, loss, losses, norms)
+            continue
+        loss.backward()
+        norm, _ = run.step()
+        if step % 2 == 1:
+            run.zero_grad()
+        losses.append(loss.item())
+        norms.append(norm)
     weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float32)}
     torch.save({"figures": list(zip(losses, norms)), "weights": weights}, f"{out}.{run.rank}.pt")
 
 
-def peer_worker(model_dir, loss_name, out):
+def peer_worker(model_dir, case, out):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -70,9 +88,10 @@ def peer_worker(model_dir, loss_name, out):
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=LR, betas=BETAS, eps=1e-8)
+    loss_name, keep = CASES[case]
     loss_of, chunked = LOSSES[loss_name]
     figures = []
-    for ids, advantages, offsets in batches(101):
+    for step, (ids, advantages, offsets) in enumerate(batches(101)):
         ids, advantages, offsets = rank_rows(rank, world, ids, advantages, offsets)
         logits = model(ids[:, :-1]).logits
         if chunked:  # in float32, as fsdpp's chunks compute
@@ -81,9 +100,10 @@ def peer_worker(model_dir, loss_name, out):
             logp = full_logprobs(logits, ids)
         loss = loss_of(logp.double(), advantages, offsets)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).full_tensor().item()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf") if keep else CLIP).full_tensor().item()
         optimizer.step()
-        optimizer.zero_grad()
+        if not keep or step % 2 == 1:
+            optimizer.zero_grad()
         figures.append((loss.item(), norm))
     weights = {name: p.full_tensor().detach() for name, p in model.named_parameters()}
     torch.save({"figures": figures, "weights": weights}, f"{out}.{rank}.pt")
@@ -122,14 +142,14 @@ def main():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ok = True
-    for loss_name in ["dpo-margin", "clipped-ratio"]:
+    for case in CASES:
         runs = {}
         for engine, source in [("fsdpp", run_file), ("peer", model_dir)]:
-            out = os.path.join(work, f"{loss_name}-{engine}")
+            out = os.path.join(work, f"{case}-{engine}")
             subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", __file__, f"--{engine}", source,
-                            loss_name, out], check=True, timeout=300, env=env)
+                            case, out], check=True, timeout=300, env=env)
             runs[engine] = [torch.load(f"{out}.{r}.pt") for r in range(2)]
-        ok &= compare(loss_name, runs["fsdpp"], runs["peer"])
+        ok &= compare(case, runs["fsdpp"], runs["peer"])
     return 0 if ok else 1
 
 
