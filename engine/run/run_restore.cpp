@@ -265,6 +265,10 @@ void Run::restore_loss_scale(const ShardedCheckpoint& checkpoint) {
                     "growth_tracker >= 0, got " + saved.dump());
   }
   scaler_->restore({.scale = scale.get<double>(), .growth_tracker = tracker.get<int64_t>()});
+  if (comm_->rank() == 0) {
+    log_info("loss scale: ", scaler_->scale(), " from ", checkpoint.dir().string(), " (", tracker.get<int64_t>(),
+             " finite steps toward growth)");
+  }
 }
 
 void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {

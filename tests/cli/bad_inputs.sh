@@ -606,6 +606,20 @@ FSDPP_POLICY_DIR=$work/none expect "FSDPP_POLICY_DIR naming no directory" \
 expect "an unclosed quote in --set" "--set train.out_dir=\"abc: invalid TOML value" \
   -- train "$work/ok.toml" --set 'train.out_dir="abc'
 
+# float16 gradients no scale keeps finite (a fresh model of huge weights): the scale backs off
+# to its floor, [loss_scale] min_scale, and the next overflow there stops the run, where it
+# would otherwise back off to 0 and skip every step after.
+mkdir -p "$work/overflows"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["initializer_range"] = 10.0
+json.dump(c, open(sys.argv[2], "w"))' "$FIXTURES/llama_untied/config.json" "$work/overflows/config.json"
+"$FSDPP" train "$work/ok.toml" --set "model.path=\"$work/overflows\"" --set 'policy.options.param_dtype="float16"' \
+  --set loss_scale.backoff_factor=1e-6 --set train.steps=5 --set "train.out_dir=\"$work/overflows/out\"" \
+  >"$work/overflows.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && tail -1 "$work/overflows.log" | grep -qF "fsdpp: error: loss scale: a step's gradients are not finite at [loss_scale] min_scale = 1, the lowest the scale backs off to (from init_scale 65536)" ||
+  { echo "FAIL float16 gradients that overflow at the scale's floor (exit $rc): $(tail -1 "$work/overflows.log")"
+    failures=$((failures + 1)); }
+
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
 
