@@ -27,6 +27,34 @@ struct NoAutocast {
   c10::impl::ExcludeDispatchKeyGuard excluded{c10::autocast_dispatch_keyset};
 };
 
+// The default generators' states (the CPU's and each accelerator's, those torch.manual_seed
+// sets), taken at construction and put back by restore().
+class DefaultGenerators {
+ public:
+  DefaultGenerators() {
+    keep(at::globalContext().defaultGenerator(c10::DeviceType::CPU));
+    if (const auto type = at::getAccelerator()) {
+      const auto devices = at::globalContext().getAcceleratorHooksInterface(type).deviceCount();
+      for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(devices); ++i) {
+        keep(at::globalContext().defaultGenerator(c10::Device(*type, i)));
+      }
+    }
+  }
+  void restore() {
+    for (auto& [generator, state] : kept_) {
+      const std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+  }
+
+ private:
+  void keep(at::Generator generator) {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    kept_.emplace_back(generator, generator.get_state());
+  }
+  std::vector<std::pair<at::Generator, at::Tensor>> kept_;
+};
+
 }  // namespace
 
 GradReduction grad_reduction_named(const std::string& name) {
@@ -91,6 +119,10 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
   if (frozen) config_.checkpoint.resume = {};
   config_.check_paths();
   if (config_.train.threads > 0) at::set_num_threads(static_cast<int>(config_.train.threads));
+  // The run seeds torch's generators per rank ([model] init_seed + rank), as the binary wants;
+  // a Python loop's are its own (its sampling draws from them), so they are put back. A
+  // resume below, and load(), set them to the checkpoint's, as documented.
+  DefaultGenerators loop_generators;
   // A frozen run's policy sees ctx.training false: shard_size = "auto" then keeps a small
   // reference model whole on every rank, as the seed's rule does.
   run_ = std::make_unique<Run>(
@@ -99,6 +131,7 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
         return run_configured_policy(config_.policy, model, world, rank, /*training=*/!frozen);
       },
       frozen ? RunWeights::frozen : RunWeights::trained);
+  loop_generators.restore();
   run_->divide_gradients_by(reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0);
   if (frozen) return;
   const ResumePoint resumed = run_->resume();

@@ -944,6 +944,21 @@ def bad_uses(run_file, other_model_dir, work):
     return ok
 
 
+def generators_left_alone(run_file):
+    """Building a Run leaves torch's generator as the loop seeded it (the run seeds its own per
+    rank): the loop's sampling draws what it would have drawn without the Run."""
+    import fsdpp
+    torch.manual_seed(42)
+    want = torch.rand(4)
+    torch.manual_seed(42)
+    fsdpp.Run(run_file)
+    got = torch.rand(4)
+    ok = torch.equal(got, want)
+    print(f"{'ok  ' if ok else 'FAIL'} Run() leaves torch's generator as the loop seeded it: {got.tolist()} "
+          f"against {want.tolist()}")
+    return ok
+
+
 def main():
     if sys.argv[1] == "--save-at-world-2":  # torchrun's processes: a world-2 checkpoint of step 0
         import fsdpp
@@ -1016,6 +1031,7 @@ def main():
     ok &= corrupt_load_at_world_2(run_file, work, torchrun)
     ok &= failed_loads(run_file, work)
     ok &= offload_round_trip(run_file)
+    ok &= generators_left_alone(run_file)
     ok &= graph_outlives_its_calls(run_file)
     ok &= threads_share_a_run(run_file)
     ok &= overlapping_callers(run_file)
