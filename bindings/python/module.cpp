@@ -64,6 +64,7 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def_property_readonly("rank", &PythonRun::rank)
       .def_property_readonly("world_size", &PythonRun::world_size)
       .def_property_readonly("steps", &PythonRun::steps)
+      .def_property_readonly("weights_version", &PythonRun::weights_version)
       .def_property_readonly("loss_scale", &PythonRun::loss_scale)
       .def_property_readonly("device", &PythonRun::device)
       .def_property_readonly("vocab_size", &PythonRun::vocab_size);

@@ -184,8 +184,12 @@ std::pair<double, bool> PythonRun::step() {
                            "updates the loop makes (or [scheduler] min_lr_ratio above 0)");
     }
     const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1));
-    if (applied.stepped) ++steps_;
-    else ++skipped_steps_;
+    if (applied.stepped) {
+      ++steps_;
+      ++weights_version_;
+    } else {
+      ++skipped_steps_;
+    }
     return applied;
   });
   return {figures.grad_norm, figures.stepped};
@@ -219,6 +223,7 @@ std::string PythonRun::save(const std::optional<std::string>& root, const std::s
 void PythonRun::load(const std::string& path) {
   exclusively([&] {
     agree_on_inputs("load", [] {});  // the package's refusals of a path, on any rank, meet this
+    ++weights_version_;  // a load that fails part-way has changed some of them too
     const ResumePoint point = run_->load(path);
     steps_ = point.step;
     skipped_steps_ = point.state.skipped_steps;

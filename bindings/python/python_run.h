@@ -77,6 +77,9 @@ class PythonRun {
   int rank() { return run_->comm().rank(); }
   int world_size() const { return run_->comm().size(); }
   int64_t steps() const { return steps_; }
+  // Counts the changes of the weights (steps applied, loads): an iteration of full_weights
+  // that sees it move would hand out units of two states.
+  int64_t weights_version() const { return weights_version_; }
   std::optional<double> loss_scale() const { return run_->loss_scale(); }
   std::string device() const { return run_->device().str(); }
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
@@ -108,6 +111,7 @@ class PythonRun {
   int64_t steps_ = 0;  // optimizer steps applied, resumed ones included
   int64_t skipped_steps_ = 0;  // updates skipped for a gradient norm that was not finite
   std::string loop_state_;     // what the last resume or load brought of the caller's loop
+  int64_t weights_version_ = 0;
   std::optional<std::string> out_of_step_;  // why this rank left the others' collectives, once it has
 };
 

@@ -225,7 +225,12 @@ class Run:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise Error(f"full_weights: dtype must be a floating torch.dtype, got {dtype!r}")
         name = str(dtype).removeprefix("torch.")
+        version = self._run.weights_version
         for unit in range(self._run.units):
+            # Every rank steps alike, so every rank raises here alike.
+            if self._run.weights_version != version:
+                raise Error("full_weights: the run stepped or loaded while this iteration was under way, so the "
+                            "units it handed out and the rest are of two states; iterate again")
             yield from self._run.full_weights(unit, name)
 
     def save(self, dir=None, loop_state=None):

@@ -944,6 +944,29 @@ def bad_uses(run_file, other_model_dir, work):
     return ok
 
 
+def full_weights_across_a_step(run_file):
+    """An iteration of full_weights that a step interrupts raises rather than hand out the rest
+    of the units from after the step; a skipped look (offload, reload) leaves it going."""
+    import fsdpp
+    run = fsdpp.Run(run_file)
+    ids = batches(101)[0][0]
+    weights = run.full_weights(dtype=torch.float64)
+    next(weights)
+    run.offload()
+    run.reload()
+    next(weights)  # the weights are as they were
+    run.model(ids).logsumexp(-1).mean().backward()
+    run.step()
+    try:
+        list(weights)
+        error = "no error"
+    except fsdpp.Error as e:
+        error = str(e)
+    ok = error.startswith("full_weights: the run stepped or loaded while this iteration was under way")
+    print(f"{'ok  ' if ok else 'FAIL'} full_weights interrupted by a step: {error}")
+    return ok
+
+
 def generators_left_alone(run_file):
     """Building a Run leaves torch's generator as the loop seeded it (the run seeds its own per
     rank): the loop's sampling draws what it would have drawn without the Run."""
@@ -1032,6 +1055,7 @@ def main():
     ok &= failed_loads(run_file, work)
     ok &= offload_round_trip(run_file)
     ok &= generators_left_alone(run_file)
+    ok &= full_weights_across_a_step(run_file)
     ok &= graph_outlives_its_calls(run_file)
     ok &= threads_share_a_run(run_file)
     ok &= overlapping_callers(run_file)
