@@ -4,6 +4,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "models/registry.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,11 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
   fs::create_directories(staging_);
   write_file_atomically(staging_ / kStagingMark, "", 0);
   json config = model_config.raw ? *model_config.raw : json::object();
+  // A model made from a config.json written by hand may name no class; serving engines (vLLM)
+  // pick the model by it.
+  if (!config.contains("architectures") && !model_config.model_type.empty()) {
+    config["architectures"] = {architecture_of(model_config)};
+  }
   // transformers 5 names it dtype; readers before 4.56 know torch_dtype alone.
   config["dtype"] = config["torch_dtype"] = dtype_name(dtype);
   const std::string config_text = config.dump(2) + "\n";

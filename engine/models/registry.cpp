@@ -47,6 +47,10 @@ std::shared_ptr<CausalLM> build_model(const ModelConfig& config, const torch::Te
   return it->second(config, opts);
 }
 
+std::string architecture_of(const ModelConfig& config) {
+  return build_model(config, torch::TensorOptions().device(torch::kMeta))->class_name();
+}
+
 std::vector<std::string> registered_model_types() {
   std::vector<std::string> types;
   for (const auto& [type, builder] : registry()) types.push_back(type);

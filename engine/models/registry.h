@@ -19,4 +19,8 @@ std::shared_ptr<CausalLM> build_model(const ModelConfig& config, const torch::Te
 
 std::vector<std::string> registered_model_types();
 
+// The transformers class of `config`'s model ("LlamaForCausalLM"), which config.json's
+// `architectures` names and serving engines pick the model by.
+std::string architecture_of(const ModelConfig& config);
+
 }  // namespace fsdpp

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <functional>
@@ -218,6 +219,21 @@ TEST_CASE("HF writer: copies the source's tokenizer and processors, and nothing 
   for (const auto& name : companions) CHECK(read_text_file(root / "out" / name) == read_text_file(source / name));
   CHECK_FALSE(fs::exists(root / "out" / "notes.txt"));
   CHECK_FALSE(fs::exists(root / "out" / ".fsdpp-export-staging"));  // the staging directory's mark stays behind
+}
+
+TEST_CASE("HF writer: a config that names no architectures gets its model's class", "[checkpoint]") {
+  const fs::path root = testing::scratch_dir("hfw-architectures");
+  const std::string fields = R"("model_type": "llama", "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 16)";
+  const std::vector<TensorSpec> specs = {{"a", at::kFloat, {2}}};
+  auto written = [&](const std::string& text, const std::string& name) {
+    HfDirWriter writer(ModelConfig::from_text(text, "config.json"), specs, root / name, at::kFloat);
+    writer.write("a", at::ones({2}));
+    writer.finish();
+    return nlohmann::json::parse(read_text_file(root / name / "config.json")).at("architectures");
+  };
+  CHECK(written("{" + fields + "}", "unnamed") == nlohmann::json::array({"LlamaForCausalLM"}));
+  CHECK(written(R"({"architectures": ["MyLlama"], )" + fields + "}", "named") == nlohmann::json::array({"MyLlama"}));
 }
 
 TEST_CASE("HF writer: replaces an earlier export, and refuses a directory holding anything else", "[checkpoint]") {
