@@ -21,13 +21,12 @@ usage: check_frozen_run.py FIXTURE_DIR WORK_DIR
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 
 import torch
 
-from check_python_run import ROWS, batches, run_ranks, write_run_file
+from check_python_run import ROWS, batches, fresh_dir, run_ranks, write_run_file
 
 FUSED = {"policy.options.fused_linear_logprob": True}
 KL_WEIGHT = 0.5
@@ -208,8 +207,7 @@ def main():
         return 0
     import fsdpp
     fixtures, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    fresh_dir(work)
     os.makedirs(os.path.join(work, "world1"))
     checks, norms = world1_checks(fixtures, os.path.join(work, "world1"))
     ids = batches(101)[0][0]

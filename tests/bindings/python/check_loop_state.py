@@ -12,12 +12,11 @@ usage: check_loop_state.py FIXTURE_DIR WORK_DIR
 """
 import json
 import os
-import shutil
 import sys
 
 import torch
 
-from check_python_run import ROWS, batches, run_ranks, write_run_file
+from check_python_run import ROWS, batches, fresh_dir, run_ranks, write_run_file
 
 
 def state_of(rank):
@@ -63,8 +62,7 @@ def main():
         return 0
     import fsdpp
     fixtures, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    fresh_dir(work)
     run_file = write_run_file(work, os.path.join(fixtures, "llama_untied"))
     ran = torchrun(work, run_file, 2, "save") and torchrun(work, run_file, 2, "resume") and \
         torchrun(work, run_file, 3, "resume")

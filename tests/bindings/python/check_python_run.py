@@ -60,6 +60,13 @@ reuse_out_dir = true
     return path
 
 
+def fresh_dir(path):
+    """`path` as an empty directory, whatever an earlier run left there."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
 def run_ranks(script, world, *args):
     """`script --rank ARGS...` as `world` ranks under torchrun, one thread each: the finished
     process, its output captured."""
@@ -1108,8 +1115,7 @@ def tied_head_adapter(model_dir, work):
     unties the two."""
     import fsdpp
     from safetensors.torch import load_file
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    fresh_dir(work)
     run = fsdpp.Run(write_run_file(work, model_dir), {"policy.options.lora_rank": 2,
                                                       "policy.options.lora_targets": "q_proj,lm_head"})
     vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
@@ -1134,8 +1140,7 @@ def dropout_follows_train_and_eval(model_dir, work):
     """LoRA's dropout acts in run.model.train() (as after Run(): two forwards of the same rows
     differ) and not in eval() (they agree), as a torch module's does."""
     import fsdpp
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    fresh_dir(work)
     run = fsdpp.Run(write_run_file(work, model_dir), {"policy.options.lora_rank": 2,
                                                       "policy.options.lora_dropout": 0.5})
     ids = batches(101)[0][0][:, :-1]

@@ -16,10 +16,9 @@ usage: check_rank_errors.py FIXTURE_DIR WORK_DIR
 """
 import json
 import os
-import shutil
 import sys
 
-from check_python_run import ROWS, batches, run_ranks, write_run_file
+from check_python_run import ROWS, batches, fresh_dir, run_ranks, write_run_file
 
 
 def rank_main(run_file, work):
@@ -69,8 +68,7 @@ def main():
         rank_main(sys.argv[2], sys.argv[3])
         return 0
     fixtures, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    fresh_dir(work)
     run_file = write_run_file(work, os.path.join(fixtures, "llama_untied"))
     done = run_ranks(__file__, 2, run_file, work)
     if done.returncode != 0 or "terminate called" in done.stderr:
