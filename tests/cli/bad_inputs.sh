@@ -163,8 +163,9 @@ if ! command -v nvidia-smi >/dev/null; then
     -- eval "$work/ok.toml" --set 'parallel.device="cuda"'
   expect "eval over nccl where there is no GPU" "[parallel] backend = \"nccl\", but this process sees no GPU" \
     -- eval "$work/ok.toml" --set 'parallel.backend="nccl"'
-  expect "launched eval on a GPU where there is none" \
-    "rank 0: --set parallel.device=\"cuda\": [parallel] device = \"cuda\", but this process sees no GPU" \
+  # Both ranks refuse; whichever reports first is named, as the launcher stops the other.
+  expect "launched eval on a GPU where there is none" "fsdpp: error: rank " \
+    ": --set parallel.device=\"cuda\": [parallel] device = \"cuda\", but this process sees no GPU" \
     -- launch --nproc-per-node 2 -- eval "$work/ok.toml" --set 'parallel.device="cuda"'
 fi
 
