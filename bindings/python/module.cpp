@@ -41,6 +41,8 @@ PYBIND11_MODULE(_fsdpp, m) {
            py::arg("overrides"), py::arg("grad_reduction"), py::arg("frozen"))
       .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("position_ids") = py::none(),
            py::arg("document_offsets") = py::none())
+      .def("hidden_states", &PythonRun::hidden_states, py::arg("input_ids"), py::arg("position_ids") = py::none(),
+           py::arg("document_offsets") = py::none())
       .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature"),
            py::arg("position_ids"), py::arg("document_offsets"), py::arg("entropy"))
       .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
@@ -67,7 +69,8 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def_property_readonly("weights_version", &PythonRun::weights_version)
       .def_property_readonly("loss_scale", &PythonRun::loss_scale)
       .def_property_readonly("device", &PythonRun::device)
-      .def_property_readonly("vocab_size", &PythonRun::vocab_size);
+      .def_property_readonly("vocab_size", &PythonRun::vocab_size)
+      .def_property_readonly("hidden_size", &PythonRun::hidden_size);
   py::class_<fsdpp::OpCounter>(m, "OpCounter")
       .def(py::init<>())
       .def("stop", [](fsdpp::OpCounter& counter) { return counter.stop().json(); });

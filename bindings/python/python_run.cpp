@@ -153,6 +153,19 @@ at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<a
   });
 }
 
+at::Tensor PythonRun::hidden_states(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
+                                    const std::optional<at::Tensor>& document_offsets) {
+  return exclusively([&] {
+    RowLayout layout;
+    agree_on_inputs("run.model.hidden_states", [&] {
+      check_token_ids("input_ids", input_ids, vocab_size());
+      layout = checked_layout(input_ids, position_ids, document_offsets);
+    });
+    const NoAutocast own_precision;
+    return run_->hidden_states(input_ids, layout);
+  });
+}
+
 std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
                                             double temperature, const std::optional<at::Tensor>& position_ids,
                                             const std::optional<at::Tensor>& document_offsets, bool entropy) {

@@ -36,6 +36,10 @@ class PythonRun {
   // read one after another).
   at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
                      const std::optional<at::Tensor>& document_offsets);
+  // The final hidden states [B, T, C] of input_ids (Run::hidden_states), positions and
+  // documents as forward takes them.
+  at::Tensor hidden_states(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
+                           const std::optional<at::Tensor>& document_offsets);
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
   // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs); with `entropy`,
   // each token's entropy [B, T] after them.
@@ -83,6 +87,7 @@ class PythonRun {
   std::optional<double> loss_scale() const { return run_->loss_scale(); }
   std::string device() const { return run_->device().str(); }
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
+  int64_t hidden_size() const { return run_->model().config().hidden_size; }
 
  private:
   // `work` on the run with the GIL released, so that the loop's other Python threads go on

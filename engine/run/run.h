@@ -124,6 +124,11 @@ class Run {
   // That gradient lives in one buffer the next forward with autograd refills: each forward's
   // backward must come before it.
   at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout);
+  // The final hidden states [B, T, C] (after the last norm, where the output head would read
+  // them) of `input_ids` laid out as `layout` says, differentiable as forward is: the features
+  // a caller's own head reads (a PPO critic's value, a reward model's score). A loss on them
+  // alone leaves the output head a gradient of zeros.
+  at::Tensor hidden_states(const at::Tensor& input_ids, const RowLayout& layout);
   // Applies the gradients the caller's backward calls left, clipped by one global norm, and
   // AdamW at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts
   // model's routing biases then move as the step's routing asks ([experts] bias_update_rate).

@@ -1,7 +1,8 @@
-// A run's forwards for a caller that owns the loss (the Python API): logits or per-token
-// log-probabilities with autograd through the units, the mixture-of-experts routing balance
-// each forward with autograd owes its backward, and the loss scale applied to what the
-// caller differentiates; and the waits that keep a caller's calls off a backward in flight.
+// A run's forwards for a caller that owns the loss (the Python API): logits, final hidden
+// states or per-token log-probabilities with autograd through the units, the mixture-of-experts
+// routing balance each forward with autograd owes its backward, and the loss scale applied to
+// what the caller differentiates; and the waits that keep a caller's calls off a backward in
+// flight.
 #include "run/run.h"
 
 #include "core/device.h"
@@ -102,6 +103,18 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
   const at::ScalarType dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat : output.scalar_type();
   return ScaleGradient::apply(output, dtype, scaler_->scale());
 }
+at::Tensor Run::hidden_states(const at::Tensor& input_ids, const RowLayout& layout) {
+  check_loaded("hidden_states", /*params_only=*/true);
+  if (!model().gives_final_hidden()) {
+    throw EveryRankError("hidden_states: " + model().class_name() + " gives its logits alone, not its final hidden "
+                         "states");
+  }
+  check_balance_consumed("hidden_states");
+  const at::Tensor hidden = scaled_output(model()(to_device(input_ids, device_), FinalHidden{layout}));  // [B, T, C]
+  balance_experts(hidden);
+  return hidden;
+}
+
 TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                             const RowLayout& layout, bool with_entropy) {
   check_loaded("logprobs", /*params_only=*/true);

@@ -137,6 +137,18 @@ class Model:
             _tensor("document_offsets", document_offsets, optional=True)))
         return _holding(self._run, self._run.forward(*args))
 
+    def hidden_states(self, input_ids, position_ids=None, document_offsets=None):
+        """The final hidden states [B, T, C] of `input_ids` [B, T] int64 (C: Run.hidden_size),
+        after the last norm, where the output head reads them: the features a loop's own head
+        maps to a PPO critic's values or a reward model's scores. Positions and documents as
+        calling the model takes them; differentiable as it is. A loss on them alone gives the
+        output head a gradient of zeros: AdamW's weight decay still shrinks it, where torch's
+        AdamW would leave a parameter without a gradient alone."""
+        args = _agreed(self._run, "run.model.hidden_states", lambda: (
+            _tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
+            _tensor("document_offsets", document_offsets, optional=True)))
+        return _holding(self._run, self._run.hidden_states(*args))
+
     def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None,
                  entropy=False):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
@@ -317,6 +329,11 @@ class Run:
     @property
     def device(self):
         return torch.device(self._run.device)
+
+    @property
+    def hidden_size(self):
+        """The width C of the model's hidden states (its config's hidden_size)."""
+        return self._run.hidden_size
 
 
 class count_ops:
