@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 
 namespace fsdpp {
 
@@ -140,6 +141,26 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   if (rope.original_max_position_embeddings == 0) rope.original_max_position_embeddings = c.max_position_embeddings;
   if (rope.factor == 0.0) {  // YaRN's factor left null: derived as transformers derives it
     rope.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(rope.original_max_position_embeddings);
+  }
+}
+
+// Refuses a checkpoint whose head is not a language model's: a sequence-classification model
+// (a reward model, a critic) keeps score.weight [labels, C] where lm_head.weight would be,
+// which no model here builds. Its hidden states are the base's, which Python reads apart.
+void check_language_model_head(const json& file, const std::string& origin) {
+  if (!file.contains("architectures") || !file["architectures"].is_array()) return;
+  for (const json& name : file["architectures"]) {
+    if (!name.is_string()) continue;
+    const std::string architecture = name.get<std::string>();
+    for (const auto& [suffix, head] : {std::pair{"ForSequenceClassification", "sequence-classification"},
+                                       std::pair{"ForTokenClassification", "token-classification"},
+                                       std::pair{"ForQuestionAnswering", "question-answering"}}) {
+      if (architecture.ends_with(suffix)) {
+        throw UserError(origin + ": architectures names " + architecture + ", whose " + head +
+                        " head fsdpp does not build (it builds language models, with lm_head); from Python, give "
+                        "run.model.hidden_states of its base model to a head of the loop's own (docs/python.md)");
+      }
+    }
   }
 }
 
@@ -286,6 +307,7 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
     for (const auto& type : types) known += (known.empty() ? "" : ", ") + type;
     throw UserError(origin + ": model_type '" + c.model_type + "' is not supported (known: " + known + ")");
   }
+  check_language_model_head(file, origin);
   // The weights' dtype is [model] dtype's to choose; the file's two names for it must agree.
   read<std::string>(file, spelled_key(file, {"dtype", "torch_dtype"}, origin), origin, "");
   // Multimodal files keep the language model's keys in text_config (older ones at the top).

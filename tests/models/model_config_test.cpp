@@ -245,6 +245,17 @@ TEST_CASE("another architecture's file is refused by its model_type, naming the 
   CHECK(built == supported_model_types());
 }
 
+TEST_CASE("a checkpoint with a head other than a language model's is refused, naming its architecture", "[models]") {
+  auto reward = tiny("llama");
+  reward["architectures"] = {"LlamaForSequenceClassification"};
+  CHECK(refusal(reward) == "config.json: architectures names LlamaForSequenceClassification, whose "
+                           "sequence-classification head fsdpp does not build (it builds language models, with "
+                           "lm_head); from Python, give run.model.hidden_states of its base model to a head of the "
+                           "loop's own (docs/python.md)");
+  reward["architectures"] = {"LlamaForCausalLM"};
+  CHECK_NOTHROW(ModelConfig::from_json(reward, "config.json"));
+}
+
 TEST_CASE("scales nothing else bounds are range-checked where they enter, before a run of NaN losses", "[models]") {
   auto llama = tiny("llama");
   llama["initializer_range"] = 1e300;
