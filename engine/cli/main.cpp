@@ -71,6 +71,17 @@ void check_logits_target(const std::string& path) {
   }
 }
 
+// train and eval compute a language model's loss over next tokens; a sequence-classification
+// model's (a reward model's, a critic's) is its loop's, which brings its own loss in Python.
+void require_language_model(const ModelSourceConfig& source, const char* command) {
+  const ModelConfig model = model_config_of(source);
+  if (model.num_labels > 0) {
+    throw UserError(std::string(command) + ": [model] is a " + architecture_of(model) + " (num_labels " +
+                    std::to_string(model.num_labels) + "), whose loss " + command + " cannot know: train or "
+                    "score it from Python (fsdpp.Run, docs/python.md), where the loop brings its loss");
+  }
+}
+
 RunConfig load_run(const CommandLine& args) {
   RunConfig config = RunConfig::load(args.config, args.overrides);
   if (config.train.threads > 0) at::set_num_threads(static_cast<int>(config.train.threads));
@@ -80,6 +91,7 @@ RunConfig load_run(const CommandLine& args) {
 int run_train(const CommandLine& args) {
   const RunConfig config = load_run(args);
   config.check_paths();
+  require_language_model(config.model, "train");
   config.require_data();
   config.check_eval_schedule();
   check_outputs(config);
@@ -160,6 +172,7 @@ int run_eval(const CommandLine& args) {
   config.checkpoint.resume = {};  // evaluation resumes nothing
   config.check_eval_seq_len();
   config.check_paths();
+  require_language_model(config.model, "eval");
   if (!args.logits.empty()) check_logits_target(args.logits);
   // A GPU the run file asks for is checked as training checks it, though evaluation computes on
   // the CPU: a run file's settings mean one thing. device = "auto" asks for none here.

@@ -55,7 +55,8 @@ class CausalLM : public Module {
       : Module(std::move(class_name)), config_(std::move(config)), no_split_(std::move(no_split)) {}
 
   FSDPP_MODULE_CALL
-  virtual torch::Tensor forward(const torch::Tensor& input_ids) = 0;  // [B, T] -> [B, T, V]
+  // [B, T] -> [B, T, V]; a sequence-classification model's scores [B, T, labels] (ModelConfig::num_labels)
+  virtual torch::Tensor forward(const torch::Tensor& input_ids) = 0;
   // With the batch's images and videos; only vision-language models take them.
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
     throw UserError(class_name() + " takes no images or videos");
@@ -72,7 +73,7 @@ class CausalLM : public Module {
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
     throw UserError(class_name() + " does not give its hidden states apart from its logits");
   }
-  // The output head's weight [V, C] as it is now (gathered while its unit computes), and
+  // The output head's weight [V, C] (a score head's [labels, C]) as it is now (gathered while its unit computes), and
   // whether the head carries a LoRA adapter, which the weight alone leaves out.
   virtual torch::Tensor output_head_weight() const { throw UserError(class_name() + " has no output head to share"); }
   virtual bool output_head_adapted() const { return false; }

@@ -150,20 +150,25 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, const torch:
 
 DecoderCausalLM::DecoderCausalLM(const DecoderFamily& family, const ModelConfig& c,
                                  const torch::TensorOptions& opts)
-    : CausalLM(family.prefix + "ForCausalLM", c, {family.prefix + "DecoderLayer"}) {
+    : CausalLM(family.prefix + (c.num_labels > 0 ? "ForSequenceClassification" : "ForCausalLM"), c,
+               {family.prefix + "DecoderLayer"}) {
   model_ = register_child("model", std::make_shared<DecoderModel>(family, c, opts));
-  lm_head_ = c.tie_word_embeddings
+  if (c.num_labels > 0) {  // transformers' score: no bias, never tied
+    head_ = register_child("score", std::make_shared<Linear>(c.hidden_size, c.num_labels, false, opts));
+    return;
+  }
+  head_ = c.tie_word_embeddings
                  ? std::make_shared<Linear>(model_->embed_tokens->weight)
                  : std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, opts);
-  register_child("lm_head", lm_head_);
+  register_child("lm_head", head_);
 }
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids) {
-  return (*lm_head_)((*model_)(input_ids));
+  return (*head_)((*model_)(input_ids));
 }
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const RowLayout& layout) {
-  return (*lm_head_)(hidden(input_ids, layout));
+  return (*head_)(hidden(input_ids, layout));
 }
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const FinalHidden& ask) {

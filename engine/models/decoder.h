@@ -120,8 +120,8 @@ class DecoderCausalLM : public CausalLM {
   torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;
   bool gives_final_hidden() const override { return true; }
   torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
-  torch::Tensor output_head_weight() const override { return lm_head_->weight; }
-  bool output_head_adapted() const override { return lm_head_->has_adapter(); }
+  torch::Tensor output_head_weight() const override { return head_->weight; }
+  bool output_head_adapted() const override { return head_->has_adapter(); }
   RoutingLog* routing() const override { return model_->routing(); }
 
  private:
@@ -129,7 +129,7 @@ class DecoderCausalLM : public CausalLM {
   torch::Tensor hidden(const torch::Tensor& input_ids, const RowLayout& layout);
 
   std::shared_ptr<DecoderModel> model_;
-  std::shared_ptr<Linear> lm_head_;
+  std::shared_ptr<Linear> head_;  // lm_head [V, C], or a sequence-classification model's score [labels, C]
 };
 
 }  // namespace fsdpp

@@ -144,23 +144,31 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
   }
 }
 
-// Refuses a checkpoint whose head is not a language model's: a sequence-classification model
-// (a reward model, a critic) keeps score.weight [labels, C] where lm_head.weight would be,
-// which no model here builds. Its hidden states are the base's, which Python reads apart.
-void check_language_model_head(const json& file, const std::string& origin) {
+// The output head the file's architectures name: a language model's lm_head [V, C], or a
+// sequence-classification model's score [labels, C] (reward models and critics are saved so),
+// which is never tied to the embedding, whatever tie_word_embeddings says. Token
+// classification and question answering heads are refused.
+void read_head(const json& file, const std::string& origin, ModelConfig& c) {
   if (!file.contains("architectures") || !file["architectures"].is_array()) return;
   for (const json& name : file["architectures"]) {
     if (!name.is_string()) continue;
     const std::string architecture = name.get<std::string>();
-    for (const auto& [suffix, head] : {std::pair{"ForSequenceClassification", "sequence-classification"},
-                                       std::pair{"ForTokenClassification", "token-classification"},
+    for (const auto& [suffix, head] : {std::pair{"ForTokenClassification", "token-classification"},
                                        std::pair{"ForQuestionAnswering", "question-answering"}}) {
       if (architecture.ends_with(suffix)) {
         throw UserError(origin + ": architectures names " + architecture + ", whose " + head +
-                        " head fsdpp does not build (it builds language models, with lm_head); from Python, give "
-                        "run.model.hidden_states of its base model to a head of the loop's own (docs/python.md)");
+                        " head fsdpp does not build (it builds language models and sequence-classification models)");
       }
     }
+    if (!architecture.ends_with("ForSequenceClassification")) continue;
+    // transformers keeps the label count as id2label's size, and defaults to 2.
+    const auto labels = file.find("id2label");
+    c.num_labels = labels != file.end() && labels->is_object() && !labels->empty()
+                       ? static_cast<int64_t>(labels->size())
+                       : read<int64_t>(file, "num_labels", origin, 2);
+    check_range(origin, "num_labels", c.num_labels, 1, int64_t{1} << 20);
+    if (c.vision) throw UserError(origin + ": " + architecture + ": a vision-language model with a score head is not built");
+    c.tie_word_embeddings = false;
   }
 }
 
@@ -266,6 +274,7 @@ std::vector<std::string> ModelConfig::differences(const ModelConfig& other) cons
                             {"head_dim", head_dim, other.head_dim},
                             {"sliding_window", sliding_window, other.sliding_window},
                             {"pad_token_id", padding_row, other.padding_row},
+                            {"num_labels", num_labels, other.num_labels},
                             {"image_token_id", image_token_id, other.image_token_id},
                             {"video_token_id", video_token_id, other.video_token_id},
                             {"vision_start_token_id", vision_start_token_id, other.vision_start_token_id}}) {
@@ -307,7 +316,6 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
     for (const auto& type : types) known += (known.empty() ? "" : ", ") + type;
     throw UserError(origin + ": model_type '" + c.model_type + "' is not supported (known: " + known + ")");
   }
-  check_language_model_head(file, origin);
   // The weights' dtype is [model] dtype's to choose; the file's two names for it must agree.
   read<std::string>(file, spelled_key(file, {"dtype", "torch_dtype"}, origin), origin, "");
   // Multimodal files keep the language model's keys in text_config (older ones at the top).
@@ -322,6 +330,7 @@ ModelConfig ModelConfig::from_json(const json& file, const std::string& origin) 
   read_decoder(j, origin, c);
   check_decoder(c, origin);
   read_vision_language(file, origin, c);
+  read_head(file, origin, c);
   check_parameter_count(c, origin);
   c.raw = std::make_shared<const json>(file);
   return c;

@@ -116,6 +116,9 @@ struct ModelConfig {
   int64_t sliding_window = 0;         // mistral: a token attends to the last W tokens only; 0: all
   RopeScaling rope_scaling;           // RoPE frequency scaling
   bool tie_word_embeddings = false;   // lm_head.weight is model.embed_tokens.weight
+  // A sequence-classification model's (a reward model's, a critic's) score outputs: its head
+  // is score [labels, C] in place of lm_head, scoring every token. 0: a language model.
+  int64_t num_labels = 0;
   // pad_token_id as the embedding's row: transformers' embeddings (nn.Embedding's padding_idx)
   // give it no gradient, and initialise it to zero. A negative id counts from the end, as
   // there; -1 here: none.

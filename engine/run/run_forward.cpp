@@ -122,6 +122,10 @@ TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targe
     throw EveryRankError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
                          "logprobs reads: take log_softmax of run.model's logits");
   }
+  if (model().config().num_labels > 0) {
+    throw EveryRankError("logprobs: " + model().class_name() + " scores tokens with its score head, and gives no "
+                         "token log-probabilities: read run.model's scores [B, T, labels]");
+  }
   if (!head_in_root_) {
     throw EveryRankError("logprobs: the output head must stay in the root unit, gathered until backward: set "
                          "[policy.options] fused_linear_logprob = true");

@@ -245,15 +245,30 @@ TEST_CASE("another architecture's file is refused by its model_type, naming the 
   CHECK(built == supported_model_types());
 }
 
-TEST_CASE("a checkpoint with a head other than a language model's is refused, naming its architecture", "[models]") {
+TEST_CASE("a sequence-classification file builds a score head of its labels, never tied", "[models]") {
   auto reward = tiny("llama");
   reward["architectures"] = {"LlamaForSequenceClassification"};
-  CHECK(refusal(reward) == "config.json: architectures names LlamaForSequenceClassification, whose "
-                           "sequence-classification head fsdpp does not build (it builds language models, with "
-                           "lm_head); from Python, give run.model.hidden_states of its base model to a head of the "
-                           "loop's own (docs/python.md)");
-  reward["architectures"] = {"LlamaForCausalLM"};
-  CHECK_NOTHROW(ModelConfig::from_json(reward, "config.json"));
+  reward["tie_word_embeddings"] = true;
+  // transformers counts the labels by id2label, and defaults to 2.
+  CHECK(ModelConfig::from_json(reward, "config.json").num_labels == 2);
+  reward["id2label"] = {{"0", "LABEL_0"}};
+  const ModelConfig config = ModelConfig::from_json(reward, "config.json");
+  CHECK(config.num_labels == 1);
+  CHECK_FALSE(config.tie_word_embeddings);
+  auto model = build_model(config, torch::TensorOptions().device(torch::kMeta));
+  CHECK(model->class_name() == "LlamaForSequenceClassification");
+  CHECK(model->output_head_weight().sizes() == torch::IntArrayRef{1, config.hidden_size});
+  std::vector<std::string> names;
+  for (const auto& p : unique_named_parameters(*model)) names.push_back(p.name);
+  CHECK(std::count(names.begin(), names.end(), "score.weight") == 1);
+  CHECK(std::count(names.begin(), names.end(), "lm_head.weight") == 0);
+  reward["architectures"] = {"LlamaForTokenClassification"};
+  CHECK(refusal(reward) == "config.json: architectures names LlamaForTokenClassification, whose token-classification "
+                           "head fsdpp does not build (it builds language models and sequence-classification models)");
+  reward["architectures"] = {"LlamaForSequenceClassification"};
+  reward["id2label"] = json::object();
+  reward["num_labels"] = 0;
+  CHECK_THAT(refusal(reward), Catch::Contains("num_labels"));
 }
 
 TEST_CASE("scales nothing else bounds are range-checked where they enter, before a run of NaN losses", "[models]") {

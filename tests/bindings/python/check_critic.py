@@ -1,18 +1,23 @@
-"""run.model.hidden_states: a PPO critic's values from fsdpp's hidden states and a head of the
-loop's own, against transformers + torch.optim.AdamW in one process.
+"""PPO critics and reward models through fsdpp.Run, against transformers + torch.optim.AdamW in
+one process: a value head of the loop's own on run.model.hidden_states, and a
+LlamaForSequenceClassification checkpoint (num_labels 1) whose score head the run builds.
 
-A value head (torch.nn.Linear(C, 1), the loop's, trained by its own AdamW) on the final hidden
-states of a transformers-saved Llama, untied (lm_head its own unit, never run) and tied, with
-PPO's clipped value loss, for 5 steps in float64:
+Each critic trains with PPO's clipped value loss for 5 steps in float64; the value head
+(torch.nn.Linear(C, 1), trained by the loop's own AdamW) reads the final hidden states of a
+transformers-saved Llama, untied (lm_head its own unit, never run) and tied:
 - the hidden states equal transformers' last_hidden_state (1e-6 relative: transformers
   computes its rotary tables in float32), packed documents each their own;
 - losses and gradient norms against transformers as check_python_run.py bounds them; world 2
-  (torchrun; the head's gradient averaged over the ranks by torch.distributed, beside the
-  run's own groups) against world 1 within 1e-10, the head's weights and the model's;
+  (torchrun; the value head's gradient averaged over the ranks by torch.distributed, beside
+  the run's own groups) against world 1 within 1e-10, the head's weights and the model's;
 - the untied lm_head, which such a loss leaves a gradient of zeros, shrunk by AdamW's weight
   decay alone, as docs/python.md says;
-- a frozen run's hidden states (a reward model's features) equal the trained run's before it
-  steps; hidden_states while the params are offloaded raises fsdpp.Error.
+- the sequence-classification model: its scores [B, T, 1] train as the value head's do; its
+  checkpoint, exported by `fsdpp export`, loads in transformers' AutoModelForSequenceClassification
+  and scores a row as the run does; frozen, it scores as transformers does (a reward model);
+  logprobs and `fsdpp train` refuse it on one line;
+- a frozen run's hidden states equal the trained run's before it steps; hidden_states while
+  the params are offloaded raises fsdpp.Error.
 
 usage: check_critic.py FIXTURE_DIR WORK_DIR
 """
@@ -40,42 +45,49 @@ def value_loss(values, returns, old_values):
     return 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
-def train_critic(run_file, rank, world):
-    """This rank's ((losses, norms), the model's full weights, the head's weights) after STEPS
-    steps on its rows of every batch."""
+def values_of(model, head, ids):
+    """Each token's value [B, T] from run.model: the loop's head over the hidden states, or the
+    model's own score head (head None)."""
+    return model(ids)[..., 0] if head is None else head(model.hidden_states(ids)).squeeze(-1)
+
+
+def train_critic(run_file, rank, world, own_head):
+    """This rank's ((losses, norms), the model's full weights, the loop's head's weights) after
+    STEPS steps on its rows of every batch; the checkpoint of its last step too at world 1."""
     import fsdpp
     run = fsdpp.Run(run_file)
-    head, head_optimizer = value_head(run.hidden_size)
+    head, head_optimizer = value_head(run.hidden_size) if own_head else (None, None)
     per_rank = ROWS // world
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
     losses, norms = [], []
     for ids, returns, old_values in batches(run._run.vocab_size):
-        values = head(run.model.hidden_states(ids[rows, :-1])).squeeze(-1)  # [B, T]
-        loss = value_loss(values, returns[rows], old_values[rows])
+        loss = value_loss(values_of(run.model, head, ids[rows, :-1]), returns[rows], old_values[rows])
         loss.backward()
-        if world > 1:  # the head is the loop's: its gradient is averaged as the run averages its own
-            torch.distributed.all_reduce(head.weight.grad)
-            torch.distributed.all_reduce(head.bias.grad)
+        if head is not None and world > 1:  # the loop's head: averaged as the run averages its own
             for p in head.parameters():
+                torch.distributed.all_reduce(p.grad)
                 p.grad /= world
         norm, stepped = run.step()
         assert stepped
-        head_optimizer.step()
         run.zero_grad()
-        head_optimizer.zero_grad()
+        if head is not None:
+            head_optimizer.step()
+            head_optimizer.zero_grad()
         losses.append(loss.item())
         norms.append(norm)
     weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
-    return (losses, norms), weights, {name: p.detach().clone() for name, p in head.named_parameters()}
+    head_weights = {name: p.detach().clone() for name, p in head.named_parameters()} if head is not None else {}
+    return (losses, norms), weights, head_weights
 
 
-def train_reference(model_dir):
+def train_reference(model_dir, own_head):
     """The same loop over transformers' model and torch.optim.AdamW: (losses, norms), the
     initial weights."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    auto = AutoModelForCausalLM if own_head else AutoModelForSequenceClassification
+    model = auto.from_pretrained(model_dir, dtype=torch.float64)
     initial = {name: t.clone() for name, t in model.state_dict().items()}
-    head, head_optimizer = value_head(model.config.hidden_size)
+    head, head_optimizer = value_head(model.config.hidden_size) if own_head else (None, None)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
@@ -84,14 +96,16 @@ def train_reference(model_dir):
     for ids, returns, old_values in batches(model.config.vocab_size):
         loss = 0
         for h in [slice(0, ROWS // 2), slice(ROWS // 2, ROWS)]:  # what two ranks' averaged gradients give
-            values = head(model.model(ids[h, :-1]).last_hidden_state).squeeze(-1)
+            hidden = model.model(ids[h, :-1]).last_hidden_state
+            values = head(hidden).squeeze(-1) if own_head else model.score(hidden)[..., 0]
             loss = loss + value_loss(values, returns[h], old_values[h]) / 2
         loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
         optimizer.step()
-        head_optimizer.step()
         optimizer.zero_grad()
-        head_optimizer.zero_grad()
+        if head is not None:
+            head_optimizer.step()
+            head_optimizer.zero_grad()
         losses.append(loss.item())
     return (losses, norms), initial
 
@@ -142,7 +156,7 @@ def compare_worlds(name, got, want):
     for mine, theirs in zip(got[1:], want[1:]):
         gap = max([gap] + [(mine[k] - theirs[k]).abs().max().item() for k in theirs])
     ok = gap <= FLOAT64_BOUND and set(got[1]) == set(want[1])
-    print(f"{'ok  ' if ok else 'FAIL'} {name}: losses, norms, {len(got[1])} model and 2 head weights {gap:.1e} "
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: losses, norms, {len(got[1])} model and {len(got[2])} head weights {gap:.1e} "
           f"from world 1's (bound {FLOAT64_BOUND:.0e})")
     return ok
 
@@ -157,29 +171,90 @@ def decayed_head(name, weights, initial):
     return ok
 
 
+def make_classifier(model_dir, out_dir):
+    """A LlamaForSequenceClassification of one label over `model_dir`'s weights, its score head
+    initialised by transformers, saved by transformers."""
+    from transformers import AutoModelForSequenceClassification
+    torch.manual_seed(5)
+    AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float64).save_pretrained(
+        out_dir)
+    return out_dir
+
+
+def scoring_rows(vocab, pad):
+    """One row of 12 tokens, none of them the pad token (transformers scores a row at its last
+    token that is not one)."""
+    ids = batches(vocab)[1][0][:1, :-1].clone()
+    if pad is not None:
+        ids[ids == pad] = (pad + 1) % vocab
+    return ids
+
+
+def classifier_outside_training(run_file, work):
+    """The trained classifier's checkpoint, exported, scores a row in transformers as a frozen
+    run of the export does; logprobs and `fsdpp train` refuse the model."""
+    import subprocess
+    import fsdpp
+    from transformers import AutoModelForSequenceClassification
+    run = fsdpp.Run(run_file)
+    ids = batches(run._run.vocab_size)[0][0]
+    run.model(ids).sum().backward()
+    run.step()
+    saved = run.save(os.path.join(work, "saved"))
+    exported = os.path.join(work, "exported")
+    subprocess.run([os.environ["FSDPP"], "export", saved, exported], check=True, capture_output=True, timeout=300)
+    model = AutoModelForSequenceClassification.from_pretrained(exported, dtype=torch.float64)
+    rows = scoring_rows(model.config.vocab_size, model.config.pad_token_id)
+    want = model(rows).logits[0, 0].item()  # [1, 1]: the row's last token's score
+    with torch.no_grad():
+        trained = run.model(rows)[0, -1, 0].item()
+    reward = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "reward")), exported), frozen=True)
+    with torch.no_grad():
+        scored = reward.model(rows)[0, -1, 0].item()
+    gap = max(abs(trained - want), abs(scored - want)) / abs(want)
+    ok = model.config.architectures == ["LlamaForSequenceClassification"] and gap <= FIRST_STEP_BOUND
+    print(f"{'ok  ' if ok else 'FAIL'} exported classifier ({model.config.architectures}) scores a row {want:.6f} in "
+          f"transformers; the run and a frozen run of the export within {gap:.1e} (bound {FIRST_STEP_BOUND:.0e})")
+    try:
+        run.model.logprobs(ids[:, :-1], ids[:, 1:])
+        said = "no error"
+    except fsdpp.Error as e:
+        said = str(e)
+    trained_by_binary = subprocess.run([os.environ["FSDPP"], "train", run_file], capture_output=True, text=True,
+                                       timeout=300)
+    refused = trained_by_binary.stderr.strip().splitlines()
+    ok_refused = ("score head" in said and trained_by_binary.returncode == 2 and len(refused) == 1 and
+                  "LlamaForSequenceClassification (num_labels 1)" in refused[0])
+    print(f"{'ok  ' if ok_refused else 'FAIL'} logprobs: {said}; fsdpp train: exit {trained_by_binary.returncode}, "
+          f"{refused}")
+    return ok and ok_refused
+
+
 def main():
     if sys.argv[1] == "--rank":  # one of torchrun's processes
-        run_file, out = sys.argv[2:4]
+        run_file, out, own_head = sys.argv[2], sys.argv[3], sys.argv[4] == "own-head"
         torch.distributed.init_process_group("gloo")
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        figures, weights, head = train_critic(run_file, rank, world)
+        figures, weights, head = train_critic(run_file, rank, world, own_head)
         torch.save((figures, weights, head), f"{out}.{rank}.pt")
         torch.distributed.destroy_process_group()
         return 0
     fixtures, work = sys.argv[1], sys.argv[2]
     ok = True
-    for model in ["llama_untied", "llama_tied_rope3"]:
+    for model in ["llama_untied", "llama_tied_rope3", "classifier"]:
         case_dir = fresh_dir(os.path.join(work, model))
-        model_dir = os.path.join(fixtures, model)
+        own_head = model != "classifier"
+        model_dir = (os.path.join(fixtures, model) if own_head else
+                     make_classifier(os.path.join(fixtures, "llama_untied"), os.path.join(case_dir, "model")))
         run_file = write_run_file(case_dir, model_dir, lr=LR)
         if model == "llama_untied":
             ok &= same_hidden_states(run_file, model_dir)
             ok &= frozen_and_offloaded(run_file)
-        want, initial = train_reference(model_dir)
-        one = train_critic(run_file, 0, 1)
+        want, initial = train_reference(model_dir, own_head)
+        one = train_critic(run_file, 0, 1, own_head)
         ok &= compare_transformers(f"{model} critic, world 1", one[0], want)
         out = os.path.join(case_dir, "world2")
-        ranks = run_ranks(__file__, 2, run_file, out)
+        ranks = run_ranks(__file__, 2, run_file, out, "own-head" if own_head else "score-head")
         if ranks.returncode != 0:
             print(f"FAIL {model} critic, world 2: exit {ranks.returncode}\n{ranks.stderr[-3000:]}")
             return 1
@@ -192,6 +267,8 @@ def main():
             ok &= compare_worlds(f"{model} critic, world 2 rank {r}", (two, *got[r][1:]), one)
         if model == "llama_untied":
             ok &= decayed_head(f"{model} critic", one[1], initial)
+        if model == "classifier":
+            ok &= classifier_outside_training(run_file, case_dir)
     return 0 if ok else 1
 
 
