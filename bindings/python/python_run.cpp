@@ -142,27 +142,25 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
 
 at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
                               const std::optional<at::Tensor>& document_offsets) {
-  return exclusively([&] {
-    RowLayout layout;
-    agree_on_inputs("run.model", [&] {
-      check_token_ids("input_ids", input_ids, vocab_size());
-      layout = checked_layout(input_ids, position_ids, document_offsets);
-    });
-    const NoAutocast own_precision;
-    return run_->forward(input_ids, layout);
-  });
+  return model_output("run.model", /*hidden=*/false, input_ids, position_ids, document_offsets);
 }
 
 at::Tensor PythonRun::hidden_states(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
                                     const std::optional<at::Tensor>& document_offsets) {
+  return model_output("run.model.hidden_states", /*hidden=*/true, input_ids, position_ids, document_offsets);
+}
+
+at::Tensor PythonRun::model_output(const std::string& call, bool hidden, const at::Tensor& input_ids,
+                                   const std::optional<at::Tensor>& position_ids,
+                                   const std::optional<at::Tensor>& document_offsets) {
   return exclusively([&] {
     RowLayout layout;
-    agree_on_inputs("run.model.hidden_states", [&] {
+    agree_on_inputs(call, [&] {
       check_token_ids("input_ids", input_ids, vocab_size());
       layout = checked_layout(input_ids, position_ids, document_offsets);
     });
     const NoAutocast own_precision;
-    return run_->hidden_states(input_ids, layout);
+    return hidden ? run_->hidden_states(input_ids, layout) : run_->forward(input_ids, layout);
   });
 }
 

@@ -100,6 +100,10 @@ class PythonRun {
   template <typename Work>
   std::invoke_result_t<Work&> exclusively(Work&& work);
   void fall_out_of_step(const std::string& error);
+  // forward's logits, or with `hidden` the final hidden states, as `call` of the package.
+  at::Tensor model_output(const std::string& call, bool hidden, const at::Tensor& input_ids,
+                          const std::optional<at::Tensor>& position_ids,
+                          const std::optional<at::Tensor>& document_offsets);
   // `check` of a call's inputs, agreed over the ranks before the call's first collective: an
   // input is a rank's own (its rows), and a rank that raised alone would leave the others in
   // collectives it never joins. Where any rank's check failed, every rank raises.
