@@ -73,8 +73,9 @@ class CausalLM : public Module {
   virtual torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
     throw UserError(class_name() + " does not give its hidden states apart from its logits");
   }
-  // The output head's weight [V, C] (a score head's [labels, C]) as it is now (gathered while its unit computes), and
-  // whether the head carries a LoRA adapter, which the weight alone leaves out.
+  // The output head's weight [V, C] (a score head's [labels, C]) as it is now (gathered while
+  // its unit computes), and whether the head carries a LoRA adapter, which the weight alone
+  // leaves out.
   virtual torch::Tensor output_head_weight() const { throw UserError(class_name() + " has no output head to share"); }
   virtual bool output_head_adapted() const { return false; }
 

@@ -157,9 +157,8 @@ DecoderCausalLM::DecoderCausalLM(const DecoderFamily& family, const ModelConfig&
     head_ = register_child("score", std::make_shared<Linear>(c.hidden_size, c.num_labels, false, opts));
     return;
   }
-  head_ = c.tie_word_embeddings
-                 ? std::make_shared<Linear>(model_->embed_tokens->weight)
-                 : std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, opts);
+  head_ = c.tie_word_embeddings ? std::make_shared<Linear>(model_->embed_tokens->weight)
+                                : std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, opts);
   register_child("lm_head", head_);
 }
 

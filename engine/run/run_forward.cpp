@@ -103,6 +103,7 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
   const at::ScalarType dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat : output.scalar_type();
   return ScaleGradient::apply(output, dtype, scaler_->scale());
 }
+
 at::Tensor Run::hidden_states(const at::Tensor& input_ids, const RowLayout& layout) {
   check_loaded("hidden_states", /*params_only=*/true);
   if (!model().gives_final_hidden()) {
