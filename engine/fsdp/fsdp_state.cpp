@@ -205,6 +205,33 @@ std::vector<GradGroup> FsdpState::grad_groups() const {
   return groups;
 }
 
+at::Tensor FsdpState::gradient_arrivals() const {
+  std::vector<double> arrived;
+  for (const auto& unit : units_) {
+    for (const auto& p : unit->params()) {
+      if (p.param.requires_grad()) arrived.push_back(p.gradient_arrived ? 1.0 : 0.0);
+    }
+  }
+  return at::tensor(arrived, at::kDouble);
+}
+
+void FsdpState::drop_unarrived_gradients(const at::Tensor& arrivals) {
+  const at::Tensor summed = arrivals.to(at::kCPU, at::kDouble).contiguous();
+  const auto arrived = summed.accessor<double, 1>();
+  int64_t i = 0;
+  for (const auto& unit : units_) {
+    for (auto& p : unit->params()) {
+      if (p.param.requires_grad() && arrived[i++] == 0.0) p.owned.mutable_grad() = at::Tensor();
+    }
+  }
+}
+
+void FsdpState::forget_gradients() {
+  for (const auto& unit : units_) {
+    for (auto& p : unit->params()) p.gradient_arrived = false;
+  }
+}
+
 void FsdpState::for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& visit) {
   for (const auto& unit : units_) unit->for_each_full_value(visit);
 }

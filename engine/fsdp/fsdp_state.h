@@ -69,12 +69,16 @@ class FsdpState : public ShardedView {
   // Backwards through the units that have ended, whichever way: a count that a forward can
   // compare with the one at an earlier forward to know whether a backward came between.
   int64_t backwards_ended() const { return backwards_ended_; }
-  // Whether a gradient reached a unit's parameters since forget_gradients(): a backward that
-  // stopped short of the units (at the logits) still has them reduce zeros, to stay in step
-  // with the other ranks, but brings none.
-  bool gradients_arrived() const { return gradients_arrived_; }
-  void note_gradient_arrived() { gradients_arrived_ = true; }
-  void forget_gradients() { gradients_arrived_ = false; }
+  // Which trainable parameters a backward brought a gradient to on this rank since
+  // forget_gradients(), [P] double (1 or 0), in the same order on every rank. A backward that
+  // stopped short of a unit (at the logits; a head the loss never read) still has it reduce
+  // zeros, to stay in step with the other ranks, but brings it none.
+  at::Tensor gradient_arrivals() const;
+  // Drops the gradient of each parameter that `arrivals`, gradient_arrivals() summed over the
+  // ranks, says no rank's backward reached: the optimizer leaves it alone, as torch's leave a
+  // parameter without a gradient, rather than decay it and move it by its moments.
+  void drop_unarrived_gradients(const at::Tensor& arrivals);
+  void forget_gradients();
   // A call into the run from a thread of its own (the Python API's): holds the units for the
   // call's length, having waited out a backward that another thread runs; a backward that
   // begins meanwhile waits for the call to end before its first unit gathers. From inside the
@@ -105,7 +109,6 @@ class FsdpState : public ShardedView {
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   bool in_backward_ = false;
   int64_t backwards_ended_ = 0;
-  bool gradients_arrived_ = false;
   BackwardWatch backward_;  // the backward in_backward_ stands for
   std::mutex calls_;        // held by a call (begin_call), and by a backward as it begins
   bool sync_ = true;

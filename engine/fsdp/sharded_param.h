@@ -51,6 +51,7 @@ struct ShardedParam {
   at::Tensor local;          // [padded_rows * row_numel] this rank's rows then zero padding
   at::Tensor owned;          // [owned_rows, ...] view of local's real rows: what the optimizer updates
   int world = 1;             // ranks the rows are split over
+  bool gradient_arrived = false;  // a backward brought it a gradient on this rank since FsdpState::forget_gradients
   // The 2-norm of one gradient of `owned` ([] float), taken where the gradient was made: the
   // gradient it was taken of is `grad` (a TensorImpl), at `version`.
   struct GradNorm {

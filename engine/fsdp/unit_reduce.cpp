@@ -30,9 +30,7 @@ void FsdpUnit::post_backward() {
   finish_reduce();  // a reduction of this backward's earlier forward still in flight
   reduced_ = true;
   cast_shard_ = at::Tensor();
-  if (std::any_of(params_.begin(), params_.end(), [](const ShardedParam& p) { return p.param.grad().defined(); })) {
-    state_->note_gradient_arrived();
-  }
+  for (auto& p : params_) p.gradient_arrived |= p.param.grad().defined();
   if (!state_->requires_gradient_sync()) {
     // Accumulating without sync: the full gradients stay until a synced backward reduces
     // their sum once.

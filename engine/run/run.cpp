@@ -287,11 +287,12 @@ UpdateFigures Run::apply_gradients(double lr) {
   // torch's optimizers leave a parameter without a gradient as it is: a step with none at all
   // would be weight decay alone, the mark of a forgotten backward, or of one that stopped at the
   // logits. A rank whose rows brought none steps with the others' (agreed, for all to raise).
-  at::Tensor arrived = at::full({1}, fsdp_->gradients_arrived() ? 1 : 0, at::kLong);
+  at::Tensor arrived = fsdp_->gradient_arrivals();  // [P]
   comm_->all_reduce_sum(arrived);
-  if (arrived.item<int64_t>() == 0) {
+  if (arrived.sum().item<double>() == 0) {
     throw EveryRankError("step: no gradients since zero_grad (no backward through the model's units yet)");
   }
+  fsdp_->drop_unarrived_gradients(arrived);
   const auto groups = fsdp_->grad_groups();
   const GradClip clip = clip_by_norm(groups, config_.train.clip_grad_norm, scaler_ ? scaler_->scale() : 1.0);
   update(lr, clip);

@@ -127,7 +127,7 @@ class Run {
   // The final hidden states [B, T, C] (after the last norm, where the output head would read
   // them) of `input_ids` laid out as `layout` says, differentiable as forward is: the features
   // a caller's own head reads (a PPO critic's value, a reward model's score). A loss on them
-  // alone leaves the output head a gradient of zeros.
+  // alone never reaches the output head, which apply_gradients then leaves alone.
   at::Tensor hidden_states(const at::Tensor& input_ids, const RowLayout& layout);
   // Applies the gradients the caller's backward calls left, clipped by one global norm, and
   // AdamW at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts

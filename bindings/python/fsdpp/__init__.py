@@ -141,9 +141,8 @@ class Model:
         """The final hidden states [B, T, C] of `input_ids` [B, T] int64 (C: Run.hidden_size),
         after the last norm, where the output head reads them: the features a loop's own head
         maps to a PPO critic's values or a reward model's scores. Positions and documents as
-        calling the model takes them; differentiable as it is. A loss on them alone gives the
-        output head a gradient of zeros: AdamW's weight decay still shrinks it, where torch's
-        AdamW would leave a parameter without a gradient alone."""
+        calling the model takes them; differentiable as it is. A loss on them alone never
+        reaches the output head, which step() then leaves as it is."""
         args = _agreed(self._run, "run.model.hidden_states", lambda: (
             _tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
             _tensor("document_offsets", document_offsets, optional=True)))
