@@ -78,6 +78,41 @@ def _tensor(name, value, optional=False):
     return value.rename(None) if value.has_names() else value
 
 
+def _mask_documents(attention_mask, input_ids, document_offsets):
+    """`attention_mask` [B, T] (1 for a token, 0 for padding; None: none) as document offsets
+    that keep each row's padding apart from its tokens: a left- or right-padded row is two
+    documents, its tokens at positions from 0, as transformers places them given
+    position_ids = mask.cumsum(-1) - 1. Else `document_offsets` as given; fsdpp.Error for both,
+    a mask of another shape, or a row whose tokens are split by padding."""
+    if attention_mask is None:
+        return document_offsets
+    mask = _tensor("attention_mask", attention_mask)
+    if document_offsets is not None:
+        raise Error("attention_mask: give it or document_offsets, not both")
+    if not isinstance(input_ids, torch.Tensor) or mask.shape != input_ids.shape or mask.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else None
+        raise Error(f"attention_mask: expected input_ids' shape {shape}, got {tuple(mask.shape)}")
+    if mask.is_complex() or mask.is_floating_point() or not bool(((mask == 0) | (mask == 1)).all()):
+        raise Error("attention_mask: expected 1 for a token and 0 for padding, in an integer or bool tensor")
+    mask = mask.to("cpu", torch.bool)
+    rows, tokens = mask.shape
+    # A run of tokens starts where a row starts with one or a token follows padding.
+    starts = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)  # [B]
+    if bool((starts > 1).any()):
+        row = int((starts > 1).nonzero()[0])
+        raise Error(f"attention_mask: row {row} has padding between its tokens; fsdpp takes rows padded on the left "
+                    "or the right (documents packed into a row: document_offsets)")
+    changes = (mask[:, 1:] != mask[:, :-1]).nonzero()  # [K, 2]: (row, t - 1) where position t differs
+    bounds = torch.cat([torch.arange(rows + 1) * tokens, changes[:, 0] * tokens + changes[:, 1] + 1])
+    return torch.unique(bounds)  # sorted
+
+
+def _rows(input_ids, position_ids, document_offsets, attention_mask):
+    """The checked (input_ids, position_ids, document_offsets) of a forward's rows."""
+    return (_tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
+            _tensor("document_offsets", _mask_documents(attention_mask, input_ids, document_offsets), optional=True))
+
+
 def _path(name, value):
     """`value` as a path's bytes (a name os.listdir could not decode included); else fsdpp.Error."""
     if not isinstance(value, (str, bytes, os.PathLike)):
@@ -124,32 +159,33 @@ class Model:
     def __init__(self, run):
         self._run = run
 
-    def __call__(self, input_ids, position_ids=None, document_offsets=None):
+    def __call__(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None):
         """Logits [B, T, V] of `input_ids` [B, T] int64.
 
         `position_ids` [B, T] int64: each token's RoPE position (None: 0..T-1 in every row, or
         each token's distance from its document's start). `document_offsets` [S + 1] int64:
         documents packed into the rows (offsets into the rows read one after another);
         attention stays inside each. Attention is otherwise causal over the whole row.
+        `attention_mask` [B, T] (1 token, 0 padding), for rows padded on the left or the right:
+        each row's tokens see none of its padding and sit at positions from 0, as transformers
+        computes them given position_ids = attention_mask.cumsum(-1) - 1. The padding's own
+        outputs are not transformers' (it masks them otherwise); a loss leaves them out.
         """
-        args = _agreed(self._run, "run.model", lambda: (
-            _tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
-            _tensor("document_offsets", document_offsets, optional=True)))
-        return _holding(self._run, self._run.forward(*args))
+        rows = _agreed(self._run, "run.model", lambda: _rows(input_ids, position_ids, document_offsets, attention_mask))
+        return _holding(self._run, self._run.forward(*rows))
 
-    def hidden_states(self, input_ids, position_ids=None, document_offsets=None):
+    def hidden_states(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None):
         """The final hidden states [B, T, C] of `input_ids` [B, T] int64 (C: Run.hidden_size),
         after the last norm, where the output head reads them: the features a loop's own head
-        maps to a PPO critic's values or a reward model's scores. Positions and documents as
-        calling the model takes them; differentiable as it is. A loss on them alone never
-        reaches the output head, which step() then leaves as it is."""
-        args = _agreed(self._run, "run.model.hidden_states", lambda: (
-            _tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
-            _tensor("document_offsets", document_offsets, optional=True)))
-        return _holding(self._run, self._run.hidden_states(*args))
+        maps to a PPO critic's values or a reward model's scores. Positions, documents and the
+        attention mask as calling the model takes them; differentiable as it is. A loss on them
+        alone never reaches the output head, which step() then leaves as it is."""
+        rows = _agreed(self._run, "run.model.hidden_states",
+                       lambda: _rows(input_ids, position_ids, document_offsets, attention_mask))
+        return _holding(self._run, self._run.hidden_states(*rows))
 
     def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None,
-                 entropy=False):
+                 entropy=False, attention_mask=None):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
         of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
         temperature) at the targets, computed from the final hidden states a chunk of tokens at
@@ -157,7 +193,8 @@ class Model:
         computation. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true). With `entropy=True` it returns
         (logprobs, entropy): each token's entropy [B, T] of that softmax too, chunked alike and
-        differentiable (an entropy bonus's)."""
+        differentiable (an entropy bonus's). Positions, documents and the attention mask as
+        calling the model takes them."""
         def prepare():
             t = temperature
             if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_complex():
@@ -173,9 +210,8 @@ class Model:
                 chosen = chosen.clone()
             if not isinstance(entropy, bool):
                 raise Error(f"entropy: must be a bool, got {type(entropy).__name__}")
-            return (_tensor("input_ids", input_ids), chosen, float(t),
-                    _tensor("position_ids", position_ids, optional=True),
-                    _tensor("document_offsets", document_offsets, optional=True), entropy)
+            ids, positions, documents = _rows(input_ids, position_ids, document_offsets, attention_mask)
+            return ids, chosen, float(t), positions, documents, entropy
 
         outputs = [_holding(self._run, out)
                    for out in self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare))]
