@@ -46,7 +46,8 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature"),
            py::arg("position_ids"), py::arg("document_offsets"), py::arg("entropy"))
       .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
-      .def("step", &PythonRun::step)
+      .def("step", &PythonRun::step, py::arg("lr") = py::none())
+      .def_property_readonly("scheduled_lr", &PythonRun::scheduled_lr)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
       .def(
           "save",

@@ -108,6 +108,28 @@ void PythonRun::agree_on_refusal(const std::string& call, bool refused_here) {
   }
 }
 
+namespace {
+std::string rate_text(std::optional<double> lr) {
+  if (!lr) return "none (the [scheduler]'s)";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", *lr);
+  return text;
+}
+}  // namespace
+
+void PythonRun::agree_on_rate(std::optional<double> lr) {
+  agree_on_inputs("step", [&] {
+    if (lr && !(*lr >= 0.0 && *lr <= 1e6)) throw UserError("step: lr must be a number in [0, 1e6], got " + rate_text(lr));
+  });
+  const std::vector<std::string> rates = run_->comm().all_gather_texts(rate_text(lr));
+  for (size_t r = 1; r < rates.size(); ++r) {
+    if (rates[r] != rates[0]) {
+      throw EveryRankError("step: rank " + std::to_string(r) + " gave lr " + rates[r] + " and rank 0 " + rates[0] +
+                           ": every rank steps at one rate");
+    }
+  }
+}
+
 PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& overrides,
                      const std::string& grad_reduction, bool frozen)
     : config_(RunConfig::load(path, overrides, "overrides:")),
@@ -183,18 +205,21 @@ void PythonRun::refuse_inputs(const std::string& call) {
   exclusively([&] { agree_on_refusal(call, true); });
 }
 
-std::pair<double, bool> PythonRun::step() {
+double PythonRun::scheduled_lr() const { return schedule_.at(steps_ + 1); }
+
+std::pair<double, bool> PythonRun::step(std::optional<double> lr) {
   const UpdateFigures figures = exclusively([&] {
     run_->check_trains("step");
-    // The schedule spans [train] steps: past them a decaying one stays at its end, and where
-    // that is 0 (min_lr_ratio's default) the steps would update nothing without a word. Every
-    // rank has taken as many steps as the others, so all raise alike.
-    if (steps_ >= config_.train.steps && schedule_.at(steps_ + 1) == 0.0) {
+    agree_on_rate(lr);
+    if (!lr && steps_ >= config_.train.steps && scheduled_lr() == 0.0) {
+      // The schedule spans [train] steps: past them a decaying one stays at its end, and where
+      // that is 0 (min_lr_ratio's default) the steps would update nothing without a word. Every
+      // rank has taken as many steps as the others, so all raise alike.
       throw EveryRankError("step: the run has taken its [train] steps = " + std::to_string(config_.train.steps) +
                            ", where its [scheduler] decays to a learning rate of 0; set [train] steps to the "
-                           "updates the loop makes (or [scheduler] min_lr_ratio above 0)");
+                           "updates the loop makes (or [scheduler] min_lr_ratio above 0), or give step(lr=...)");
     }
-    const UpdateFigures applied = run_->apply_gradients(schedule_.at(steps_ + 1));
+    const UpdateFigures applied = run_->apply_gradients(lr.value_or(scheduled_lr()));
     if (applied.stepped) {
       ++steps_;
       ++weights_version_;

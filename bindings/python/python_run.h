@@ -50,9 +50,11 @@ class PythonRun {
   // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
   // own error.
   void refuse_inputs(const std::string& call);
-  // One optimizer step from the gradients the backward calls since zero_grad left:
+  // One optimizer step from the gradients the backward calls since zero_grad left, at `lr`
+  // (the same on every rank; none: the [scheduler]'s rate for this step, scheduled_lr()):
   // (global gradient norm before clipping, whether the update was applied).
-  std::pair<double, bool> step();
+  std::pair<double, bool> step(std::optional<double> lr);
+  double scheduled_lr() const;
   // Unit `unit`'s weights gathered whole in `dtype` ("bfloat16", ...), LoRA merged.
   std::vector<std::pair<std::string, at::Tensor>> full_weights(int64_t unit, const std::string& dtype);
   // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
@@ -112,6 +114,9 @@ class PythonRun {
   // Where another rank refused its inputs to `call` (Run::first_refusing_rank), EveryRankError
   // naming it; otherwise returns, for this rank to go on or raise its own error.
   void agree_on_refusal(const std::string& call, bool refused_here);
+  // Raises on every rank where a rank's rate for step() is out of range or differs from the
+  // others' (a rate on one rank and none on another included).
+  void agree_on_rate(std::optional<double> lr);
 
   RunConfig config_;
   GradReduction reduction_;

@@ -258,11 +258,22 @@ class Run:
         self._run = _Run(toml_path, _overrides(overrides), grad_reduction, frozen)
         self.model = Model(self._run)
 
-    def step(self):
+    def step(self, lr=None):
         """Applies the gradients of the backward calls since zero_grad: divided as grad_reduction
-        says, clipped by [train] clip_grad_norm over every rank, AdamW at the [scheduler]'s
-        learning rate. Returns (grad_norm, stepped); a norm that is not finite skips the update."""
-        return self._run.step()
+        says, clipped by [train] clip_grad_norm over every rank, AdamW at `lr` (None: the
+        [scheduler]'s rate for this step, `scheduled_lr`; a loop's own schedule gives its rate
+        here, the same on every rank). Returns (grad_norm, stepped); a norm that is not finite
+        skips the update."""
+        def prepare():
+            rate = lr.item() if isinstance(lr, torch.Tensor) and lr.numel() == 1 and not lr.is_complex() else lr
+            if rate is None:
+                return None
+            if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
+                raise Error(f"step: lr must be a number in [0, 1e6], got {type(rate).__name__}")
+            if isinstance(rate, numbers.Integral) and rate > 1e6:
+                raise Error(f"step: lr must be a number in [0, 1e6], got {rate}")
+            return float(rate)  # its range is checked with the other ranks
+        return self._run.step(_agreed(self._run, "step", prepare))
 
     def full_weights(self, dtype=torch.bfloat16):
         """Yields (HF name, tensor) for every weight, gathered whole one unit at a time (every
@@ -353,6 +364,11 @@ class Run:
     def steps(self):
         """Optimizer steps applied so far (a resumed run counts its checkpoint's)."""
         return self._run.steps
+
+    @property
+    def scheduled_lr(self):
+        """The learning rate the [scheduler] gives the next step() (at step `steps` + 1)."""
+        return self._run.scheduled_lr
 
     @property
     def loss_scale(self):

@@ -951,6 +951,25 @@ def bad_uses(run_file, other_model_dir, work):
     return ok
 
 
+def a_loops_own_rate(run_file):
+    """step(lr=scheduled_lr) is step() bitwise; step(lr=0) leaves every weight as it was."""
+    import fsdpp
+    ids = batches(101)[0][0]
+    weights = []
+    for lr in (None, "scheduled", 0.0):
+        run = fsdpp.Run(run_file)
+        before = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+        run.model(ids[:, :-1]).logsumexp(-1).mean().backward()
+        run.step(lr=run.scheduled_lr if lr == "scheduled" else lr)
+        weights.append({name: t.clone() for name, t in run.full_weights(dtype=torch.float64)})
+    same = all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    still = all(torch.equal(weights[2][k], before[k]) for k in before)
+    ok = same and still and not torch.equal(weights[0]["model.norm.weight"], before["model.norm.weight"])
+    print(f"{'ok  ' if ok else 'FAIL'} step(lr=run.scheduled_lr) {'equals' if same else 'DIFFERS FROM'} step() "
+          f"bitwise; step(lr=0) {'leaves' if still else 'DOES NOT LEAVE'} every weight as it was")
+    return ok
+
+
 def full_weights_across_a_step(run_file):
     """An iteration of full_weights that a step interrupts raises rather than hand out the rest
     of the units from after the step; a skipped look (offload, reload) leaves it going."""
@@ -1063,6 +1082,7 @@ def main():
     ok &= offload_round_trip(run_file)
     ok &= generators_left_alone(run_file)
     ok &= full_weights_across_a_step(run_file)
+    ok &= a_loops_own_rate(run_file)
     ok &= graph_outlives_its_calls(run_file)
     ok &= threads_share_a_run(run_file)
     ok &= overlapping_callers(run_file)

@@ -2,11 +2,12 @@
 
 Under torchrun, two ranks of one Run over the llama_untied fixture:
 - inputs refused on one rank (a token past the vocabulary, an argument the package refuses,
-  a temperature out of range, a save over a checkpoint only that rank's directory holds, a
-  save's directory the package refuses): every rank raises, the refusing one its own message
+  a temperature out of range, a learning rate the package refuses or out of range, a save
+  over a checkpoint only that rank's directory holds, a save's directory the package
+  refuses): every rank raises, the refusing one its own message
   and the other one naming it, and the run goes on in step (the next step's gradient norm is
   the same on both ranks); so does an error every rank's state raises alike (an offload
-  while offloaded);
+  while offloaded), and learning rates that differ between the ranks;
 - a hook of the loop's that raises in one rank's backward: that rank refuses every later call,
   naming why; the other's backward fails in its collective (or its next call does, where the
   failed collective was a prefetch), after which it refuses every call too; and both
@@ -49,7 +50,10 @@ def rank_main(run_file, work):
     attempt("offload twice", lambda: run.offload(("grads",)))  # every rank's state says so alike
     run.reload()
     run.model(mine).logsumexp(-1).mean().backward()
-    seen["step"] = list(run.step())
+    attempt("lr package", lambda: run.step(lr="fast" if rank == 0 else 1e-3))
+    attempt("lr range", lambda: run.step(lr=float("nan") if rank == 1 else 1e-3))
+    attempt("lr differs", lambda: run.step(lr=1e-3 if rank == 0 else None))
+    seen["step"] = list(run.step(lr=run.scheduled_lr))
 
     run.zero_grad()
     logits = run.model(mine)
@@ -95,6 +99,15 @@ def main():
         ("a save's directory the package refuses on rank 1",
          seen[1]["package save"] == "save: expected a str, bytes or path, got int" and
          seen[0]["package save"] == "save: rank 1" + refused),
+        ("a learning rate the package refuses on rank 0",
+         seen[0]["lr package"] == "step: lr must be a number in [0, 1e6], got str" and
+         seen[1]["lr package"] == "step: rank 0" + refused),
+        ("a learning rate out of range on rank 1",
+         seen[1]["lr range"] == "step: lr must be a number in [0, 1e6], got nan" and
+         seen[0]["lr range"] == "step: rank 1" + refused),
+        ("a learning rate on rank 0 and the schedule's on rank 1",
+         all(seen[r]["lr differs"] == "step: rank 1 gave lr none (the [scheduler]'s) and rank 0 0.001: every rank "
+             "steps at one rate" for r in range(2))),
         ("an offload twice on every rank, which leaves the ranks in step",
          all(seen[r]["offload twice"] == "offload: offload() moved the run's grads off the device already; reload() "
              "first" for r in range(2))),
