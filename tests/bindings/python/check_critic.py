@@ -17,7 +17,9 @@ transformers-saved Llama, untied (lm_head its own unit, never run) and tied:
   and scores a row as the run does; frozen, it scores as transformers does (a reward model);
   logprobs and `fsdpp train` refuse it on one line;
 - a frozen run's hidden states equal the trained run's before it steps; hidden_states while
-  the params are offloaded raises fsdpp.Error.
+  the params are offloaded raises fsdpp.Error;
+- an actor, the classifier as its critic and a frozen reference, three Runs in one process at
+  world 2, step together with the same figures on both ranks.
 
 usage: check_critic.py FIXTURE_DIR WORK_DIR
 """
@@ -229,7 +231,50 @@ def classifier_outside_training(run_file, work):
     return ok and ok_refused
 
 
+def three_runs_rank(actor_file, critic_file, out):
+    """An actor, a critic and a frozen reference in one process, one rank of a PPO loop's
+    phases: each trained run's figures over 3 steps."""
+    import fsdpp
+    actor, critic = fsdpp.Run(actor_file), fsdpp.Run(critic_file)
+    reference = fsdpp.Run(actor_file, frozen=True)
+    rank = actor.rank
+    figures = []
+    for ids, returns, old_values in batches(actor._run.vocab_size)[:3]:
+        mine = ids[rank * 2:(rank + 1) * 2]
+        with torch.no_grad():
+            kept = reference.model(mine[:, :-1]).log_softmax(-1)
+        logp = actor.model(mine[:, :-1]).log_softmax(-1)
+        (logp.exp() * (logp - kept)).sum(-1).mean().backward()  # a KL to the reference
+        value_loss(critic.model(mine[:, :-1])[..., 0], returns[rank * 2:(rank + 1) * 2],
+                   old_values[rank * 2:(rank + 1) * 2]).backward()
+        figures.append([actor.step(), critic.step()])
+        actor.zero_grad()
+        critic.zero_grad()
+    torch.save(figures, f"{out}.{rank}.pt")
+
+
+def three_runs(fixtures, classifier_dir, work):
+    """Actor, critic and reference Runs side by side at world 2: each step's figures the same
+    on both ranks, every update applied."""
+    actor_file = write_run_file(fresh_dir(os.path.join(work, "actor")), os.path.join(fixtures, "llama_untied"))
+    critic_file = write_run_file(fresh_dir(os.path.join(work, "critic")), classifier_dir)
+    out = os.path.join(work, "three")
+    done = run_ranks(__file__, 2, "--three-runs", actor_file, critic_file, out)
+    if done.returncode != 0:
+        print(f"FAIL actor, critic and reference at world 2: exit {done.returncode}\n{done.stderr[-3000:]}")
+        return False
+    got = [torch.load(f"{out}.{r}.pt") for r in range(2)]
+    ok = got[0] == got[1] and all(stepped for step in got[0] for _, stepped in step)
+    print(f"{'ok  ' if ok else 'FAIL'} actor, critic and frozen reference in one process at world 2: 3 steps, "
+          f"gradient norms {'the same' if got[0] == got[1] else 'DIFFERENT'} on both ranks "
+          f"(last: actor {got[0][-1][0][0]:.4f}, critic {got[0][-1][1][0]:.4f})")
+    return ok
+
+
 def main():
+    if sys.argv[1:3] == ["--rank", "--three-runs"]:  # one of torchrun's processes
+        three_runs_rank(*sys.argv[3:6])
+        return 0
     if sys.argv[1] == "--rank":  # one of torchrun's processes
         run_file, out, own_head = sys.argv[2], sys.argv[3], sys.argv[4] == "own-head"
         torch.distributed.init_process_group("gloo")
@@ -268,6 +313,7 @@ def main():
             ok &= untouched_head(f"{model} critic", one[1], initial)
         if model == "classifier":
             ok &= classifier_outside_training(run_file, case_dir)
+            ok &= three_runs(fixtures, model_dir, case_dir)
     return 0 if ok else 1
 
 
