@@ -54,8 +54,8 @@ def values_of(model, head, ids):
 
 
 def train_critic(run_file, rank, world, own_head):
-    """This rank's ((losses, norms), the model's full weights, the loop's head's weights) after
-    STEPS steps on its rows of every batch; the checkpoint of its last step too at world 1."""
+    """This rank's ((losses, norms), the model's full weights, the loop's head's weights, none
+    where the model scores with its own head) after STEPS steps on its rows of every batch."""
     import fsdpp
     run = fsdpp.Run(run_file)
     head, head_optimizer = value_head(run.hidden_size) if own_head else (None, None)
