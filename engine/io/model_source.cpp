@@ -131,6 +131,14 @@ ModelConfig model_config_of(const ModelSourceConfig& config) {
   return ModelConfig::from_file(hf_config_path(config.path));
 }
 
+BaseIdentity base_identity_of(const ModelSourceConfig& config) {
+  if (ShardedCheckpoint::is_checkpoint(config.path)) {
+    const auto meta = ShardedCheckpoint::open(config.path).metadata().value("model", nlohmann::json::object());
+    if (meta.contains("base")) return meta["base"].get<BaseIdentity>();
+  }
+  return BaseIdentity::of(config.path, config.init_seed);
+}
+
 std::filesystem::path model_files_dir(const ModelSourceConfig& config) {
   namespace fs = std::filesystem;
   if (ShardedCheckpoint::is_checkpoint(config.path)) {

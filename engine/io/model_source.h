@@ -5,6 +5,7 @@
 #include "core/dtype.h"
 #include "fsdp/plan.h"
 #include "fsdp/sharded_param.h"
+#include "io/hf_dir.h"
 #include "io/model_source_config.h"
 #include "models/causal_lm.h"
 
@@ -39,6 +40,9 @@ ModelConfig model_config_of(const ModelSourceConfig& config);
 // checkpoint records of the model it was trained from ("" when it records none).
 std::filesystem::path model_files_dir(const ModelSourceConfig& config);
 
+// The base a LoRA run's adapters go on: the HF directory (or fresh base) config.path names,
+// or the base an adapter-only checkpoint there records.
+BaseIdentity base_identity_of(const ModelSourceConfig& config);
 // The rows of the base an adapter-only checkpoint records (read from its HF files, or
 // initialised from the seed of a fresh base), once checked to be unchanged; none for a
 // checkpoint that holds the whole model. `model` has the checkpoint's architecture.

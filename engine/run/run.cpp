@@ -108,7 +108,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
     // base's files through (each node may hold a copy of its own); where it refuses, its exit
     // ends the run for every rank.
     if (saved.contains("base") && env.local_rank == 0) {
-      saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config.model.path, config.model.init_seed),
+      saved["base"].get<BaseIdentity>().check_same(base_identity_of(config.model),
                                                    checkpoint_->dir().string());
     }
   } else if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && rank == 0 && !frozen()) {
@@ -161,7 +161,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
     return false;
   };
   if (shape.moe && routes() && !frozen()) experts_.emplace(*shape.moe, config.experts, routing_bias_names(model()));
-  if (loaded_.lora && rank == 0) base_ = BaseIdentity::of(config.model.path, config.model.init_seed);
+  if (loaded_.lora && rank == 0) base_ = base_identity_of(config.model);
   model_files_ = model_files_dir(config.model);
   export_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.export_dir);
   adapter_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.adapter_dir);

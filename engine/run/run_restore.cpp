@@ -160,7 +160,7 @@ ResumePoint Run::load(const fs::path& dir) {
     // on_every_rank makes its answer every rank's.
     const json saved = checkpoint->metadata().value("model", json::object());
     if (saved.contains("base") && comm_->rank() == 0) {
-      saved["base"].get<BaseIdentity>().check_same(BaseIdentity::of(config_.model.path, config_.model.init_seed),
+      saved["base"].get<BaseIdentity>().check_same(base_identity_of(config_.model),
                                                    checkpoint->dir().string());
     }
     verify_reads(*checkpoint);

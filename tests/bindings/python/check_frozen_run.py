@@ -136,6 +136,19 @@ def world1_checks(fixtures, work):
     checks.append(("a checkpoint as its [model] path gives the trained weights",
                    all(torch.equal(dict(from_checkpoint.full_weights(dtype=torch.float64))[n], trained[n])
                        for n in trained)))
+    # A LoRA run's checkpoint holds its adapters alone and records its base, which a run over
+    # it, frozen or trained, takes its base from.
+    lora = {**FUSED, "policy.options.lora_rank": 4, "train.out_dir": os.path.join(work, "lora-out")}
+    adapted = fsdpp.Run(run_file, lora)
+    adapted.model(ids[:, :-1]).logsumexp(-1).mean().backward()
+    adapted.step()
+    lora_saved = adapted.save(os.path.join(work, "lora-saves"))
+    lora_weights = dict(adapted.full_weights(dtype=torch.float64))
+    same = []
+    for frozen in (True, False):
+        over = fsdpp.Run(run_file, {**lora, "model.path": lora_saved}, frozen=frozen)
+        same.append(all(torch.equal(w, lora_weights[n]) for n, w in over.full_weights(dtype=torch.float64)))
+    checks.append(("a LoRA checkpoint as [model] path, frozen and trained, gives its merged weights", all(same)))
     untouched = os.path.join(work, "never-made")
     fsdpp.Run(run_file, {**FUSED, "train.out_dir": untouched}, frozen=True)
     checks.append(("a frozen run makes no out_dir", not os.path.exists(untouched)))
