@@ -161,11 +161,13 @@ void read_head(const json& file, const std::string& origin, ModelConfig& c) {
       }
     }
     if (!architecture.ends_with("ForSequenceClassification")) continue;
-    // transformers keeps the label count as id2label's size, and defaults to 2.
+    // transformers takes num_labels where the file gives it (over an id2label of another
+    // size), else id2label's size, else 2.
     const auto labels = file.find("id2label");
-    c.num_labels = labels != file.end() && labels->is_object() && !labels->empty()
-                       ? static_cast<int64_t>(labels->size())
-                       : read<int64_t>(file, "num_labels", origin, 2);
+    const int64_t listed = labels != file.end() && labels->is_object() && !labels->empty()
+                               ? static_cast<int64_t>(labels->size())
+                               : 2;
+    c.num_labels = read<int64_t>(file, "num_labels", origin, listed);
     check_range(origin, "num_labels", c.num_labels, 1, int64_t{1} << 20);
     if (c.vision) throw UserError(origin + ": " + architecture + ": a vision-language model with a score head is not built");
     c.tie_word_embeddings = false;

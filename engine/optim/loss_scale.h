@@ -9,6 +9,7 @@
 // numbers, alike on every rank, which checkpoints keep (so they carry over to any world size).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace fsdpp {
@@ -43,7 +44,8 @@ class LossScaler {
   // Gradients not finite at min_scale: an EveryRankError (the norm is every rank's).
   void update(bool finite);
   const LossScaleState& state() const { return state_; }
-  void restore(const LossScaleState& state) { state_ = state; }
+  // A checkpoint's state; a scale below min_scale (saved under a lower floor) starts at the floor.
+  void restore(const LossScaleState& state) { state_ = {std::max(state.scale, config_.min_scale), state.growth_tracker}; }
 
  private:
   LossScaleConfig config_;

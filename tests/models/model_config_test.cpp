@@ -262,6 +262,11 @@ TEST_CASE("a sequence-classification file builds a score head of its labels, nev
   for (const auto& p : unique_named_parameters(*model)) names.push_back(p.name);
   CHECK(std::count(names.begin(), names.end(), "score.weight") == 1);
   CHECK(std::count(names.begin(), names.end(), "lm_head.weight") == 0);
+  // num_labels, where the file gives it, over an id2label of another size, as transformers 5.
+  reward["id2label"] = {{"0", "LABEL_0"}, {"1", "LABEL_1"}};
+  reward["num_labels"] = 1;
+  CHECK(ModelConfig::from_json(reward, "config.json").num_labels == 1);
+  reward.erase("num_labels");
   reward["architectures"] = {"LlamaForTokenClassification"};
   CHECK(refusal(reward) == "config.json: architectures names LlamaForTokenClassification, whose token-classification "
                            "head fsdpp does not build (it builds language models and sequence-classification models)");

@@ -31,6 +31,15 @@ TEST_CASE("the loss scale grows, backs off no lower than min_scale, and stops a 
   CHECK(scaler.state().growth_tracker == 1);
 }
 
+TEST_CASE("a restored scale below min_scale starts at the floor, its growth count kept", "[optim]") {
+  LossScaler scaler({.init_scale = 64.0, .min_scale = 2.0});
+  scaler.restore({.scale = 0.5, .growth_tracker = 7});  // saved under a lower floor
+  CHECK(scaler.scale() == 2.0);
+  CHECK(scaler.state().growth_tracker == 7);
+  scaler.restore({.scale = 16.0, .growth_tracker = 1});
+  CHECK(scaler.scale() == 16.0);
+}
+
 TEST_CASE("[loss_scale] min_scale is range-checked and no higher than init_scale", "[optim][config]") {
   const auto path = testing::scratch_dir("loss-scale") / "run.toml";
   std::ofstream(path) << "[model]\npath = \"m\"\n[loss_scale]\ninit_scale = 1024\nmin_scale = 4096\n";
