@@ -146,18 +146,18 @@ void read_decoder(const json& j, const std::string& origin, ModelConfig& c) {
 
 // The output head the file's architectures name: a language model's lm_head [V, C], or a
 // sequence-classification model's score [labels, C] (reward models and critics are saved so),
-// which is never tied to the embedding, whatever tie_word_embeddings says. Token
-// classification and question answering heads are refused.
+// which is never tied to the embedding, whatever tie_word_embeddings says. The other heads
+// checkpoints name (token classification, question answering, custom reward and value heads)
+// are refused.
 void read_head(const json& file, const std::string& origin, ModelConfig& c) {
   if (!file.contains("architectures") || !file["architectures"].is_array()) return;
   for (const json& name : file["architectures"]) {
     if (!name.is_string()) continue;
     const std::string architecture = name.get<std::string>();
-    for (const auto& [suffix, head] : {std::pair{"ForTokenClassification", "token-classification"},
-                                       std::pair{"ForQuestionAnswering", "question-answering"}}) {
+    for (const char* suffix : {"ForTokenClassification", "ForQuestionAnswering", "ForRewardModel", "WithValueHead"}) {
       if (architecture.ends_with(suffix)) {
-        throw UserError(origin + ": architectures names " + architecture + ", whose " + head +
-                        " head fsdpp does not build (it builds language models and sequence-classification models)");
+        throw UserError(origin + ": architectures names " + architecture + ", whose head fsdpp does not build (it "
+                        "builds ...ForCausalLM, ...ForConditionalGeneration and ...ForSequenceClassification models)");
       }
     }
     if (!architecture.ends_with("ForSequenceClassification")) continue;

@@ -268,8 +268,11 @@ TEST_CASE("a sequence-classification file builds a score head of its labels, nev
   CHECK(ModelConfig::from_json(reward, "config.json").num_labels == 1);
   reward.erase("num_labels");
   reward["architectures"] = {"LlamaForTokenClassification"};
-  CHECK(refusal(reward) == "config.json: architectures names LlamaForTokenClassification, whose token-classification "
-                           "head fsdpp does not build (it builds language models and sequence-classification models)");
+  CHECK(refusal(reward) == "config.json: architectures names LlamaForTokenClassification, whose head fsdpp does not "
+                           "build (it builds ...ForCausalLM, ...ForConditionalGeneration and "
+                           "...ForSequenceClassification models)");
+  reward["architectures"] = {"Qwen2ForRewardModel"};
+  CHECK_THAT(refusal(reward), Catch::StartsWith("config.json: architectures names Qwen2ForRewardModel, whose head"));
   reward["architectures"] = {"LlamaForSequenceClassification"};
   reward["id2label"] = json::object();
   reward["num_labels"] = 0;
