@@ -37,6 +37,19 @@ ShardFill hf_fill(std::shared_ptr<const HfWeights> weights, CausalLM& model) {
   };
 }
 
+constexpr const char* kScoreWeight = "score.weight";
+
+// A language model's weights under a sequence-classification config hold no score head:
+// `base` for the rest, and the head drawn afresh as transformers draws it (normal, std
+// initializer_range), from the seed and its name alone, so every rank and world size agree.
+ShardFill with_fresh_score(ShardFill base, CausalLM& model, uint64_t seed) {
+  ShardFill fresh = fresh_init_fill(model, seed, model.config().initializer_range);
+  return [base = std::move(base), fresh](const std::string& name, const at::Tensor& param, at::Tensor& rows,
+                                         int64_t first_row) {
+    (name == kScoreWeight ? fresh : base)(name, param, rows, first_row);
+  };
+}
+
 // `base` for the base model's parameters; adapter parameters (and the trainable base
 // modules it saved) from `adapter` when given, else initialised as PEFT initialises them
 // (from the seed and each one's name).
@@ -201,6 +214,10 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
       loaded.weights = weights;
       loaded.fill = hf_fill(weights, *loaded.model);
       source = std::string("from ") + config.path + (unallocated ? " (each rank reading its rows, " : " (");
+      if (model_config.num_labels > 0 && !weights->contains(kScoreWeight)) {
+        loaded.fill = with_fresh_score(loaded.fill, *loaded.model, config.init_seed);
+        source += std::string(kScoreWeight) + " drawn afresh, ";
+      }
     }
     if (loaded.lora) loaded.fill = with_adapters(loaded.fill, *loaded.model, adapter, config.init_seed);
   }

@@ -18,6 +18,8 @@ transformers-saved Llama, untied (lm_head its own unit, never run) and tied:
   logprobs and `fsdpp train` refuse it on one line;
 - a frozen run's hidden states equal the trained run's before it steps; hidden_states while
   the params are offloaded raises fsdpp.Error;
+- a language model's weights under a classifier's config build with the score head drawn
+  afresh, as transformers draws it;
 - an actor, the classifier as its critic and a frozen reference, three Runs in one process at
   world 2, step together with the same figures on both ranks.
 
@@ -231,6 +233,33 @@ def classifier_outside_training(run_file, work):
     return ok and ok_refused
 
 
+def critic_from_language_model(fixtures, work):
+    """A language model's weights under a classifier's config (an actor's base made a critic):
+    the score head drawn afresh, normal with std initializer_range as transformers draws it,
+    the same in every build, the rest the fixture's."""
+    import json
+    import shutil
+    import fsdpp
+    from safetensors.torch import load_file
+    model_dir = os.path.join(fresh_dir(work), "model")
+    shutil.copytree(os.path.join(fixtures, "llama_untied"), model_dir)
+    config = json.load(open(os.path.join(model_dir, "config.json")))
+    config.update(architectures=["LlamaForSequenceClassification"], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    json.dump(config, open(os.path.join(model_dir, "config.json"), "w"))
+    run_file = write_run_file(work, model_dir)
+    builds = [dict(fsdpp.Run(run_file).full_weights(dtype=torch.float64)) for _ in range(2)]
+    score = builds[0]["score.weight"]
+    fixture = load_file(os.path.join(model_dir, "model.safetensors"))
+    rest = all(torch.equal(t, fixture[n].double()) for n, t in builds[0].items() if n != "score.weight")
+    ratio = score.std().item() / config["initializer_range"]
+    ok = (tuple(score.shape) == (1, config["hidden_size"]) and torch.equal(score, builds[1]["score.weight"]) and
+          0.5 < ratio < 2 and rest)
+    print(f"{'ok  ' if ok else 'FAIL'} a language model's weights under a classifier's config: score.weight "
+          f"{tuple(score.shape)} drawn afresh, std {ratio:.2f} x initializer_range, the same in two builds; "
+          f"the rest {'the' if rest else 'NOT the'} fixture's")
+    return ok
+
+
 def three_runs_rank(actor_file, critic_file, out):
     """An actor, a critic and a frozen reference in one process, one rank of a PPO loop's
     phases: each trained run's figures over 3 steps."""
@@ -314,6 +343,7 @@ def main():
         if model == "classifier":
             ok &= classifier_outside_training(run_file, case_dir)
             ok &= three_runs(fixtures, model_dir, case_dir)
+            ok &= critic_from_language_model(fixtures, os.path.join(case_dir, "from-actor"))
     return 0 if ok else 1
 
 
