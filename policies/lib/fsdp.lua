@@ -147,11 +147,19 @@ function M.lora_from_options()
     lora_dropout = {"number", min = 0, max = 0.99, default = 0, doc = "dropout on the adapters' input"},
     lora_trainable = {"string", default = "",
                       doc = "comma-separated base modules that keep training (\"model.norm\", and lm_head where " ..
-                            "untied); the rest is frozen"},
+                            "untied; a classifier's score always does); the rest is frozen"},
   }
   if opt.lora_rank == nil then return end
+  local trainable = modules_named(opt.lora_trainable, "lora_trainable", false)
+  -- A sequence-classification model's score head trains beside the adapters, as peft's
+  -- SEQ_CLS task keeps it (modules_to_save): frozen, a head drawn afresh would stay random.
+  for _, score in ipairs(ctx.model:find{path = "^score$"}) do
+    local listed = false
+    for _, m in ipairs(trainable) do listed = listed or m:path() == "score" end
+    if not listed then trainable[#trainable + 1] = score end
+  end
   lora{targets = modules_named(opt.lora_targets, "lora_targets", true), rank = opt.lora_rank, alpha = opt.lora_alpha,
-       dropout = opt.lora_dropout, trainable = modules_named(opt.lora_trainable, "lora_trainable", false)}
+       dropout = opt.lora_dropout, trainable = trainable}
 end
 
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data; said

@@ -19,7 +19,7 @@ transformers-saved Llama, untied (lm_head its own unit, never run) and tied:
 - a frozen run's hidden states equal the trained run's before it steps; hidden_states while
   the params are offloaded raises fsdpp.Error;
 - a language model's weights under a classifier's config build with the score head drawn
-  afresh, as transformers draws it;
+  afresh, as transformers draws it; under LoRA the score head trains beside the adapters;
 - an actor, the classifier as its critic and a frozen reference, three Runs in one process at
   world 2, step together with the same figures on both ranks.
 
@@ -260,6 +260,28 @@ def critic_from_language_model(fixtures, work):
     return ok
 
 
+def lora_classifier(model_dir, work):
+    """LoRA over the classifier: its score head trains beside the adapters, as peft's SEQ_CLS
+    task keeps it, with lora_trainable naming it or not."""
+    import fsdpp
+    moved = []
+    for trainable in ("", "score", "model.norm"):
+        run = fsdpp.Run(write_run_file(fresh_dir(work), model_dir),
+                        {"policy.options.lora_rank": 4, "policy.options.lora_trainable": trainable})
+        before = run_weight(run, "score.weight")
+        run.model(batches(101)[0][0][:, :-1]).pow(2).mean().backward()
+        run.step()
+        moved.append(not torch.equal(before, run_weight(run, "score.weight")))
+    ok = all(moved)
+    print(f"{'ok  ' if ok else 'FAIL'} LoRA over the classifier: score.weight trains "
+          f"{'with' if ok else 'NOT with'} lora_trainable unset, \"score\" and \"model.norm\" ({moved})")
+    return ok
+
+
+def run_weight(run, name):
+    return dict(run.full_weights(dtype=torch.float64))[name].clone()
+
+
 def three_runs_rank(actor_file, critic_file, out):
     """An actor, a critic and a frozen reference in one process, one rank of a PPO loop's
     phases: each trained run's figures over 3 steps."""
@@ -344,6 +366,7 @@ def main():
             ok &= classifier_outside_training(run_file, case_dir)
             ok &= three_runs(fixtures, model_dir, case_dir)
             ok &= critic_from_language_model(fixtures, os.path.join(case_dir, "from-actor"))
+            ok &= lora_classifier(model_dir, os.path.join(case_dir, "lora"))
     return 0 if ok else 1
 
 
