@@ -150,6 +150,7 @@ function M.lora_from_options()
                             "untied; a classifier's score always does); the rest is frozen"},
   }
   if opt.lora_rank == nil then return end
+  local targets = modules_named(opt.lora_targets, "lora_targets", true)
   local trainable = modules_named(opt.lora_trainable, "lora_trainable", false)
   -- A sequence-classification model's score head trains beside the adapters, as peft's
   -- SEQ_CLS task keeps it (modules_to_save): frozen, a head drawn afresh would stay random.
@@ -158,8 +159,8 @@ function M.lora_from_options()
     for _, m in ipairs(trainable) do listed = listed or m:path() == "score" end
     if not listed then trainable[#trainable + 1] = score end
   end
-  lora{targets = modules_named(opt.lora_targets, "lora_targets", true), rank = opt.lora_rank, alpha = opt.lora_alpha,
-       dropout = opt.lora_dropout, trainable = trainable}
+  lora{targets = targets, rank = opt.lora_rank, alpha = opt.lora_alpha, dropout = opt.lora_dropout,
+       trainable = trainable}
 end
 
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data; said
