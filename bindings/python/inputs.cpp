@@ -1,6 +1,7 @@
 #include "bindings/python/inputs.h"
 
 #include "core/error.h"
+#include "models/multimodal_positions.h"
 
 #include <ATen/ATen.h>
 
@@ -90,6 +91,100 @@ RowLayout checked_layout(const at::Tensor& ids, const std::optional<at::Tensor>&
     layout.positions = positions;
   }
   return layout;
+}
+
+namespace {
+
+// One kind's patches [N, width] and grids [count, 3] int64: both or neither, the patches as
+// many as the grids' frames × rows × columns, each grid's sides whole merge groups.
+void check_patches(const std::string& patches_name, const at::Tensor& patches, const std::string& grid_name,
+                   const at::Tensor& grid, const VisionConfig& tower) {
+  if (patches.defined() != grid.defined()) {
+    throw UserError((patches.defined() ? grid_name : patches_name) + ": missing, where " +
+                    (patches.defined() ? patches_name : grid_name) + " is given");
+  }
+  if (!patches.defined()) return;
+  const int64_t width = tower.in_channels * tower.temporal_patch_size * tower.patch_size * tower.patch_size;
+  if (patches.dim() != 2 || !at::isFloatingType(patches.scalar_type()) || patches.size(1) != width) {
+    throw UserError(patches_name + ": expected a floating [patches, " + std::to_string(width) + "] tensor (" +
+                    std::to_string(tower.in_channels) + " channels x " + std::to_string(tower.temporal_patch_size) +
+                    " frames x " + std::to_string(tower.patch_size) + "^2 pixels a patch), got " + type_and_shape(patches));
+  }
+  if (grid.dim() != 2 || grid.size(1) != 3 || grid.scalar_type() != at::kLong || grid.size(0) == 0) {
+    throw UserError(grid_name + ": expected an int64 [count, 3] tensor of (frames, rows, columns), got " +
+                    type_and_shape(grid));
+  }
+  const int64_t merge = tower.spatial_merge_size;
+  const bool whole = (grid.select(1, 0) > 0).all().item<bool>() && (grid.narrow(1, 1, 2) > 0).all().item<bool>() &&
+                     (grid.narrow(1, 1, 2) % merge == 0).all().item<bool>();
+  if (!whole) {
+    throw UserError(grid_name + ": every frame count must be positive and every row and column count a positive "
+                    "multiple of the merge size " + std::to_string(merge));
+  }
+  const int64_t counted = grid.prod(1).sum().item<int64_t>();
+  if (patches.size(0) != counted) {
+    throw UserError(patches_name + ": " + std::to_string(patches.size(0)) + " patches, where " + grid_name +
+                    " gives " + std::to_string(counted));
+  }
+}
+
+}  // namespace
+
+VisionInputs checked_vision(const ModelConfig& model, const at::Tensor& ids, const RowLayout& layout,
+                            const std::map<std::string, at::Tensor>& given) {
+  VisionInputs vision;
+  at::Tensor token_types;
+  for (const auto& [name, tensor] : given) {
+    if (name == "mm_token_type_ids") {
+      token_types = tensor.to(at::kCPU);
+      continue;
+    }
+    at::Tensor* slot = name == "pixel_values"          ? &vision.pixel_values
+                       : name == "image_grid_thw"      ? &vision.image_grid_thw
+                       : name == "pixel_values_videos" ? &vision.pixel_values_videos
+                       : name == "video_grid_thw"      ? &vision.video_grid_thw
+                       : name == "second_per_grid_ts"  ? &vision.second_per_grid_ts
+                                                       : nullptr;
+    if (slot == nullptr) throw UserError(name + ": not an input of a vision-language model");
+    // Grids and timings are read on the host, where positions are planned.
+    *slot = name == "pixel_values" || name == "pixel_values_videos" ? tensor : tensor.to(at::kCPU);
+  }
+  if (!model.vision) {
+    if (!given.empty()) {
+      throw UserError(given.begin()->first + ": " + model.model_type + " takes no images or videos");
+    }
+    return vision;
+  }
+  if (layout.positions.defined()) {
+    throw UserError("position_ids: " + model.model_type + " places its tokens itself (multimodal RoPE positions from "
+                    "the images' grids): give none");
+  }
+  check_patches("pixel_values", vision.pixel_values, "image_grid_thw", vision.image_grid_thw, *model.vision);
+  check_patches("pixel_values_videos", vision.pixel_values_videos, "video_grid_thw", vision.video_grid_thw,
+                *model.vision);
+  if (const at::Tensor& seconds = vision.second_per_grid_ts; seconds.defined()) {
+    const int64_t videos = vision.video_grid_thw.defined() ? vision.video_grid_thw.size(0) : 0;
+    if (seconds.dim() != 1 || seconds.size(0) != videos || !at::isFloatingType(seconds.scalar_type()) ||
+        !(seconds >= 0).all().item<bool>() || !seconds.isfinite().all().item<bool>()) {
+      throw UserError("second_per_grid_ts: expected a floating [" + std::to_string(videos) + "] tensor of finite "
+                      "seconds >= 0, one per video, got " + type_and_shape(seconds));
+    }
+  }
+  multimodal_positions(model, ids, vision, layout.offsets);  // the rows' placeholders against the grids
+  // The processor's token types say again what the placeholders say: the check that they agree.
+  if (token_types.defined()) {
+    const at::Tensor host_ids = ids.to(at::kCPU);
+    const at::Tensor expected = (host_ids == model.image_token_id).to(at::kLong) +
+                                2 * (host_ids == model.video_token_id).to(at::kLong);  // [B, T]: 0 text, 1 image, 2 video
+    if (token_types.sizes() != ids.sizes() || at::isFloatingType(token_types.scalar_type()) ||
+        token_types.scalar_type() == at::kBool || !token_types.to(at::kLong).equal(expected)) {
+      throw UserError("mm_token_type_ids: expected input_ids' shape " + shape_text(ids) + " with 1 at each image "
+                      "placeholder (token " + std::to_string(model.image_token_id) + "), 2 at each video placeholder (" +
+                      std::to_string(model.video_token_id) + ") and 0 elsewhere, got " + type_and_shape(token_types) +
+                      " that differs");
+    }
+  }
+  return vision;
 }
 
 }  // namespace fsdpp

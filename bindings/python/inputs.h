@@ -3,9 +3,11 @@
 #pragma once
 
 #include "models/causal_lm.h"
+#include "models/model_config.h"
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -26,5 +28,14 @@ void check_logprobs_inputs(const at::Tensor& input_ids, const at::Tensor& target
 // checked against `ids` [B, T].
 RowLayout checked_layout(const at::Tensor& ids, const std::optional<at::Tensor>& position_ids,
                          const std::optional<at::Tensor>& document_offsets);
+
+// The images and videos of `ids` [B, T] laid out as `layout` says, from the tensors a loop
+// passes by transformers' names (pixel_values [N, C * Tt * P * P], image_grid_thw [I, 3] int64,
+// pixel_values_videos, video_grid_thw, second_per_grid_ts [V], and mm_token_type_ids [B, T],
+// which must say what the placeholders say; none given: the rows are text), checked against the model's vision tower, the grids and the rows' placeholders; UserError
+// naming the argument. A vision-language model's rows are checked even with none given (their
+// placeholders need grids), and take no position_ids: the model places its tokens itself.
+VisionInputs checked_vision(const ModelConfig& model, const at::Tensor& ids, const RowLayout& layout,
+                            const std::map<std::string, at::Tensor>& given);
 
 }  // namespace fsdpp

@@ -8,6 +8,7 @@
 
 #include <torch/python.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,12 +40,12 @@ PYBIND11_MODULE(_fsdpp, m) {
   py::class_<PythonRun>(m, "Run")
       .def(py::init<const std::string&, const std::vector<std::string>&, const std::string&, bool>(), py::arg("path"),
            py::arg("overrides"), py::arg("grad_reduction"), py::arg("frozen"))
-      .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("position_ids") = py::none(),
-           py::arg("document_offsets") = py::none())
-      .def("hidden_states", &PythonRun::hidden_states, py::arg("input_ids"), py::arg("position_ids") = py::none(),
-           py::arg("document_offsets") = py::none())
+      .def("forward", &PythonRun::forward, py::arg("input_ids"), py::arg("position_ids"), py::arg("document_offsets"),
+           py::arg("vision"))
+      .def("hidden_states", &PythonRun::hidden_states, py::arg("input_ids"), py::arg("position_ids"),
+           py::arg("document_offsets"), py::arg("vision"))
       .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature"),
-           py::arg("position_ids"), py::arg("document_offsets"), py::arg("entropy"))
+           py::arg("position_ids"), py::arg("document_offsets"), py::arg("vision"), py::arg("entropy"))
       .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
       .def("step", &PythonRun::step, py::arg("lr") = py::none())
       .def_property_readonly("scheduled_lr", &PythonRun::scheduled_lr)

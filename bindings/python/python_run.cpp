@@ -163,40 +163,46 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
 }
 
 at::Tensor PythonRun::forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
-                              const std::optional<at::Tensor>& document_offsets) {
-  return model_output("run.model", /*hidden=*/false, input_ids, position_ids, document_offsets);
+                              const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision) {
+  return model_output("run.model", /*hidden=*/false, input_ids, position_ids, document_offsets, vision);
 }
 
 at::Tensor PythonRun::hidden_states(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
-                                    const std::optional<at::Tensor>& document_offsets) {
-  return model_output("run.model.hidden_states", /*hidden=*/true, input_ids, position_ids, document_offsets);
+                                    const std::optional<at::Tensor>& document_offsets,
+                                    const VisionArguments& vision) {
+  return model_output("run.model.hidden_states", /*hidden=*/true, input_ids, position_ids, document_offsets, vision);
 }
 
 at::Tensor PythonRun::model_output(const std::string& call, bool hidden, const at::Tensor& input_ids,
                                    const std::optional<at::Tensor>& position_ids,
-                                   const std::optional<at::Tensor>& document_offsets) {
+                                   const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision) {
   return exclusively([&] {
     RowLayout layout;
+    VisionInputs images;
     agree_on_inputs(call, [&] {
       check_token_ids("input_ids", input_ids, vocab_size());
       layout = checked_layout(input_ids, position_ids, document_offsets);
+      images = checked_vision(run_->model().config(), input_ids, layout, vision);
     });
     const NoAutocast own_precision;
-    return hidden ? run_->hidden_states(input_ids, layout) : run_->forward(input_ids, layout);
+    return hidden ? run_->hidden_states(input_ids, layout, images) : run_->forward(input_ids, layout, images);
   });
 }
 
 std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const at::Tensor& targets,
                                             double temperature, const std::optional<at::Tensor>& position_ids,
-                                            const std::optional<at::Tensor>& document_offsets, bool entropy) {
+                                            const std::optional<at::Tensor>& document_offsets,
+                                            const VisionArguments& vision, bool entropy) {
   return exclusively([&] {
     RowLayout layout;
+    VisionInputs images;
     agree_on_inputs("run.model.logprobs", [&] {
       check_logprobs_inputs(input_ids, targets, temperature, vocab_size());
       layout = checked_layout(input_ids, position_ids, document_offsets);
+      images = checked_vision(run_->model().config(), input_ids, layout, vision);
     });
     const NoAutocast own_precision;
-    const TokenLogprobs out = run_->logprobs(input_ids, targets, temperature, layout, entropy);
+    const TokenLogprobs out = run_->logprobs(input_ids, targets, temperature, layout, images, entropy);
     return entropy ? std::vector<at::Tensor>{out.logprobs, out.entropy} : std::vector<at::Tensor>{out.logprobs};
   });
 }

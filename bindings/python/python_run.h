@@ -10,6 +10,7 @@
 #include "optim/lr_schedule.h"
 #include "run/run.h"
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,11 @@ namespace fsdpp {
 enum class GradReduction { mean, sum };
 GradReduction grad_reduction_named(const std::string& name);
 
+// A forward's images and videos by transformers' names (pixel_values, image_grid_thw,
+// pixel_values_videos, video_grid_thw, second_per_grid_ts, mm_token_type_ids; checked_vision
+// in inputs.h).
+using VisionArguments = std::map<std::string, at::Tensor>;
+
 class PythonRun {
  public:
   // The run of the file at `path` with `overrides` ("key=value", as --set gives them); a frozen
@@ -33,19 +39,20 @@ class PythonRun {
 
   // Logits [B, T, V] of input_ids [B, T] int64 (RoPE positions from `position_ids` [B, T];
   // documents packed into the rows from `document_offsets` [S + 1], offsets into the rows
-  // read one after another).
+  // read one after another; a vision-language model's images and videos from `vision`).
   at::Tensor forward(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
-                     const std::optional<at::Tensor>& document_offsets);
-  // The final hidden states [B, T, C] of input_ids (Run::hidden_states), positions and
-  // documents as forward takes them.
+                     const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision);
+  // The final hidden states [B, T, C] of input_ids (Run::hidden_states), positions, documents
+  // and images as forward takes them.
   at::Tensor hidden_states(const at::Tensor& input_ids, const std::optional<at::Tensor>& position_ids,
-                           const std::optional<at::Tensor>& document_offsets);
+                           const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision);
   // Per-token log-probabilities [B, T] of targets [B, T] (the token each position predicts)
   // at `temperature`, chunked: no [B, T, V] logits are held (Run::logprobs); with `entropy`,
   // each token's entropy [B, T] after them.
   std::vector<at::Tensor> logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                                    const std::optional<at::Tensor>& position_ids,
-                                   const std::optional<at::Tensor>& document_offsets, bool entropy);
+                                   const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision,
+                                   bool entropy);
   // Where the package refused this rank's arguments to `call` before they reached the run:
   // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
   // own error.
@@ -105,7 +112,7 @@ class PythonRun {
   // forward's logits, or with `hidden` the final hidden states, as `call` of the package.
   at::Tensor model_output(const std::string& call, bool hidden, const at::Tensor& input_ids,
                           const std::optional<at::Tensor>& position_ids,
-                          const std::optional<at::Tensor>& document_offsets);
+                          const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision);
   // `check` of a call's inputs, agreed over the ranks before the call's first collective: an
   // input is a rank's own (its rows), and a rank that raised alone would leave the others in
   // collectives it never joins. Where any rank's check failed, every rank raises.

@@ -14,7 +14,7 @@ struct MicroBatch {
 
   // The batch's logits [rows, T, V] from `model` (the batch already on its device).
   at::Tensor logits(CausalLM& model) const {
-    if (!vision.empty()) return model(input, vision);
+    if (!vision.empty()) return model(input, vision, layout);
     if (!layout.empty()) return model(input, layout);
     return model(input);
   }

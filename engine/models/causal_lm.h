@@ -46,7 +46,8 @@ struct RowLayout {
 // Asks forward for the final hidden states [B, T, C] in place of logits, for a caller that
 // applies the output head itself (chunked log-probabilities, which never hold [B, T, V]).
 struct FinalHidden {
-  RowLayout layout;  // as forward(input_ids, layout) takes it
+  RowLayout layout;     // as forward(input_ids, layout) takes it
+  VisionInputs vision;  // the rows' images and videos (vision-language models alone take any)
 };
 
 class CausalLM : public Module {
@@ -57,27 +58,20 @@ class CausalLM : public Module {
   FSDPP_MODULE_CALL
   // [B, T] -> [B, T, V]; a sequence-classification model's scores [B, T, labels] (ModelConfig::num_labels)
   virtual torch::Tensor forward(const torch::Tensor& input_ids) = 0;
-  // With the batch's images and videos; only vision-language models take them.
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
+  // With the batch's images and videos, in rows laid out as `layout` says; only
+  // vision-language models take them.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision, const RowLayout& layout) {
     throw UserError(class_name() + " takes no images or videos");
   }
-  // With several documents packed into each row, or positions of the caller's choosing; the
-  // text decoders take them.
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) {
-    throw UserError(class_name() + " takes neither packed documents nor chosen positions (a run file: set [data] "
-                    "packing = false; Python: leave out document_offsets and position_ids)");
-  }
-
-  // The final hidden states; the text decoders give them.
-  virtual bool gives_final_hidden() const { return false; }
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
-    throw UserError(class_name() + " does not give its hidden states apart from its logits");
-  }
+  // With several documents packed into each row, or positions of the caller's choosing.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) = 0;
+  // The final hidden states [B, T, C], for a caller that applies the output head itself.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) = 0;
   // The output head's weight [V, C] (a score head's [labels, C]) as it is now (gathered while
   // its unit computes), and whether the head carries a LoRA adapter, which the weight alone
   // leaves out.
-  virtual torch::Tensor output_head_weight() const { throw UserError(class_name() + " has no output head to share"); }
-  virtual bool output_head_adapted() const { return false; }
+  virtual torch::Tensor output_head_weight() const = 0;
+  virtual bool output_head_adapted() const = 0;
 
   // Mixture-of-experts models: what their MoE layers routed in the last forward.
   virtual RoutingLog* routing() const { return nullptr; }

@@ -118,7 +118,6 @@ class DecoderCausalLM : public CausalLM {
                   const torch::TensorOptions& opts);
   torch::Tensor forward(const torch::Tensor& input_ids) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;
-  bool gives_final_hidden() const override { return true; }
   torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
   torch::Tensor output_head_weight() const override { return head_->weight; }
   bool output_head_adapted() const override { return head_->has_adapter(); }

@@ -4,6 +4,7 @@
 #include "models/qwen_vl.h"
 
 #include "core/error.h"
+#include "models/multimodal_positions.h"
 
 #include <ATen/ATen.h>
 
@@ -35,10 +36,33 @@ VisionLanguageLM::VisionLanguageLM(const ModelConfig& c, const torch::TensorOpti
 }
 
 torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids) {
-  return forward(input_ids, VisionInputs{});
+  return (*lm_head_)(hidden(input_ids, VisionInputs{}, RowLayout{}));
 }
 
-torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const VisionInputs& vision) {
+torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const VisionInputs& vision,
+                                        const RowLayout& layout) {
+  return (*lm_head_)(hidden(input_ids, vision, layout));
+}
+
+torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const RowLayout& layout) {
+  return (*lm_head_)(hidden(input_ids, VisionInputs{}, layout));
+}
+
+torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
+  return hidden(input_ids, ask.vision, ask.layout);
+}
+
+torch::Tensor VisionLanguageLM::hidden(const torch::Tensor& input_ids, const VisionInputs& vision,
+                                       const RowLayout& layout) {
+  if (layout.positions.defined()) {
+    throw UserError(class_name() + " places its tokens itself (multimodal RoPE positions from the images' grids): "
+                    "give no position_ids");
+  }
+  const auto positions = position_ids(input_ids, vision, layout.offsets);  // [3, B, T]
+  return (*model_)(embeddings(input_ids, vision), positions, to_device(layout.offsets, input_ids.device()));
+}
+
+torch::Tensor VisionLanguageLM::embeddings(const torch::Tensor& input_ids, const VisionInputs& vision) {
   const int64_t merge = visual_->config().spatial_merge_size;
   const int64_t image_tokens = merged_tokens(vision.image_grid_thw, merge);
   const int64_t video_tokens = merged_tokens(vision.video_grid_thw, merge);
@@ -61,70 +85,25 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Vi
     auto grid = at::tensor({int64_t{1}, merge, merge}, at::kLong).view({1, 3});
     auto blank = at::zeros({merge * merge, v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size},
                            embeds.options());
-    embeds = embeds + 0.0 * (*visual_)(blank, grid).sum().to(embeds.scalar_type());
-  } else {
-    // Images and videos go through the tower together, once per batch.
-    std::vector<torch::Tensor> patches, grids;
-    if (image_tokens > 0) patches.push_back(vision.pixel_values), grids.push_back(vision.image_grid_thw);
-    if (video_tokens > 0) patches.push_back(vision.pixel_values_videos), grids.push_back(vision.video_grid_thw);
-    auto features = (*visual_)(at::cat(patches), at::cat(grids)).to(embeds.scalar_type());  // [I + V tokens, C]
-    if (image_tokens > 0) {
-      embeds = embeds.masked_scatter(image_mask.unsqueeze(-1).expand_as(embeds), features.narrow(0, 0, image_tokens));
-    }
-    if (video_tokens > 0) {
-      embeds = embeds.masked_scatter(video_mask.unsqueeze(-1).expand_as(embeds), features.narrow(0, image_tokens, video_tokens));
-    }
+    return embeds + 0.0 * (*visual_)(blank, grid).sum().to(embeds.scalar_type());
   }
-  return (*lm_head_)((*model_)(embeds, position_ids(input_ids, vision), torch::Tensor()));
+  // Images and videos go through the tower together, once per batch.
+  std::vector<torch::Tensor> patches, grids;
+  if (image_tokens > 0) patches.push_back(vision.pixel_values), grids.push_back(vision.image_grid_thw);
+  if (video_tokens > 0) patches.push_back(vision.pixel_values_videos), grids.push_back(vision.video_grid_thw);
+  auto features = (*visual_)(at::cat(patches), at::cat(grids)).to(embeds.scalar_type());  // [I + V tokens, C]
+  if (image_tokens > 0) {
+    embeds = embeds.masked_scatter(image_mask.unsqueeze(-1).expand_as(embeds), features.narrow(0, 0, image_tokens));
+  }
+  if (video_tokens > 0) {
+    embeds = embeds.masked_scatter(video_mask.unsqueeze(-1).expand_as(embeds), features.narrow(0, image_tokens, video_tokens));
+  }
+  return embeds;
 }
 
-torch::Tensor VisionLanguageLM::position_ids(const torch::Tensor& input_ids,
-                                                            const VisionInputs& vision) const {
-  const int64_t B = input_ids.size(0), T = input_ids.size(1), merge = visual_->config().spatial_merge_size;
-  auto ids = input_ids.to(at::kCPU, at::kLong).contiguous();  // read on the host, element by element
-  auto out = at::empty({3, B, T}, at::kLong);
-  auto id = ids.accessor<int64_t, 2>();
-  auto pos = out.accessor<int64_t, 3>();
-  int64_t next_image = 0, next_video = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t next = 0;  // the position the next text token takes
-    for (int64_t t = 0; t < T;) {
-      const bool image = id[b][t] == config().image_token_id, video = id[b][t] == config().video_token_id;
-      if (!image && !video) {
-        for (int a = 0; a < 3; ++a) pos[a][b][t] = next;
-        ++next, ++t;
-        continue;
-      }
-      const torch::Tensor& grids = image ? vision.image_grid_thw : vision.video_grid_thw;
-      int64_t& index = image ? next_image : next_video;
-      TORCH_CHECK(grids.defined() && index < grids.size(0), "more vision placeholders than grids");
-      const int64_t frames = grids[index][0].item<int64_t>(), rows = grids[index][1].item<int64_t>() / merge,
-                    cols = grids[index][2].item<int64_t>() / merge;
-      ++index;
-      // A video's frame f sits at f × tokens_per_second × its seconds per temporal patch
-      // (Qwen2.5-VL; 1 second where the batch gives none), in float32 and truncated, as
-      // transformers computes it; Qwen2-VL's frames and every image step by 1.
-      float frame_step = 1.0F;
-      if (video && visual_->config().windowed) {
-        const float seconds =
-            vision.second_per_grid_ts.defined() ? vision.second_per_grid_ts[index - 1].item<float>() : 1.0F;
-        frame_step = static_cast<float>(visual_->config().tokens_per_second) * seconds;
-      }
-      for (int64_t f = 0; f < frames; ++f) {
-        const auto frame = static_cast<int64_t>(static_cast<float>(f) * frame_step);
-        for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t c = 0; c < cols; ++c, ++t) {
-            TORCH_CHECK(t < T, "a vision block runs past the end of the sequence");
-            pos[0][b][t] = next + frame, pos[1][b][t] = next + r, pos[2][b][t] = next + c;
-          }
-        }
-      }
-      // Text resumes past the block's rows and columns, whatever its frames span: transformers
-      // 5's placement (4.x resumed past the largest position, a long video's frames included).
-      next += std::max(rows, cols);
-    }
-  }
-  return out.to(input_ids.device());
+torch::Tensor VisionLanguageLM::position_ids(const torch::Tensor& input_ids, const VisionInputs& vision,
+                                             const torch::Tensor& documents) const {
+  return multimodal_positions(config(), input_ids, vision, documents).to(input_ids.device());
 }
 
 }  // namespace fsdpp

@@ -16,16 +16,28 @@ class VisionLanguageLM : public CausalLM {
   FSDPP_MODULE_CALL
   torch::Tensor forward(const torch::Tensor& input_ids) override;  // text only: [B, T] -> [B, T, V]
   // input_ids [B, T] holding one placeholder token per merged patch group of each image and
-  // video, in order -> logits [B, T, V].
-  torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision) override;
+  // video, in order, in rows laid out as `layout` says (documents; positions of the caller's
+  // choosing are refused: this model places its tokens itself) -> logits [B, T, V].
+  torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision, const RowLayout& layout) override;
+  torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;  // text only
+  torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
+  torch::Tensor output_head_weight() const override { return lm_head_->weight; }
+  bool output_head_adapted() const override { return lm_head_->has_adapter(); }
 
   // Multimodal RoPE positions [3, B, T]: text tokens count up on all three axes; a vision
   // block's tokens take (frame, row, column) offsets from where the text stopped (Qwen2.5-VL
   // spaces a video's frames by seconds × tokens_per_second), and the text after it resumes
-  // past the block's largest position.
-  torch::Tensor position_ids(const torch::Tensor& input_ids, const VisionInputs& vision) const;
+  // past the block's largest position. Each of `documents` (as RowLayout::offsets; undefined:
+  // one per row) counts from 0, as if alone.
+  torch::Tensor position_ids(const torch::Tensor& input_ids, const VisionInputs& vision,
+                             const torch::Tensor& documents = {}) const;
 
  private:
+  // The final hidden states [B, T, C] of input_ids with `vision` in rows laid out as `layout` says.
+  torch::Tensor hidden(const torch::Tensor& input_ids, const VisionInputs& vision, const RowLayout& layout);
+  // The token embeddings [B, T, C] with the vision features in place of their placeholders.
+  torch::Tensor embeddings(const torch::Tensor& input_ids, const VisionInputs& vision);
+
   std::shared_ptr<VisionTransformer> visual_;
   std::shared_ptr<DecoderModel> model_;
   std::shared_ptr<Linear> lm_head_;

@@ -116,31 +116,32 @@ class Run {
   // (FsdpState::set_gradient_divisor): the world size averages the ranks' losses; 1 sums them.
   void divide_gradients_by(double divisor);
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
-  // documents, chosen positions), with autograd through the units' hooks: a backward from them
+  // documents, chosen positions) with `vision`, their images and videos (a vision-language
+  // model's; checked as models/multimodal_positions.h says), with autograd through the units' hooks: a backward from them
   // reduce-scatters each unit's gradient into its shards, summed over the ranks and divided.
   // With autograd on, a mixture-of-experts model's routing is then summed over the ranks (a
   // collective): its load-balancing loss joins the coming backward, multiplied by the divisor
   // to survive that division, and its counts join the step's for the routing-bias update.
   // That gradient lives in one buffer the next forward with autograd refills: each forward's
   // backward must come before it.
-  at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout);
+  at::Tensor forward(const at::Tensor& input_ids, const RowLayout& layout, const VisionInputs& vision);
   // The final hidden states [B, T, C] (after the last norm, where the output head would read
-  // them) of `input_ids` laid out as `layout` says, differentiable as forward is: the features
+  // them) of `input_ids` laid out as `layout` says with `vision`, differentiable as forward is: the features
   // a caller's own head reads (a PPO critic's value, a reward model's score). A loss on them
   // alone never reaches the output head, which apply_gradients then leaves alone.
-  at::Tensor hidden_states(const at::Tensor& input_ids, const RowLayout& layout);
+  at::Tensor hidden_states(const at::Tensor& input_ids, const RowLayout& layout, const VisionInputs& vision);
   // Applies the gradients the caller's backward calls left, clipped by one global norm, and
   // AdamW at `lr`; skipped as a whole when the norm is not finite. A mixture-of-experts
   // model's routing biases then move as the step's routing asks ([experts] bias_update_rate).
   UpdateFigures apply_gradients(double lr);
-  // Per-token log-probabilities [B, T] of `targets` [B, T] int64 after `input_ids` at
-  // `temperature`, from the final hidden states a chunk of tokens at a time, never holding
+  // Per-token log-probabilities [B, T] of `targets` [B, T] int64 after `input_ids` (with
+  // `layout` and `vision` as forward takes them) at `temperature`, from the final hidden states a chunk of tokens at a time, never holding
   // [B, T, V] logits (loss/chunked_logprobs.h); differentiable as forward is. The output head
   // must sit in the root unit, which keeps it gathered from forward through backward
   // ([policy.options] fused_linear_logprob = true). `with_entropy` adds each token's entropy
   // [B, T] of that softmax, chunked and differentiable alike.
   TokenLogprobs logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                         const RowLayout& layout, bool with_entropy);
+                         const RowLayout& layout, const VisionInputs& vision, bool with_entropy);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.

@@ -56,11 +56,13 @@ std::unique_lock<std::mutex> Run::begin_call() { return fsdp_->begin_call(); }
 
 void Run::divide_gradients_by(double divisor) { fsdp_->set_gradient_divisor(divisor); }
 
-at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout) {
+at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, const VisionInputs& vision) {
   check_loaded("forward", /*params_only=*/true);
   check_balance_consumed("forward");
   const at::Tensor input = to_device(input_ids, device_);
-  const at::Tensor logits = scaled_output(layout.empty() ? model()(input) : model()(input, layout));
+  const at::Tensor logits = scaled_output(!vision.empty() ? model()(input, vision.to(device_), layout)
+                                          : layout.empty() ? model()(input)
+                                                           : model()(input, layout));
   balance_experts(logits);
   return logits;
 }
@@ -104,25 +106,18 @@ at::Tensor Run::scaled_output(const at::Tensor& output) const {
   return ScaleGradient::apply(output, dtype, scaler_->scale());
 }
 
-at::Tensor Run::hidden_states(const at::Tensor& input_ids, const RowLayout& layout) {
+at::Tensor Run::hidden_states(const at::Tensor& input_ids, const RowLayout& layout, const VisionInputs& vision) {
   check_loaded("hidden_states", /*params_only=*/true);
-  if (!model().gives_final_hidden()) {
-    throw EveryRankError("hidden_states: " + model().class_name() + " gives its logits alone, not its final hidden "
-                         "states");
-  }
   check_balance_consumed("hidden_states");
-  const at::Tensor hidden = scaled_output(model()(to_device(input_ids, device_), FinalHidden{layout}));  // [B, T, C]
+  const at::Tensor hidden =
+      scaled_output(model()(to_device(input_ids, device_), FinalHidden{layout, vision.to(device_)}));  // [B, T, C]
   balance_experts(hidden);
   return hidden;
 }
 
 TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
-                            const RowLayout& layout, bool with_entropy) {
+                            const RowLayout& layout, const VisionInputs& vision, bool with_entropy) {
   check_loaded("logprobs", /*params_only=*/true);
-  if (!model().gives_final_hidden()) {
-    throw EveryRankError("logprobs: " + model().class_name() + " gives its logits alone, not the final hidden states "
-                         "logprobs reads: take log_softmax of run.model's logits");
-  }
   if (model().config().num_labels > 0) {
     throw EveryRankError("logprobs: " + model().class_name() + " scores tokens with its score head, and gives no "
                          "token log-probabilities: read run.model's scores [B, T, labels]");
@@ -134,7 +129,7 @@ TokenLogprobs Run::logprobs(const at::Tensor& input_ids, const at::Tensor& targe
   if (model().output_head_adapted()) throw EveryRankError("logprobs: the output head carries a LoRA adapter");
   check_balance_consumed("logprobs");
   const at::Tensor input = to_device(input_ids, device_);
-  const at::Tensor hidden = model()(input, FinalHidden{layout});  // [B, T, C]
+  const at::Tensor hidden = model()(input, FinalHidden{layout, vision.to(device_)});  // [B, T, C]
   const int64_t rows = hidden.size(0), tokens = hidden.size(1);
   // About 64 MiB of float32 logits live at a time.
   const int64_t chunk = std::max<int64_t>(64, (int64_t{16} << 20) / model().config().vocab_size);

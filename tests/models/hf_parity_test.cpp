@@ -187,7 +187,7 @@ TEST_CASE("Qwen2-VL and Qwen2.5-VL logits and gradients match transformers for t
     const VisionInputs vision{optional(name + ".pixel_values"), optional(name + ".image_grid_thw"),
                               optional(name + ".pixel_values_videos"), optional(name + ".video_grid_thw"),
                               optional(name + ".second_per_grid_ts")};
-    auto logits = (*model)(ids, vision);  // [B, T, V]
+    auto logits = (*model)(ids, vision, RowLayout{});  // [B, T, V]
     CHECK(relative_error(logits, reference->tensor(name + ".logits")) < 1e-5);
     if (name == "image_video") check_loss_and_gradients(*model, logits, next_tokens(ids), *reference, "image_video.loss");
   }

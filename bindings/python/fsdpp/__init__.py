@@ -107,6 +107,27 @@ def _mask_documents(attention_mask, input_ids, document_offsets):
     return torch.unique(bounds)  # sorted
 
 
+# A vision-language model's images and videos, by the names transformers' processors give them.
+_VISION_INPUTS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts",
+                  "mm_token_type_ids")
+
+
+def _vision(call, given):
+    """The images and videos a forward got as keyword arguments, each a tensor; None leaves one
+    out. fsdpp.Error for another keyword. Their shapes and the rows' placeholders are checked
+    by the run."""
+    vision = {}
+    for name, value in given.items():
+        if name not in _VISION_INPUTS:
+            raise Error(f"{call}: unexpected keyword argument {name!r} (images and videos go by "
+                        f"{', '.join(_VISION_INPUTS)})")
+        tensor = _tensor(name, value, optional=True)
+        if tensor is not None:
+            # saved for backward by the vision tower, which inference tensors cannot be
+            vision[name] = tensor.clone() if tensor.is_inference() else tensor
+    return vision
+
+
 def _rows(input_ids, position_ids, document_offsets, attention_mask):
     """The checked (input_ids, position_ids, document_offsets) of a forward's rows."""
     return (_tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
@@ -159,7 +180,7 @@ class Model:
     def __init__(self, run):
         self._run = run
 
-    def __call__(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None):
+    def __call__(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None, **vision):
         """Logits [B, T, V] of `input_ids` [B, T] int64.
 
         `position_ids` [B, T] int64: each token's RoPE position (None: 0..T-1 in every row, or
@@ -170,22 +191,32 @@ class Model:
         each row's tokens see none of its padding and sit at positions from 0, as transformers
         computes them given position_ids = attention_mask.cumsum(-1) - 1. The padding's own
         outputs are not transformers' (it masks them otherwise); a loss leaves them out.
+
+        A vision-language model (Qwen2-VL, Qwen2.5-VL) takes the images and videos of the rows
+        by the keywords its processor gives them: pixel_values and image_grid_thw,
+        pixel_values_videos, video_grid_thw and second_per_grid_ts (mm_token_type_ids, which
+        must agree with the placeholders), so `run.model(**inputs)` takes a processor's output
+        whole. Each image stands in the rows as its run of
+        placeholder tokens, in order; the model places its tokens itself, so it takes no
+        position_ids.
         """
-        rows = _agreed(self._run, "run.model", lambda: _rows(input_ids, position_ids, document_offsets, attention_mask))
+        rows = _agreed(self._run, "run.model", lambda: (*_rows(input_ids, position_ids, document_offsets, attention_mask),
+                                                        _vision("run.model", vision)))
         return _holding(self._run, self._run.forward(*rows))
 
-    def hidden_states(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None):
+    def hidden_states(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None, **vision):
         """The final hidden states [B, T, C] of `input_ids` [B, T] int64 (C: Run.hidden_size),
         after the last norm, where the output head reads them: the features a loop's own head
-        maps to a PPO critic's values or a reward model's scores. Positions, documents and the
-        attention mask as calling the model takes them; differentiable as it is. A loss on them
-        alone never reaches the output head, which step() then leaves as it is."""
+        maps to a PPO critic's values or a reward model's scores. Positions, documents, the
+        attention mask, images and videos as calling the model takes them; differentiable as it
+        is. A loss on them alone never reaches the output head, which step() then leaves as it is."""
         rows = _agreed(self._run, "run.model.hidden_states",
-                       lambda: _rows(input_ids, position_ids, document_offsets, attention_mask))
+                       lambda: (*_rows(input_ids, position_ids, document_offsets, attention_mask),
+                                _vision("run.model.hidden_states", vision)))
         return _holding(self._run, self._run.hidden_states(*rows))
 
     def logprobs(self, input_ids, targets, temperature=1.0, document_offsets=None, position_ids=None,
-                 entropy=False, attention_mask=None):
+                 entropy=False, attention_mask=None, **vision):
         """Per-token log-probabilities [B, T] of `targets` [B, T] int64, the token each position
         of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
         temperature) at the targets, computed from the final hidden states a chunk of tokens at
@@ -193,8 +224,8 @@ class Model:
         computation. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true). With `entropy=True` it returns
         (logprobs, entropy): each token's entropy [B, T] of that softmax too, chunked alike and
-        differentiable (an entropy bonus's). Positions, documents and the attention mask as
-        calling the model takes them."""
+        differentiable (an entropy bonus's). Positions, documents, the attention mask, images
+        and videos as calling the model takes them."""
         def prepare():
             t = temperature
             if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_complex():
@@ -211,7 +242,7 @@ class Model:
             if not isinstance(entropy, bool):
                 raise Error(f"entropy: must be a bool, got {type(entropy).__name__}")
             ids, positions, documents = _rows(input_ids, position_ids, document_offsets, attention_mask)
-            return ids, chosen, float(t), positions, documents, entropy
+            return ids, chosen, float(t), positions, documents, _vision("run.model.logprobs", vision), entropy
 
         outputs = [_holding(self._run, out)
                    for out in self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare))]

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from check_python_run import FIRST_STEP_BOUND, fresh_dir, write_run_file
+from check_python_run import FIRST_STEP_BOUND, fresh_dir, refusal, write_run_file
 
 
 def padded_rows(vocab):
@@ -61,11 +61,7 @@ def main():
             ("not 0 or 1", lambda: run.model(ids, attention_mask=mask * 2), "expected 1 for a token and 0"),
             ("beside document_offsets", lambda: run.model(ids, attention_mask=mask,
                                                           document_offsets=torch.tensor([0, 40])), "not both")]:
-        try:
-            call()
-            said = "no error"
-        except fsdpp.Error as e:
-            said = str(e)
+        said = refusal(call)
         refused = wanted in said
         ok &= refused
         print(f"{'ok  ' if refused else 'FAIL'} a mask {name}: {said}")

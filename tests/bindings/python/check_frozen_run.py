@@ -26,7 +26,7 @@ import tempfile
 
 import torch
 
-from check_python_run import ROWS, batches, fresh_dir, run_ranks, write_run_file
+from check_python_run import ROWS, batches, fresh_dir, refusal, run_ranks, write_run_file
 
 FUSED = {"policy.options.fused_linear_logprob": True}
 KL_WEIGHT = 0.5
@@ -58,15 +58,6 @@ def kl_steps(actor, ref, rank, world, steps=2):
         ref_after = ref.model.logprobs(rows[0][:, :-1], rows[0][:, 1:])
         actor_after = actor.model.logprobs(rows[0][:, :-1], rows[0][:, 1:])
     return ref_before, ref_after, actor_before, actor_after, norms
-
-
-def refusal(call):
-    import fsdpp
-    try:
-        call()
-    except fsdpp.Error as e:
-        return str(e)
-    return "no error"
 
 
 def stderr_of(build):
