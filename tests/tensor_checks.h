@@ -22,6 +22,9 @@
 #include <unordered_set>
 #include <vector>
 
+// A 1-D int64 tensor of `values` (at::tensor of a braced list of mixed literals is ambiguous).
+inline at::Tensor int64s(const std::vector<int64_t>& values) { return at::tensor(values, at::kLong); }
+
 // The largest difference, relative to the reference's largest magnitude.
 inline double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
   const double scale = expected.abs().max().item<double>();

@@ -187,4 +187,49 @@ VisionInputs checked_vision(const ModelConfig& model, const at::Tensor& ids, con
   return vision;
 }
 
+at::Tensor checked_generation(const at::Tensor& ids, const std::optional<at::Tensor>& attention_mask,
+                              const GenerationOptions& options, int64_t vocab) {
+  check_token_ids("input_ids", ids, vocab);
+  if (options.max_new_tokens < 1 || options.max_new_tokens > 1'000'000) {
+    throw UserError("max_new_tokens: must be in [1, 1000000], got " + std::to_string(options.max_new_tokens));
+  }
+  if (!(options.temperature >= 0.0 && options.temperature <= 1e6) ||
+      (options.temperature > 0.0 && options.temperature < 1e-6)) {
+    std::ostringstream given;
+    given << options.temperature;
+    throw UserError("temperature: must be 0 (the most likely token) or in [1e-06, 1e+06], got " + given.str());
+  }
+  if (options.top_k < 0) throw UserError("top_k: must be >= 0 (0: every token), got " + std::to_string(options.top_k));
+  if (!(options.top_p > 0.0 && options.top_p <= 1.0)) {
+    std::ostringstream given;
+    given << options.top_p;
+    throw UserError("top_p: must be in (0, 1], got " + given.str());
+  }
+  std::vector<std::pair<const char*, int64_t>> tokens{{"pad_token_id", options.pad}};
+  for (const int64_t id : options.eos) tokens.emplace_back("eos_token_id", id);
+  for (const auto& [name, id] : tokens) {
+    if (id < 0 || id >= vocab) {
+      throw UserError(std::string(name) + ": must be a token in [0, " + std::to_string(vocab) + "), got " +
+                      std::to_string(id));
+    }
+  }
+  if (!attention_mask) return {};
+  const at::Tensor mask = attention_mask->to(at::kCPU);
+  if (mask.sizes() != ids.sizes() || at::isFloatingType(mask.scalar_type()) || at::isComplexType(mask.scalar_type()) ||
+      !((mask == 0) | (mask == 1)).all().item<bool>()) {
+    throw UserError("attention_mask: expected 1 for a token and 0 for padding, shaped as input_ids " + shape_text(ids) +
+                    ", got " + type_and_shape(mask));
+  }
+  const at::Tensor kept = mask.to(at::kBool);
+  // Left padding alone: a row's tokens run to its end, so each new token follows its prompt.
+  const at::Tensor starts_after_token = kept.narrow(1, 0, kept.size(1) - 1) & ~kept.narrow(1, 1, kept.size(1) - 1);
+  const at::Tensor bad = starts_after_token.any(1) | ~kept.any(1);  // [B]
+  if (bad.any().item<bool>()) {
+    const int64_t row = bad.nonzero()[0][0].item<int64_t>();
+    throw UserError("attention_mask: row " + std::to_string(row) + " is not padded on the left alone, or holds no "
+                    "token: a generation continues each row from its last token");
+  }
+  return kept;
+}
+
 }  // namespace fsdpp

@@ -4,6 +4,7 @@
 
 #include "models/causal_lm.h"
 #include "models/model_config.h"
+#include "run/sampling.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -28,6 +29,12 @@ void check_logprobs_inputs(const at::Tensor& input_ids, const at::Tensor& target
 // checked against `ids` [B, T].
 RowLayout checked_layout(const at::Tensor& ids, const std::optional<at::Tensor>& position_ids,
                          const std::optional<at::Tensor>& document_offsets);
+
+// A generation's attention mask [B, T] (1 a token, 0 padding) of `ids` [B, T] as `kept` bool,
+// each row padded on the left alone and holding a token; and its options checked against the
+// vocabulary of `vocab` tokens. UserError naming the argument.
+at::Tensor checked_generation(const at::Tensor& ids, const std::optional<at::Tensor>& attention_mask,
+                              const GenerationOptions& options, int64_t vocab);
 
 // The images and videos of `ids` [B, T] laid out as `layout` says, from the tensors a loop
 // passes by transformers' names (pixel_values [N, C * Tt * P * P], image_grid_thw [I, 3] int64,

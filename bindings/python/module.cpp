@@ -46,6 +46,16 @@ PYBIND11_MODULE(_fsdpp, m) {
            py::arg("document_offsets"), py::arg("vision"))
       .def("logprobs", &PythonRun::logprobs, py::arg("input_ids"), py::arg("targets"), py::arg("temperature"),
            py::arg("position_ids"), py::arg("document_offsets"), py::arg("vision"), py::arg("entropy"))
+      .def(
+          "generate",
+          [](PythonRun& run, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
+             int64_t max_new_tokens, double temperature, int64_t top_k, double top_p, const std::vector<int64_t>& eos,
+             int64_t pad) {
+            return run.generate(input_ids, attention_mask,
+                                fsdpp::GenerationOptions{max_new_tokens, temperature, top_k, top_p, eos, pad});
+          },
+          py::arg("input_ids"), py::arg("attention_mask"), py::arg("max_new_tokens"), py::arg("temperature"),
+          py::arg("top_k"), py::arg("top_p"), py::arg("eos"), py::arg("pad"))
       .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
       .def("step", &PythonRun::step, py::arg("lr") = py::none())
       .def_property_readonly("scheduled_lr", &PythonRun::scheduled_lr)

@@ -207,6 +207,16 @@ std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const a
   });
 }
 
+at::Tensor PythonRun::generate(const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
+                               const GenerationOptions& options) {
+  return exclusively([&] {
+    at::Tensor kept;
+    agree_on_inputs("run.model.generate", [&] { kept = checked_generation(input_ids, attention_mask, options, vocab_size()); });
+    const NoAutocast own_precision;
+    return run_->generate(input_ids, kept, options);
+  });
+}
+
 void PythonRun::refuse_inputs(const std::string& call) {
   exclusively([&] { agree_on_refusal(call, true); });
 }

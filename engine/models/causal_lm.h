@@ -5,8 +5,10 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/module.h"
+#include "models/kv_cache.h"
 #include "models/model_config.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,12 @@ struct FinalHidden {
   VisionInputs vision;  // the rows' images and videos (vision-language models alone take any)
 };
 
+// One step of a generation (Run::generate): tokens after what `cache` holds.
+struct GenerationStep {
+  KvCache* cache;
+  torch::Tensor kept;  // [B, T] bool: false for padding (a left-padded prompt's)
+};
+
 class CausalLM : public Module {
  public:
   CausalLM(std::string class_name, ModelConfig config, std::vector<std::string> no_split)
@@ -72,6 +80,15 @@ class CausalLM : public Module {
   // leaves out.
   virtual torch::Tensor output_head_weight() const = 0;
   virtual bool output_head_adapted() const = 0;
+
+  // The logits [B, V] of each row's last token of a generation's step; the text decoders
+  // generate.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const GenerationStep& step) {
+    throw UserError(class_name() + " does not generate (the text decoders do)");
+  }
+  // The cache a generation of at most `capacity` tokens a row keeps; none where the model
+  // does not generate.
+  virtual std::optional<KvCache> generation_cache(int64_t capacity) const { return std::nullopt; }
 
   // Mixture-of-experts models: what their MoE layers routed in the last forward.
   virtual RoutingLog* routing() const { return nullptr; }

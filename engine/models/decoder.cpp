@@ -12,6 +12,8 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
 namespace fsdpp {
 
 Attention::Attention(const DecoderFamily& family, const ModelConfig& c,
@@ -59,8 +61,8 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const torch::Tensor& co
   const auto tables = widened_rotary_tables(cos_sin);
   q = apply_rotary(q.transpose(1, 2), tables);  // [B, H, T, D]
   k = apply_rotary(k.transpose(1, 2), tables);  // [B, KV, T, D]
-  v = v.transpose(1, 2);
-  auto out = scoped_attention(q, k, v, scope);  // [B, H, T, D]
+  std::tie(k, v) = with_cached(k, v.transpose(1, 2));  // [B, KV, cached + T, D]
+  auto out = scoped_attention(q, k, v, scope);       // [B, H, T, D]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
@@ -142,6 +144,26 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const to
   return (*norm_)(h);
 }
 
+torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, KvCache& cache, const torch::Tensor& kept) {
+  const CachedStep step = cache.begin_step(kept.to(input_ids.device()));
+  rotary_emb_->follow(input_ids.device());
+  auto cos_sin = (*rotary_emb_)(step.positions);  // [2, B, T, D]
+  auto h = (*embed_tokens)(input_ids);            // [B, T, C]
+  // Each layer's attention reads and fills its cache for this forward alone, whatever ends it.
+  struct Decoding {
+    std::vector<SelfAttention*> attention;
+    ~Decoding() {
+      for (SelfAttention* a : attention) a->decode_into(nullptr, 0);
+    }
+  } decoding;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    decoding.attention.push_back(&layers_[i]->self_attn());
+    decoding.attention.back()->decode_into(&cache.layer(i), cache.capacity());
+  }
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, step.scope);
+  return (*norm_)(h);
+}
+
 torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, const torch::Tensor& documents,
                                     const AtPositions& at) {
   // Embedded inside this module's forward, where a unit holding the embedding has gathered it.
@@ -172,6 +194,15 @@ torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const Row
 
 torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const FinalHidden& ask) {
   return hidden(input_ids, ask.layout);
+}
+
+torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const GenerationStep& step) {
+  const auto hidden = (*model_)(input_ids, *step.cache, step.kept);  // [B, T, C]
+  return (*head_)(hidden.select(1, hidden.size(1) - 1));            // [B, V]
+}
+
+std::optional<KvCache> DecoderCausalLM::generation_cache(int64_t capacity) const {
+  return KvCache(model_->layer_count(), capacity, model_->sliding_window());
 }
 
 torch::Tensor DecoderCausalLM::hidden(const torch::Tensor& input_ids, const RowLayout& layout) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "models/causal_lm.h"
+#include "models/kv_cache.h"
 #include "models/layers.h"
 
 namespace fsdpp {
@@ -24,6 +25,20 @@ class SelfAttention : public Module {
   FSDPP_MODULE_CALL
   virtual torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin,
                                 const torch::Tensor& scope) = 0;
+  // While a generation runs (null otherwise), forward keeps its keys and values in `cache` and
+  // attends over all it holds; scope is then the step's mask (KvCache::begin_step).
+  void decode_into(LayerCache* cache, int64_t capacity) { cache_ = cache, capacity_ = capacity; }
+
+ protected:
+  // key and value [B, heads, T, D] with what the generation cached before them in front (as
+  // they are outside a generation).
+  std::pair<torch::Tensor, torch::Tensor> with_cached(const torch::Tensor& key, const torch::Tensor& value) {
+    return cache_ ? cache_->append(key, value, capacity_) : std::pair{key, value};
+  }
+
+ private:
+  LayerCache* cache_ = nullptr;
+  int64_t capacity_ = 0;
 };
 
 // A decoder layer's feed-forward part: [B, T, C] -> [B, T, C].
@@ -71,6 +86,7 @@ class DecoderLayer : public Module {
                const torch::TensorOptions& opts, const std::shared_ptr<RoutingLog>& log);
   FSDPP_MODULE_CALL
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos_sin, const torch::Tensor& scope);
+  SelfAttention& self_attn() { return *self_attn_; }
 
  private:
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
@@ -98,6 +114,11 @@ class DecoderModel : public Module {
                         const torch::Tensor& documents);
   // input_ids [B, T] at the caller's positions, documents as above -> [B, T, C].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& documents, const AtPositions& at);
+  // One step of a generation: input_ids [B, T] after what `cache` holds, `kept` [B, T] bool
+  // (false: padding) -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& input_ids, KvCache& cache, const torch::Tensor& kept);
+  int64_t layer_count() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t sliding_window() const { return sliding_window_; }
 
   std::shared_ptr<Embedding> embed_tokens;
   // The MoE layers' routing in the last forward; null for dense models.
@@ -119,6 +140,8 @@ class DecoderCausalLM : public CausalLM {
   torch::Tensor forward(const torch::Tensor& input_ids) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
+  torch::Tensor forward(const torch::Tensor& input_ids, const GenerationStep& step) override;
+  std::optional<KvCache> generation_cache(int64_t capacity) const override;
   torch::Tensor output_head_weight() const override { return head_->weight; }
   bool output_head_adapted() const override { return head_->has_adapter(); }
   RoutingLog* routing() const override { return model_->routing(); }

@@ -72,8 +72,8 @@ torch::Tensor LatentAttention::forward(const torch::Tensor& x, const torch::Tens
   q_rot = apply_rotary(q_rot, tables);
   k_rot = apply_rotary(k_rot, tables).expand({B, heads_, T, rope});
   const auto query = at::cat({q_pass, q_rot}, -1);  // [B, H, T, nope + rope]
-  const auto key = at::cat({k_pass, k_rot}, -1);
-  auto out = scoped_attention(query, key, value, scope, scale_);  // [B, H, T, v]
+  const auto [key, values] = with_cached(at::cat({k_pass, k_rot}, -1), value);  // [B, H, cached + T, ...]
+  auto out = scoped_attention(query, key, values, scope, scale_);  // [B, H, T, v]
   return (*o_proj_)(out.transpose(1, 2).reshape({B, T, heads_ * v_dim}));
 }
 

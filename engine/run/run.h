@@ -16,6 +16,7 @@
 #include "loss/expert_balance.h"
 #include "optim/adamw.h"
 #include "run/run_config.h"
+#include "run/sampling.h"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -142,6 +143,13 @@ class Run {
   // [B, T] of that softmax, chunked and differentiable alike.
   TokenLogprobs logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                          const RowLayout& layout, const VisionInputs& vision, bool with_entropy);
+  // Each row of `prompt` [B, T] int64 (padded on the left where `kept` [B, T] bool is false;
+  // undefined: no padding) continued by up to options.max_new_tokens tokens chosen as
+  // run/sampling.h says, over a cache of the rows' keys and values, without autograd. A row
+  // ends after an eos token and holds options.pad after it; the result is [B, T + added]
+  // int64 on the prompt's device. Every rank calls it: each step's forward gathers the units,
+  // so a rank whose rows ended steps on until every rank's have.
+  at::Tensor generate(const at::Tensor& prompt, const at::Tensor& kept, const GenerationOptions& options);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.

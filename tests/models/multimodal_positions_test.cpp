@@ -5,6 +5,8 @@
 
 #include "core/error.h"
 
+#include "tensor_checks.h"
+
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -15,7 +17,6 @@ namespace {
 
 constexpr int64_t kImage = 30, kVideo = 31;
 
-at::Tensor longs(const std::vector<int64_t>& values) { return at::tensor(values, at::kLong); }
 
 ModelConfig qwen2_vl() {
   return ModelConfig::from_json(
@@ -44,29 +45,29 @@ std::string refusal(const ModelConfig& config, const at::Tensor& ids, const Visi
 
 TEST_CASE("a packed document with an image is placed as if alone", "[models]") {
   const ModelConfig config = qwen2_vl();
-  const auto one = longs(document()).view({1, -1});  // [1, 11]
+  const auto one = int64s(document()).view({1, -1});  // [1, 11]
   VisionInputs vision;
-  vision.image_grid_thw = longs({1, 4, 6}).view({1, 3});
+  vision.image_grid_thw = int64s({1, 4, 6}).view({1, 3});
   const at::Tensor alone = multimodal_positions(config, one, vision, {});  // [3, 1, 11]
   // Text 0, 1; the image's rows and columns from 2 (2 x 3 merged); text past max(2, 3): 5, 6, 7.
-  CHECK(alone[1][0].equal(longs({0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 7})));
-  CHECK(alone[2][0].equal(longs({0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7})));
+  CHECK(alone[1][0].equal(int64s({0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 7})));
+  CHECK(alone[2][0].equal(int64s({0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7})));
 
   // Two such documents in one row after 3 tokens of another: each restarts at 0.
   std::vector<int64_t> packed = {7, 8, 9};
   const std::vector<int64_t> doc = document();
   for (int copy = 0; copy < 2; ++copy) packed.insert(packed.end(), doc.begin(), doc.end());
   VisionInputs two;
-  two.image_grid_thw = longs({1, 4, 6, 1, 4, 6}).view({2, 3});
-  const auto offsets = longs({0, 3, 14, 25});
-  const at::Tensor positions = multimodal_positions(config, longs(packed).view({1, -1}), two, offsets);
+  two.image_grid_thw = int64s({1, 4, 6, 1, 4, 6}).view({2, 3});
+  const auto offsets = int64s({0, 3, 14, 25});
+  const at::Tensor positions = multimodal_positions(config, int64s(packed).view({1, -1}), two, offsets);
   CHECK(positions.narrow(2, 0, 3).equal(at::arange(3, at::kLong).expand({3, 1, 3})));
   CHECK(positions.narrow(2, 3, 11).equal(alone));
   CHECK(positions.narrow(2, 14, 11).equal(alone));
 
   SECTION("an image across a document's start is refused") {
-    const auto split = longs({0, 3, 6, 25});
-    CHECK(refusal(config, longs(packed).view({1, -1}), two, split) ==
+    const auto split = int64s({0, 3, 6, 25});
+    CHECK(refusal(config, int64s(packed).view({1, -1}), two, split) ==
           "input_ids: image 0's grid [1, 4, 6] gives 6 placeholders, and row 0 holds a run of 6 from token 5 that "
           "crosses a document's start");
   }
@@ -74,20 +75,20 @@ TEST_CASE("a packed document with an image is placed as if alone", "[models]") {
 
 TEST_CASE("placeholders that disagree with the grids are refused", "[models]") {
   const ModelConfig config = qwen2_vl();
-  const auto ids = longs(document()).view({1, -1});
+  const auto ids = int64s(document()).view({1, -1});
   VisionInputs vision;
   SECTION("no grid") {
     CHECK(refusal(config, ids, vision) ==
           "input_ids: row 0 holds image placeholders at token 2 past the 0 images the grids give");
   }
   SECTION("a grid of another size") {
-    vision.image_grid_thw = longs({1, 4, 4}).view({1, 3});
+    vision.image_grid_thw = int64s({1, 4, 4}).view({1, 3});
     CHECK(refusal(config, ids, vision) ==
           "input_ids: image 0's grid [1, 4, 4] gives 4 placeholders, and row 0 holds a run of 6 from token 2");
   }
   SECTION("a grid the rows never use") {
-    vision.image_grid_thw = longs({1, 4, 6}).view({1, 3});
-    vision.video_grid_thw = longs({2, 2, 2}).view({1, 3});
+    vision.image_grid_thw = int64s({1, 4, 6}).view({1, 3});
+    vision.video_grid_thw = int64s({2, 2, 2}).view({1, 3});
     CHECK(refusal(config, ids, vision) == "input_ids: the grids give 1 videos and the rows hold 0 runs of their placeholders");
   }
 }

@@ -248,6 +248,47 @@ class Model:
                    for out in self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare))]
         return tuple(outputs) if entropy else outputs[0]
 
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0,
+                 eos_token_id=None, pad_token_id=None):
+        """Each row of `input_ids` [B, T] int64 continued by up to `max_new_tokens` tokens:
+        [B, T + added] int64. Each token is drawn from softmax(logits / `temperature`) among
+        the `top_k` most likely tokens (0: all) holding `top_p` of the mass (1: all), with
+        torch's default generator of the run's device (torch.manual_seed); temperature 0 takes
+        the most likely token. A row ends after a token of `eos_token_id` (an int or a list;
+        None: none) and holds `pad_token_id` after it (None: the first eos token, else 0).
+        `attention_mask` [B, T] (1 token, 0 padding) marks rows padded on the left, as
+        transformers' generate takes them. The keys and values of every layer are cached, so
+        each new token costs one token's forward. No autograd; the model's train() or eval()
+        mode holds (eval() for LoRA without dropout). Every rank calls it: a rank whose rows
+        ended steps on, adding nothing, until every rank's have."""
+        def prepare():
+            ids = _tensor("input_ids", input_ids)
+            mask = _tensor("attention_mask", attention_mask, optional=True)
+            counts = {"max_new_tokens": max_new_tokens, "top_k": top_k}
+            for name, value in counts.items():
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise Error(f"{name}: must be an int, got {type(value).__name__}")
+            reals = {"temperature": temperature, "top_p": top_p}
+            for name, value in reals.items():
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise Error(f"{name}: must be a number, got {type(value).__name__}")
+                if isinstance(value, numbers.Integral) and abs(value) > 1e300:
+                    raise Error(f"{name}: must be a number within a float's range, got an integer of "
+                                f"{len(str(value))} digits")
+            eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, numbers.Integral) \
+                else list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else None
+            if eos is None or any(isinstance(e, bool) or not isinstance(e, numbers.Integral) for e in eos):
+                raise Error(f"eos_token_id: must be an int or a list of ints, got {eos_token_id!r}")
+            pad = pad_token_id if pad_token_id is not None else eos[0] if eos else 0
+            if isinstance(pad, bool) or not isinstance(pad, numbers.Integral):
+                raise Error(f"pad_token_id: must be an int, got {type(pad).__name__}")
+            if any(not -2**63 <= v < 2**63 for v in [max_new_tokens, top_k, pad, *eos]):
+                raise Error("generate: token ids and counts must fit in 64 bits")
+            return ids, mask, int(max_new_tokens), float(temperature), int(top_k), float(top_p), \
+                [int(e) for e in eos], int(pad)
+
+        return self._run.generate(*_agreed(self._run, "run.model.generate", prepare))
+
     def train(self, mode=True):
         """Forwards train (`mode` True: LoRA's dropout on, as after Run()) or only compute
         (False, as eval() says), as a torch module's train() does; returns the model."""

@@ -1,0 +1,51 @@
+// The cache's bookkeeping: buffers filled in place, and each step's positions and mask.
+#include "models/kv_cache.h"
+
+#include "core/error.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdpp {
+
+std::pair<at::Tensor, at::Tensor> LayerCache::append(const at::Tensor& key_step, const at::Tensor& value_step,
+                                                     int64_t capacity) {
+  const int64_t steps = key_step.size(2);
+  TORCH_CHECK(length + steps <= capacity, "a generation ran past its cache's ", capacity, " tokens");
+  if (!key.defined()) {
+    key = at::empty({key_step.size(0), key_step.size(1), capacity, key_step.size(3)}, key_step.options());
+    value = at::empty({value_step.size(0), value_step.size(1), capacity, value_step.size(3)}, value_step.options());
+  }
+  key.narrow(2, length, steps).copy_(key_step);
+  value.narrow(2, length, steps).copy_(value_step);
+  length += steps;
+  return {key.narrow(2, 0, length), value.narrow(2, 0, length)};
+}
+
+KvCache::KvCache(int64_t layers, int64_t capacity, int64_t window)
+    : layers_(static_cast<size_t>(layers)), capacity_(capacity), window_(window) {}
+
+CachedStep KvCache::begin_step(const at::Tensor& kept) {
+  const at::Tensor tokens = kept.to(at::kBool);  // [B, T]
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  // A token's position is the count of its row's tokens before it, as transformers places
+  // them from the attention mask (padding's is never read).
+  const at::Tensor before = positions_.defined() ? positions_.narrow(1, positions_.size(1) - 1, 1) + kept_.narrow(1, kept_.size(1) - 1, 1)
+                                                 : at::zeros({B, 1}, at::TensorOptions(at::kLong).device(tokens.device()));
+  const at::Tensor counted = tokens.to(at::kLong).cumsum(1);                       // [B, T]
+  const at::Tensor positions = before + counted - tokens.to(at::kLong);            // [B, T]
+  kept_ = kept_.defined() ? at::cat({kept_, tokens}, 1) : tokens;
+  positions_ = positions_.defined() ? at::cat({positions_, positions}, 1) : positions;
+  const int64_t length = kept_.size(1), cached = length - T;
+  // Query i (the cache's position cached + i) sees key j <= cached + i that is a token, and
+  // within the window; a padding query sees itself alone, so that no row of the mask is empty.
+  const at::Tensor query_index = at::arange(cached, length, positions.options()).view({1, 1, T, 1});
+  const at::Tensor key_index = at::arange(length, positions.options()).view({1, 1, 1, length});
+  at::Tensor scope = (key_index <= query_index) & kept_.view({B, 1, 1, length});
+  if (window_ > 0) {
+    scope &= positions.view({B, 1, T, 1}) - positions_.view({B, 1, 1, length}) < window_;
+  }
+  scope |= key_index == query_index;
+  return {positions, scope};
+}
+
+}  // namespace fsdpp

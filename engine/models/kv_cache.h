@@ -1,0 +1,49 @@
+// What a generation keeps between its steps: each attention layer's keys and values so far
+// (after RoPE), and for every cached token its row's RoPE position and whether it is a token
+// or padding. A step's queries attend over all of it, so a new token costs one token's
+// forward instead of the whole sequence's.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+#include <vector>
+
+namespace fsdpp {
+
+// One attention layer's keys and values: [B, heads, capacity, D] each, the first `length`
+// positions filled.
+struct LayerCache {
+  at::Tensor key, value;
+  int64_t length = 0;
+
+  // key/value [B, heads, T, D] of a step appended: everything cached, [B, heads, length + T, D].
+  std::pair<at::Tensor, at::Tensor> append(const at::Tensor& key_step, const at::Tensor& value_step, int64_t capacity);
+};
+
+// The layout of one step of T tokens over the cache.
+struct CachedStep {
+  at::Tensor positions;  // [B, T] int64: each token's RoPE position, counting a row's tokens alone
+  at::Tensor scope;      // [B, 1, T, cached + T] bool: true where a query attends to a key
+};
+
+class KvCache {
+ public:
+  // For `layers` attention layers and at most `capacity` tokens a row, prompt included;
+  // `window` > 0: a query sees the last `window` positions alone (Mistral).
+  KvCache(int64_t layers, int64_t capacity, int64_t window);
+
+  // Lays out the next step's tokens, `kept` [B, T] bool (false: padding, which no query
+  // sees; a left-padded prompt's first step). Call once per step, before its forward.
+  CachedStep begin_step(const at::Tensor& kept);
+  LayerCache& layer(size_t index) { return layers_.at(index); }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  std::vector<LayerCache> layers_;
+  int64_t capacity_, window_;
+  at::Tensor kept_;       // [B, cached] bool
+  at::Tensor positions_;  // [B, cached] int64
+};
+
+}  // namespace fsdpp

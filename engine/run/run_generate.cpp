@@ -1,0 +1,63 @@
+// A run's generation: each row of a prompt continued token by token over a cache of its keys
+// and values, every rank stepping together (each step's forward gathers the units).
+#include "run/run.h"
+
+#include "core/device.h"
+#include "core/error.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace fsdpp {
+
+namespace {
+
+// Whether every rank is done: a rank whose rows ended still steps (its forwards join the
+// units' gathers) until the others' have too.
+bool every_rank_done(Comm& comm, bool done_here) {
+  if (comm.size() == 1) return done_here;
+  at::Tensor running = at::full({1}, done_here ? 0 : 1, at::TensorOptions(at::kLong).device(comm.device()));
+  comm.all_reduce_sum(running);
+  return running.item<int64_t>() == 0;
+}
+
+}  // namespace
+
+at::Tensor Run::generate(const at::Tensor& prompt, const at::Tensor& kept, const GenerationOptions& options) {
+  check_loaded("generate", /*params_only=*/true);
+  if (model().config().num_labels > 0) {
+    throw EveryRankError("generate: " + model().class_name() + " scores tokens with its score head, and predicts none");
+  }
+  // The longest generation any rank asked for sizes every rank's cache and bounds the steps.
+  int64_t steps = options.max_new_tokens;
+  for (const std::string& asked : comm_->all_gather_texts(std::to_string(options.max_new_tokens))) {
+    steps = std::max<int64_t>(steps, std::stoll(asked));
+  }
+  std::optional<KvCache> cache = model().generation_cache(prompt.size(1) + steps);
+  if (!cache) throw EveryRankError("generate: " + model().class_name() + " does not generate (the text decoders do)");
+  const at::NoGradGuard no_grad;
+  at::Tensor tokens = to_device(prompt, device_);  // [B, T], then [B, 1] a step
+  at::Tensor step_kept = kept.defined() ? to_device(kept, device_).to(at::kBool) : at::ones_like(tokens, at::kBool);
+  const at::Tensor eos = at::tensor(options.eos, at::kLong).to(device_);
+  at::Tensor ended = at::zeros({tokens.size(0)}, at::TensorOptions(at::kBool).device(device_));  // [B]
+  std::vector<at::Tensor> pieces{tokens};  // the prompt, then each step's tokens
+  for (int64_t step = 0; step < steps; ++step) {
+    const at::Tensor logits = model()(tokens, GenerationStep{&*cache, step_kept});  // [B, V]
+    const bool adds = step < options.max_new_tokens;
+    if (adds) {
+      const at::Tensor next = at::where(ended, options.pad, next_tokens(logits, options));  // [B]
+      pieces.push_back(next.unsqueeze(1));
+      if (eos.numel() > 0) ended |= at::isin(next, eos);
+      tokens = next.unsqueeze(1);
+    } else {
+      tokens = at::full_like(tokens.narrow(1, 0, 1), options.pad);
+    }
+    step_kept = at::ones_like(tokens, at::kBool);
+    const bool done_here = !adds || step + 1 == options.max_new_tokens || ended.all().item<bool>();
+    if (every_rank_done(*comm_, done_here)) break;
+  }
+  return at::cat(pieces, 1).to(prompt.device());  // [B, T + added]
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,200 @@
+"""run.model.generate against transformers' generate, over a cache of keys and values.
+
+Left-padded prompts of the fixtures transformers saved (Llama, Qwen3 with q/k norms, Mistral
+with a 5-token sliding window, DeepSeek-V3 with latent attention and experts, Qwen3-MoE), in
+float64:
+- greedy: the same tokens as transformers' generate given the same prompts, mask, eos and
+  pad, rows that end early included;
+- sampled at a temperature with top-k and top-p: the same tokens as transformers' sampling
+  from the same torch.manual_seed (both draw one multinomial a step from the same
+  probabilities, to rounding);
+- at world 2, ranks whose prompts, max_new_tokens and ends differ: no hang, and each rank's
+  rows as world 1 generates them;
+- generating leaves the run as it was: logits after it equal those before, and a DeepSeek-V3
+  whose routing biases move with each step trains to bitwise the same weights with a
+  generation between its steps as without;
+- bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
+  token), a vision-language model, and an offloaded run each raise fsdpp.Error.
+
+usage: check_generate.py FIXTURE_DIR WORK_DIR
+"""
+import os
+import sys
+
+import torch
+
+from check_python_run import fresh_dir, refusal, run_ranks, write_run_file
+
+NEW_TOKENS = 12
+MODELS = ("llama_untied", "qwen3", "mistral", "deepseek_v3", "qwen3_moe")
+
+
+def prompts(seed, rows=3, tokens=7):
+    """Prompts [rows, tokens] padded on the left with 0 (rows 0 and 2), and their mask."""
+    ids = torch.randint(3, 100, (rows, tokens), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    mask[rows - 1, :1] = 0
+    return ids * mask, mask
+
+
+def reference_model(model_dir):
+    from transformers import AutoModelForCausalLM
+    moe = "moe" in model_dir or "deepseek" in model_dir
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64,
+                                                **({"experts_implementation": "eager"} if moe else {}))
+
+
+def reference_generate(model, ids, mask, eos, **sampling):
+    # Qwen3-MoE's router logits feed its load-balancing loss, which generate has no use for.
+    extra = {"output_router_logits": False} if "Moe" in type(model).__name__ else {}
+    return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0,
+                          **sampling, **extra)
+
+
+def same_as_transformers(fixtures, work):
+    import fsdpp
+    ok = True
+    for name in MODELS:
+        model_dir = os.path.join(fixtures, name)
+        run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, name)), model_dir))
+        reference = reference_model(model_dir)
+        ids, mask = prompts(1)
+        # eos 1 ends some rows early in these fixtures, whose generation config names it.
+        eos = reference.generation_config.eos_token_id or 1
+        greedy = run.model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, temperature=0,
+                                    eos_token_id=eos, pad_token_id=0)
+        want_greedy = reference_generate(reference, ids, mask, eos, do_sample=False)
+        sampling = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+        torch.manual_seed(11)
+        sampled = run.model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos,
+                                     pad_token_id=0, **sampling)
+        torch.manual_seed(11)
+        want_sampled = reference_generate(reference, ids, mask, eos, do_sample=True, **sampling)
+        ended = int((greedy[:, ids.shape[1]:] == 0).any(1).sum())
+        same = torch.equal(greedy, want_greedy) and torch.equal(sampled, want_sampled)
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} {name}: {NEW_TOKENS} tokens after left-padded prompts, greedy "
+              f"({ended} of 3 rows ended early) and sampled at temperature 0.8, top-k 40, top-p 0.9: "
+              f"{'the same tokens as' if same else 'NOT'} transformers' generate")
+        if not same:
+            print(f"     greedy {greedy.tolist()} against {want_greedy.tolist()}\n"
+                  f"     sampled {sampled.tolist()} against {want_sampled.tolist()}")
+    return ok
+
+
+def rank_generation(run_file, rank):
+    """What rank `rank` of world 2 generates: its own prompts and max_new_tokens (rank 1 asks
+    for more, and its rows end at other steps)."""
+    ids, mask = prompts(20 + rank, rows=2 + rank, tokens=5 + 2 * rank)
+    return ids, mask, 4 + 6 * rank
+
+
+def world_rank(run_file, out):
+    import fsdpp
+    run = fsdpp.Run(run_file)
+    ids, mask, new = rank_generation(run_file, run.rank)
+    got = run.model.generate(ids, attention_mask=mask, max_new_tokens=new, temperature=0, eos_token_id=[1, 2],
+                             pad_token_id=0)
+    torch.save(got, f"{out}.{run.rank}.pt")
+
+
+def matches_world_1(fixtures, work):
+    import fsdpp
+    run_file = write_run_file(fresh_dir(os.path.join(work, "world")), os.path.join(fixtures, "llama_untied"))
+    run = fsdpp.Run(run_file)
+    want = []
+    for rank in range(2):
+        ids, mask, new = rank_generation(run_file, rank)
+        want.append(run.model.generate(ids, attention_mask=mask, max_new_tokens=new, temperature=0,
+                                       eos_token_id=[1, 2], pad_token_id=0))
+    out = os.path.join(work, "world", "generated")
+    done = run_ranks(__file__, 2, run_file, out)
+    if done.returncode != 0:
+        print(f"FAIL world 2 exited {done.returncode}: {done.stderr[-2000:]}")
+        return False
+    got = [torch.load(f"{out}.{r}.pt") for r in range(2)]
+    same = all(torch.equal(g, w) for g, w in zip(got, want))
+    print(f"{'ok  ' if same else 'FAIL'} world 2, ranks asking for 4 and 10 tokens from prompts of 5 and 7: each "
+          f"rank's rows ({[tuple(g.shape) for g in got]}) {'as' if same else 'NOT as'} world 1 generates them")
+    return same
+
+
+def train_deepseek(run_file, generate_between):
+    """Full weights after 2 steps of a DeepSeek-V3 whose routing biases move each step, with or
+    without a generation before each step."""
+    import fsdpp
+    run = fsdpp.Run(run_file, {"experts.bias_update_rate": 1e-3})
+    ids = torch.randint(100, (2, 9), generator=torch.Generator().manual_seed(4))
+    for _ in range(2):
+        if generate_between:
+            run.model.generate(*prompts(5), temperature=0, max_new_tokens=4)
+        logits = run.model(ids[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+        run.step()
+        run.zero_grad()
+    return {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
+
+
+def leaves_the_run_as_it_was(fixtures, work):
+    import fsdpp
+    run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "as-it-was")), os.path.join(fixtures, "qwen3")))
+    ids, _ = prompts(3)
+    with torch.no_grad():
+        before = run.model(ids)
+        run.model.generate(*prompts(6), max_new_tokens=5)
+        after = run.model(ids)
+    run_file = write_run_file(fresh_dir(os.path.join(work, "deepseek")), os.path.join(fixtures, "deepseek_v3"))
+    plain, generating = train_deepseek(run_file, False), train_deepseek(run_file, True)
+    same = torch.equal(before, after) and set(plain) == set(generating) and \
+        all(torch.equal(plain[k], generating[k]) for k in plain)
+    print(f"{'ok  ' if same else 'FAIL'} a generation leaves the run as it was: the logits after it "
+          f"{'equal' if torch.equal(before, after) else 'DIFFER from'} those before, and a DeepSeek-V3 trained with "
+          "generations between its steps ends with bitwise the weights it has without")
+    return same
+
+
+def refusals(fixtures, work):
+    import fsdpp
+    run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "bad")), os.path.join(fixtures, "llama_untied")))
+    ids, mask = prompts(2)
+    right = mask.flip(1)
+    vision = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "vision")), os.path.join(fixtures, "qwen2_vl")))
+    cases = [
+        ("a mask padded on the right", lambda: run.model.generate(ids, attention_mask=right),
+         "attention_mask: row 0 is not padded on the left alone"),
+        ("a negative temperature", lambda: run.model.generate(ids, temperature=-1.0), "temperature: must be 0"),
+        ("top_p 0", lambda: run.model.generate(ids, top_p=0.0), "top_p: must be in (0, 1]"),
+        ("an eos outside the vocabulary", lambda: run.model.generate(ids, eos_token_id=[2, 500]),
+         "eos_token_id: must be a token in [0, 101), got 500"),
+        ("no new token", lambda: run.model.generate(ids, max_new_tokens=0), "max_new_tokens: must be in [1, 1000000]"),
+        ("a vision-language model", lambda: vision.model.generate(ids),
+         "generate: Qwen2VLForConditionalGeneration does not generate"),
+    ]
+    ok = True
+    for name, call, wanted in cases:
+        said = refusal(call)
+        ok &= wanted in said
+        print(f"{'ok  ' if wanted in said else 'FAIL'} {name}: {said}")
+    run.offload()
+    said = refusal(lambda: run.model.generate(ids))
+    run.reload()
+    ok &= "offload" in said
+    print(f"{'ok  ' if 'offload' in said else 'FAIL'} generating while offloaded: {said}")
+    return ok
+
+
+def main():
+    if sys.argv[1] == "--rank":  # one of torchrun's processes
+        world_rank(sys.argv[2], sys.argv[3])
+        return 0
+    fixtures, work = sys.argv[1], sys.argv[2]
+    ok = same_as_transformers(fixtures, work)
+    ok &= matches_world_1(fixtures, work)
+    ok &= leaves_the_run_as_it_was(fixtures, work)
+    ok &= refusals(fixtures, work)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+// The generation cache's bookkeeping: positions that count a row's tokens past its left
+// padding, masks that hide padding and the future (and what lies past a sliding window), and
+// keys appended in place.
+#include "models/kv_cache.h"
+
+#include "tensor_checks.h"
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+using namespace fsdpp;
+
+namespace {
+at::Tensor flags(const std::vector<int64_t>& values) { return int64s(values).to(at::kBool); }
+}  // namespace
+
+TEST_CASE("a left-padded prompt's tokens count from 0, and no query sees padding or the future", "[models]") {
+  KvCache cache(/*layers=*/1, /*capacity=*/6, /*window=*/0);
+  const CachedStep prompt = cache.begin_step(flags({0, 0, 1, 1}).view({1, 4}));
+  CHECK(prompt.positions.equal(int64s({0, 0, 0, 1}).view({1, 4})));
+  // Padding sees itself alone; the tokens see the tokens up to themselves.
+  const auto want = flags({1, 0, 0, 0,  //
+                           0, 1, 0, 0,  //
+                           0, 0, 1, 0,  //
+                           0, 0, 1, 1});
+  CHECK(prompt.scope.equal(want.view({1, 1, 4, 4})));
+  const CachedStep next = cache.begin_step(flags({1}).view({1, 1}));
+  CHECK(next.positions.equal(int64s({2}).view({1, 1})));
+  CHECK(next.scope.equal(flags({0, 0, 1, 1, 1}).view({1, 1, 1, 5})));
+}
+
+TEST_CASE("a sliding window hides the keys it has passed", "[models]") {
+  KvCache cache(1, 6, /*window=*/2);
+  cache.begin_step(flags({1, 1, 1}).view({1, 3}));
+  const CachedStep next = cache.begin_step(flags({1}).view({1, 1}));
+  CHECK(next.positions.equal(int64s({3}).view({1, 1})));
+  CHECK(next.scope.equal(flags({0, 0, 1, 1}).view({1, 1, 1, 4})));
+}
+
+TEST_CASE("a layer's keys and values are appended in place up to the capacity", "[models]") {
+  LayerCache layer;
+  const auto first = at::randn({2, 1, 3, 4}, at::kDouble), second = at::randn({2, 1, 1, 4}, at::kDouble);
+  layer.append(first, first * 2, /*capacity=*/4);
+  const auto [key, value] = layer.append(second, second * 2, 4);  // [2, 1, 4, 4]
+  CHECK(key.equal(at::cat({first, second}, 2)));
+  CHECK(value.equal(at::cat({first, second}, 2) * 2));
+  CHECK_THROWS(layer.append(second, second, 4));
+}
