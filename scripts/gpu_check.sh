@@ -26,7 +26,9 @@
 #                         that float8 run to a SHAPE's bench
 #   gpu_check.sh python   the Python package on the GPU (tests/bindings/python/
 #                         check_offload_device.py): offload() hands the device memory back,
-#                         reload() brings the state back bitwise, full_weights' peak bounded
+#                         reload() brings the state back bitwise, full_weights' peak bounded;
+#                         and check_generate.py, whose GPU case holds generate's tokens to
+#                         transformers' on the GPU (the HF fixtures: build/tests/fixtures)
 #   gpu_check.sh all      units, parity and bench in turn
 #   gpu_check.sh session [SHAPE ...]
 #                         what one lent GPU session runs, each step under its own deadline so
@@ -35,7 +37,7 @@
 #                         one shape (90 + 120 + 180 s each; 240 s for offload, fp8 and SHAPE+fp8)
 # Binaries come from build-gpu/ when this machine built them, else from a carried build/ (a
 # CPU machine's build links CUDA and NCCL too: strip build/fsdpp and build/tests/fsdpp_tests,
-# carry them with build/python, .gpu-deps/ and data/, and link the checkout's absolute path
+# carry them with build/python, build/tests/fixtures, .gpu-deps/ and data/, and link the checkout's absolute path
 # to the copy, since the RUNPATH and test paths are absolute). The Python module is built
 # for one Python version; where this machine's python3 is another (3.12 where the venv has
 # 3.11), configure the CPU build with -DFSDPP_EXTRA_PYTHONS=<a python3.12> so that build/python
@@ -164,6 +166,8 @@ bench() {
 python_api() {
   deps
   PYTHONPATH="$binaries/python" OMP_NUM_THREADS=8 "$python" tests/bindings/python/check_offload_device.py "$out/python-work"
+  PYTHONPATH="$binaries/python" OMP_NUM_THREADS=1 FSDPP="$fsdpp" "$python" tests/bindings/python/check_generate.py \
+    "$binaries/tests/fixtures" "$out/generate-work"
 }
 
 # session [SHAPE ...]: each step its own process under a deadline, its log under $out; a step

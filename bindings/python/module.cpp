@@ -60,6 +60,7 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def("step", &PythonRun::step, py::arg("lr") = py::none())
       .def_property_readonly("scheduled_lr", &PythonRun::scheduled_lr)
       .def("full_weights", &PythonRun::full_weights, py::arg("unit"), py::arg("dtype"))
+      .def("load_weights", &PythonRun::load_weights, py::arg("weights"))
       .def(
           "save",
           [](PythonRun& run, const std::optional<std::string>& root, const std::string& loop_state) {

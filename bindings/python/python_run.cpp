@@ -253,6 +253,14 @@ std::vector<std::pair<std::string, at::Tensor>> PythonRun::full_weights(int64_t 
   return exclusively([&] { return run_->full_weights(static_cast<size_t>(unit), type); });
 }
 
+void PythonRun::load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  exclusively([&] {
+    agree_on_inputs("load_weights", [&] { run_->check_weights(weights); });
+    ++weights_version_;
+    run_->load_weights(weights);
+  });
+}
+
 std::string PythonRun::save(const std::optional<std::string>& root, const std::string& loop_state) {
   const std::filesystem::path dir = root ? *root : config_.checkpoint.dir;
   exclusively([&] {

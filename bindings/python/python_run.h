@@ -68,6 +68,9 @@ class PythonRun {
   double scheduled_lr() const;
   // Unit `unit`'s weights gathered whole in `dtype` ("bfloat16", ...), LoRA merged.
   std::vector<std::pair<std::string, at::Tensor>> full_weights(int64_t unit, const std::string& dtype);
+  // Replaces the named parameters with the full tensors given (Run::load_weights), checked
+  // over the ranks first, so that a refusal is every rank's and changes nothing.
+  void load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
   // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
   // (none: [checkpoint] dir; older ones rotated by keep and max_gb) that `fsdpp train` and
   // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.

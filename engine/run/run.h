@@ -169,6 +169,13 @@ class Run {
   // tensor in `dtype`), LoRA adapters merged into their targets: the names and values
   // fsdpp export (--merge-lora) writes. A collective: every rank asks for the same unit.
   std::vector<std::pair<std::string, at::Tensor>> full_weights(size_t unit, at::ScalarType dtype);
+  // The reverse: each named parameter (HF names, as full_weights gives them) replaced by the
+  // full tensor given, cast to its shard's dtype, each rank keeping its own rows; the rest, the
+  // optimizer's state and the step count stay. No collective: every rank is given the same.
+  // check_weights refuses (UserError) what load_weights would: an unknown name (a tied head's
+  // among them), a shape or dtype other than the parameter's, a run with LoRA adapters.
+  void check_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  void load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
   // Held-out evaluation over [train] eval_batches micro-batches (a collective); none where the
   // data holds nothing out.
   std::optional<EvalResult> evaluate();

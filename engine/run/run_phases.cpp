@@ -2,7 +2,8 @@
 // the same device) asks of the run between its phases: the state moved off the device and
 // back, and the weights handed out whole, one unit at a time, gathered from the masters (a
 // collective), LoRA adapters merged into their targets as fsdpp export --merge-lora merges
-// them, so the names and values are the export's.
+// them, so the names and values are the export's; and weights taken in whole (a reference
+// model refreshed from the actor's).
 #include "run/run.h"
 
 #include "core/device.h"
@@ -104,6 +105,46 @@ std::vector<std::pair<std::string, at::Tensor>> Run::full_weights(size_t unit, a
     weights.emplace_back("lm_head.weight", merged("lm_head", by_name.at(*head)));
   }
   return weights;
+}
+
+void Run::check_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  check_loaded("load_weights");
+  check_outside_backward("load_weights");
+  if (loaded_.lora) {
+    throw UserError("load_weights: the run trains LoRA adapters over a frozen base, and full weights hold them "
+                    "merged; load into a run without adapters");
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& s : fsdp_->shard_rows()) shapes.emplace(s.name, s.full_shape);
+  for (const auto& [name, value] : weights) {
+    const auto shape = shapes.find(name);
+    if (shape == shapes.end()) {
+      throw UserError("load_weights: the model has no parameter '" + name + "'" +
+                      (name == "lm_head.weight" && model().config().tie_word_embeddings
+                           ? " (its head is tied to model.embed_tokens.weight, which full_weights gives)"
+                           : ""));
+    }
+    if (value.sizes() != at::IntArrayRef(shape->second) || !at::isFloatingType(value.scalar_type())) {
+      throw UserError("load_weights: '" + name + "' is " + std::string(c10::toString(value.scalar_type())) + " " +
+                      c10::str(value.sizes()) + ", where the parameter is a floating " + c10::str(at::IntArrayRef(shape->second)));
+    }
+  }
+}
+
+void Run::load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  check_weights(weights);
+  optimizer_->settle();   // the last step's host updates would write over the rows given
+  fsdp_->reshard_all();  // the kept cast shards hold the old values
+  std::map<std::string, at::Tensor> given(weights.begin(), weights.end());
+  const at::NoGradGuard no_grad;
+  for (auto& s : fsdp_->shard_rows()) {
+    const auto value = given.find(s.name);
+    if (value == given.end()) continue;
+    // The rows of the full tensor this rank keeps, read as the flat run they are.
+    int64_t row_numel = 1;
+    for (size_t d = 1; d < s.full_shape.size(); ++d) row_numel *= s.full_shape[d];
+    s.rows.copy_(value->second.reshape(-1).narrow(0, s.first_row * row_numel, s.rows.numel()).view(s.rows.sizes()));
+  }
 }
 
 }  // namespace fsdpp

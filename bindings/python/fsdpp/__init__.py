@@ -363,6 +363,24 @@ class Run:
                             "units it handed out and the rest are of two states; iterate again")
             yield from self._run.full_weights(unit, name)
 
+    def load_weights(self, weights):
+        """Replaces each named parameter with the full tensor given: `weights` yields (HF name,
+        tensor) pairs, as full_weights() gives them (every rank the same, in the same order;
+        each rank keeps its own rows, cast to its shards' dtype). The parameters not named, the
+        optimizer's state and the step count stay. A frozen reference model refreshed from the
+        actor: ref.load_weights(actor.full_weights(dtype=torch.float32)). Pairs are taken one at
+        a time, so no more than the one given is held: a run with LoRA adapters, a name the
+        model lacks (a tied head's lm_head.weight among them), or a tensor of another shape
+        raises fsdpp.Error on every rank, the pairs before it loaded and it and the rest not."""
+        if isinstance(weights, collections.abc.Mapping):
+            weights = weights.items()
+        for pair in weights:
+            def prepare(pair=pair):
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+                    raise Error(f"load_weights: expected (name, tensor) pairs, got {type(pair).__name__}")
+                return [(pair[0], _tensor(pair[0], pair[1]).detach())]
+            self._run.load_weights(_agreed(self._run, "load_weights", prepare))
+
     def save(self, dir=None, loop_state=None):
         """Saves the run at its step count as `fsdpp train` does: a sharded checkpoint
         step-NNNNNNNN under `dir` (None: the run file's [checkpoint] dir); older ones there

@@ -14,7 +14,9 @@ float64:
   whose routing biases move with each step trains to bitwise the same weights with a
   generation between its steps as without;
 - bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
-  token), a vision-language model, and an offloaded run each raise fsdpp.Error.
+  token), a vision-language model, and an offloaded run each raise fsdpp.Error;
+- where a GPU is present, a float32 run on it generates greedily what transformers generates
+  on it (scripts/gpu_check.sh python runs this check there).
 
 usage: check_generate.py FIXTURE_DIR WORK_DIR
 """
@@ -23,7 +25,7 @@ import sys
 
 import torch
 
-from check_python_run import fresh_dir, refusal, run_ranks, write_run_file
+from check_python_run import fresh_dir, refusals_hold, refused_while_offloaded, world_2_results, write_run_file
 
 NEW_TOKENS = 12
 MODELS = ("llama_untied", "qwen3", "mistral", "deepseek_v3", "qwen3_moe")
@@ -108,12 +110,9 @@ def matches_world_1(fixtures, work):
         ids, mask, new = rank_generation(run_file, rank)
         want.append(run.model.generate(ids, attention_mask=mask, max_new_tokens=new, temperature=0,
                                        eos_token_id=[1, 2], pad_token_id=0))
-    out = os.path.join(work, "world", "generated")
-    done = run_ranks(__file__, 2, run_file, out)
-    if done.returncode != 0:
-        print(f"FAIL world 2 exited {done.returncode}: {done.stderr[-2000:]}")
+    got = world_2_results(__file__, os.path.join(work, "world", "generated"), run_file)
+    if got is None:
         return False
-    got = [torch.load(f"{out}.{r}.pt") for r in range(2)]
     same = all(torch.equal(g, w) for g, w in zip(got, want))
     print(f"{'ok  ' if same else 'FAIL'} world 2, ranks asking for 4 and 10 tokens from prompts of 5 and 7: each "
           f"rank's rows ({[tuple(g.shape) for g in got]}) {'as' if same else 'NOT as'} world 1 generates them")
@@ -171,17 +170,25 @@ def refusals(fixtures, work):
         ("a vision-language model", lambda: vision.model.generate(ids),
          "generate: Qwen2VLForConditionalGeneration does not generate"),
     ]
-    ok = True
-    for name, call, wanted in cases:
-        said = refusal(call)
-        ok &= wanted in said
-        print(f"{'ok  ' if wanted in said else 'FAIL'} {name}: {said}")
-    run.offload()
-    said = refusal(lambda: run.model.generate(ids))
-    run.reload()
-    ok &= "offload" in said
-    print(f"{'ok  ' if 'offload' in said else 'FAIL'} generating while offloaded: {said}")
-    return ok
+    ok = refusals_hold(cases)
+    return refused_while_offloaded(run, lambda: run.model.generate(ids), "generating") and ok
+
+
+def on_the_gpu(fixtures, work):
+    """Greedy tokens of a float32 run on the GPU against transformers' on the GPU."""
+    import fsdpp
+    model_dir = os.path.join(fixtures, "llama_untied")
+    run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "gpu")), model_dir, dtype="float32"),
+                    {"parallel.device": "cuda"})
+    reference = reference_model(model_dir).float().cuda()
+    ids, mask = prompts(8)
+    got = run.model.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=NEW_TOKENS, temperature=0,
+                             eos_token_id=2, pad_token_id=0)
+    want = reference_generate(reference, ids.cuda(), mask.cuda(), 2, do_sample=False)
+    same = got.is_cuda and torch.equal(got, want)
+    print(f"{'ok  ' if same else 'FAIL'} on {torch.cuda.get_device_name()}: float32 greedy tokens "
+          f"{'equal' if same else 'DIFFER from'} transformers' on the same GPU")
+    return same
 
 
 def main():
@@ -193,6 +200,8 @@ def main():
     ok &= matches_world_1(fixtures, work)
     ok &= leaves_the_run_as_it_was(fixtures, work)
     ok &= refusals(fixtures, work)
+    if torch.cuda.is_available():
+        ok &= on_the_gpu(fixtures, work)
     return 0 if ok else 1
 
 

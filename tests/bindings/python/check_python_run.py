@@ -125,6 +125,36 @@ def refusal(call):
     return "no error"
 
 
+def refusals_hold(cases):
+    """Each (name, call, wanted) of `cases`: call() must raise fsdpp.Error saying `wanted`.
+    Prints a line for each; whether all did."""
+    ok = True
+    for name, call, wanted in cases:
+        said = refusal(call)
+        ok &= wanted in said
+        print(f"{'ok  ' if wanted in said else 'FAIL'} {name}: {said}")
+    return ok
+
+
+def refused_while_offloaded(run, call, what):
+    """call() on `run` offloaded must raise fsdpp.Error naming offload; the run is reloaded after."""
+    run.offload()
+    said = refusal(call)
+    run.reload()
+    print(f"{'ok  ' if 'offload' in said else 'FAIL'} {what} while offloaded: {said}")
+    return "offload" in said
+
+
+def world_2_results(script, out, *args):
+    """What each rank of `script --rank ARGS... OUT` under torchrun at world 2 saved to
+    OUT.RANK.pt, or None (with a FAIL line) where it did not finish."""
+    done = run_ranks(script, 2, *args, out)
+    if done.returncode != 0:
+        print(f"FAIL world 2 exited {done.returncode}: {done.stderr[-2000:]}")
+        return None
+    return [torch.load(f"{out}.{r}.pt") for r in range(2)]
+
+
 def reference_step(model, optimizer, loss, losses, norms):
     """The reference loop's step: backward, clip_grad_norm_ to 1, AdamW, zero_grad; the loss
     and the gradient norm appended to `losses` and `norms`."""

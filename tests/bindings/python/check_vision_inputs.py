@@ -26,7 +26,8 @@ import sys
 import torch
 
 from check_python_run import (FIRST_STEP_BOUND, FLOAT64_BOUND, LATER_STEPS_BOUND, backward_and_step, fresh_dir,
-                              refusal, reference_step, relative_gap, run_ranks, write_run_file)
+                              refusal, refusals_hold, reference_step, relative_gap, world_2_results,
+                              write_run_file)
 
 IMAGE, VIDEO, START, END = 290, 291, 292, 293  # the fixtures' placeholder and delimiter tokens
 PATCH_WIDTH = 3 * 2 * 4 * 4  # channels x frames per patch x patch side^2
@@ -207,12 +208,9 @@ def matches_world_1(run_file, model_dir, work):
     (want_losses, want_norms), want_weights = train_fsdpp(run, ids, mask, vision, HALVES)
     initial = load_file(os.path.join(model_dir, "model.safetensors"))
     moved = max((want_weights[k] - initial[k].double()).abs().max().item() for k in want_weights)
-    out = os.path.join(work, "world-2")
-    done = run_ranks(__file__, 2, run_file, out)
-    if done.returncode != 0:
-        print(f"FAIL world 2 exited {done.returncode}: {done.stderr[-2000:]}")
+    got = world_2_results(__file__, os.path.join(work, "world-2"), run_file)
+    if got is None:
         return False
-    got = [torch.load(f"{out}.{r}.pt") for r in range(2)]
     said = [refused for refused, _, _ in got]
     both_refused = "image_grid_thw" in said[1] and "rank 1" in said[0]
     # Each rank's loss is its rows' mean; world 1's is the two halves' average.
@@ -243,12 +241,8 @@ def refusals(run_file, text_run_file):
         "an unknown keyword": ({**vision, "pixel_value": vision["pixel_values"]}, "'pixel_value'"),
         "position_ids": ({**vision, "position_ids": torch.arange(40).expand(4, 40)}, "places its tokens itself"),
     }
-    ok = True
-    for name, (given, wanted) in bad.items():
-        said = refusal(lambda: run.model(ids, attention_mask=mask, **given))
-        refused = wanted in said
-        ok &= refused
-        print(f"{'ok  ' if refused else 'FAIL'} {name}: {said}")
+    ok = refusals_hold([(name, lambda given=given: run.model(ids, attention_mask=mask, **given), wanted)
+                        for name, (given, wanted) in bad.items()])
     text_run = fsdpp.Run(text_run_file)
     said = refusal(lambda: text_run.model(torch.zeros(1, 4, dtype=torch.long), pixel_values=vision["pixel_values"],
                                           image_grid_thw=vision["image_grid_thw"]))
