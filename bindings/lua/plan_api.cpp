@@ -1,4 +1,4 @@
-// The declaring half of the policy API: wrap, mesh, precision, offload, lora, log and warn.
+// The declaring half of the policy API: wrap, mesh, precision, offload, lora, freeze, log and warn.
 // Each wrap appends a UnitPlan, and lora sets the plan's LoraPlan, recording where in the
 // script it was declared.
 #include "bindings/lua/lua_internal.h"
@@ -184,23 +184,32 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
 }
 
 // wrap(module | {module, ...}, options): one unit of the module(s) given.
+// The paths of the module, or the list of modules, at stack `index`: the first argument of
+// `call` (wrap, freeze), which must name at least one.
+std::vector<std::string> module_arguments(lua_State* L, int index, const std::string& call) {
+  PolicyRun& run = run_of(L);
+  std::vector<std::string> paths;
+  if (lua_isuserdata(L, index)) {
+    paths.push_back(run.modules[static_cast<size_t>(module_index(L, index))].path);
+  } else if (lua_istable(L, index)) {
+    const auto n = static_cast<int>(lua_rawlen(L, index));
+    for (int i = 1; i <= n; ++i) {
+      lua_rawgeti(L, index, i);
+      paths.push_back(run.modules[static_cast<size_t>(module_index(L, -1))].path);
+      lua_pop(L, 1);
+    }
+    if (paths.empty()) throw ScriptError(call + ": the module list is empty");
+  } else {
+    throw ScriptError(call + " expects a module or a list of modules, got " + luaL_typename(L, index));
+  }
+  return paths;
+}
+
 int api_wrap(lua_State* L) {
   PolicyRun& run = run_of(L);
   UnitPlan unit;
   unit.origin = caller_location(L);
-  if (lua_isuserdata(L, 1)) {
-    unit.modules.push_back(run.modules[static_cast<size_t>(module_index(L, 1))].path);
-  } else if (lua_istable(L, 1)) {
-    const auto n = static_cast<int>(lua_rawlen(L, 1));
-    for (int i = 1; i <= n; ++i) {
-      lua_rawgeti(L, 1, i);
-      unit.modules.push_back(run.modules[static_cast<size_t>(module_index(L, -1))].path);
-      lua_pop(L, 1);
-    }
-    if (unit.modules.empty()) throw ScriptError("wrap: the module list is empty");
-  } else {
-    throw ScriptError(std::string("wrap expects a module or a list of modules, got ") + luaL_typename(L, 1));
-  }
+  unit.modules = module_arguments(L, 1, "wrap");
   if (!lua_isnoneornil(L, 2)) {
     if (!lua_istable(L, 2)) throw ScriptError("wrap: options must be a table");
     read_wrap_options(L, 2, unit);
@@ -266,6 +275,17 @@ int api_lora(lua_State* L) {
   return 0;
 }
 
+// freeze(module or {module, ...}): the modules' parameters do not train (a vision tower held
+// as it was loaded); with lora{...} the base is frozen already, and lora's trainable says what
+// of it trains.
+int api_freeze(lua_State* L) {
+  PolicyRun& run = run_of(L);
+  FrozenModules frozen{.paths = module_arguments(L, 1, "freeze"), .origin = caller_location(L)};
+  if (run.plan.frozen) throw ScriptError("freeze: declared twice (first at " + run.plan.frozen->origin + ")");
+  run.plan.frozen = std::move(frozen);
+  return 0;
+}
+
 // The arguments as Lua's tostring gives them, space-separated, cut at kMaxLineBytes (a
 // __tostring that fails is a ScriptError, not a jump over this function's strings).
 std::string joined_args(lua_State* L) {
@@ -310,6 +330,7 @@ void open_plan_api(lua_State* L) {
                                 {"precision", guarded<api_precision>}, {"offload", guarded<api_offload>},
                                 {"log", guarded<api_log>},       {"warn", guarded<api_warn>},
                                 {"lora", guarded<api_lora>},
+                                {"freeze", guarded<api_freeze>},
                                 {nullptr, nullptr}};
   lua_pushglobaltable(L);
   luaL_setfuncs(L, functions, 0);

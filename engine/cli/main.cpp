@@ -121,6 +121,7 @@ int run_plan(const CommandLine& args) {
   const Plan plan =
       run_policy(script, *model, {.world_size = args.world, .rank = 0, .training = true, .options = policy.options});
   if (plan.lora) apply_lora(*model, *plan.lora, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
+  freeze_modules(plan, *model);
   const ResolvedPlan resolved = resolve_policy_plan(plan, *model, args.world, dtype, policy);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   log_info("plan: policy ", script.string(), " over ", named_modules(*model).size(), " modules evaluated and validated in ",

@@ -231,8 +231,24 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
   resolved.grad_bytes = trainable_per_rank * claims.master_bytes();
   resolved.optimizer_bytes = 2 * resolved.grad_bytes;
   resolved.lora = plan.lora;
+  resolved.frozen = plan.frozen;
   resolved.options = plan.options;
   return resolved;
+}
+
+void freeze_modules(const Plan& plan, Module& root) {
+  if (!plan.frozen) return;
+  if (plan.lora) {
+    throw UserError(concat(plan.frozen->origin, ": freeze beside lora (", plan.lora->origin, "): a LoRA run's base ",
+                           "is frozen already, and lora's trainable names what of it trains"));
+  }
+  std::map<std::string, Module*> by_path;
+  for (const auto& e : named_modules(root)) by_path[e.path] = e.module;
+  for (const auto& path : plan.frozen->paths) {
+    const auto found = by_path.find(path);
+    if (found == by_path.end()) throw UserError(concat(plan.frozen->origin, ": freeze: no module at path '", path, "'"));
+    for (auto& p : found->second->parameters()) p.set_requires_grad(false);
+  }
 }
 
 }  // namespace fsdpp

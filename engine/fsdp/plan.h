@@ -54,9 +54,17 @@ struct PolicyOption {
   std::string origin;                     // where the policy declared it (file:line)
 };
 
+// Modules whose parameters do not train (a policy's freeze{...}): each is then held in its
+// unit's compute dtype, with no gradient or optimizer state, as a LoRA run's base is.
+struct FrozenModules {
+  std::vector<std::string> paths;         // dotted module paths; every parameter under each
+  std::string origin;                     // where the policy declared it (file:line)
+};
+
 struct Plan {
   std::vector<UnitPlan> units;            // as declared; the root unit, if declared, among them
   std::optional<LoraPlan> lora;
+  std::optional<FrozenModules> frozen;
   std::vector<PolicyOption> options;      // declared, by name
   std::vector<std::string> warnings;
 };
@@ -92,6 +100,7 @@ struct ResolvedUnit {
 struct ResolvedPlan {
   std::vector<ResolvedUnit> units;        // in application order: inner first, root last; none of no parameters
   std::optional<LoraPlan> lora;           // as declared
+  std::optional<FrozenModules> frozen;    // as declared
   std::vector<PolicyOption> options;      // as declared
   int64_t total_numel = 0;
   int64_t trainable_numel = 0;            // of total_numel, the parameters that train
@@ -111,6 +120,11 @@ struct ResolvedPlan {
 // (a vision tower replicated beside a sharded language model, say). The root unit is added
 // when the plan lacks one, on the first unit's mesh.
 ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarType model_dtype);
+
+// Stops the parameters under `plan`'s frozen modules from training (requires_grad false), so
+// that resolve_plan then holds them in their compute dtype with no gradient or optimizer
+// state. UserError where a path is not a module of `root`, or the plan has LoRA adapters too.
+void freeze_modules(const Plan& plan, Module& root);
 
 // Refuses `unit` where it lists a module twice, a module and one that holds it, or a module
 // that a unit in `wrapped` (path -> that unit's origin) holds already; then adds its modules

@@ -81,6 +81,10 @@ std::string format_plan(const ResolvedPlan& plan, int world) {
         << " base modules trainable; " << plan.trainable_numel << " of " << plan.total_numel
         << " parameters train, the rest frozen\n";
   }
+  if (const auto& frozen = plan.frozen) {
+    out << "frozen: " << frozen->paths.size() << " modules  (" << frozen->origin << "); " << plan.trainable_numel
+        << " of " << plan.total_numel << " parameters train\n";
+  }
   format_options(out, plan.options);
   out << "per rank: parameters " << mib(plan.param_bytes) << ", gradients " << mib(plan.grad_bytes)
       << ", optimizer state " << mib(plan.optimizer_bytes) << ", largest gathered unit "
@@ -136,9 +140,15 @@ void from_json(const nlohmann::json& j, PolicyOption& o) {
        .doc = j.at("doc").get<std::string>(), .origin = j.at("origin").get<std::string>()};
 }
 
+namespace {
+nlohmann::json frozen_json(const std::optional<FrozenModules>& frozen) {
+  return frozen ? nlohmann::json{{"paths", frozen->paths}, {"origin", frozen->origin}} : nlohmann::json();
+}
+}  // namespace
+
 void to_json(nlohmann::json& j, const Plan& plan) {
   j = {{"units", plan.units}, {"options", plan.options}, {"warnings", plan.warnings},
-       {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}};
+       {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()}, {"frozen", frozen_json(plan.frozen)}};
 }
 
 void from_json(const nlohmann::json& j, Plan& plan) {
@@ -146,6 +156,10 @@ void from_json(const nlohmann::json& j, Plan& plan) {
   plan.options = j.at("options").get<std::vector<PolicyOption>>();
   plan.warnings = j.at("warnings").get<std::vector<std::string>>();
   if (!j.at("lora").is_null()) plan.lora = j.at("lora").get<LoraPlan>();
+  if (const auto& frozen = j.at("frozen"); !frozen.is_null()) {
+    plan.frozen = FrozenModules{.paths = frozen.at("paths").get<std::vector<std::string>>(),
+                                .origin = frozen.at("origin").get<std::string>()};
+  }
 }
 
 // A policy's strings (names, warnings, option docs) need not be UTF-8, which JSON text must be:
@@ -174,7 +188,7 @@ std::string plan_json(const ResolvedPlan& plan, int world) {
   }
   return nlohmann::json{{"world", world}, {"total_numel", plan.total_numel}, {"trainable_numel", plan.trainable_numel},
                         {"lora", plan.lora ? nlohmann::json(*plan.lora) : nlohmann::json()},
-                        {"options", plan.options}, {"units", units},
+                        {"frozen", frozen_json(plan.frozen)}, {"options", plan.options}, {"units", units},
                         {"per_rank_bytes", {{"params", plan.param_bytes}, {"grads", plan.grad_bytes},
                                             {"optimizer", plan.optimizer_bytes},
                                             {"largest_gathered_unit", plan.largest_gathered_bytes},

@@ -180,6 +180,7 @@ void Run::shard(const Plan& plan) {
   if (frozen()) {
     for (auto& p : model.parameters()) p.set_requires_grad(false);
   }
+  freeze_modules(plan, model);
   model.train(!frozen());
   const int rank = comm_->rank();
   const ResolvedPlan resolved = resolve_policy_plan(plan, model, comm_->size(), config_.model.dtype, config_.policy);

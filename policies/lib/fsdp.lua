@@ -163,6 +163,18 @@ function M.lora_from_options()
        trainable = trainable}
 end
 
+-- The modules [policy.options] freeze names (a vision tower held as loaded) train no more.
+function M.freeze_from_options()
+  local names = options{
+    freeze = {"string", default = "",
+              doc = "comma-separated modules (names or classes, \"visual\" for a vision tower) whose " ..
+                    "parameters do not train; with LoRA, lora_trainable says what of the base trains"},
+  }.freeze
+  if names == "" then return end
+  local modules = modules_named(names, "freeze", false)
+  if #modules > 0 then freeze(modules) end
+end
+
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data; said
 -- where either is given to no purpose (a model of no `vision` blocks, or vision_tower over
 -- mixed_mm_data).
@@ -232,6 +244,7 @@ function M.standard(spec)
   M.wrap_embedding_and_head(M.unit_options())
   wrap(ctx.model, M.root_options())
   M.lora_from_options()
+  M.freeze_from_options()
 end
 
 return M

@@ -372,6 +372,34 @@ TEST_CASE("the shipped rule: mixed_mm_data keeps vision classes in the root, fus
   CHECK(mixed.size() + 4 == sharded.size());  // three vision units and lm_head fewer
 }
 
+TEST_CASE("freeze{...} stops the named modules' parameters from training, and resolve_plan holds them", "[lua]") {
+  CHECK_THAT(policy_error("freeze({})\n"), Catch::Contains("escape.lua:1: freeze: the module list is empty"));
+  CHECK_THAT(policy_error("freeze(3)\n"), Catch::Contains("freeze expects a module or a list of modules, got number"));
+  CHECK_THAT(policy_error("local n = ctx.model:get('model.norm')\nfreeze(n)\nfreeze(n)\n"),
+             Catch::Contains("escape.lua:3: freeze: declared twice (first at ") && Catch::Contains("escape.lua:2)"));
+
+  auto model = meta_model();
+  const auto plan = run_policy(write_policy("freeze.lua", R"(
+freeze(ctx.model:find{path = "^model.layers.0$"})
+wrap(ctx.model)
+)"), *model, {});
+  REQUIRE(plan.frozen);
+  CHECK(plan.frozen->paths == std::vector<std::string>{"model.layers.0"});
+  freeze_modules(plan, *model);
+  for (const auto& p : unique_named_parameters(*model)) {
+    CHECK(p.tensor.requires_grad() == !p.name.starts_with("model.layers.0."));
+  }
+  const ResolvedPlan resolved = resolve_plan(plan, *model, 1, at::kFloat);
+  CHECK(resolved.trainable_numel < resolved.total_numel);
+  CHECK(resolved.frozen->origin == plan.frozen->origin);
+  // A LoRA run's base is frozen already; a path the model lacks is named.
+  Plan both = plan;
+  both.lora = LoraPlan{.targets = {"model.layers.1.self_attn.q_proj"}, .rank = 2, .alpha = 2, .origin = "l.lua:4"};
+  CHECK_THROWS_WITH(freeze_modules(both, *meta_model()), Catch::Contains("freeze beside lora (l.lua:4)"));
+  Plan missing{.frozen = FrozenModules{.paths = {"visual"}, .origin = "f.lua:2"}};
+  CHECK_THROWS_WITH(freeze_modules(missing, *meta_model()), Catch::Contains("f.lua:2: freeze: no module at path 'visual'"));
+}
+
 TEST_CASE("lora{...} declares adapters, and apply_lora puts them on and freezes the base", "[lua]") {
   CHECK_THAT(policy_error("lora{targets = ctx.model:find{path = 'q_proj$'}, rank = 0}\n"),
              Catch::Contains("escape.lua:1: lora: rank must be an integer in [1, 65536]"));

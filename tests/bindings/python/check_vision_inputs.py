@@ -8,7 +8,9 @@ batches come, with the pixels, grids and token types a processor gives:
   computes its rotary tables in float32), and rows packed into one as documents give each
   row's logits;
 - a loop's clipped-ratio loss on logprobs trains Qwen2.5-VL as transformers + AdamW does
-  over 3 steps (the first step's loss and gradient norm within 1e-6, later ones within 1e-3);
+  over 3 steps (the first step's loss and gradient norm within 1e-6, later ones within 1e-3),
+  and so with its vision tower frozen ([policy.options] freeze = "visual"; transformers' tower
+  with requires_grad False), the tower then bitwise as loaded, also across a save and resume;
 - at world 2, one rank's rows holding the images and the other's text alone (its tower runs a
   blank frame, or the ranks' collectives would part), the losses, gradient norms and every
   weight equal world 1's over the same rows within 1e-10 in float64; rank 1's bad grid alone
@@ -133,12 +135,12 @@ def forwards_match(run, model_dir):
     return ok
 
 
-def train_fsdpp(run, ids, mask, vision, rows_of_rank):
-    """(losses, norms) of STEPS steps of the clipped-ratio loss on the rows `rows_of_rank` picks, and
+def train_fsdpp(run, ids, mask, vision, rows_of_rank, steps=range(STEPS)):
+    """(losses, norms) of `steps` of the clipped-ratio loss on the rows `rows_of_rank` picks, and
     the full weights after them. At world 1 the two halves' losses are averaged, as two ranks'
     gradients are."""
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in steps:
         loss = 0
         for half in rows_of_rank:
             inputs, targets, given, keep = shifted(ids[half], mask[half], vision if half.start == 0 else {})
@@ -150,10 +152,14 @@ def train_fsdpp(run, ids, mask, vision, rows_of_rank):
 HALVES = [slice(0, 2), slice(2, 4)]
 
 
-def train_reference(model_dir, ids, mask, vision):
+def train_reference(model_dir, ids, mask, vision, frozen_tower):
     model = reference_model(model_dir)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    if frozen_tower:
+        for name, p in model.named_parameters():
+            p.requires_grad_("visual" not in name)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.ndim >= 2]
+    no_decay = [p for p in trained if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
     losses, norms = [], []
@@ -169,20 +175,43 @@ def train_reference(model_dir, ids, mask, vision):
     return losses, norms
 
 
-def trains_as_transformers(run_file, model_dir):
+def trains_as_transformers(run_file, model_dir, frozen_tower=False):
+    """STEPS steps against transformers + AdamW; with `frozen_tower` ([policy.options] freeze =
+    "visual", as the reference's tower has requires_grad False) the tower's weights must stay
+    the fixture's bitwise, and a run saved after 2 steps and resumed must end where this one does."""
     import fsdpp
-    run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})
+    from safetensors.torch import load_file
+    overrides = {"policy.options.fused_linear_logprob": True,
+                 **({"policy.options.freeze": "visual"} if frozen_tower else {})}
+    run = fsdpp.Run(run_file, overrides)
     ids, mask, vision = rows(True)
-    (losses, norms), _ = train_fsdpp(run, ids, mask, vision, HALVES)
-    want_losses, want_norms = train_reference(model_dir, ids, mask, vision)
+    (losses, norms), weights = train_fsdpp(run, ids, mask, vision, HALVES)
+    want_losses, want_norms = train_reference(model_dir, ids, mask, vision, frozen_tower)
     first = max(relative_gap(losses[0], want_losses[0]), relative_gap(norms[0], want_norms[0]))
     later = max(relative_gap(a, b) for a, b in zip(losses[1:] + norms[1:], want_losses[1:] + want_norms[1:]))
     ok = first <= FIRST_STEP_BOUND and later <= LATER_STEPS_BOUND
-    print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(model_dir)}: {STEPS} steps of a clipped-ratio loss on logprobs with "
-          f"images, losses {losses[0]:.6f} .. {losses[-1]:.6f}; against transformers + AdamW, first step {first:.1e} "
+    what = "with the vision tower frozen" if frozen_tower else "with images"
+    print(f"{'ok  ' if ok else 'FAIL'} {os.path.basename(model_dir)}: {STEPS} steps of a clipped-ratio loss on logprobs "
+          f"{what}, losses {losses[0]:.6f} .. {losses[-1]:.6f}; against transformers + AdamW, first step {first:.1e} "
           f"(bound {FIRST_STEP_BOUND:.0e}), later losses and norms {later:.1e} (bound {LATER_STEPS_BOUND:.0e}), "
           "relative")
-    return ok
+    if not frozen_tower:
+        return ok
+    initial = load_file(os.path.join(model_dir, "model.safetensors"))
+    tower = [k for k in weights if "visual" in k]
+    still = all(torch.equal(weights[k], initial[k].double()) for k in tower)
+    rest_moved = max((weights[k] - initial[k].double()).abs().max().item() for k in weights if k not in tower)
+    saving = fsdpp.Run(run_file, overrides)
+    train_fsdpp(saving, ids, mask, vision, HALVES, range(2))
+    saved = saving.save(os.path.join(os.path.dirname(run_file), "frozen-saves"))
+    resumed = fsdpp.Run(run_file, {**overrides, "checkpoint.resume": saved})
+    _, resumed_weights = train_fsdpp(resumed, ids, mask, vision, HALVES, range(2, STEPS))
+    same = set(resumed_weights) == set(weights) and all(torch.equal(resumed_weights[k], weights[k]) for k in weights)
+    print(f"{'ok  ' if still and rest_moved > 1e-3 else 'FAIL'} the frozen tower's {len(tower)} weights are the "
+          f"fixture's bitwise after {STEPS} steps (the rest moved up to {rest_moved:.1e})")
+    print(f"{'ok  ' if same else 'FAIL'} saved after 2 steps and resumed, the frozen run ends with "
+          f"{'bitwise' if same else 'NOT'} the weights of the run that did not stop")
+    return ok and still and rest_moved > 1e-3 and same
 
 
 def world_rank(run_file, out):
@@ -266,6 +295,7 @@ def main():
         del run
         if name == "qwen2_5_vl":
             ok &= trains_as_transformers(run_file, model_dir)
+            ok &= trains_as_transformers(run_file, model_dir, frozen_tower=True)
         else:
             ok &= matches_world_1(run_file, model_dir, os.path.join(work, name))
             ok &= refusals(run_file, write_run_file(fresh_dir(os.path.join(work, "text")),
