@@ -4,6 +4,7 @@
 
 #include "bindings/lua/policy.h"
 #include "bindings/python/inputs.h"
+#include "models/multimodal_positions.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "distributed/comm.h"
@@ -208,12 +209,17 @@ std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const a
 }
 
 at::Tensor PythonRun::generate(const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
-                               const GenerationOptions& options) {
+                               const VisionArguments& vision, const GenerationOptions& options) {
   return exclusively([&] {
     at::Tensor kept;
-    agree_on_inputs("run.model.generate", [&] { kept = checked_generation(input_ids, attention_mask, options, vocab_size()); });
+    VisionInputs images;
+    agree_on_inputs("run.model.generate", [&] {
+      kept = checked_generation(input_ids, attention_mask, options, vocab_size());
+      const RowLayout layout{.offsets = kept.defined() ? left_padded_documents(kept) : at::Tensor()};
+      images = checked_vision(run_->model().config(), input_ids, layout, vision);
+    });
     const NoAutocast own_precision;
-    return run_->generate(input_ids, kept, options);
+    return run_->generate(input_ids, kept, images, options);
   });
 }
 

@@ -54,9 +54,10 @@ class PythonRun {
                                    const std::optional<at::Tensor>& document_offsets, const VisionArguments& vision,
                                    bool entropy);
   // Each row of input_ids [B, T] int64, padded on the left where `attention_mask` [B, T] says
-  // (0: padding), continued as Run::generate does: [B, T + added] int64.
+  // (0: padding), with `vision` as forward takes it, continued as Run::generate does:
+  // [B, T + added] int64.
   at::Tensor generate(const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
-                      const GenerationOptions& options);
+                      const VisionArguments& vision, const GenerationOptions& options);
   // Where the package refused this rank's arguments to `call` before they reached the run:
   // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
   // own error.

@@ -8,7 +8,6 @@
 #include "models/kv_cache.h"
 #include "models/model_config.h"
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,7 +54,8 @@ struct FinalHidden {
 // One step of a generation (Run::generate): tokens after what `cache` holds.
 struct GenerationStep {
   KvCache* cache;
-  torch::Tensor kept;  // [B, T] bool: false for padding (a left-padded prompt's)
+  torch::Tensor kept;   // [B, T] bool: false for padding (a left-padded prompt's)
+  VisionInputs vision;  // the prompt's images and videos (its first step's; a vision-language model's)
 };
 
 class CausalLM : public Module {
@@ -81,14 +81,10 @@ class CausalLM : public Module {
   virtual torch::Tensor output_head_weight() const = 0;
   virtual bool output_head_adapted() const = 0;
 
-  // The logits [B, V] of each row's last token of a generation's step; the text decoders
-  // generate.
-  virtual torch::Tensor forward(const torch::Tensor& input_ids, const GenerationStep& step) {
-    throw UserError(class_name() + " does not generate (the text decoders do)");
-  }
-  // The cache a generation of at most `capacity` tokens a row keeps; none where the model
-  // does not generate.
-  virtual std::optional<KvCache> generation_cache(int64_t capacity) const { return std::nullopt; }
+  // The logits [B, V] of each row's last token of a generation's step.
+  virtual torch::Tensor forward(const torch::Tensor& input_ids, const GenerationStep& step) = 0;
+  // The cache a generation of at most `capacity` tokens a row keeps.
+  virtual KvCache generation_cache(int64_t capacity) const = 0;
 
   // Mixture-of-experts models: what their MoE layers routed in the last forward.
   virtual RoutingLog* routing() const { return nullptr; }

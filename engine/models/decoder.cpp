@@ -146,9 +146,14 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const to
 
 torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, KvCache& cache, const torch::Tensor& kept) {
   const CachedStep step = cache.begin_step(kept.to(input_ids.device()));
-  rotary_emb_->follow(input_ids.device());
-  auto cos_sin = (*rotary_emb_)(step.positions);  // [2, B, T, D]
-  auto h = (*embed_tokens)(input_ids);            // [B, T, C]
+  // Embedded inside this module's forward, where a unit holding the embedding has gathered it.
+  return forward((*embed_tokens)(input_ids), step.positions, step.scope, cache);
+}
+
+torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
+                                    const torch::Tensor& scope, KvCache& cache) {
+  rotary_emb_->follow(inputs_embeds.device());
+  auto cos_sin = (*rotary_emb_)(position_ids.to(inputs_embeds.device()));  // [2, B, T, D]
   // Each layer's attention reads and fills its cache for this forward alone, whatever ends it.
   struct Decoding {
     std::vector<SelfAttention*> attention;
@@ -160,7 +165,8 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, KvCache& cac
     decoding.attention.push_back(&layers_[i]->self_attn());
     decoding.attention.back()->decode_into(&cache.layer(i), cache.capacity());
   }
-  for (auto& layer : layers_) h = (*layer)(h, cos_sin, step.scope);
+  auto h = inputs_embeds;  // [B, T, C]
+  for (auto& layer : layers_) h = (*layer)(h, cos_sin, scope);
   return (*norm_)(h);
 }
 
@@ -201,7 +207,7 @@ torch::Tensor DecoderCausalLM::forward(const torch::Tensor& input_ids, const Gen
   return (*head_)(hidden.select(1, hidden.size(1) - 1));            // [B, V]
 }
 
-std::optional<KvCache> DecoderCausalLM::generation_cache(int64_t capacity) const {
+KvCache DecoderCausalLM::generation_cache(int64_t capacity) const {
   return KvCache(model_->layer_count(), capacity, model_->sliding_window());
 }
 

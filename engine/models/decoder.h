@@ -117,6 +117,10 @@ class DecoderModel : public Module {
   // One step of a generation: input_ids [B, T] after what `cache` holds, `kept` [B, T] bool
   // (false: padding) -> [B, T, C].
   torch::Tensor forward(const torch::Tensor& input_ids, KvCache& cache, const torch::Tensor& kept);
+  // One step of a generation from embeddings the caller made: inputs_embeds [B, T, C] at
+  // position_ids ([B, T], or [3, B, T] multimodal) over `scope` (KvCache::begin_step's) -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
+                        const torch::Tensor& scope, KvCache& cache);
   int64_t layer_count() const { return static_cast<int64_t>(layers_.size()); }
   int64_t sliding_window() const { return sliding_window_; }
 
@@ -141,7 +145,7 @@ class DecoderCausalLM : public CausalLM {
   torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const GenerationStep& step) override;
-  std::optional<KvCache> generation_cache(int64_t capacity) const override;
+  KvCache generation_cache(int64_t capacity) const override;
   torch::Tensor output_head_weight() const override { return head_->weight; }
   bool output_head_adapted() const override { return head_->has_adapter(); }
   RoutingLog* routing() const override { return model_->routing(); }

@@ -45,7 +45,7 @@ CachedStep KvCache::begin_step(const at::Tensor& kept) {
     scope &= positions.view({B, 1, T, 1}) - positions_.view({B, 1, 1, length}) < window_;
   }
   scope |= key_index == query_index;
-  return {positions, scope};
+  return {shift_.defined() ? positions + shift_ : positions, scope};
 }
 
 }  // namespace fsdpp

@@ -36,6 +36,11 @@ class KvCache {
   // Lays out the next step's tokens, `kept` [B, T] bool (false: padding, which no query
   // sees; a left-padded prompt's first step). Call once per step, before its forward.
   CachedStep begin_step(const at::Tensor& kept);
+  // Tokens cached before this step.
+  int64_t cached() const { return kept_.defined() ? kept_.size(1) : 0; }
+  // Moves the positions of every later step's tokens by `by` [B] int64: a vision-language
+  // model's text after images sits past the images' rows and columns, not their token count.
+  void shift_later_positions(const at::Tensor& by) { shift_ = by.view({-1, 1}); }
   LayerCache& layer(size_t index) { return layers_.at(index); }
   int64_t capacity() const { return capacity_; }
 
@@ -43,7 +48,8 @@ class KvCache {
   std::vector<LayerCache> layers_;
   int64_t capacity_, window_;
   at::Tensor kept_;       // [B, cached] bool
-  at::Tensor positions_;  // [B, cached] int64
+  at::Tensor positions_;  // [B, cached] int64, counting tokens alone
+  at::Tensor shift_;      // [B, 1] added to the positions begin_step gives; undefined: none
 };
 
 }  // namespace fsdpp

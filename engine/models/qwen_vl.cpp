@@ -52,6 +52,30 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Fi
   return hidden(input_ids, ask.vision, ask.layout);
 }
 
+torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const GenerationStep& step) {
+  KvCache& cache = *step.cache;
+  const bool prompt = cache.cached() == 0;
+  const at::Tensor kept = step.kept.to(input_ids.device());  // [B, T]
+  const CachedStep layout = cache.begin_step(kept);
+  torch::Tensor positions;  // [3, B, T]
+  if (prompt) {
+    positions = position_ids(input_ids, step.vision, left_padded_documents(kept));
+    // The text after the prompt counts on from its largest position: its tokens' count moved
+    // by what the images' blocks saved, per row.
+    const at::Tensor largest = positions.amax(0).masked_fill(~kept, -1).amax(1);  // [B]
+    cache.shift_later_positions(largest + 1 - kept.sum(1));
+  } else {
+    positions = layout.positions.unsqueeze(0).expand({3, -1, -1});
+  }
+  const auto embeds = prompt ? embeddings(input_ids, step.vision) : embeddings(input_ids, {}, /*generated=*/true);
+  const auto hidden = (*model_)(embeds, positions, layout.scope, cache);  // [B, T, C]
+  return (*lm_head_)(hidden.select(1, hidden.size(1) - 1));  // [B, V]
+}
+
+KvCache VisionLanguageLM::generation_cache(int64_t capacity) const {
+  return KvCache(model_->layer_count(), capacity, /*window=*/0);
+}
+
 torch::Tensor VisionLanguageLM::hidden(const torch::Tensor& input_ids, const VisionInputs& vision,
                                        const RowLayout& layout) {
   if (layout.positions.defined()) {
@@ -62,14 +86,14 @@ torch::Tensor VisionLanguageLM::hidden(const torch::Tensor& input_ids, const Vis
   return (*model_)(embeddings(input_ids, vision), positions, to_device(layout.offsets, input_ids.device()));
 }
 
-torch::Tensor VisionLanguageLM::embeddings(const torch::Tensor& input_ids, const VisionInputs& vision) {
+torch::Tensor VisionLanguageLM::embeddings(const torch::Tensor& input_ids, const VisionInputs& vision, bool generated) {
   const int64_t merge = visual_->config().spatial_merge_size;
   const int64_t image_tokens = merged_tokens(vision.image_grid_thw, merge);
   const int64_t video_tokens = merged_tokens(vision.video_grid_thw, merge);
   auto image_mask = input_ids == config().image_token_id;  // [B, T]
   auto video_mask = input_ids == config().video_token_id;
   for (auto [what, mask, expected] : {std::tuple{"image", image_mask, image_tokens}, {"video", video_mask, video_tokens}}) {
-    const int64_t found = mask.sum().item<int64_t>();
+    const int64_t found = generated ? expected : mask.sum().item<int64_t>();
     if (found != expected) {
       throw UserError(std::string(what) + " placeholders: the tokens hold " + std::to_string(found) +
                       " but the grids give " + std::to_string(expected) + " merged patches");

@@ -21,6 +21,10 @@ class VisionLanguageLM : public CausalLM {
   torch::Tensor forward(const torch::Tensor& input_ids, const VisionInputs& vision, const RowLayout& layout) override;
   torch::Tensor forward(const torch::Tensor& input_ids, const RowLayout& layout) override;  // text only
   torch::Tensor forward(const torch::Tensor& input_ids, const FinalHidden& ask) override;
+  // A generation's step: the first places the prompt's tokens as position_ids does (each row's
+  // padding apart) and moves the later steps' text past its images, as transformers does.
+  torch::Tensor forward(const torch::Tensor& input_ids, const GenerationStep& step) override;
+  KvCache generation_cache(int64_t capacity) const override;
   torch::Tensor output_head_weight() const override { return lm_head_->weight; }
   bool output_head_adapted() const override { return lm_head_->has_adapter(); }
 
@@ -35,8 +39,9 @@ class VisionLanguageLM : public CausalLM {
  private:
   // The final hidden states [B, T, C] of input_ids with `vision` in rows laid out as `layout` says.
   torch::Tensor hidden(const torch::Tensor& input_ids, const VisionInputs& vision, const RowLayout& layout);
-  // The token embeddings [B, T, C] with the vision features in place of their placeholders.
-  torch::Tensor embeddings(const torch::Tensor& input_ids, const VisionInputs& vision);
+  // The token embeddings [B, T, C] with the vision features in place of their placeholders;
+  // with `generated`, the tokens a generation drew, whose placeholders (if drawn) are text.
+  torch::Tensor embeddings(const torch::Tensor& input_ids, const VisionInputs& vision, bool generated = false);
 
   std::shared_ptr<VisionTransformer> visual_;
   std::shared_ptr<DecoderModel> model_;

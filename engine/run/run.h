@@ -144,12 +144,14 @@ class Run {
   TokenLogprobs logprobs(const at::Tensor& input_ids, const at::Tensor& targets, double temperature,
                          const RowLayout& layout, const VisionInputs& vision, bool with_entropy);
   // Each row of `prompt` [B, T] int64 (padded on the left where `kept` [B, T] bool is false;
-  // undefined: no padding) continued by up to options.max_new_tokens tokens chosen as
+  // undefined: no padding; with `vision`, its images and videos, a vision-language model's
+  // placeholders) continued by up to options.max_new_tokens tokens chosen as
   // run/sampling.h says, over a cache of the rows' keys and values, without autograd. A row
   // ends after an eos token and holds options.pad after it; the result is [B, T + added]
   // int64 on the prompt's device. Every rank calls it: each step's forward gathers the units,
   // so a rank whose rows ended steps on until every rank's have.
-  at::Tensor generate(const at::Tensor& prompt, const at::Tensor& kept, const GenerationOptions& options);
+  at::Tensor generate(const at::Tensor& prompt, const at::Tensor& kept, const VisionInputs& vision,
+                      const GenerationOptions& options);
   // Drops every gradient, for the next backward calls to start afresh.
   void zero_grad();
   // What offload() moves off the device.

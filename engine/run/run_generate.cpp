@@ -24,7 +24,8 @@ bool every_rank_done(Comm& comm, bool done_here) {
 
 }  // namespace
 
-at::Tensor Run::generate(const at::Tensor& prompt, const at::Tensor& kept, const GenerationOptions& options) {
+at::Tensor Run::generate(const at::Tensor& prompt, const at::Tensor& kept, const VisionInputs& vision,
+                         const GenerationOptions& options) {
   check_loaded("generate", /*params_only=*/true);
   if (model().config().num_labels > 0) {
     throw EveryRankError("generate: " + model().class_name() + " scores tokens with its score head, and predicts none");
@@ -34,8 +35,7 @@ at::Tensor Run::generate(const at::Tensor& prompt, const at::Tensor& kept, const
   for (const std::string& asked : comm_->all_gather_texts(std::to_string(options.max_new_tokens))) {
     steps = std::max<int64_t>(steps, std::stoll(asked));
   }
-  std::optional<KvCache> cache = model().generation_cache(prompt.size(1) + steps);
-  if (!cache) throw EveryRankError("generate: " + model().class_name() + " does not generate (the text decoders do)");
+  KvCache cache = model().generation_cache(prompt.size(1) + steps);
   const at::NoGradGuard no_grad;
   at::Tensor tokens = to_device(prompt, device_);  // [B, T], then [B, 1] a step
   at::Tensor step_kept = kept.defined() ? to_device(kept, device_).to(at::kBool) : at::ones_like(tokens, at::kBool);
@@ -43,7 +43,8 @@ at::Tensor Run::generate(const at::Tensor& prompt, const at::Tensor& kept, const
   at::Tensor ended = at::zeros({tokens.size(0)}, at::TensorOptions(at::kBool).device(device_));  // [B]
   std::vector<at::Tensor> pieces{tokens};  // the prompt, then each step's tokens
   for (int64_t step = 0; step < steps; ++step) {
-    const at::Tensor logits = model()(tokens, GenerationStep{&*cache, step_kept});  // [B, V]
+    const at::Tensor logits =
+        model()(tokens, GenerationStep{&cache, step_kept, step == 0 ? vision.to(device_) : VisionInputs{}});  // [B, V]
     const bool adds = step < options.max_new_tokens;
     if (adds) {
       const at::Tensor next = at::where(ended, options.pad, next_tokens(logits, options));  // [B]

@@ -249,7 +249,7 @@ class Model:
         return tuple(outputs) if entropy else outputs[0]
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0,
-                 eos_token_id=None, pad_token_id=None):
+                 eos_token_id=None, pad_token_id=None, **vision):
         """Each row of `input_ids` [B, T] int64 continued by up to `max_new_tokens` tokens:
         [B, T + added] int64. Each token is drawn from softmax(logits / `temperature`) among
         the `top_k` most likely tokens (0: all) holding `top_p` of the mass (1: all), with
@@ -259,8 +259,9 @@ class Model:
         `attention_mask` [B, T] (1 token, 0 padding) marks rows padded on the left, as
         transformers' generate takes them. The keys and values of every layer are cached, so
         each new token costs one token's forward. No autograd; the model's train() or eval()
-        mode holds (eval() for LoRA without dropout). Every rank calls it: a rank whose rows
-        ended steps on, adding nothing, until every rank's have."""
+        mode holds (eval() for LoRA without dropout). A vision-language model takes the
+        prompt's images and videos by the keywords calling the model takes them. Every rank
+        calls it: a rank whose rows ended steps on, adding nothing, until every rank's have."""
         def prepare():
             ids = _tensor("input_ids", input_ids)
             mask = _tensor("attention_mask", attention_mask, optional=True)
@@ -285,7 +286,7 @@ class Model:
             if any(not -2**63 <= v < 2**63 for v in [max_new_tokens, top_k, pad, *eos]):
                 raise Error("generate: token ids and counts must fit in 64 bits")
             return ids, mask, int(max_new_tokens), float(temperature), int(top_k), float(top_p), \
-                [int(e) for e in eos], int(pad)
+                [int(e) for e in eos], int(pad), _vision("run.model.generate", vision)
 
         return self._run.generate(*_agreed(self._run, "run.model.generate", prepare))
 

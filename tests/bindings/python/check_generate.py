@@ -4,7 +4,8 @@ Left-padded prompts of the fixtures transformers saved (Llama, Qwen3 with q/k no
 with a 5-token sliding window, DeepSeek-V3 with latent attention and experts, Qwen3-MoE), in
 float64:
 - greedy: the same tokens as transformers' generate given the same prompts, mask, eos and
-  pad, rows that end early included;
+  pad, rows that end early included; and so for Qwen2-VL and Qwen2.5-VL prompts holding
+  images and a video;
 - sampled at a temperature with top-k and top-p: the same tokens as transformers' sampling
   from the same torch.manual_seed (both draw one multinomial a step from the same
   probabilities, to rounding);
@@ -14,7 +15,8 @@ float64:
   whose routing biases move with each step trains to bitwise the same weights with a
   generation between its steps as without;
 - bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
-  token), a vision-language model, and an offloaded run each raise fsdpp.Error;
+  token, images to a text model), a sequence-classification model, and an offloaded run each
+  raise fsdpp.Error;
 - where a GPU is present, a float32 run on it generates greedily what transformers generates
   on it (scripts/gpu_check.sh python runs this check there).
 
@@ -82,6 +84,36 @@ def same_as_transformers(fixtures, work):
         if not same:
             print(f"     greedy {greedy.tolist()} against {want_greedy.tolist()}\n"
                   f"     sampled {sampled.tolist()} against {want_sampled.tolist()}")
+    return ok
+
+
+def images_as_transformers(fixtures, work):
+    """Qwen2-VL and Qwen2.5-VL continue left-padded prompts holding an image, and an image and
+    a video, greedily: the tokens transformers' generate gives the same pixels, grids, token
+    types and mask (the text after the images placed past their rows and columns)."""
+    import fsdpp
+    from check_vision_inputs import reference_model as vision_reference
+    from check_vision_inputs import rows, token_types
+    ok = True
+    for name in ("qwen2_vl", "qwen2_5_vl"):
+        model_dir = os.path.join(fixtures, name)
+        run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, name)), model_dir))
+        ids, mask, vision = rows(name == "qwen2_5_vl")
+        # Row 0 as it is (padded on the left); row 1's tokens up to its video's end, padded on the left.
+        second = torch.cat([torch.zeros(18, dtype=torch.long), ids[1, :22]])
+        prompt = torch.stack([ids[0], second])
+        prompt_mask = torch.stack([mask[0], (second != 0).long()])
+        given = {"attention_mask": prompt_mask, "mm_token_type_ids": token_types(prompt), **vision}
+        got = run.model.generate(prompt, max_new_tokens=NEW_TOKENS, temperature=0, eos_token_id=1, pad_token_id=0,
+                                 **given)
+        want = vision_reference(model_dir).generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=1,
+                                                    pad_token_id=0, **given)
+        same = torch.equal(got, want)
+        ok &= same
+        print(f"{'ok  ' if same else 'FAIL'} {name}: {NEW_TOKENS} tokens after left-padded prompts with an image, and "
+              f"an image and a video: {'the same tokens as' if same else 'NOT'} transformers' generate")
+        if not same:
+            print(f"     {got[:, 40:].tolist()} against {want[:, 40:].tolist()}")
     return ok
 
 
@@ -158,7 +190,9 @@ def refusals(fixtures, work):
     run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "bad")), os.path.join(fixtures, "llama_untied")))
     ids, mask = prompts(2)
     right = mask.flip(1)
-    vision = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "vision")), os.path.join(fixtures, "qwen2_vl")))
+    from check_critic import make_classifier
+    classifier_dir = make_classifier(os.path.join(fixtures, "llama_untied"), fresh_dir(os.path.join(work, "classifier")))
+    classifier = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "scores")), classifier_dir))
     cases = [
         ("a mask padded on the right", lambda: run.model.generate(ids, attention_mask=right),
          "attention_mask: row 0 is not padded on the left alone"),
@@ -167,8 +201,11 @@ def refusals(fixtures, work):
         ("an eos outside the vocabulary", lambda: run.model.generate(ids, eos_token_id=[2, 500]),
          "eos_token_id: must be a token in [0, 101), got 500"),
         ("no new token", lambda: run.model.generate(ids, max_new_tokens=0), "max_new_tokens: must be in [1, 1000000]"),
-        ("a vision-language model", lambda: vision.model.generate(ids),
-         "generate: Qwen2VLForConditionalGeneration does not generate"),
+        ("a sequence-classification model", lambda: classifier.model.generate(ids),
+         "generate: LlamaForSequenceClassification scores tokens with its score head, and predicts none"),
+        ("images given to a text model", lambda: run.model.generate(ids, pixel_values=torch.zeros(4, 96),
+                                                                    image_grid_thw=torch.tensor([[1, 2, 2]])),
+         "llama takes no images or videos"),
     ]
     ok = refusals_hold(cases)
     return refused_while_offloaded(run, lambda: run.model.generate(ids), "generating") and ok
@@ -197,6 +234,7 @@ def main():
         return 0
     fixtures, work = sys.argv[1], sys.argv[2]
     ok = same_as_transformers(fixtures, work)
+    ok &= images_as_transformers(fixtures, work)
     ok &= matches_world_1(fixtures, work)
     ok &= leaves_the_run_as_it_was(fixtures, work)
     ok &= refusals(fixtures, work)
