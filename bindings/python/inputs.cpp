@@ -111,7 +111,7 @@ void check_patches(const std::string& patches_name, const at::Tensor& patches, c
                     " frames x " + std::to_string(tower.patch_size) + "^2 pixels a patch), got " + type_and_shape(patches));
   }
   if (grid.dim() != 2 || grid.size(1) != 3 || grid.scalar_type() != at::kLong || grid.size(0) == 0) {
-    throw UserError(grid_name + ": expected an int64 [count, 3] tensor of (frames, rows, columns), got " +
+    throw UserError(grid_name + ": expected an integer [count, 3] tensor of (frames, rows, columns), got " +
                     type_and_shape(grid));
   }
   const int64_t merge = tower.spatial_merge_size;
@@ -146,8 +146,13 @@ VisionInputs checked_vision(const ModelConfig& model, const at::Tensor& ids, con
                        : name == "second_per_grid_ts"  ? &vision.second_per_grid_ts
                                                        : nullptr;
     if (slot == nullptr) throw UserError(name + ": not an input of a vision-language model");
-    // Grids and timings are read on the host, where positions are planned.
-    *slot = name == "pixel_values" || name == "pixel_values_videos" ? tensor : tensor.to(at::kCPU);
+    // Grids and timings are read on the host, where positions are planned; grids of any integer
+    // dtype (a processor's int32 among them) are counted in int64.
+    const bool grid = name == "image_grid_thw" || name == "video_grid_thw";
+    const bool integral = at::isIntegralType(tensor.scalar_type(), /*includeBool=*/false);
+    *slot = name == "pixel_values" || name == "pixel_values_videos" ? tensor
+            : grid && integral                                     ? tensor.to(at::kCPU, at::kLong)
+                                                                   : tensor.to(at::kCPU);
   }
   if (!model.vision) {
     if (!given.empty()) {
@@ -165,9 +170,9 @@ VisionInputs checked_vision(const ModelConfig& model, const at::Tensor& ids, con
   if (const at::Tensor& seconds = vision.second_per_grid_ts; seconds.defined()) {
     const int64_t videos = vision.video_grid_thw.defined() ? vision.video_grid_thw.size(0) : 0;
     if (seconds.dim() != 1 || seconds.size(0) != videos || !at::isFloatingType(seconds.scalar_type()) ||
-        !(seconds >= 0).all().item<bool>() || !seconds.isfinite().all().item<bool>()) {
-      throw UserError("second_per_grid_ts: expected a floating [" + std::to_string(videos) + "] tensor of finite "
-                      "seconds >= 0, one per video, got " + type_and_shape(seconds));
+        !((seconds >= 0) & (seconds <= 1e6)).all().item<bool>()) {
+      throw UserError("second_per_grid_ts: expected a floating [" + std::to_string(videos) + "] tensor of seconds in "
+                      "[0, 1e6], one per video, got " + type_and_shape(seconds));
     }
   }
   multimodal_positions(model, ids, vision, layout.offsets);  // the rows' placeholders against the grids

@@ -83,7 +83,8 @@ PYBIND11_MODULE(_fsdpp, m) {
       .def_property_readonly("loss_scale", &PythonRun::loss_scale)
       .def_property_readonly("device", &PythonRun::device)
       .def_property_readonly("vocab_size", &PythonRun::vocab_size)
-      .def_property_readonly("hidden_size", &PythonRun::hidden_size);
+      .def_property_readonly("hidden_size", &PythonRun::hidden_size)
+      .def_property_readonly("model_dir", [](const PythonRun& run) { return py::bytes(run.model_dir()); });
   py::class_<fsdpp::OpCounter>(m, "OpCounter")
       .def(py::init<>())
       .def("stop", [](fsdpp::OpCounter& counter) { return counter.stop().json(); });

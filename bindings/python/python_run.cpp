@@ -4,7 +4,7 @@
 
 #include "bindings/lua/policy.h"
 #include "bindings/python/inputs.h"
-#include "models/multimodal_positions.h"
+#include "models/kv_cache.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "distributed/comm.h"

@@ -105,6 +105,7 @@ class PythonRun {
   std::string device() const { return run_->device().str(); }
   int64_t vocab_size() const { return run_->model().config().vocab_size; }
   int64_t hidden_size() const { return run_->model().config().hidden_size; }
+  std::string model_dir() const { return run_->model_files().string(); }
 
  private:
   // `work` on the run with the GIL released, so that the loop's other Python threads go on

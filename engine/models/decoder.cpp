@@ -147,11 +147,17 @@ torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const to
 torch::Tensor DecoderModel::forward(const torch::Tensor& input_ids, KvCache& cache, const torch::Tensor& kept) {
   const CachedStep step = cache.begin_step(kept.to(input_ids.device()));
   // Embedded inside this module's forward, where a unit holding the embedding has gathered it.
-  return forward((*embed_tokens)(input_ids), step.positions, step.scope, cache);
+  return forward((*embed_tokens)(input_ids), step.positions, step, cache);
 }
 
 torch::Tensor DecoderModel::forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
-                                    const torch::Tensor& scope, KvCache& cache) {
+                                    const CachedStep& step, KvCache& cache) {
+  // The prompt attends within itself as a training forward does (causal, or its documents
+  // through the variable-length kernel), where a mask of its every pair would cost O(B T^2).
+  const auto scope = step.scope.defined() ? step.scope
+                                          : attention_scope(step.documents, sliding_window_, inputs_embeds.size(0),
+                                                            inputs_embeds.size(1), inputs_embeds.options(),
+                                                            attention_head_dim_);
   rotary_emb_->follow(inputs_embeds.device());
   auto cos_sin = (*rotary_emb_)(position_ids.to(inputs_embeds.device()));  // [2, B, T, D]
   // Each layer's attention reads and fills its cache for this forward alone, whatever ends it.

@@ -118,9 +118,10 @@ class DecoderModel : public Module {
   // (false: padding) -> [B, T, C].
   torch::Tensor forward(const torch::Tensor& input_ids, KvCache& cache, const torch::Tensor& kept);
   // One step of a generation from embeddings the caller made: inputs_embeds [B, T, C] at
-  // position_ids ([B, T], or [3, B, T] multimodal) over `scope` (KvCache::begin_step's) -> [B, T, C].
-  torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids,
-                        const torch::Tensor& scope, KvCache& cache);
+  // position_ids ([B, T], or [3, B, T] multimodal) laid out as `step` says (KvCache::begin_step's)
+  // -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& inputs_embeds, const torch::Tensor& position_ids, const CachedStep& step,
+                        KvCache& cache);
   int64_t layer_count() const { return static_cast<int64_t>(layers_.size()); }
   int64_t sliding_window() const { return sliding_window_; }
 

@@ -5,15 +5,26 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace fsdpp {
 
 std::pair<at::Tensor, at::Tensor> LayerCache::append(const at::Tensor& key_step, const at::Tensor& value_step,
                                                      int64_t capacity) {
   const int64_t steps = key_step.size(2);
   TORCH_CHECK(length + steps <= capacity, "a generation ran past its cache's ", capacity, " tokens");
-  if (!key.defined()) {
-    key = at::empty({key_step.size(0), key_step.size(1), capacity, key_step.size(3)}, key_step.options());
-    value = at::empty({value_step.size(0), value_step.size(1), capacity, value_step.size(3)}, value_step.options());
+  // Room for twice what is held, within the capacity: rows that end early never hold the
+  // longest generation's keys, and appending stays amortised O(1).
+  if (!key.defined() || length + steps > key.size(2)) {
+    const int64_t room = std::min(capacity, std::max(length + steps, 2 * length));
+    const auto grown = [&](const at::Tensor& held, const at::Tensor& step) {
+      at::Tensor buffer = at::empty({step.size(0), step.size(1), room, step.size(3)}, step.options());
+      if (length > 0) buffer.narrow(2, 0, length).copy_(held.narrow(2, 0, length));
+      return buffer;
+    };
+    key = grown(key, key_step);
+    value = grown(value, value_step);
   }
   key.narrow(2, length, steps).copy_(key_step);
   value.narrow(2, length, steps).copy_(value_step);
@@ -36,16 +47,32 @@ CachedStep KvCache::begin_step(const at::Tensor& kept) {
   kept_ = kept_.defined() ? at::cat({kept_, tokens}, 1) : tokens;
   positions_ = positions_.defined() ? at::cat({positions_, positions}, 1) : positions;
   const int64_t length = kept_.size(1), cached = length - T;
+  const at::Tensor shifted = shift_.defined() ? positions + shift_ : positions;
+  if (cached == 0) {
+    const bool padded = !tokens.all().item<bool>();
+    return {shifted, at::Tensor(), padded ? left_padded_documents(tokens).to(tokens.device()) : at::Tensor()};
+  }
   // Query i (the cache's position cached + i) sees key j <= cached + i that is a token, and
   // within the window; a padding query sees itself alone, so that no row of the mask is empty.
   const at::Tensor query_index = at::arange(cached, length, positions.options()).view({1, 1, T, 1});
   const at::Tensor key_index = at::arange(length, positions.options()).view({1, 1, 1, length});
   at::Tensor scope = (key_index <= query_index) & kept_.view({B, 1, 1, length});
-  if (window_ > 0) {
-    scope &= positions.view({B, 1, T, 1}) - positions_.view({B, 1, 1, length}) < window_;
-  }
+  if (window_ > 0) scope &= positions_.view({B, 1, 1, length}) > positions.view({B, 1, T, 1}) - window_;
   scope |= key_index == query_index;
-  return {shift_.defined() ? positions + shift_ : positions, scope};
+  return {shifted, scope, at::Tensor()};
+}
+
+at::Tensor left_padded_documents(const at::Tensor& kept) {
+  const int64_t B = kept.size(0), T = kept.size(1);
+  const at::Tensor padding = (~kept.to(at::kCPU, at::kBool)).sum(1);  // [B]
+  std::vector<int64_t> offsets;
+  for (int64_t b = 0; b < B; ++b) {
+    offsets.push_back(b * T);
+    const int64_t pad = padding[b].item<int64_t>();
+    if (pad > 0 && pad < T) offsets.push_back(b * T + pad);
+  }
+  offsets.push_back(B * T);
+  return at::tensor(offsets, at::kLong);
 }
 
 }  // namespace fsdpp

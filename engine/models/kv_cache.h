@@ -11,8 +11,8 @@
 
 namespace fsdpp {
 
-// One attention layer's keys and values: [B, heads, capacity, D] each, the first `length`
-// positions filled.
+// One attention layer's keys and values: [B, heads, room, D] each, the first `length`
+// positions filled; the room doubles as the generation needs it, up to the cache's capacity.
 struct LayerCache {
   at::Tensor key, value;
   int64_t length = 0;
@@ -24,8 +24,17 @@ struct LayerCache {
 // The layout of one step of T tokens over the cache.
 struct CachedStep {
   at::Tensor positions;  // [B, T] int64: each token's RoPE position, counting a row's tokens alone
-  at::Tensor scope;      // [B, 1, T, cached + T] bool: true where a query attends to a key
+  // The prompt's step: undefined, for the caller to build attention_scope
+  // (models/document_attention.h) over `documents`, the rows' padding apart from their tokens
+  // (undefined: none), as a training forward does. Later steps: [B, 1, T, cached + T] bool,
+  // true where a query attends to a key.
+  at::Tensor scope;
+  at::Tensor documents;
 };
+
+// The documents (RowLayout::offsets) of rows padded on the left where `kept` [B, T] bool is
+// false: each row's padding, then its tokens, so that the tokens are placed from 0.
+at::Tensor left_padded_documents(const at::Tensor& kept);
 
 class KvCache {
  public:

@@ -117,17 +117,4 @@ at::Tensor multimodal_positions(const ModelConfig& config, const at::Tensor& inp
   return out;
 }
 
-at::Tensor left_padded_documents(const at::Tensor& kept) {
-  const int64_t B = kept.size(0), T = kept.size(1);
-  const at::Tensor padding = (~kept.to(at::kCPU, at::kBool)).sum(1);  // [B]
-  std::vector<int64_t> offsets;
-  for (int64_t b = 0; b < B; ++b) {
-    offsets.push_back(b * T);
-    const int64_t pad = padding[b].item<int64_t>();
-    if (pad > 0 && pad < T) offsets.push_back(b * T + pad);
-  }
-  offsets.push_back(B * T);
-  return at::tensor(offsets, at::kLong);
-}
-
 }  // namespace fsdpp

@@ -19,8 +19,4 @@ namespace fsdpp {
 at::Tensor multimodal_positions(const ModelConfig& config, const at::Tensor& input_ids, const VisionInputs& vision,
                                 const at::Tensor& documents);
 
-// The documents (RowLayout::offsets) of rows padded on the left where `kept` [B, T] bool is
-// false: each row's padding, then its tokens, so that the tokens are placed from 0.
-at::Tensor left_padded_documents(const at::Tensor& kept);
-
 }  // namespace fsdpp

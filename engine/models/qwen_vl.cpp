@@ -59,7 +59,7 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Ge
   const CachedStep layout = cache.begin_step(kept);
   torch::Tensor positions;  // [3, B, T]
   if (prompt) {
-    positions = position_ids(input_ids, step.vision, left_padded_documents(kept));
+    positions = position_ids(input_ids, step.vision, layout.documents);
     // The text after the prompt counts on from its largest position: its tokens' count moved
     // by what the images' blocks saved, per row.
     const at::Tensor largest = positions.amax(0).masked_fill(~kept, -1).amax(1);  // [B]
@@ -68,7 +68,7 @@ torch::Tensor VisionLanguageLM::forward(const torch::Tensor& input_ids, const Ge
     positions = layout.positions.unsqueeze(0).expand({3, -1, -1});
   }
   const auto embeds = prompt ? embeddings(input_ids, step.vision) : embeddings(input_ids, {}, /*generated=*/true);
-  const auto hidden = (*model_)(embeds, positions, layout.scope, cache);  // [B, T, C]
+  const auto hidden = (*model_)(embeds, positions, layout, cache);  // [B, T, C]
   return (*lm_head_)(hidden.select(1, hidden.size(1) - 1));  // [B, V]
 }
 

@@ -178,6 +178,8 @@ class Run {
   // among them), a shape or dtype other than the parameter's, a run with LoRA adapters.
   void check_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
   void load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  // The directory of the model's own files (config, tokenizer, generation_config.json).
+  const std::filesystem::path& model_files() const { return model_files_; }
   // Held-out evaluation over [train] eval_batches micro-batches (a collective); none where the
   // data holds nothing out.
   std::optional<EvalResult> evaluate();

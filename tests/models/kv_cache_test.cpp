@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include <tuple>
+
 using namespace fsdpp;
 
 namespace {
@@ -18,15 +20,19 @@ TEST_CASE("a left-padded prompt's tokens count from 0, and no query sees padding
   KvCache cache(/*layers=*/1, /*capacity=*/6, /*window=*/0);
   const CachedStep prompt = cache.begin_step(flags({0, 0, 1, 1}).view({1, 4}));
   CHECK(prompt.positions.equal(int64s({0, 0, 0, 1}).view({1, 4})));
-  // Padding sees itself alone; the tokens see the tokens up to themselves.
-  const auto want = flags({1, 0, 0, 0,  //
-                           0, 1, 0, 0,  //
-                           0, 0, 1, 0,  //
-                           0, 0, 1, 1});
-  CHECK(prompt.scope.equal(want.view({1, 1, 4, 4})));
+  // The prompt attends as a training forward does, over its padding and its tokens as two documents.
+  CHECK_FALSE(prompt.scope.defined());
+  CHECK(prompt.documents.equal(int64s({0, 2, 4})));
   const CachedStep next = cache.begin_step(flags({1}).view({1, 1}));
   CHECK(next.positions.equal(int64s({2}).view({1, 1})));
   CHECK(next.scope.equal(flags({0, 0, 1, 1, 1}).view({1, 1, 1, 5})));
+  CHECK(cache.cached() == 5);
+}
+
+TEST_CASE("rows padded on the left are documents of their padding and their tokens", "[models]") {
+  CHECK(left_padded_documents(flags({0, 1, 1, 1, 1, 1, 0, 0, 1}).view({3, 3})).equal(int64s({0, 1, 3, 6, 8, 9})));
+  KvCache unpadded(1, 4, 0);
+  CHECK_FALSE(unpadded.begin_step(flags({1, 1}).view({1, 2})).documents.defined());
 }
 
 TEST_CASE("a sliding window hides the keys it has passed", "[models]") {
@@ -37,12 +43,17 @@ TEST_CASE("a sliding window hides the keys it has passed", "[models]") {
   CHECK(next.scope.equal(flags({0, 0, 1, 1}).view({1, 1, 1, 4})));
 }
 
-TEST_CASE("a layer's keys and values are appended in place up to the capacity", "[models]") {
+TEST_CASE("a layer's keys and values are appended, its room doubling up to the capacity", "[models]") {
   LayerCache layer;
   const auto first = at::randn({2, 1, 3, 4}, at::kDouble), second = at::randn({2, 1, 1, 4}, at::kDouble);
-  layer.append(first, first * 2, /*capacity=*/4);
-  const auto [key, value] = layer.append(second, second * 2, 4);  // [2, 1, 4, 4]
+  layer.append(first, first * 2, /*capacity=*/8);
+  CHECK(layer.key.size(2) == 3);  // no room past what the prompt holds
+  auto [key, value] = layer.append(second, second * 2, 8);  // [2, 1, 4, 4]
+  CHECK(layer.key.size(2) == 6);
   CHECK(key.equal(at::cat({first, second}, 2)));
   CHECK(value.equal(at::cat({first, second}, 2) * 2));
-  CHECK_THROWS(layer.append(second, second, 4));
+  for (int i = 0; i < 4; ++i) std::tie(key, value) = layer.append(second, second * 2, 8);
+  CHECK(layer.key.size(2) == 8);  // capped at the capacity
+  CHECK(key.narrow(2, 0, 4).equal(at::cat({first, second}, 2)));
+  CHECK_THROWS(layer.append(second, second, 8));
 }

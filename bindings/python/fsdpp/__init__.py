@@ -128,6 +128,63 @@ def _vision(call, given):
     return vision
 
 
+def _generation_config(run):
+    """The model's generation_config.json (its defaults for generate), {} where it has none;
+    fsdpp.Error for one that is not a JSON object."""
+    path = os.path.join(os.fsdecode(run.model_dir), "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Error(f"{path}: not a readable JSON file: {e}")
+    if not isinstance(saved, dict):
+        raise Error(f"{path}: expected a JSON object, got {type(saved).__name__}")
+    return saved
+
+
+def _number(name, value):
+    """`value` (a Python or numpy number, or a one-element tensor) as a float; else fsdpp.Error."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise Error(f"{name}: must be a number, got {type(value).__name__}")
+    if isinstance(value, numbers.Integral) and abs(value) > 1e300:
+        raise Error(f"{name}: must be a number within a float's range, got an integer of {len(str(value))} digits")
+    return float(value)
+
+
+def _sampling(saved, temperature, top_k, top_p):
+    """(temperature, top_k, top_p) for generate: those given, the rest as transformers takes
+    them from `saved` (generation_config.json): greedy where none is given and it does not
+    say do_sample, else its values, else 1.0, 50 and 1.0."""
+    def default(key, fallback):
+        return saved[key] if saved.get(key) is not None else fallback
+    if temperature is None and top_k is None and top_p is None and not saved.get("do_sample", False):
+        return 0.0, 0, 1.0
+    chosen_k = default("top_k", 50) if top_k is None else top_k
+    if isinstance(chosen_k, torch.Tensor) and chosen_k.numel() == 1:
+        chosen_k = chosen_k.item()
+    if isinstance(chosen_k, bool) or not isinstance(chosen_k, numbers.Integral) or not -2**63 <= chosen_k < 2**63:
+        raise Error(f"top_k: must be an int, got {chosen_k!r}")
+    return (_number("temperature", default("temperature", 1.0) if temperature is None else temperature), int(chosen_k),
+            _number("top_p", default("top_p", 1.0) if top_p is None else top_p))
+
+
+def _token_ids(name, value):
+    """`value` (None, an int, a list of ints, or a tensor of them) as a list of ints; else fsdpp.Error."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    tokens = [value] if isinstance(value, numbers.Integral) else list(value) if isinstance(value, (list, tuple)) else None
+    if tokens is None or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or not -2**63 <= t < 2**63
+                             for t in tokens):
+        raise Error(f"{name}: must be an int or a list of ints, got {value!r}")
+    return [int(t) for t in tokens]
+
+
 def _rows(input_ids, position_ids, document_offsets, attention_mask):
     """The checked (input_ids, position_ids, document_offsets) of a forward's rows."""
     return (_tensor("input_ids", input_ids), _tensor("position_ids", position_ids, optional=True),
@@ -248,45 +305,37 @@ class Model:
                    for out in self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare))]
         return tuple(outputs) if entropy else outputs[0]
 
-    def generate(self, input_ids, attention_mask=None, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0,
+    def generate(self, input_ids, attention_mask=None, max_new_tokens=32, temperature=None, top_k=None, top_p=None,
                  eos_token_id=None, pad_token_id=None, **vision):
         """Each row of `input_ids` [B, T] int64 continued by up to `max_new_tokens` tokens:
-        [B, T + added] int64. Each token is drawn from softmax(logits / `temperature`) among
-        the `top_k` most likely tokens (0: all) holding `top_p` of the mass (1: all), with
-        torch's default generator of the run's device (torch.manual_seed); temperature 0 takes
-        the most likely token. A row ends after a token of `eos_token_id` (an int or a list;
-        None: none) and holds `pad_token_id` after it (None: the first eos token, else 0).
-        `attention_mask` [B, T] (1 token, 0 padding) marks rows padded on the left, as
-        transformers' generate takes them. The keys and values of every layer are cached, so
-        each new token costs one token's forward. No autograd; the model's train() or eval()
+        [B, T + added] int64, as transformers' generate gives it. Each token is the most
+        likely one (temperature 0), or drawn from softmax(logits / `temperature`) among the
+        `top_k` most likely tokens (0: all) holding `top_p` of the mass (1: all), with torch's
+        default generator of the run's device (torch.manual_seed). A row ends after a token of
+        `eos_token_id` (an int or a list) and holds `pad_token_id` after it. What is not given
+        comes from the model's generation_config.json as transformers takes it: greedy unless
+        it says do_sample, then its temperature, top_k and top_p (else 1.0, 50, 1.0); its eos
+        and pad tokens (pad else the first eos, else 0). `attention_mask` [B, T] (1 token, 0
+        padding) marks rows padded on the left. The keys and values of every layer are cached,
+        so each new token costs one token's forward. No autograd; the model's train() or eval()
         mode holds (eval() for LoRA without dropout). A vision-language model takes the
         prompt's images and videos by the keywords calling the model takes them. Every rank
         calls it: a rank whose rows ended steps on, adding nothing, until every rank's have."""
         def prepare():
             ids = _tensor("input_ids", input_ids)
             mask = _tensor("attention_mask", attention_mask, optional=True)
-            counts = {"max_new_tokens": max_new_tokens, "top_k": top_k}
-            for name, value in counts.items():
-                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                    raise Error(f"{name}: must be an int, got {type(value).__name__}")
-            reals = {"temperature": temperature, "top_p": top_p}
-            for name, value in reals.items():
-                if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                    raise Error(f"{name}: must be a number, got {type(value).__name__}")
-                if isinstance(value, numbers.Integral) and abs(value) > 1e300:
-                    raise Error(f"{name}: must be a number within a float's range, got an integer of "
-                                f"{len(str(value))} digits")
-            eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, numbers.Integral) \
-                else list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else None
-            if eos is None or any(isinstance(e, bool) or not isinstance(e, numbers.Integral) for e in eos):
-                raise Error(f"eos_token_id: must be an int or a list of ints, got {eos_token_id!r}")
-            pad = pad_token_id if pad_token_id is not None else eos[0] if eos else 0
-            if isinstance(pad, bool) or not isinstance(pad, numbers.Integral):
-                raise Error(f"pad_token_id: must be an int, got {type(pad).__name__}")
-            if any(not -2**63 <= v < 2**63 for v in [max_new_tokens, top_k, pad, *eos]):
-                raise Error("generate: token ids and counts must fit in 64 bits")
-            return ids, mask, int(max_new_tokens), float(temperature), int(top_k), float(top_p), \
-                [int(e) for e in eos], int(pad), _vision("run.model.generate", vision)
+            saved = _generation_config(self._run)
+            sampling = _sampling(saved, temperature, top_k, top_p)
+            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+                raise Error(f"max_new_tokens: must be an int, got {type(max_new_tokens).__name__}")
+            eos = _token_ids("eos_token_id", saved.get("eos_token_id") if eos_token_id is None else eos_token_id)
+            pad = _token_ids("pad_token_id", saved.get("pad_token_id") if pad_token_id is None else pad_token_id)
+            if len(pad) > 1:
+                raise Error(f"pad_token_id: must be one token, got {pad}")
+            if not -2**63 <= max_new_tokens < 2**63:
+                raise Error("max_new_tokens: must fit in 64 bits")
+            return ids, mask, int(max_new_tokens), *sampling, eos, (pad or eos or [0])[0], \
+                _vision("run.model.generate", vision)
 
         return self._run.generate(*_agreed(self._run, "run.model.generate", prepare))
 

@@ -4,19 +4,21 @@ Left-padded prompts of the fixtures transformers saved (Llama, Qwen3 with q/k no
 with a 5-token sliding window, DeepSeek-V3 with latent attention and experts, Qwen3-MoE), in
 float64:
 - greedy: the same tokens as transformers' generate given the same prompts, mask, eos and
-  pad, rows that end early included; and so for Qwen2-VL and Qwen2.5-VL prompts holding
+  pad, rows that end early included, and with nothing given (both read the model's
+  generation_config.json); and so for Qwen2-VL and Qwen2.5-VL prompts holding
   images and a video;
 - sampled at a temperature with top-k and top-p: the same tokens as transformers' sampling
   from the same torch.manual_seed (both draw one multinomial a step from the same
   probabilities, to rounding);
-- at world 2, ranks whose prompts, max_new_tokens and ends differ: no hang, and each rank's
-  rows as world 1 generates them;
+- at world 2, ranks whose prompts, max_new_tokens and ends differ (one rank's rows all ending
+  at once, which then steps on adding nothing): no hang, and each rank's rows as world 1
+  generates them;
 - generating leaves the run as it was: logits after it equal those before, and a DeepSeek-V3
   whose routing biases move with each step trains to bitwise the same weights with a
   generation between its steps as without;
 - bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
-  token, images to a text model), a sequence-classification model, and an offloaded run each
-  raise fsdpp.Error;
+  token, images to a text model), a sequence-classification model, weights of NaN, and an
+  offloaded run each raise fsdpp.Error;
 - where a GPU is present, a float32 run on it generates greedily what transformers generates
   on it (scripts/gpu_check.sh python runs this check there).
 
@@ -49,11 +51,10 @@ def reference_model(model_dir):
                                                 **({"experts_implementation": "eager"} if moe else {}))
 
 
-def reference_generate(model, ids, mask, eos, **sampling):
+def reference_generate(model, ids, mask, **options):
     # Qwen3-MoE's router logits feed its load-balancing loss, which generate has no use for.
     extra = {"output_router_logits": False} if "Moe" in type(model).__name__ else {}
-    return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos, pad_token_id=0,
-                          **sampling, **extra)
+    return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, **options, **extra)
 
 
 def same_as_transformers(fixtures, work):
@@ -68,22 +69,29 @@ def same_as_transformers(fixtures, work):
         eos = reference.generation_config.eos_token_id or 1
         greedy = run.model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, temperature=0,
                                     eos_token_id=eos, pad_token_id=0)
-        want_greedy = reference_generate(reference, ids, mask, eos, do_sample=False)
+        want_greedy = reference_generate(reference, ids, mask, eos_token_id=eos, pad_token_id=0, do_sample=False)
+        # Nothing given: both take the model's generation_config.json.
+        defaults = run.model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+        want_defaults = reference_generate(reference, ids, mask)
         sampling = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
         torch.manual_seed(11)
         sampled = run.model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, eos_token_id=eos,
                                      pad_token_id=0, **sampling)
         torch.manual_seed(11)
-        want_sampled = reference_generate(reference, ids, mask, eos, do_sample=True, **sampling)
+        want_sampled = reference_generate(reference, ids, mask, eos_token_id=eos, pad_token_id=0, do_sample=True,
+                                          **sampling)
         ended = int((greedy[:, ids.shape[1]:] == 0).any(1).sum())
-        same = torch.equal(greedy, want_greedy) and torch.equal(sampled, want_sampled)
+        same = torch.equal(greedy, want_greedy) and torch.equal(sampled, want_sampled) and \
+            torch.equal(defaults, want_defaults)
         ok &= same
         print(f"{'ok  ' if same else 'FAIL'} {name}: {NEW_TOKENS} tokens after left-padded prompts, greedy "
-              f"({ended} of 3 rows ended early) and sampled at temperature 0.8, top-k 40, top-p 0.9: "
+              f"({ended} of 3 rows ended early), sampled at temperature 0.8, top-k 40, top-p 0.9, and with "
+              "generation_config.json's defaults: "
               f"{'the same tokens as' if same else 'NOT'} transformers' generate")
         if not same:
             print(f"     greedy {greedy.tolist()} against {want_greedy.tolist()}\n"
-                  f"     sampled {sampled.tolist()} against {want_sampled.tolist()}")
+                  f"     sampled {sampled.tolist()} against {want_sampled.tolist()}\n"
+                  f"     defaults {defaults.tolist()} against {want_defaults.tolist()}")
     return ok
 
 
@@ -117,18 +125,19 @@ def images_as_transformers(fixtures, work):
     return ok
 
 
-def rank_generation(run_file, rank):
-    """What rank `rank` of world 2 generates: its own prompts and max_new_tokens (rank 1 asks
-    for more, and its rows end at other steps)."""
+def rank_generation(rank):
+    """What rank `rank` of world 2 generates: its own prompts, max_new_tokens and eos. Every
+    token ends rank 0's rows, which add one token each; rank 1 asks for more, and its rows end
+    at other steps."""
     ids, mask = prompts(20 + rank, rows=2 + rank, tokens=5 + 2 * rank)
-    return ids, mask, 4 + 6 * rank
+    return ids, mask, 4 + 6 * rank, list(range(101)) if rank == 0 else [1, 2]
 
 
 def world_rank(run_file, out):
     import fsdpp
     run = fsdpp.Run(run_file)
-    ids, mask, new = rank_generation(run_file, run.rank)
-    got = run.model.generate(ids, attention_mask=mask, max_new_tokens=new, temperature=0, eos_token_id=[1, 2],
+    ids, mask, new, eos = rank_generation(run.rank)
+    got = run.model.generate(ids, attention_mask=mask, max_new_tokens=new, temperature=0, eos_token_id=eos,
                              pad_token_id=0)
     torch.save(got, f"{out}.{run.rank}.pt")
 
@@ -139,15 +148,16 @@ def matches_world_1(fixtures, work):
     run = fsdpp.Run(run_file)
     want = []
     for rank in range(2):
-        ids, mask, new = rank_generation(run_file, rank)
+        ids, mask, new, eos = rank_generation(rank)
         want.append(run.model.generate(ids, attention_mask=mask, max_new_tokens=new, temperature=0,
-                                       eos_token_id=[1, 2], pad_token_id=0))
+                                       eos_token_id=eos, pad_token_id=0))
     got = world_2_results(__file__, os.path.join(work, "world", "generated"), run_file)
     if got is None:
         return False
     same = all(torch.equal(g, w) for g, w in zip(got, want))
-    print(f"{'ok  ' if same else 'FAIL'} world 2, ranks asking for 4 and 10 tokens from prompts of 5 and 7: each "
-          f"rank's rows ({[tuple(g.shape) for g in got]}) {'as' if same else 'NOT as'} world 1 generates them")
+    print(f"{'ok  ' if same else 'FAIL'} world 2, ranks asking for 4 and 10 tokens from prompts of 5 and 7, rank 0's "
+          f"rows ending after one: each rank's rows ({[tuple(g.shape) for g in got]}) {'as' if same else 'NOT as'} "
+          "world 1 generates them")
     return same
 
 
@@ -193,6 +203,9 @@ def refusals(fixtures, work):
     from check_critic import make_classifier
     classifier_dir = make_classifier(os.path.join(fixtures, "llama_untied"), fresh_dir(os.path.join(work, "classifier")))
     classifier = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "scores")), classifier_dir))
+    diverged = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "diverged")), os.path.join(fixtures, "llama_untied")),
+                         frozen=True)
+    diverged.load_weights({"lm_head.weight": torch.full((101, 48), float("nan"), dtype=torch.float64)})
     cases = [
         ("a mask padded on the right", lambda: run.model.generate(ids, attention_mask=right),
          "attention_mask: row 0 is not padded on the left alone"),
@@ -203,6 +216,8 @@ def refusals(fixtures, work):
         ("no new token", lambda: run.model.generate(ids, max_new_tokens=0), "max_new_tokens: must be in [1, 1000000]"),
         ("a sequence-classification model", lambda: classifier.model.generate(ids),
          "generate: LlamaForSequenceClassification scores tokens with its score head, and predicts none"),
+        ("weights of NaN", lambda: diverged.model.generate(ids, temperature=1.0),
+         "generate: the logits hold NaN or inf at new token 1 on 1 rank(s) of 1"),
         ("images given to a text model", lambda: run.model.generate(ids, pixel_values=torch.zeros(4, 96),
                                                                     image_grid_thw=torch.tensor([[1, 2, 2]])),
          "llama takes no images or videos"),
@@ -221,7 +236,7 @@ def on_the_gpu(fixtures, work):
     ids, mask = prompts(8)
     got = run.model.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=NEW_TOKENS, temperature=0,
                              eos_token_id=2, pad_token_id=0)
-    want = reference_generate(reference, ids.cuda(), mask.cuda(), 2, do_sample=False)
+    want = reference_generate(reference, ids.cuda(), mask.cuda(), eos_token_id=2, pad_token_id=0, do_sample=False)
     same = got.is_cuda and torch.equal(got, want)
     print(f"{'ok  ' if same else 'FAIL'} on {torch.cuda.get_device_name()}: float32 greedy tokens "
           f"{'equal' if same else 'DIFFER from'} transformers' on the same GPU")

@@ -14,8 +14,6 @@ import json
 import os
 import sys
 
-import torch
-
 from check_python_run import ROWS, batches, fresh_dir, run_ranks, write_run_file
 
 

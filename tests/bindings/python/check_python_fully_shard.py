@@ -20,7 +20,6 @@ its weight differ by up to a tenth of a step; the largest such element gap is pr
 
 usage: check_python_fully_shard.py FIXTURE_DIR WORK_DIR
 """
-import json
 import os
 import subprocess
 import sys

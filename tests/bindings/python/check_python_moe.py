@@ -15,7 +15,6 @@ update happen inside fsdpp.Run, as in the binary, without the loop writing eithe
 
 usage: check_python_moe.py FIXTURE_DIR WORK_DIR
 """
-import json
 import os
 import subprocess
 import sys
