@@ -240,6 +240,11 @@ void Run::restore_optimizer(const ShardedCheckpoint& checkpoint) {
   for (auto& s : fsdp_->shard_rows()) {
     if (auto state = optimizer_->state_of(s.rows)) {
       for (const auto& [key, field] : kSavedMoments) {
+        if (!checkpoint.contains(std::string(key) + "/" + s.name)) {
+          throw UserError(checkpoint.dir().string() + ": holds no optimizer state for '" + s.name + "', which this run "
+                          "trains and the saved run did not (frozen there: [policy.options] freeze, or a LoRA base); "
+                          "resume with the settings it was saved with, or start from its export as [model] path");
+        }
         at::Tensor rows = (*state).*field;  // shares the state's storage: read in place
         checkpoint.read_rows(std::string(key) + "/" + s.name, rows, s.first_row);
       }

@@ -10,7 +10,8 @@ batches come, with the pixels, grids and token types a processor gives:
 - a loop's clipped-ratio loss on logprobs trains Qwen2.5-VL as transformers + AdamW does
   over 3 steps (the first step's loss and gradient norm within 1e-6, later ones within 1e-3),
   and so with its vision tower frozen ([policy.options] freeze = "visual"; transformers' tower
-  with requires_grad False), the tower then bitwise as loaded, also across a save and resume;
+  with requires_grad False), the tower then bitwise as loaded, also across a save and resume,
+  and a resume that would train the tower from that checkpoint refused (it holds no moments);
 - at world 2, one rank's rows holding the images and the other's text alone (its tower runs a
   blank frame, or the ranks' collectives would part), the losses, gradient norms and every
   weight equal world 1's over the same rows within 1e-10 in float64; rank 1's bad grid alone
@@ -207,11 +208,16 @@ def trains_as_transformers(run_file, model_dir, frozen_tower=False):
     resumed = fsdpp.Run(run_file, {**overrides, "checkpoint.resume": saved})
     _, resumed_weights = train_fsdpp(resumed, ids, mask, vision, HALVES, range(2, STEPS))
     same = set(resumed_weights) == set(weights) and all(torch.equal(resumed_weights[k], weights[k]) for k in weights)
+    # Resumed with the tower trained, the checkpoint holds no moments for it: refused, naming why.
+    thawed = refusal(lambda: fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True,
+                                                  "checkpoint.resume": saved}))
+    refused = "holds no optimizer state for 'visual." in thawed and "frozen there" in thawed
     print(f"{'ok  ' if still and rest_moved > 1e-3 else 'FAIL'} the frozen tower's {len(tower)} weights are the "
           f"fixture's bitwise after {STEPS} steps (the rest moved up to {rest_moved:.1e})")
     print(f"{'ok  ' if same else 'FAIL'} saved after 2 steps and resumed, the frozen run ends with "
           f"{'bitwise' if same else 'NOT'} the weights of the run that did not stop")
-    return ok and still and rest_moved > 1e-3 and same
+    print(f"{'ok  ' if refused else 'FAIL'} resumed with the tower trained: {thawed}")
+    return ok and still and rest_moved > 1e-3 and same and refused
 
 
 def world_rank(run_file, out):
