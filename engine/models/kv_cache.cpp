@@ -37,16 +37,21 @@ KvCache::KvCache(int64_t layers, int64_t capacity, int64_t window)
 
 CachedStep KvCache::begin_step(const at::Tensor& kept) {
   const at::Tensor tokens = kept.to(at::kBool);  // [B, T]
-  const int64_t B = tokens.size(0), T = tokens.size(1);
+  const int64_t B = tokens.size(0), T = tokens.size(1), cached = length_, length = length_ + T;
+  TORCH_CHECK(length <= capacity_, "a generation ran past its cache's ", capacity_, " tokens");
+  if (!kept_.defined()) {
+    kept_ = at::empty({B, capacity_}, tokens.options());
+    positions_ = at::empty({B, capacity_}, tokens.options().dtype(at::kLong));
+  }
   // A token's position is the count of its row's tokens before it, as transformers places
   // them from the attention mask (padding's is never read).
-  const at::Tensor before = positions_.defined() ? positions_.narrow(1, positions_.size(1) - 1, 1) + kept_.narrow(1, kept_.size(1) - 1, 1)
-                                                 : at::zeros({B, 1}, at::TensorOptions(at::kLong).device(tokens.device()));
-  const at::Tensor counted = tokens.to(at::kLong).cumsum(1);                       // [B, T]
-  const at::Tensor positions = before + counted - tokens.to(at::kLong);            // [B, T]
-  kept_ = kept_.defined() ? at::cat({kept_, tokens}, 1) : tokens;
-  positions_ = positions_.defined() ? at::cat({positions_, positions}, 1) : positions;
-  const int64_t length = kept_.size(1), cached = length - T;
+  const at::Tensor before = cached > 0 ? positions_.narrow(1, cached - 1, 1) + kept_.narrow(1, cached - 1, 1)
+                                       : at::zeros({B, 1}, positions_.options());
+  const at::Tensor counted = tokens.to(at::kLong).cumsum(1);             // [B, T]
+  const at::Tensor positions = before + counted - tokens.to(at::kLong);  // [B, T]
+  kept_.narrow(1, cached, T).copy_(tokens);
+  positions_.narrow(1, cached, T).copy_(positions);
+  length_ = length;
   const at::Tensor shifted = shift_.defined() ? positions + shift_ : positions;
   if (cached == 0) {
     const bool padded = !tokens.all().item<bool>();
@@ -56,8 +61,10 @@ CachedStep KvCache::begin_step(const at::Tensor& kept) {
   // within the window; a padding query sees itself alone, so that no row of the mask is empty.
   const at::Tensor query_index = at::arange(cached, length, positions.options()).view({1, 1, T, 1});
   const at::Tensor key_index = at::arange(length, positions.options()).view({1, 1, 1, length});
-  at::Tensor scope = (key_index <= query_index) & kept_.view({B, 1, 1, length});
-  if (window_ > 0) scope &= positions_.view({B, 1, 1, length}) > positions.view({B, 1, T, 1}) - window_;
+  at::Tensor scope = (key_index <= query_index) & kept_.narrow(1, 0, length).view({B, 1, 1, length});
+  if (window_ > 0) {
+    scope &= positions_.narrow(1, 0, length).view({B, 1, 1, length}) > positions.view({B, 1, T, 1}) - window_;
+  }
   scope |= key_index == query_index;
   return {shifted, scope, at::Tensor()};
 }

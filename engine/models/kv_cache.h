@@ -46,7 +46,7 @@ class KvCache {
   // sees; a left-padded prompt's first step). Call once per step, before its forward.
   CachedStep begin_step(const at::Tensor& kept);
   // Tokens cached before this step.
-  int64_t cached() const { return kept_.defined() ? kept_.size(1) : 0; }
+  int64_t cached() const { return length_; }
   // Moves the positions of every later step's tokens by `by` [B] int64: a vision-language
   // model's text after images sits past the images' rows and columns, not their token count.
   void shift_later_positions(const at::Tensor& by) { shift_ = by.view({-1, 1}); }
@@ -56,8 +56,9 @@ class KvCache {
  private:
   std::vector<LayerCache> layers_;
   int64_t capacity_, window_;
-  at::Tensor kept_;       // [B, cached] bool
-  at::Tensor positions_;  // [B, cached] int64, counting tokens alone
+  int64_t length_ = 0;    // tokens cached
+  at::Tensor kept_;       // [B, capacity] bool, the first length_ filled
+  at::Tensor positions_;  // [B, capacity] int64, counting tokens alone; the first length_ filled
   at::Tensor shift_;      // [B, 1] added to the positions begin_step gives; undefined: none
 };
 
