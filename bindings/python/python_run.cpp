@@ -4,11 +4,11 @@
 
 #include "bindings/lua/policy.h"
 #include "bindings/python/inputs.h"
-#include "models/kv_cache.h"
 #include "core/dtype.h"
 #include "core/log.h"
 #include "distributed/comm.h"
 #include "io/sharded_checkpoint.h"
+#include "models/kv_cache.h"
 
 #include <ATen/Parallel.h>
 #include <torch/python.h>

@@ -5,7 +5,8 @@ with a 5-token sliding window, DeepSeek-V3 with latent attention and experts, Qw
 float64:
 - greedy: the same tokens as transformers' generate given the same prompts, mask, eos and
   pad, rows that end early included, and with nothing given (both read the model's
-  generation_config.json); and so for Qwen2-VL and Qwen2.5-VL prompts holding
+  generation_config.json); a vision-language model that draws its placeholders embeds them as
+  text; and so for Qwen2-VL and Qwen2.5-VL prompts holding
   images and a video;
 - sampled at a temperature with top-k and top-p: the same tokens as transformers' sampling
   from the same torch.manual_seed (both draw one multinomial a step from the same
@@ -122,6 +123,29 @@ def images_as_transformers(fixtures, work):
               f"an image and a video: {'the same tokens as' if same else 'NOT'} transformers' generate")
         if not same:
             print(f"     {got[:, 40:].tolist()} against {want[:, 40:].tolist()}")
+    return ok and drawn_placeholders_are_text(fixtures, work)
+
+
+def drawn_placeholders_are_text(fixtures, work):
+    """A Qwen2-VL whose head can only draw its image or video placeholder (the final norm keeps
+    one feature, which the head maps to +image, -video) continues a text prompt: each drawn
+    placeholder is embedded as text, as transformers does when decoding, not refused for
+    lacking its image."""
+    import fsdpp
+    run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "placeholders")), os.path.join(fixtures, "qwen2_vl")),
+                    frozen=True)
+    norm = torch.zeros(48, dtype=torch.float64)
+    norm[0] = 1.0
+    head = torch.zeros(300, 48, dtype=torch.float64)
+    head[290, 0], head[291, 0] = 100.0, -100.0
+    run.load_weights({"model.norm.weight": norm, "lm_head.weight": head})
+    ids, _ = prompts(12, rows=2)
+    try:
+        drawn = run.model.generate(ids, max_new_tokens=6, temperature=0)[:, ids.shape[1]:]
+        ok, said = bool(((drawn == 290) | (drawn == 291)).all()), drawn.tolist()
+    except fsdpp.Error as e:
+        ok, said = False, str(e)
+    print(f"{'ok  ' if ok else 'FAIL'} qwen2_vl drawing only placeholders goes on, each embedded as text: {said}")
     return ok
 
 
