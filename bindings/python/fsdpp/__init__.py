@@ -129,11 +129,11 @@ def _vision(call, given):
 
 
 def _generation_config(run):
-    """The model's generation_config.json (its defaults for generate), {} where it has none;
-    fsdpp.Error for one that is not a JSON object."""
+    """(path, values) of the model's generation_config.json, its defaults for generate (values
+    {} where it has none); fsdpp.Error for one that is not a JSON object."""
     path = os.path.join(os.fsdecode(run.model_dir), "generation_config.json")
     if not os.path.isfile(path):
-        return {}
+        return path, {}
     try:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
@@ -141,7 +141,18 @@ def _generation_config(run):
         raise Error(f"{path}: not a readable JSON file: {e}")
     if not isinstance(saved, dict):
         raise Error(f"{path}: expected a JSON object, got {type(saved).__name__}")
-    return saved
+    return path, saved
+
+
+def _chosen(config, key, given, fallback=None):
+    """(name for messages, value) of generate's `key`: `given`, else the generation config's
+    (named by its file), else `fallback`."""
+    if given is not None:
+        return key, given
+    path, values = config
+    if values.get(key) is not None:
+        return f"{path}: {key}", values[key]
+    return key, fallback
 
 
 def _number(name, value):
@@ -155,21 +166,22 @@ def _number(name, value):
     return float(value)
 
 
-def _sampling(saved, temperature, top_k, top_p):
+def _sampling(config, temperature, top_k, top_p):
     """(temperature, top_k, top_p) for generate: those given, the rest as transformers takes
-    them from `saved` (generation_config.json): greedy where none is given and it does not
-    say do_sample, else its values, else 1.0, 50 and 1.0."""
-    def default(key, fallback):
-        return saved[key] if saved.get(key) is not None else fallback
-    if temperature is None and top_k is None and top_p is None and not saved.get("do_sample", False):
+    them from `config` (_generation_config's): greedy where none of the three is given and it
+    does not say do_sample, else its values, else 1.0, 50 and 1.0."""
+    path, values = config
+    do_sample = values.get("do_sample", False)
+    if not isinstance(do_sample, bool):
+        raise Error(f"{path}: do_sample must be true or false, got {do_sample!r}")
+    if temperature is None and top_k is None and top_p is None and not do_sample:
         return 0.0, 0, 1.0
-    chosen_k = default("top_k", 50) if top_k is None else top_k
-    if isinstance(chosen_k, torch.Tensor) and chosen_k.numel() == 1:
-        chosen_k = chosen_k.item()
-    if isinstance(chosen_k, bool) or not isinstance(chosen_k, numbers.Integral) or not -2**63 <= chosen_k < 2**63:
-        raise Error(f"top_k: must be an int, got {chosen_k!r}")
-    return (_number("temperature", default("temperature", 1.0) if temperature is None else temperature), int(chosen_k),
-            _number("top_p", default("top_p", 1.0) if top_p is None else top_p))
+    k_name, k = _chosen(config, "top_k", top_k, 50)
+    if isinstance(k, torch.Tensor) and k.numel() == 1:
+        k = k.item()
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not -2**63 <= k < 2**63:
+        raise Error(f"{k_name}: must be an int, got {k!r}")
+    return _number(*_chosen(config, "temperature", temperature, 1.0)), int(k), _number(*_chosen(config, "top_p", top_p, 1.0))
 
 
 def _token_ids(name, value):
@@ -236,6 +248,7 @@ class Model:
 
     def __init__(self, run):
         self._run = run
+        self._generation_config = None  # (path, values) of generation_config.json, once generate read it
 
     def __call__(self, input_ids, position_ids=None, document_offsets=None, attention_mask=None, **vision):
         """Logits [B, T, V] of `input_ids` [B, T] int64.
@@ -313,9 +326,10 @@ class Model:
         `top_k` most likely tokens (0: all) holding `top_p` of the mass (1: all), with torch's
         default generator of the run's device (torch.manual_seed). A row ends after a token of
         `eos_token_id` (an int or a list) and holds `pad_token_id` after it. What is not given
-        comes from the model's generation_config.json as transformers takes it: greedy unless
-        it says do_sample, then its temperature, top_k and top_p (else 1.0, 50, 1.0); its eos
-        and pad tokens (pad else the first eos, else 0). `attention_mask` [B, T] (1 token, 0
+        comes from the model's generation_config.json as transformers takes it: greedy where
+        none of temperature, top_k and top_p is given and the file does not say do_sample; else
+        the file's values for those not given (else 1.0, 50, 1.0); its eos and pad tokens (pad
+        else the first eos, else 0). `attention_mask` [B, T] (1 token, 0
         padding) marks rows padded on the left. The keys and values of every layer are cached,
         so each new token costs one token's forward. No autograd; the model's train() or eval()
         mode holds (eval() for LoRA without dropout). A vision-language model takes the
@@ -324,14 +338,17 @@ class Model:
         def prepare():
             ids = _tensor("input_ids", input_ids)
             mask = _tensor("attention_mask", attention_mask, optional=True)
-            saved = _generation_config(self._run)
-            sampling = _sampling(saved, temperature, top_k, top_p)
+            if self._generation_config is None:  # read once: the model's files do not change under the run
+                self._generation_config = _generation_config(self._run)
+            config = self._generation_config
+            sampling = _sampling(config, temperature, top_k, top_p)
             if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
                 raise Error(f"max_new_tokens: must be an int, got {type(max_new_tokens).__name__}")
-            eos = _token_ids("eos_token_id", saved.get("eos_token_id") if eos_token_id is None else eos_token_id)
-            pad = _token_ids("pad_token_id", saved.get("pad_token_id") if pad_token_id is None else pad_token_id)
+            eos = _token_ids(*_chosen(config, "eos_token_id", eos_token_id))
+            pad_name, pad_given = _chosen(config, "pad_token_id", pad_token_id)
+            pad = _token_ids(pad_name, pad_given)
             if len(pad) > 1:
-                raise Error(f"pad_token_id: must be one token, got {pad}")
+                raise Error(f"{pad_name}: must be one token, got {pad}")
             if not -2**63 <= max_new_tokens < 2**63:
                 raise Error("max_new_tokens: must fit in 64 bits")
             return ids, mask, int(max_new_tokens), *sampling, eos, (pad or eos or [0])[0], \

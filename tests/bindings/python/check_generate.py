@@ -18,14 +18,16 @@ float64:
   whose routing biases move with each step trains to bitwise the same weights with a
   generation between its steps as without;
 - bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
-  token, images to a text model), a sequence-classification model, weights of NaN, and an
-  offloaded run each raise fsdpp.Error;
+  token, images to a text model), a generation_config.json whose eos is no token (named),
+  a sequence-classification model, weights of NaN, and an offloaded run each raise fsdpp.Error;
 - where a GPU is present, a float32 run on it generates greedily what transformers generates
   on it (scripts/gpu_check.sh python runs this check there).
 
 usage: check_generate.py FIXTURE_DIR WORK_DIR
 """
+import json
 import os
+import shutil
 import sys
 
 import torch
@@ -227,6 +229,13 @@ def refusals(fixtures, work):
     from check_critic import make_classifier
     classifier_dir = make_classifier(os.path.join(fixtures, "llama_untied"), fresh_dir(os.path.join(work, "classifier")))
     classifier = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "scores")), classifier_dir))
+    # A model whose generation_config.json holds an eos that is no token: generate names the file.
+    odd_dir = fresh_dir(os.path.join(work, "odd-config"))
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(fixtures, "llama_untied", name), odd_dir)
+    with open(os.path.join(odd_dir, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": "end"}, f)
+    odd = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "odd")), odd_dir), frozen=True)
     diverged = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "diverged")), os.path.join(fixtures, "llama_untied")),
                          frozen=True)
     diverged.load_weights({"lm_head.weight": torch.full((101, 48), float("nan"), dtype=torch.float64)})
@@ -240,6 +249,8 @@ def refusals(fixtures, work):
         ("no new token", lambda: run.model.generate(ids, max_new_tokens=0), "max_new_tokens: must be in [1, 1000000]"),
         ("a sequence-classification model", lambda: classifier.model.generate(ids),
          "generate: LlamaForSequenceClassification scores tokens with its score head, and predicts none"),
+        ("a generation_config.json whose eos is no token", lambda: odd.model.generate(ids),
+         f"{os.path.join(odd_dir, 'generation_config.json')}: eos_token_id: must be an int or a list of ints, got 'end'"),
         ("weights of NaN", lambda: diverged.model.generate(ids, temperature=1.0),
          "generate: the logits hold NaN or inf at new token 1 on 1 rank(s) of 1"),
         ("images given to a text model", lambda: run.model.generate(ids, pixel_values=torch.zeros(4, 96),
