@@ -28,11 +28,12 @@ ExpertBalance::ExpertBalance(const MoeConfig& moe, const ExpertsConfig& config, 
 
 at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm, int64_t micro_batches, double gradient_scale) {
   // One all-reduce carries the counts [L, E], the probability sums [E] (for the loss's value)
-  // and the router rows, all as float64 (counts are exact in it far past any batch). The
-  // sums stay on the routers' device until then: one transfer, not one per layer.
+  // and the router rows, all as float64 (counts are exact in it far past any batch). All of it
+  // stays on the routers' device, read on the host only once the step is done (finish_step):
+  // a read here would hold the host until the device caught up, between forward and backward.
   const at::Tensor& first = log.layers.front().probability_sum;
   at::Tensor probability_sum = at::zeros(first.sizes(), first.options().dtype(at::kDouble));  // [E], detached
-  std::vector<at::Tensor> layer_counts;  // [E] each, on the host
+  std::vector<at::Tensor> layer_counts;  // [E] each
   double rows = 0;
   for (const auto& layer : log.layers) {
     layer_counts.push_back(layer.counts);
@@ -43,13 +44,13 @@ at::Tensor ExpertBalance::micro_batch_loss(RoutingLog& log, Comm& comm, int64_t 
   at::Tensor global = at::cat({at::cat(layer_counts).to(probability_sum.options()), probability_sum,
                                at::full({1}, rows, probability_sum.options())});
   comm.all_reduce_sum(global);
-  global = global.cpu();
   const auto counts = global.narrow(0, 0, L * E).view({L, E});  // [L, E]
-  const double global_rows = global[L * E + E].item<double>();
+  const auto global_rows = global.narrow(0, L * E + E, 1);       // [1]
   const auto global_counts = counts.sum(0);                      // [E]
   step_counts_ = step_counts_.defined() ? step_counts_ + counts : counts.clone();
-  aux_sum_ += (global_counts * global.narrow(0, L * E, E)).sum().item<double>() * static_cast<double>(E) /
-              (global_rows * global_rows);
+  const auto aux = (global_counts * global.narrow(0, L * E, E)).sum() * static_cast<double>(E) /
+                   (global_rows * global_rows);  // [1]
+  aux_sum_ = aux_sum_.defined() ? aux_sum_ + aux : aux;
   ++micro_batches_seen_;
   const double weight = coefficient_ / static_cast<double>(micro_batches);
   return add_load_balancing_loss(log, global_counts, global_rows, weight * gradient_scale) / gradient_scale;
@@ -70,13 +71,15 @@ void ExpertBalance::update_routing_bias(ShardedView& view) const {
 
 ExpertLoad ExpertBalance::finish_step() {
   ExpertLoad load;
-  if (coefficient_ > 0 && micro_batches_seen_ > 0) load.aux_loss = aux_sum_ / static_cast<double>(micro_batches_seen_);
+  if (coefficient_ > 0 && micro_batches_seen_ > 0) {
+    load.aux_loss = aux_sum_.item<double>() / static_cast<double>(micro_batches_seen_);
+  }
   if (step_counts_.defined()) {
     const auto ratio = std::get<0>(step_counts_.max(1)) / step_counts_.mean(1).clamp_min(1e-30);  // [L]
     load.max_over_mean = ratio.max().item<double>();
   }
   step_counts_ = at::Tensor();
-  aux_sum_ = 0.0;
+  aux_sum_ = at::Tensor();
   micro_batches_seen_ = 0;
   return load;
 }

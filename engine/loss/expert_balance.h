@@ -54,8 +54,9 @@ class ExpertBalance {
   double bias_update_rate_;
   std::vector<std::string> bias_names_;
   int64_t micro_batches_seen_ = 0;  // this step's so far
-  at::Tensor step_counts_;  // [L, E] float64: tokens routed per layer and expert this step, all ranks
-  double aux_sum_ = 0.0;    // Σ over this step's micro-batches of the unweighted loss
+  // On the routers' device, float64:
+  at::Tensor step_counts_;  // [L, E] tokens routed per layer and expert this step, all ranks
+  at::Tensor aux_sum_;      // [1] Σ over this step's micro-batches of the unweighted loss
 };
 
 }  // namespace fsdpp

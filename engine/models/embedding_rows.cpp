@@ -15,6 +15,28 @@ struct GradTarget {
   at::Tensor weight;
 };
 
+// The rows of each distinct token of `ids` [N] summed in the order the tokens came (a stable
+// sort; in float32 for bf16 and fp16 rows): the tokens [N] and their sums [N, C], the U
+// distinct ones first, then tokens 0 with sums of zeros. N rows rather than U, so that nothing
+// reads U back to the host (a wait for the device); the zeros added to row 0 change nothing,
+// in any order. index_add_ of the U distinct tokens touches each element once, so no two of
+// their additions race on a GPU.
+std::pair<at::Tensor, at::Tensor> sums_by_token(const at::Tensor& ids, const at::Tensor& rows) {
+  const int64_t N = ids.size(0);
+  const auto [sorted, order] = at::sort(ids, /*stable=*/std::optional<bool>(true), /*dim=*/0);  // [N] each
+  // Which distinct token each sorted row belongs to: a count of where the token changes.
+  const auto run = at::zeros({N}, sorted.options());  // [N]
+  at::Tensor after_first = run.narrow(0, 1, N - 1);    // [N - 1]
+  at::cumsum_out(after_first, sorted.narrow(0, 1, N - 1).ne(sorted.narrow(0, 0, N - 1)), 0);
+  const auto lengths = at::zeros({N}, sorted.options()).scatter_add_(0, run, at::ones_like(run));  // [N]
+  const auto distinct = at::zeros({N}, sorted.options()).scatter_(0, run, sorted);                  // [N]
+  // Lengths sum to N by construction: the unchecked form skips the check's read back.
+  auto sums = at::segment_reduce(rows.index_select(0, order).to(at::toOpMathType(rows.scalar_type())), "sum",
+                                 lengths, /*indices=*/{}, /*offsets=*/{}, /*axis=*/0, /*unsafe=*/true,
+                                 /*initial=*/0);  // [N, C]
+  return {distinct, sums};
+}
+
 // The lookup's one differentiable input is `anchor`, an alias of the weight made for this call
 // alone: its gradient edge leads nowhere, so autograd neither waits for this node before
 // accumulating lm_head's gradient into the weight nor adds a [V, C] tensor of its own.
@@ -32,19 +54,13 @@ struct EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
     at::Tensor weight = ctx->saved_data["weight"].toTensor();  // [V, C]
     const at::Tensor ids = ctx->saved_data["ids"].toTensor().reshape({-1});  // [N]
     const at::Tensor rows = grads[0].reshape({-1, weight.size(1)});  // [N, C]
-    // Each distinct token's rows summed in the order the tokens came (a stable sort), then
-    // added once: index_add_ of distinct indices touches every element once, so no two
-    // additions race on a GPU.
-    const auto [sorted, order] = at::sort(ids, /*stable=*/std::optional<bool>(true), /*dim=*/0);
-    const auto [distinct, inverse, counts] =
-        at::unique_consecutive(sorted, /*return_inverse=*/false, /*return_counts=*/true);
-    auto sums = at::segment_reduce(rows.index_select(0, order).to(at::toOpMathType(rows.scalar_type())), "sum",
-                                   counts);  // [U, C]
     at::NoGradGuard no_grad;
+    if (!weight.grad().defined()) weight.mutable_grad() = at::zeros_like(weight, at::MemoryFormat::Contiguous);
+    if (ids.numel() == 0) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto [distinct, sums] = sums_by_token(ids, rows);  // [N], [N, C]
     if (const int64_t padding_row = ctx->saved_data["padding_row"].toInt(); padding_row >= 0) {
       sums.masked_fill_((distinct == padding_row).unsqueeze(1), 0);
     }
-    if (!weight.grad().defined()) weight.mutable_grad() = at::zeros_like(weight, at::MemoryFormat::Contiguous);
     weight.mutable_grad().index_add_(0, distinct, sums.to(weight.grad().scalar_type()));
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

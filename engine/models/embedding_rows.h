@@ -4,7 +4,8 @@
 // gradient: two passes over the vocabulary for a few thousand rows. Here backward sums the
 // rows of each distinct token (in float32 for bf16 and fp16, in a fixed order) and adds each
 // sum once into the .grad that lm_head's gradient already fills, so the result is the same
-// on every run of one device. The lookup does not pass its gradient through autograd's edge
+// on every run of one device; how many distinct tokens there are is never read back to the
+// host, so a GPU's backward does not wait here. The lookup does not pass its gradient through autograd's edge
 // to the weight: backward() fills .grad, but autograd::grad() asked for the weight would not
 // see the embedding's share.
 #pragma once

@@ -106,7 +106,7 @@ Experts::Experts(const DecoderFamily& family, const ModelConfig& c, const torch:
   }
 }
 
-torch::Tensor Experts::forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
+torch::Tensor Experts::forward(const torch::Tensor& tokens, const at::Tensor& counts) {
   return takes_grouped_product(tokens) ? grouped_forward(tokens, counts) : expert_by_expert(tokens, counts);
 }
 
@@ -131,26 +131,30 @@ bool Experts::takes_grouped_product(const torch::Tensor& tokens) const {
   return aligned(tokens.size(1));
 }
 
-torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
+torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const at::Tensor& counts) {
   // Each expert's group is a whole number of kGroupedAlignmentRows blocks, at least one; the
   // rows after its tokens are zeros, whose products are discarded and add nothing to the
-  // weights' gradients (an idle expert's gradient is exactly zero).
+  // weights' gradients (an idle expert's gradient is exactly zero). The layout is computed
+  // where the counts are, so that a GPU never waits for the host here.
   const auto E = static_cast<int64_t>(experts_.size());
-  std::vector<int64_t> shift(E);   // padded start - packed start, per expert
-  std::vector<int32_t> ends(E);    // where each expert's padded group ends
-  int64_t packed = 0, padded = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    shift[e] = padded - packed;
-    packed += counts[e];
-    padded += std::max<int64_t>(1, (counts[e] + kGroupedAlignmentRows - 1) / kGroupedAlignmentRows) * kGroupedAlignmentRows;
-    ends[e] = static_cast<int32_t>(padded);
-  }
-  const auto device = tokens.device();
-  const auto long_on_device = at::TensorOptions(at::kLong).device(device);
-  const auto rows = at::arange(packed, long_on_device) +
-                    at::repeat_interleave(at::tensor(shift).to(device), at::tensor(counts).to(device), 0, packed);  // [M]
-  const auto offsets = at::tensor(ends).to(device);                                                                   // [E]
-  const auto grouped = at::zeros({padded, tokens.size(1)}, tokens.options()).index_copy(0, rows, tokens);            // [P, C]
+  const int64_t M = tokens.size(0);
+  const auto blocks = at::div(counts + (kGroupedAlignmentRows - 1), kGroupedAlignmentRows, "floor").clamp_min(1) *
+                      kGroupedAlignmentRows;  // [E] padded group sizes
+  const auto ends = blocks.cumsum(0);          // [E]
+  const auto pad = blocks - counts;            // [E] zero rows after each expert's tokens
+  const auto shift = pad.cumsum(0) - pad;      // [E] padded start - packed start: the padding before
+  // The row count must be known on the host to allocate. A GPU takes the bound that no
+  // routing can exceed (each group pads by fewer than one block, an idle one by a whole
+  // block) rather than read the counts back, a wait for all the work queued before; the
+  // last group takes the slack. The host reads its exact count for free.
+  const int64_t padded = tokens.is_cuda()
+                             ? (M + kGroupedAlignmentRows - 1) / kGroupedAlignmentRows * kGroupedAlignmentRows +
+                                   E * kGroupedAlignmentRows
+                             : ends[E - 1].item<int64_t>();
+  const auto offsets = ends.to(at::kInt);  // [E]
+  offsets.select(0, E - 1).fill_(padded);
+  const auto rows = at::arange(M, counts.options()) + at::repeat_interleave(shift, counts, 0, M);     // [M]
+  const auto grouped = at::zeros({padded, tokens.size(1)}, tokens.options()).index_copy(0, rows, tokens);  // [P, C]
 
   std::vector<at::Tensor> gate, up, down;
   for (const auto& expert : experts_) {
@@ -165,13 +169,16 @@ torch::Tensor Experts::grouped_forward(const torch::Tensor& tokens, const std::v
   return project(inner, down).index_select(0, rows);                           // [M, C]
 }
 
-torch::Tensor Experts::expert_by_expert(const torch::Tensor& tokens, const std::vector<int64_t>& counts) {
+torch::Tensor Experts::expert_by_expert(const torch::Tensor& tokens, const at::Tensor& counts) {
+  // One product per expert needs each expert's row count on the host: a wait for the device.
+  const auto host_counts = counts.cpu();
+  const auto* count = host_counts.const_data_ptr<int64_t>();
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts_.size());
   int64_t first = 0;
   for (size_t e = 0; e < experts_.size(); ++e) {
-    outputs.push_back((*experts_[e])(tokens.narrow(0, first, counts[e])));  // [counts[e], C]
-    first += counts[e];
+    outputs.push_back((*experts_[e])(tokens.narrow(0, first, count[e])));  // [count[e], C]
+    first += count[e];
   }
   return at::cat(outputs);  // [M, C]
 }
@@ -257,10 +264,10 @@ torch::Tensor MoeBlock::forward(const torch::Tensor& x) {
   const auto expert_of_slot = choice.selected.reshape({-1});                 // [N K]
   const auto order = at::argsort(expert_of_slot, /*stable=*/true);          // [N K]
   const auto token_of = at::div(order, K, "floor");                         // [N K]
-  // The split sizes are needed on the host; this is the one sync a forward makes here.
-  const auto counts = at::bincount(expert_of_slot, /*weights=*/{}, E).cpu();  // [E]
-  const std::vector<int64_t> split(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
-  auto routed = (*experts_)(flat.index_select(0, token_of), split);         // [N K, C]
+  // Counted on the device by a scatter: at::bincount reads the largest index back first.
+  const auto counts =
+      at::zeros({E}, expert_of_slot.options()).scatter_add_(0, expert_of_slot, at::ones_like(expert_of_slot));  // [E]
+  auto routed = (*experts_)(flat.index_select(0, token_of), counts);        // [N K, C]
   // Summed in the weights' dtype (DeepSeek-V3's are float32 whatever the model's), as
   // transformers sums them.
   routed = routed * choice.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
@@ -277,12 +284,13 @@ torch::Tensor MoeBlock::forward(const torch::Tensor& x) {
   return out.view(x.sizes());
 }
 
-at::Tensor add_load_balancing_loss(RoutingLog& log, const at::Tensor& global_counts, double global_rows,
+at::Tensor add_load_balancing_loss(RoutingLog& log, const at::Tensor& global_counts, const at::Tensor& global_rows,
                                    double weight) {
   const at::Tensor& gradient = log.probability_gradient;  // [E]
   const auto E = static_cast<double>(gradient.size(0));
   at::NoGradGuard no_grad;
-  gradient.copy_(global_counts.to(gradient.device(), gradient.scalar_type()) * (weight * E / (global_rows * global_rows)));
+  const auto factor = ((weight * E) / (global_rows * global_rows)).to(gradient.options());  // [1]
+  gradient.copy_(global_counts.to(gradient.options()) * factor);
   at::Tensor share = at::zeros({}, gradient.options());
   for (const auto& layer : log.layers) share += (gradient * layer.probability_sum).sum();
   return share;

@@ -12,7 +12,7 @@ namespace fsdpp {
 // What one MoE layer routed in the model's last forward.
 struct LayerRouting {
   at::Tensor selected;          // [N, K] int64: the experts each token went to, best first
-  at::Tensor counts;            // [E] int64 on the host: tokens each expert received
+  at::Tensor counts;            // [E] int64 on the layer's device: tokens each expert received
   at::Tensor probability_sum;   // [E] the router's probabilities (float32, float64 for a float64
                                 // model) summed over tokens, with grad
 };
@@ -34,10 +34,10 @@ class Experts : public Module {
  public:
   Experts(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts);
   FSDPP_MODULE_CALL
-  // tokens [M, C] grouped by expert, counts[e] rows for expert e in turn -> [M, C]. Every
-  // expert runs, on no rows where it got none: its gradient is then zero rather than absent,
-  // so every rank reduces the same tensors.
-  torch::Tensor forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
+  // tokens [M, C] grouped by expert, counts[e] rows for expert e in turn (counts [E] int64 on
+  // the tokens' device) -> [M, C]. Every expert runs, on no rows where it got none: its
+  // gradient is then zero rather than absent, so every rank reduces the same tensors.
+  torch::Tensor forward(const torch::Tensor& tokens, const at::Tensor& counts);
   bool routed_experts() const override { return true; }
 
  private:
@@ -46,8 +46,8 @@ class Experts : public Module {
   // a GPU, float32, bf16 or fp16 rows on the CPU, whose strides are multiples of 16 bytes, and
   // experts that are plain MLPs called without hooks (no adapter, no bias, no unit of their own).
   bool takes_grouped_product(const torch::Tensor& tokens) const;
-  torch::Tensor grouped_forward(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
-  torch::Tensor expert_by_expert(const torch::Tensor& tokens, const std::vector<int64_t>& counts);
+  torch::Tensor grouped_forward(const torch::Tensor& tokens, const at::Tensor& counts);
+  torch::Tensor expert_by_expert(const torch::Tensor& tokens, const at::Tensor& counts);
 
   std::vector<std::shared_ptr<MLP>> experts_;
 };
@@ -106,7 +106,7 @@ class MoeBlock : public FeedForward {
 // ranks, of `global_rows` router rows); the probabilities are this rank's. The loss is linear
 // in them, so the ranks' shares sum to the loss of the whole batch, and so do their
 // gradients. Returns this rank's share of the weighted loss (0-dim, no grad).
-at::Tensor add_load_balancing_loss(RoutingLog& log, const at::Tensor& global_counts, double global_rows,
+at::Tensor add_load_balancing_loss(RoutingLog& log, const at::Tensor& global_counts, const at::Tensor& global_rows,
                                    double weight);
 
 }  // namespace fsdpp

@@ -1,7 +1,8 @@
 // fully_shard in one process: a sharded model must compute the same loss and, in its owned
 // shards, the same gradients as the plain model; sharded storage must be freed between
 // uses; tied parameters split across units are refused; a unit waits for its host update; an
-// offloaded gradient's norm is taken on the GPU as it leaves.
+// offloaded gradient's norm is taken on the GPU as it leaves; on a GPU a forward and backward
+// through bf16 units never wait for the device.
 #include "core/error.h"
 #include "core/module_tree.h"
 #include "data/evaluate.h"
@@ -12,6 +13,7 @@
 #include "models/lora.h"
 #include "models/registry.h"
 #include "optim/adamw.h"
+#include "device_waits.h"
 #include "tensor_checks.h"
 
 #include <catch2/catch.hpp>
@@ -620,3 +622,36 @@ TEST_CASE("a MoE layer's router and routed experts keep bf16 products in a float
   CHECK(fp8 == 4);             // q, k, v and o
   CHECK(bf16 == 1 + 16 * 3);   // the router and every expert's three projections
 }
+
+#ifdef FSDPP_TESTS_SEE_DEVICE_WAITS
+TEST_CASE("a forward and backward through bf16 units on a GPU never wait for the device", "[fsdp][gpu]") {
+  if (!gpu_half_runs()) return;
+  const at::Device gpu(at::kCUDA, 0);
+  // A tied Llama (the embedding's backward adds into lm_head's gradient), a Qwen3 (q and k
+  // norms) and a Qwen3-MoE layer whose experts run in one grouped product (widths in
+  // multiples of 16 bytes). The host is then free to queue the whole step ahead of the GPU.
+  const std::string model_type = GENERATE("llama", "qwen3", "qwen3_moe");
+  INFO(model_type);
+  auto config = ModelConfig::from_json(
+      {{"model_type", model_type}, {"vocab_size", 64}, {"hidden_size", 64}, {"intermediate_size", 128},
+       {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
+       {"tie_word_embeddings", model_type == "llama"}, {"num_experts", 8}, {"num_experts_per_tok", 2},
+       {"moe_intermediate_size", 32}},
+      "test");
+  auto model = build_model(config, torch::TensorOptions());
+  init_parameters(*model, 5, 0.1);
+  FsdpState state(*model, Comm::single(), plan_for(*model, at::kBFloat16), ShardFill{}, gpu);
+  const auto ids = torch::randint(0, 64, {2, 33}, torch::kLong).to(gpu);
+  at::Tensor loss;
+  {
+    DeviceWaitsRaise raise;
+    loss = next_token_loss_sum((*model)(ids.narrow(1, 0, 32)), ids.narrow(1, 1, 32)) / 64.0;
+    loss.backward();
+  }
+  CHECK(std::isfinite(loss.item<double>()));
+  for (const auto& p : state.sharded_parameters()) {
+    INFO(p.name);
+    CHECK((p.tensor.grad().defined() && p.tensor.grad().isfinite().all().item<bool>()));
+  }
+}
+#endif

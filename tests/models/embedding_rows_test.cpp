@@ -1,8 +1,9 @@
 // The embedding lookup whose backward adds into weight.grad: against ATen's embedding and its
 // autograd, alone and tied to a linear head, over backward passes that accumulate, in float64,
-// float32 and bf16, and on a GPU the same bits run after run.
+// float32 and bf16, and on a GPU the same bits run after run, with no wait for the device.
 #include "models/embedding_rows.h"
 
+#include "device_waits.h"
 #include "tensor_checks.h"
 
 #include <ATen/ATen.h>
@@ -75,6 +76,27 @@ TEST_CASE("the embedding's backward adds into weight.grad what autograd would", 
   CHECK(at::equal(embedding_rows(trained, c.ids), at::embedding(c.weight, c.ids)));
 }
 
+TEST_CASE("one token, distinct tokens, and row 0 beside the zero sums that pad the distinct ones", "[models]") {
+  at::manual_seed(3);
+  const auto weight = at::randn({11, 6}, at::kDouble);
+  // Sums come for as many tokens as the batch has, the distinct ones first and zeros added to
+  // row 0 after: row 0's own gradient must be its rows' sum whether it came first, last or not.
+  const std::vector<at::Tensor> batches = {at::full({1, 1}, 4, at::kLong), at::arange(11, at::kLong).view({1, 11}),
+                                           at::tensor({0, 0, 5, 0, 5, 9}, at::kLong).view({2, 3}),
+                                           at::tensor({7, 3, 3, 10}, at::kLong).view({1, 4})};
+  for (const auto& ids : batches) {
+    INFO("ids " << ids);
+    const auto out_grad = at::randn({ids.size(0), ids.size(1), 6}, at::kDouble);
+    for (const int64_t padding_row : {-1, 0}) {
+      auto ours = weight.clone().requires_grad_(true);
+      (embedding_rows(ours, ids, padding_row) * out_grad).sum().backward();
+      auto reference = weight.clone().requires_grad_(true);
+      (at::embedding(reference, ids, padding_row) * out_grad).sum().backward();
+      CHECK(at::equal(ours.grad(), reference.grad()));
+    }
+  }
+}
+
 TEST_CASE("on a GPU the embedding's gradient is the same bits run after run", "[models][gpu]") {
   if (!gpu_half_runs()) return;
   const Case c = make_case();
@@ -87,3 +109,20 @@ TEST_CASE("on a GPU the embedding's gradient is the same bits run after run", "[
     CHECK(relative_error(first.cpu().to(at::kDouble), reference) < kernel_bound(dtype) * 4);
   }
 }
+
+#ifdef FSDPP_TESTS_SEE_DEVICE_WAITS
+TEST_CASE("on a GPU the embedding's backward never waits for the device", "[models][gpu]") {
+  if (!gpu_half_runs()) return;
+  const Case c = make_case();
+  const auto options = at::TensorOptions(at::kBFloat16).device(at::kCUDA);
+  auto weight = c.weight.to(options).requires_grad_(true);
+  const auto ids = c.ids.to(at::kCUDA);
+  const auto out_grad = c.out_grad.to(options);
+  {
+    DeviceWaitsRaise raise;
+    (embedding_rows(weight, ids) * out_grad).sum().backward();
+  }
+  const auto reference = weight_grad(c, at::TensorOptions(at::kDouble), false, false);
+  CHECK(relative_error(weight.grad().cpu().to(at::kDouble), reference) < kernel_bound(at::kBFloat16) * 4);
+}
+#endif

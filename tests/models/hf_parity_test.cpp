@@ -84,7 +84,7 @@ at::Tensor check_routing(const CausalLM& model, const SafetensorsFile& reference
   const double weight = model.config().moe->router_aux_loss_coef;
   CHECK(reference.contains("aux_loss") == (weight > 0));
   if (weight == 0) return {};
-  const auto weighted = add_load_balancing_loss(*routing, counts, rows, weight);
+  const auto weighted = add_load_balancing_loss(*routing, counts, at::full({1}, rows, at::kDouble), weight);
   CHECK(relative_error(weighted / weight, reference.tensor("aux_loss")) < 1e-5);
   return weighted;
 }

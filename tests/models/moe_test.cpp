@@ -3,11 +3,13 @@
 // runs on one, the GPU, whose bf16 product is a grouped GEMM kernel. Experts that receive no
 // token get zero gradients from the grouped product, as every rank must reduce them. Experts
 // whose weights lie one stride apart in one buffer, as a unit's gathered buffer lays them, are
-// read where they lie rather than stacked into a copy.
+// read where they lie rather than stacked into a copy. On a GPU, a layer's forward and backward
+// never wait for the device.
 #include "core/module_tree.h"
 #include "metrics/op_count.h"
 #include "models/moe.h"
 #include "models/registry.h"
+#include "device_waits.h"
 #include "tensor_checks.h"
 
 #include <ATen/ATen.h>
@@ -219,3 +221,28 @@ TEST_CASE("experts one stride apart run their grouped product in place, with the
     CHECK(at::equal(in_place.grads.at(name), grad));
   }
 }
+
+#ifdef FSDPP_TESTS_SEE_DEVICE_WAITS
+TEST_CASE("a MoE layer's forward and backward on a GPU never wait for the device", "[models][gpu]") {
+  if (!gpu_half_runs()) return;
+  const c10::Device gpu(c10::kCUDA, 0);
+  auto model = build_model(small_moe_config(), torch::TensorOptions().dtype(at::kBFloat16).device(gpu));
+  init_parameters(*model, /*seed=*/3, /*std=*/0.2);
+  auto* block = dynamic_cast<MoeBlock*>(find_module(*model, "model.layers.0.mlp"));
+  REQUIRE(block != nullptr);
+  at::manual_seed(3);
+  // 3 tokens leave experts idle; 64 give some expert more than one 16-row block.
+  for (const int64_t tokens : {3, 64}) {
+    INFO(tokens << " tokens");
+    const auto x = at::randn({1, tokens, 32}, at::TensorOptions(at::kBFloat16).device(gpu)).requires_grad_(true);
+    {
+      DeviceWaitsRaise raise;
+      const auto out = block->forward(x);  // [1, T, C]
+      CHECK(backward_runs(out, "GroupedProjection"));
+      out.to(at::kFloat).square().mean().backward();
+    }
+    CHECK(x.grad().isfinite().all().item<bool>());
+    CHECK(model->routing()->layers.at(0).counts.sum().item<int64_t>() == 2 * tokens);
+  }
+}
+#endif
