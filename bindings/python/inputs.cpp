@@ -193,7 +193,12 @@ VisionInputs checked_vision(const ModelConfig& model, const at::Tensor& ids, con
 }
 
 at::Tensor checked_generation(const at::Tensor& ids, const std::optional<at::Tensor>& attention_mask,
-                              const GenerationOptions& options, int64_t vocab) {
+                              const GenerationOptions& options, int64_t vocab,
+                              const std::map<std::string, std::string>& names) {
+  const auto name = [&names](const std::string& option) {
+    const auto found = names.find(option);
+    return found == names.end() ? option : found->second;
+  };
   check_token_ids("input_ids", ids, vocab);
   if (options.max_new_tokens < 1 || options.max_new_tokens > 1'000'000) {
     throw UserError("max_new_tokens: must be in [1, 1000000], got " + std::to_string(options.max_new_tokens));
@@ -202,20 +207,21 @@ at::Tensor checked_generation(const at::Tensor& ids, const std::optional<at::Ten
       (options.temperature > 0.0 && options.temperature < 1e-6)) {
     std::ostringstream given;
     given << options.temperature;
-    throw UserError("temperature: must be 0 (the most likely token) or in [1e-06, 1e+06], got " + given.str());
+    throw UserError(name("temperature") + ": must be 0 (the most likely token) or in [1e-06, 1e+06], got " + given.str());
   }
-  if (options.top_k < 0) throw UserError("top_k: must be >= 0 (0: every token), got " + std::to_string(options.top_k));
+  if (options.top_k < 0) {
+    throw UserError(name("top_k") + ": must be >= 0 (0: every token), got " + std::to_string(options.top_k));
+  }
   if (!(options.top_p > 0.0 && options.top_p <= 1.0)) {
     std::ostringstream given;
     given << options.top_p;
-    throw UserError("top_p: must be in (0, 1], got " + given.str());
+    throw UserError(name("top_p") + ": must be in (0, 1], got " + given.str());
   }
   std::vector<std::pair<const char*, int64_t>> tokens{{"pad_token_id", options.pad}};
   for (const int64_t id : options.eos) tokens.emplace_back("eos_token_id", id);
-  for (const auto& [name, id] : tokens) {
+  for (const auto& [option, id] : tokens) {
     if (id < 0 || id >= vocab) {
-      throw UserError(std::string(name) + ": must be a token in [0, " + std::to_string(vocab) + "), got " +
-                      std::to_string(id));
+      throw UserError(name(option) + ": must be a token in [0, " + std::to_string(vocab) + "), got " + std::to_string(id));
     }
   }
   if (!attention_mask) return {};

@@ -32,9 +32,11 @@ RowLayout checked_layout(const at::Tensor& ids, const std::optional<at::Tensor>&
 
 // A generation's attention mask [B, T] (1 a token, 0 padding) of `ids` [B, T] as `kept` bool,
 // each row padded on the left alone and holding a token; and its options checked against the
-// vocabulary of `vocab` tokens. UserError naming the argument.
+// vocabulary of `vocab` tokens. UserError naming the argument as `names` says (an option's name
+// -> where it came from; one not listed is named as itself).
 at::Tensor checked_generation(const at::Tensor& ids, const std::optional<at::Tensor>& attention_mask,
-                              const GenerationOptions& options, int64_t vocab);
+                              const GenerationOptions& options, int64_t vocab,
+                              const std::map<std::string, std::string>& names);
 
 // The images and videos of `ids` [B, T] laid out as `layout` says, from the tensors a loop
 // passes by transformers' names (pixel_values [N, C * Tt * P * P], image_grid_thw [I, 3] int64,

@@ -50,12 +50,12 @@ PYBIND11_MODULE(_fsdpp, m) {
           "generate",
           [](PythonRun& run, const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
              int64_t max_new_tokens, double temperature, int64_t top_k, double top_p, const std::vector<int64_t>& eos,
-             int64_t pad, const fsdpp::VisionArguments& vision) {
+             int64_t pad, const fsdpp::VisionArguments& vision, const fsdpp::OptionNames& names) {
             return run.generate(input_ids, attention_mask, vision,
-                                fsdpp::GenerationOptions{max_new_tokens, temperature, top_k, top_p, eos, pad});
+                                fsdpp::GenerationOptions{max_new_tokens, temperature, top_k, top_p, eos, pad}, names);
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("max_new_tokens"), py::arg("temperature"),
-          py::arg("top_k"), py::arg("top_p"), py::arg("eos"), py::arg("pad"), py::arg("vision"))
+          py::arg("top_k"), py::arg("top_p"), py::arg("eos"), py::arg("pad"), py::arg("vision"), py::arg("names"))
       .def("refuse_inputs", &PythonRun::refuse_inputs, py::arg("call"))
       .def("step", &PythonRun::step, py::arg("lr") = py::none())
       .def_property_readonly("scheduled_lr", &PythonRun::scheduled_lr)

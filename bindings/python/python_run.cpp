@@ -209,12 +209,13 @@ std::vector<at::Tensor> PythonRun::logprobs(const at::Tensor& input_ids, const a
 }
 
 at::Tensor PythonRun::generate(const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
-                               const VisionArguments& vision, const GenerationOptions& options) {
+                               const VisionArguments& vision, const GenerationOptions& options,
+                               const OptionNames& names) {
   return exclusively([&] {
     at::Tensor kept;
     VisionInputs images;
     agree_on_inputs("run.model.generate", [&] {
-      kept = checked_generation(input_ids, attention_mask, options, vocab_size());
+      kept = checked_generation(input_ids, attention_mask, options, vocab_size(), names);
       const RowLayout layout{.offsets = kept.defined() ? left_padded_documents(kept) : at::Tensor()};
       images = checked_vision(run_->model().config(), input_ids, layout, vision);
     });
@@ -259,11 +260,26 @@ std::vector<std::pair<std::string, at::Tensor>> PythonRun::full_weights(int64_t 
   return exclusively([&] { return run_->full_weights(static_cast<size_t>(unit), type); });
 }
 
-void PythonRun::load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) {
-  exclusively([&] {
+bool PythonRun::load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  return exclusively([&] {
     agree_on_inputs("load_weights", [&] { run_->check_weights(weights); });
+    // Each rank keeps its own rows of what it is given, so ranks given other tensors would
+    // each load their part of another one: the names, dtypes and shapes must agree.
+    std::string given = weights.empty() ? "no more pairs" : "";
+    for (const auto& [name, value] : weights) {
+      given += "'" + name + "' " + std::string(c10::toString(value.scalar_type())) + " " + c10::str(value.sizes());
+    }
+    const std::vector<std::string> all = run_->comm().all_gather_texts(given);
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (all[r] != all[0]) {
+        throw EveryRankError("load_weights: rank " + std::to_string(r) + " gave " + all[r] + " where rank 0 gave " +
+                             all[0] + ": every rank gives the same pairs, in the same order");
+      }
+    }
+    if (weights.empty()) return false;
     ++weights_version_;
     run_->load_weights(weights);
+    return true;
   });
 }
 

@@ -29,6 +29,9 @@ GradReduction grad_reduction_named(const std::string& name);
 // pixel_values_videos, video_grid_thw, second_per_grid_ts, mm_token_type_ids; checked_vision
 // in inputs.h).
 using VisionArguments = std::map<std::string, at::Tensor>;
+// Where each of a generation's options came from, for its messages: an option's name
+// ("temperature", "eos_token_id", ...) -> the argument's name, or a file's path and key.
+using OptionNames = std::map<std::string, std::string>;
 
 class PythonRun {
  public:
@@ -56,8 +59,9 @@ class PythonRun {
   // Each row of input_ids [B, T] int64, padded on the left where `attention_mask` [B, T] says
   // (0: padding), with `vision` as forward takes it, continued as Run::generate does:
   // [B, T + added] int64.
+  // `names` tells where each option came from, for its messages.
   at::Tensor generate(const at::Tensor& input_ids, const std::optional<at::Tensor>& attention_mask,
-                      const VisionArguments& vision, const GenerationOptions& options);
+                      const VisionArguments& vision, const GenerationOptions& options, const OptionNames& names);
   // Where the package refused this rank's arguments to `call` before they reached the run:
   // tells the other ranks, as agree_on_inputs does, and returns for the package to raise its
   // own error.
@@ -70,8 +74,10 @@ class PythonRun {
   // Unit `unit`'s weights gathered whole in `dtype` ("bfloat16", ...), LoRA merged.
   std::vector<std::pair<std::string, at::Tensor>> full_weights(int64_t unit, const std::string& dtype);
   // Replaces the named parameters with the full tensors given (Run::load_weights), checked
-  // over the ranks first, so that a refusal is every rank's and changes nothing.
-  void load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  // over the ranks first, so that a refusal is every rank's and changes nothing; the ranks'
+  // names, dtypes and shapes must agree. No pairs: the end of the caller's pairs, agreed too;
+  // returns false there, else true.
+  bool load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights);
   // Saves the run at its step count as the binary saves it: a sharded checkpoint under `root`
   // (none: [checkpoint] dir; older ones rotated by keep and max_gb) that `fsdpp train` and
   // `fsdpp export` read, and that load() or [checkpoint] resume brings back at any world size.

@@ -244,10 +244,20 @@ void freeze_modules(const Plan& plan, Module& root) {
   }
   std::map<std::string, Module*> by_path;
   for (const auto& e : named_modules(root)) by_path[e.path] = e.module;
+  const auto training = [&root] {
+    const auto params = root.parameters();
+    return std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.requires_grad(); });
+  };
+  const bool trained_before = training();
   for (const auto& path : plan.frozen->paths) {
     const auto found = by_path.find(path);
     if (found == by_path.end()) throw UserError(concat(plan.frozen->origin, ": freeze: no module at path '", path, "'"));
     for (auto& p : found->second->parameters()) p.set_requires_grad(false);
+  }
+  // A run whose weights all stay is a reference model, which says so where it is built.
+  if (trained_before && !training()) {
+    throw UserError(concat(plan.frozen->origin, ": freeze holds every parameter of the model, so nothing would train; "
+                           "a model kept as loaded is a reference (fsdpp.Run(..., frozen=True) from Python)"));
   }
 }
 

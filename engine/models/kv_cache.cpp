@@ -39,9 +39,18 @@ CachedStep KvCache::begin_step(const at::Tensor& kept) {
   const at::Tensor tokens = kept.to(at::kBool);  // [B, T]
   const int64_t B = tokens.size(0), T = tokens.size(1), cached = length_, length = length_ + T;
   TORCH_CHECK(length <= capacity_, "a generation ran past its cache's ", capacity_, " tokens");
-  if (!kept_.defined()) {
-    kept_ = at::empty({B, capacity_}, tokens.options());
-    positions_ = at::empty({B, capacity_}, tokens.options().dtype(at::kLong));
+  if (!kept_.defined() || length > kept_.size(1)) {
+    // Room that doubles as the layers' caches do, up to the capacity: a capacity far past
+    // where every row ends costs nothing.
+    const int64_t room = std::min(capacity_, std::max(length, kept_.defined() ? 2 * kept_.size(1) : length));
+    at::Tensor kept = at::empty({B, room}, tokens.options());
+    at::Tensor positions = at::empty({B, room}, tokens.options().dtype(at::kLong));
+    if (cached > 0) {
+      kept.narrow(1, 0, cached).copy_(kept_.narrow(1, 0, cached));
+      positions.narrow(1, 0, cached).copy_(positions_.narrow(1, 0, cached));
+    }
+    kept_ = kept;
+    positions_ = positions;
   }
   // A token's position is the count of its row's tokens before it, as transformers places
   // them from the attention mask (padding's is never read).

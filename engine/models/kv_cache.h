@@ -57,8 +57,8 @@ class KvCache {
   std::vector<LayerCache> layers_;
   int64_t capacity_, window_;
   int64_t length_ = 0;    // tokens cached
-  at::Tensor kept_;       // [B, capacity] bool, the first length_ filled
-  at::Tensor positions_;  // [B, capacity] int64, counting tokens alone; the first length_ filled
+  at::Tensor kept_;       // [B, room] bool, the first length_ filled; room doubles up to the capacity
+  at::Tensor positions_;  // [B, room] int64, counting tokens alone; the first length_ filled
   at::Tensor shift_;      // [B, 1] added to the positions begin_step gives; undefined: none
 };
 

@@ -218,6 +218,14 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
       throw UserError(where + ": tensor '" + s.name + "' is " + c10::str(c10::IntArrayRef(checkpoint.record(key).shape)) +
                       " there but " + c10::str(c10::IntArrayRef(s.full_shape)) + " in this run (another architecture)");
     }
+    // Refused here, before any row is written, rather than when the optimizer's turn comes.
+    for (const auto& [moment, field] : kSavedMoments) {
+      if (s.rows.requires_grad() && !checkpoint.contains(std::string(moment) + "/" + s.name)) {
+        throw UserError(where + ": holds no optimizer state for '" + s.name + "', which this run trains and the "
+                        "saved run did not (frozen there: [policy.options] freeze, or a LoRA base); resume with the "
+                        "settings it was saved with, or start from its export as [model] path");
+      }
+    }
   }
 }
 
@@ -239,12 +247,7 @@ void Run::restore_optimizer(const ShardedCheckpoint& checkpoint) {
   const auto adam_steps = static_cast<double>(checkpoint.metadata().at("optimizer").at("steps").get<int64_t>());
   for (auto& s : fsdp_->shard_rows()) {
     if (auto state = optimizer_->state_of(s.rows)) {
-      for (const auto& [key, field] : kSavedMoments) {
-        if (!checkpoint.contains(std::string(key) + "/" + s.name)) {
-          throw UserError(checkpoint.dir().string() + ": holds no optimizer state for '" + s.name + "', which this run "
-                          "trains and the saved run did not (frozen there: [policy.options] freeze, or a LoRA base); "
-                          "resume with the settings it was saved with, or start from its export as [model] path");
-        }
+      for (const auto& [key, field] : kSavedMoments) {  // check_fits found them all
         at::Tensor rows = (*state).*field;  // shares the state's storage: read in place
         checkpoint.read_rows(std::string(key) + "/" + s.name, rows, s.first_row);
       }

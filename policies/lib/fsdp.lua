@@ -114,7 +114,9 @@ end
 -- The modules `names` (comma-separated module names or classes) select; each name that
 -- selects nothing is reported with the names it could take: of the Linear modules where
 -- `linear_only`, else of the modules holding parameters of their own.
-local function modules_named(names, what, linear_only)
+-- A name that matches nothing is warned of, or with `required` an error: a module misspelt in
+-- freeze would otherwise train what it was to hold.
+local function modules_named(names, what, linear_only, required)
   local found, available = {}, {}
   for name in string.gmatch(names, "[^,%s]+") do
     local hits = ctx.model:find{where = function(m)
@@ -129,8 +131,10 @@ local function modules_named(names, what, linear_only)
       local listed = {}
       for n in pairs(available) do listed[#listed + 1] = n end
       table.sort(listed)
-      warn(what .. ": '" .. name .. "' matches no module (" .. (linear_only and "Linear modules" or "modules") .. ": " ..
-           table.concat(listed, ", ") .. ")")
+      local message = what .. ": '" .. name .. "' matches no module (" ..
+                      (linear_only and "Linear modules" or "modules") .. ": " .. table.concat(listed, ", ") .. ")"
+      if required then error(message, 0) end
+      warn(message)
     end
     for _, m in ipairs(hits) do found[#found + 1] = m end
   end
@@ -168,11 +172,10 @@ function M.freeze_from_options()
   local names = options{
     freeze = {"string", default = "",
               doc = "comma-separated modules (names or classes, \"visual\" for a vision tower) whose " ..
-                    "parameters do not train; with LoRA, lora_trainable says what of the base trains"},
+                    "parameters do not train; refused with LoRA, whose lora_trainable says what of the base trains"},
   }.freeze
   if names == "" then return end
-  local modules = modules_named(names, "freeze", false)
-  if #modules > 0 then freeze(modules) end
+  freeze(modules_named(names, "freeze", false, true))
 end
 
 -- How the vision tower is wrapped: [policy.options] vision_tower, else mixed_mm_data; said

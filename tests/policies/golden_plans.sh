@@ -103,4 +103,21 @@ unused "vision_tower over mixed_mm_data" "$work/qwen2_vl-shard.toml" \
   'mixed_mm_data = true asks vision_tower = "root"; vision_tower = "shard" overrides it' \
   --set policy.options.mixed_mm_data=true --set 'policy.options.vision_tower="shard"'
 
+# A freeze that would train what it was to hold, or hold everything, is refused in one line.
+refused() {  # NAME TOML ERROR [--set ...]
+  local name=$1 toml=$2 error=$3; shift 3
+  "$FSDPP" plan "$toml" --world 4 "$@" >/dev/null 2>"$work/refused.err"
+  local status=$?
+  if [ $status -eq 2 ] && [ "$(wc -l <"$work/refused.err")" -eq 1 ] && grep -qF "$error" "$work/refused.err"; then
+    echo "ok   $name: $(cat "$work/refused.err")"
+  else
+    echo "FAIL $name: exit $status, wanted 2 and one line with '$error': $(tail -2 "$work/refused.err")"
+    failures=$((failures + 1))
+  fi
+}
+refused "freeze of a misspelt module" "$work/qwen2_vl-shard.toml" "freeze: 'visaul' matches no module" \
+  --set 'policy.options.freeze="visaul"'
+refused "freeze of every parameter" "$work/llama-untied.toml" "freeze holds every parameter of the model" \
+  --set 'policy.options.freeze="model,lm_head"'
+
 [ $failures -eq 0 ] || { echo "$failures golden plan(s) differ"; exit 1; }

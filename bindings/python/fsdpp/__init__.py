@@ -167,21 +167,24 @@ def _number(name, value):
 
 
 def _sampling(config, temperature, top_k, top_p):
-    """(temperature, top_k, top_p) for generate: those given, the rest as transformers takes
-    them from `config` (_generation_config's): greedy where none of the three is given and it
-    does not say do_sample, else its values, else 1.0, 50 and 1.0."""
+    """((temperature, top_k, top_p), their names for messages) for generate: those given, the
+    rest as transformers takes them from `config` (_generation_config's): greedy where none of
+    the three is given and it does not say do_sample (null: unset), else its values, else 1.0,
+    50 and 1.0."""
     path, values = config
-    do_sample = values.get("do_sample", False)
-    if not isinstance(do_sample, bool):
+    do_sample = values.get("do_sample")
+    if do_sample is not None and not isinstance(do_sample, bool):
         raise Error(f"{path}: do_sample must be true or false, got {do_sample!r}")
     if temperature is None and top_k is None and top_p is None and not do_sample:
-        return 0.0, 0, 1.0
+        return (0.0, 0, 1.0), {}
     k_name, k = _chosen(config, "top_k", top_k, 50)
     if isinstance(k, torch.Tensor) and k.numel() == 1:
         k = k.item()
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not -2**63 <= k < 2**63:
         raise Error(f"{k_name}: must be an int, got {k!r}")
-    return _number(*_chosen(config, "temperature", temperature, 1.0)), int(k), _number(*_chosen(config, "top_p", top_p, 1.0))
+    t_name, t = _chosen(config, "temperature", temperature, 1.0)
+    p_name, p = _chosen(config, "top_p", top_p, 1.0)
+    return (_number(t_name, t), int(k), _number(p_name, p)), {"temperature": t_name, "top_k": k_name, "top_p": p_name}
 
 
 def _token_ids(name, value):
@@ -341,18 +344,20 @@ class Model:
             if self._generation_config is None:  # read once: the model's files do not change under the run
                 self._generation_config = _generation_config(self._run)
             config = self._generation_config
-            sampling = _sampling(config, temperature, top_k, top_p)
+            sampling, names = _sampling(config, temperature, top_k, top_p)
             if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
                 raise Error(f"max_new_tokens: must be an int, got {type(max_new_tokens).__name__}")
-            eos = _token_ids(*_chosen(config, "eos_token_id", eos_token_id))
+            eos_name, eos_given = _chosen(config, "eos_token_id", eos_token_id)
+            eos = _token_ids(eos_name, eos_given)
             pad_name, pad_given = _chosen(config, "pad_token_id", pad_token_id)
             pad = _token_ids(pad_name, pad_given)
             if len(pad) > 1:
                 raise Error(f"{pad_name}: must be one token, got {pad}")
             if not -2**63 <= max_new_tokens < 2**63:
                 raise Error("max_new_tokens: must fit in 64 bits")
+            names.update(eos_token_id=eos_name, pad_token_id=pad_name if pad or not eos else eos_name)
             return ids, mask, int(max_new_tokens), *sampling, eos, (pad or eos or [0])[0], \
-                _vision("run.model.generate", vision)
+                _vision("run.model.generate", vision), names
 
         return self._run.generate(*_agreed(self._run, "run.model.generate", prepare))
 
@@ -438,15 +443,29 @@ class Run:
         actor: ref.load_weights(actor.full_weights(dtype=torch.float32)). Pairs are taken one at
         a time, so no more than the one given is held: a run with LoRA adapters, a name the
         model lacks (a tied head's lm_head.weight among them), or a tensor of another shape
-        raises fsdpp.Error on every rank, the pairs before it loaded and it and the rest not."""
-        if isinstance(weights, collections.abc.Mapping):
-            weights = weights.items()
-        for pair in weights:
-            def prepare(pair=pair):
-                if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
-                    raise Error(f"load_weights: expected (name, tensor) pairs, got {type(pair).__name__}")
-                return [(pair[0], _tensor(pair[0], pair[1]).detach())]
-            self._run.load_weights(_agreed(self._run, "load_weights", prepare))
+        raises fsdpp.Error on every rank, the pairs before it loaded and it and the rest not. So
+        do ranks that give different names, shapes or dtypes at one place, or a different number
+        of pairs, and an error raised by `weights` itself on one rank."""
+        pairs = None
+
+        def prepare():
+            nonlocal pairs
+            try:
+                if pairs is None:
+                    pairs = iter(weights.items() if isinstance(weights, collections.abc.Mapping) else weights)
+                pair = next(pairs)
+            except StopIteration:
+                return []  # the end, which every rank must reach together
+            except Error:
+                raise
+            except Exception as e:  # the loop's own iterator: every rank must learn of it
+                raise Error(f"load_weights: taking the next pair raised {type(e).__name__}: {e}")
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+                raise Error(f"load_weights: expected (name, tensor) pairs, got {type(pair).__name__}")
+            return [(pair[0], _tensor(pair[0], pair[1]).detach())]
+
+        while self._run.load_weights(_agreed(self._run, "load_weights", prepare)):
+            pass
 
     def save(self, dir=None, loop_state=None):
         """Saves the run at its step count as `fsdpp train` does: a sharded checkpoint

@@ -18,7 +18,8 @@ float64:
   whose routing biases move with each step trains to bitwise the same weights with a
   generation between its steps as without;
 - bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
-  token, images to a text model), a generation_config.json whose eos is no token (named),
+  token, images to a text model), a generation_config.json whose eos is no token, or out of
+  the vocabulary, or whose temperature is negative (each named with its file),
   a sequence-classification model, weights of NaN, and an offloaded run each raise fsdpp.Error;
 - where a GPU is present, a float32 run on it generates greedily what transformers generates
   on it (scripts/gpu_check.sh python runs this check there).
@@ -229,13 +230,20 @@ def refusals(fixtures, work):
     from check_critic import make_classifier
     classifier_dir = make_classifier(os.path.join(fixtures, "llama_untied"), fresh_dir(os.path.join(work, "classifier")))
     classifier = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "scores")), classifier_dir))
-    # A model whose generation_config.json holds an eos that is no token: generate names the file.
-    odd_dir = fresh_dir(os.path.join(work, "odd-config"))
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(os.path.join(fixtures, "llama_untied", name), odd_dir)
-    with open(os.path.join(odd_dir, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": "end"}, f)
-    odd = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "odd")), odd_dir), frozen=True)
+    # Models whose generation_config.json holds a value that is not one, or is out of range
+    # (do_sample null says nothing, as transformers reads it): generate names the file and key.
+    def odd_config(name, values):
+        model_dir = fresh_dir(os.path.join(work, f"{name}-config"))
+        for file in ("config.json", "model.safetensors"):
+            shutil.copy(os.path.join(fixtures, "llama_untied", file), model_dir)
+        with open(os.path.join(model_dir, "generation_config.json"), "w") as f:
+            json.dump(values, f)
+        run = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, name)), model_dir), frozen=True)
+        return run, os.path.join(model_dir, "generation_config.json")
+
+    odd, odd_file = odd_config("odd", {"eos_token_id": "end"})
+    far, far_file = odd_config("far", {"eos_token_id": 500, "do_sample": None})
+    cold, cold_file = odd_config("cold", {"do_sample": True, "temperature": -2})
     diverged = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "diverged")), os.path.join(fixtures, "llama_untied")),
                          frozen=True)
     diverged.load_weights({"lm_head.weight": torch.full((101, 48), float("nan"), dtype=torch.float64)})
@@ -250,7 +258,11 @@ def refusals(fixtures, work):
         ("a sequence-classification model", lambda: classifier.model.generate(ids),
          "generate: LlamaForSequenceClassification scores tokens with its score head, and predicts none"),
         ("a generation_config.json whose eos is no token", lambda: odd.model.generate(ids),
-         f"{os.path.join(odd_dir, 'generation_config.json')}: eos_token_id: must be an int or a list of ints, got 'end'"),
+         f"{odd_file}: eos_token_id: must be an int or a list of ints, got 'end'"),
+        ("a generation_config.json whose eos is outside the vocabulary", lambda: far.model.generate(ids),
+         f"{far_file}: eos_token_id: must be a token in [0, 101), got 500"),
+        ("a generation_config.json whose temperature is negative", lambda: cold.model.generate(ids),
+         f"{cold_file}: temperature: must be 0"),
         ("weights of NaN", lambda: diverged.model.generate(ids, temperature=1.0),
          "generate: the logits hold NaN or inf at new token 1 on 1 rank(s) of 1"),
         ("images given to a text model", lambda: run.model.generate(ids, pixel_values=torch.zeros(4, 96),

@@ -8,7 +8,9 @@ Over the llama_untied fixture (made by transformers), in float64:
 - a trained run that loads them takes, bitwise, the next step of a run built from them saved as
   its model (the same weights, fresh moments);
 - at world 2 under torchrun, each rank loading the full tensors: the reference equals the
-  actor on every rank, and its weights world 1's;
+  actor on every rank, and its weights world 1's; ranks that give other names, or fewer
+  pairs, or whose iterator raises on one of them, all raise fsdpp.Error, none waiting on the
+  other, and the weights stay;
 - a name the model lacks, a tied head's lm_head.weight, a tensor of another shape or of
   integers, a run with LoRA adapters and an offloaded run raise fsdpp.Error, leaving the
   weights as they were; so does iterating a run's own full_weights into it.
@@ -108,12 +110,48 @@ def loaded_run_steps_alike(run_file, fixtures, work):
     return same
 
 
+# Pairs that differ between the two ranks, and what each rank must raise: (rank 0's, rank 1's).
+MISMATCHES = {
+    "other names": ("every rank gives the same pairs",) * 2,
+    "fewer pairs on rank 1": ("rank 1 gave no more pairs where rank 0 gave 'model.embed_tokens.weight'",) * 2,
+    "an iterator that raises on rank 1": ("rank 1's inputs were refused", "taking the next pair raised KeyError"),
+}
+
+
+def mismatched_loads(ref, rank):
+    """This rank's error for each of MISMATCHES (None where none came), and whether the
+    weights stayed as they were (a pair the ranks agree on loads the values it had)."""
+    import fsdpp
+    before = weights_of(ref)
+    embed = ("model.embed_tokens.weight", before["model.embed_tokens.weight"])
+    gate, up = "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"
+
+    def raising():
+        yield embed
+        if rank == 1:
+            raise KeyError("a key the loop lacks")
+        yield embed
+
+    calls = [lambda: ref.load_weights({(gate, up)[rank]: torch.full_like(before[gate], 7.0)}),
+             lambda: ref.load_weights([embed] * (2 - rank)),
+             lambda: ref.load_weights(raising())]
+    errors = []
+    for call in calls:
+        try:
+            call()
+            errors.append(None)
+        except fsdpp.Error as e:
+            errors.append(str(e))
+    return errors, same_weights(weights_of(ref), before)
+
+
 def world_rank(run_file, out):
     import fsdpp
     actor = trained_actor(run_file, int(os.environ["RANK"]), 2)
     ref = fsdpp.Run(run_file, frozen=True)
     ref.load_weights(actor.full_weights(dtype=torch.float64))
-    torch.save((weights_of(ref), torch.equal(logprobs_of(ref), logprobs_of(actor))), f"{out}.{actor.rank}.pt")
+    torch.save((weights_of(ref), torch.equal(logprobs_of(ref), logprobs_of(actor)), mismatched_loads(ref, actor.rank)),
+               f"{out}.{actor.rank}.pt")
 
 
 def at_world_2(run_file, work):
@@ -123,9 +161,17 @@ def at_world_2(run_file, work):
     if got is None:
         return False
     gap = max((got[0][0][k] - want[k]).abs().max().item() for k in want)
-    ok = all(equal for _, equal in got) and gap <= BOUND
+    ok = all(equal for _, equal, _ in got) and gap <= BOUND
     print(f"{'ok  ' if ok else 'FAIL'} world 2: each rank's reference loaded from the actor gives the actor's "
-          f"log-probabilities ({[equal for _, equal in got]}); its weights {gap:.1e} from world 1's (bound {BOUND:.0e})")
+          f"log-probabilities ({[equal for _, equal, _ in got]}); its weights {gap:.1e} from world 1's (bound {BOUND:.0e})")
+    for i, (what, wanted) in enumerate(MISMATCHES.items()):
+        errors = [got[rank][2][0][i] for rank in range(2)]
+        raised = all(e is not None and w in e for e, w in zip(errors, wanted))
+        ok &= raised
+        print(f"{'ok  ' if raised else 'FAIL'} world 2, {what}: rank 0 raised {errors[0]!r}; rank 1 {errors[1]!r}")
+    kept = all(got[rank][2][1] for rank in range(2))
+    ok &= kept
+    print(f"{'ok  ' if kept else 'FAIL'} world 2: after those the weights are {'as they were' if kept else 'CHANGED'}")
     return ok
 
 

@@ -212,11 +212,19 @@ def trains_as_transformers(run_file, model_dir, frozen_tower=False):
     thawed = refusal(lambda: fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True,
                                                   "checkpoint.resume": saved}))
     refused = "holds no optimizer state for 'visual." in thawed and "frozen there" in thawed
+    # So is a built run's load() of it, before any row is written: the run goes on as it was.
+    built = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})
+    before = dict(built.full_weights())
+    into_built = refusal(lambda: built.load(saved))
+    kept = set(dict(built.full_weights())) == set(before) and all(
+        torch.equal(w, before[k]) for k, w in built.full_weights())
+    refused &= "holds no optimizer state for 'visual." in into_built and kept
     print(f"{'ok  ' if still and rest_moved > 1e-3 else 'FAIL'} the frozen tower's {len(tower)} weights are the "
           f"fixture's bitwise after {STEPS} steps (the rest moved up to {rest_moved:.1e})")
     print(f"{'ok  ' if same else 'FAIL'} saved after 2 steps and resumed, the frozen run ends with "
           f"{'bitwise' if same else 'NOT'} the weights of the run that did not stop")
-    print(f"{'ok  ' if refused else 'FAIL'} resumed with the tower trained: {thawed}")
+    print(f"{'ok  ' if refused else 'FAIL'} resumed with the tower trained: {thawed}; a built run's load(): "
+          f"{into_built}, its weights {'as they were' if kept else 'CHANGED'}")
     return ok and still and rest_moved > 1e-3 and same and refused
 
 
