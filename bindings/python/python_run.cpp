@@ -13,7 +13,10 @@
 #include <ATen/Parallel.h>
 #include <torch/python.h>
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
+#include <string_view>
 
 namespace py = pybind11;
 
@@ -101,11 +104,43 @@ void PythonRun::agree_on_inputs(const std::string& call, Check&& check) {
   if (refused) throw EveryRankError(*refused);
 }
 
+namespace {
+
+// The calls whose inputs the ranks agree on, each by its place here: a rank that is in
+// another call than the others learns which one.
+constexpr std::array<std::string_view, 10> kAgreedCalls = {
+    "run.model", "run.model.hidden_states", "run.model.logprobs", "run.model.generate", "step",
+    "load_weights", "save", "load", "offload", "full_weights"};
+
+int64_t call_number(std::string_view call) {
+  const auto found = std::find(kAgreedCalls.begin(), kAgreedCalls.end(), call);
+  TORCH_CHECK(found != kAgreedCalls.end(), "agreement of a call not in kAgreedCalls: ", call);
+  return found - kAgreedCalls.begin();
+}
+
+}  // namespace
+
 void PythonRun::agree_on_refusal(const std::string& call, bool refused_here) {
-  const std::optional<int> first = run_->first_refusing_rank(refused_here);
-  if (!refused_here && first) {
-    throw EveryRankError(call + ": rank " + std::to_string(*first) + "'s inputs were refused (its error says "
-                         "why); every rank raises, and the run goes on");
+  const int world = run_->comm().size(), rank = run_->comm().rank();
+  if (world == 1) return;
+  // Row 0: which ranks refused; row 1: the call each rank is in. One all-reduce carries both.
+  at::Tensor agreed = at::zeros({2, world}, at::kLong);  // [2, world]
+  agreed[0][rank] = refused_here ? 1 : 0;
+  agreed[1][rank] = call_number(call);
+  run_->comm().all_reduce_sum(agreed);
+  const auto seen = agreed.accessor<int64_t, 2>();
+  for (int r = 0; r < world; ++r) {
+    if (seen[1][r] != seen[1][rank]) {
+      throw EveryRankError(call + ": rank " + std::to_string(r) + " is in " + std::string(kAgreedCalls.at(seen[1][r])) +
+                           " where this rank is in " + call + ": every rank calls the run in the same order; the " +
+                           "calls raise, and the run goes on");
+    }
+  }
+  for (int r = 0; r < world && !refused_here; ++r) {
+    if (seen[0][r] > 0) {
+      throw EveryRankError(call + ": rank " + std::to_string(r) + "'s inputs were refused (its error says why); every "
+                           "rank raises, and the run goes on");
+    }
   }
 }
 
@@ -255,9 +290,20 @@ std::pair<double, bool> PythonRun::step(std::optional<double> lr) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> PythonRun::full_weights(int64_t unit, const std::string& dtype) {
-  if (unit < 0 || unit >= units()) throw UserError("full_weights: no unit " + std::to_string(unit));
-  const at::ScalarType type = parse_dtype(dtype);
-  return exclusively([&] { return run_->full_weights(static_cast<size_t>(unit), type); });
+  return exclusively([&] {
+    at::ScalarType type = at::kFloat;
+    // Agreed at the first unit, which every rank's iteration starts with, package refusals too.
+    const auto check = [&] {
+      if (unit < 0 || unit >= units()) throw UserError("full_weights: no unit " + std::to_string(unit));
+      type = parse_dtype(dtype);
+    };
+    if (unit == 0) {
+      agree_on_inputs("full_weights", check);
+    } else {
+      check();
+    }
+    return run_->full_weights(static_cast<size_t>(unit), type);
+  });
 }
 
 bool PythonRun::load_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) {
@@ -307,6 +353,7 @@ void PythonRun::load(const std::string& path) {
     agree_on_inputs("load", [] {});  // the package's refusals of a path, on any rank, meet this
     ++weights_version_;  // a load that fails part-way has changed some of them too
     const ResumePoint point = run_->load(path);
+    run_->zero_grad();  // gradients of the weights before the load are of none the run now holds
     steps_ = point.step;
     skipped_steps_ = point.state.skipped_steps;
     loop_state_ = point.loop_state;
@@ -314,17 +361,21 @@ void PythonRun::load(const std::string& path) {
 }
 
 void PythonRun::offload(const std::vector<std::string>& what) {
-  Run::Offloaded moved;
-  for (const auto& name : what) {
-    if (name == "params") moved.params = true;
-    else if (name == "grads") moved.grads = true;
-    else if (name == "optimizer") moved.optimizer = true;
-    else throw UserError("offload: '" + name + "' is not one of params, grads, optimizer");
-  }
-  if (!moved.params && !moved.grads && !moved.optimizer) {
-    throw UserError("offload: name at least one of params, grads, optimizer");
-  }
-  exclusively([&] { run_->offload(moved); });
+  exclusively([&] {
+    Run::Offloaded moved;
+    agree_on_inputs("offload", [&] {
+      for (const auto& name : what) {
+        if (name == "params") moved.params = true;
+        else if (name == "grads") moved.grads = true;
+        else if (name == "optimizer") moved.optimizer = true;
+        else throw UserError("offload: '" + name + "' is not one of params, grads, optimizer");
+      }
+      if (!moved.params && !moved.grads && !moved.optimizer) {
+        throw UserError("offload: name at least one of params, grads, optimizer");
+      }
+    });
+    run_->offload(moved);
+  });
 }
 
 void PythonRun::reload() {

@@ -133,8 +133,9 @@ class PythonRun {
   // collectives it never joins. Where any rank's check failed, every rank raises.
   template <typename Check>
   void agree_on_inputs(const std::string& call, Check&& check);
-  // Where another rank refused its inputs to `call` (Run::first_refusing_rank), EveryRankError
-  // naming it; otherwise returns, for this rank to go on or raise its own error.
+  // Where another rank refused its inputs to `call`, or is in another call (a loop that calls
+  // the ranks' runs in different orders), EveryRankError naming it; otherwise returns, for this
+  // rank to go on or raise its own error.
   void agree_on_refusal(const std::string& call, bool refused_here);
   // Raises on every rank where a rank's rate for step() is out of range or differs from the
   // others' (a rate on one rank and none on another included).

@@ -29,9 +29,13 @@ int64_t first_outside(const std::byte* data, int64_t count, uint64_t vocab) {
 // The fixed fields of both versions, and the sections' places; the sizes must add up to the
 // file's exactly (compared in tokens and entries, so no count near 2^64 overflows into a match).
 TokenHeader read_layout(const std::byte* data, size_t size, const std::string& where) {
-  if (size < kTokenHeaderBytes || std::memcmp(data, kMagic, 8) != 0) {
+  if (size < 8 || std::memcmp(data, kMagic, 8) != 0) {
     throw UserError(where + ": not an fsdpp token file (bad magic; make one with scripts/make_tokens.py or "
                     "scripts/prepare_data.py)");
+  }
+  if (size < kTokenHeaderBytes) {
+    throw UserError(where + ": the header is cut short (" + std::to_string(size) + " bytes of its " +
+                    std::to_string(kTokenHeaderBytes) + "; the file is truncated)");
   }
   uint32_t version = 0, width = 0, flags = 0, zero = 0;
   uint64_t count = 0, vocab = 0, documents = 0;

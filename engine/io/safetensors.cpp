@@ -1,6 +1,7 @@
 // safetensors reader (mmap, zero-copy) and writer.
 #include "io/safetensors.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 #include <ATen/ATen.h>
@@ -57,6 +58,13 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
   TORCH_CHECK(tensor.sizes().vec() == spec.shape, "safetensors writer: tensor '", spec.name, "' has shape ",
               tensor.sizes(), ", its spec ", c10::IntArrayRef(spec.shape));
   const at::Tensor host = tensor.detach().to(at::kCPU, spec.dtype).contiguous();
+  // A narrower dtype's rounding is the writer's to accept; its overflow to inf is lost data.
+  if (spec.dtype != tensor.scalar_type() && at::isFloatingType(spec.dtype) &&
+      (at::isinf(host) & at::isfinite(tensor.detach()).to(at::kCPU)).any().item<bool>()) {
+    const double largest = tensor.detach().abs().nan_to_num(0, 0, 0).max().item<double>();
+    throw UserError("tensor '" + spec.name + "' holds values as large as " + c10::str(largest) + ", past " +
+                    dtype_name(spec.dtype) + "'s range: write it in a wider dtype");
+  }
   file_.append(host.data_ptr(), spec.bytes());
 }
 

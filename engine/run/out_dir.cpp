@@ -169,10 +169,29 @@ void check_holds_none_of_the_run(const RunConfig& config, const fs::path& dir, c
   }
 }
 
+// An output written at the end into .partial-<name> beside `dir`, then renamed: a directory is
+// made there and removed now, so that a place the run cannot write is found before the
+// training that fills it.
+void check_can_write_beside(const fs::path& dir, const std::string& where) {
+  fs::path target = fs::absolute(dir).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();
+  const fs::path parent = target.parent_path();
+  std::error_code error;
+  fs::create_directories(parent, error);
+  if (!error) {
+    const fs::path probe = parent / (".probe-" + target.filename().string() + "-" + std::to_string(::getpid()));
+    fs::create_directory(probe, error);
+    std::error_code ignored;
+    fs::remove(probe, ignored);
+  }
+  if (error) throw UserError(where + dir.string() + ": cannot write beside it in " + parent.string() + ": " + error.message());
+}
+
 void check_export_dir(const RunConfig& config) {
   const fs::path dir = config.checkpoint.export_dir;
   const std::string where = output_where(config, "checkpoint", "export_dir");
   check_holds_none_of_the_run(config, dir, where, "the export");
+  check_can_write_beside(dir, where);
   try {
     check_export_target(dir, in_own_run_dir(config, config.checkpoint.export_dir));
   } catch (const UserError& e) {
@@ -183,6 +202,7 @@ void check_export_dir(const RunConfig& config) {
 void check_adapter_dir(const RunConfig& config) {
   const std::string where = output_where(config, "checkpoint", "adapter_dir");
   check_holds_none_of_the_run(config, config.checkpoint.adapter_dir, where, "the adapter");
+  check_can_write_beside(config.checkpoint.adapter_dir, where);
   try {
     check_adapter_target(config.checkpoint.adapter_dir, in_own_run_dir(config, config.checkpoint.adapter_dir));
   } catch (const UserError& e) {
@@ -246,18 +266,23 @@ std::map<std::string, HeldLock>& held_locks() {
 }  // namespace
 
 std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {
-  if (config.train.reuse_out_dir) return nullptr;
+  // A run that reads no [data] (the Python API's: its loop brings the rows and says when to
+  // save) beside other runs takes none: a loop's processes may hold runs of one file at once.
+  if (config.train.reuse_out_dir && config.data.train.empty()) return nullptr;
   const fs::path dir = config.train.out_dir;
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw UserError(dir.string() + ": cannot create [train] out_dir: " + error.message());
-  const std::string key = fs::canonical(dir, error).string();
+  // Beside other runs, the lock is of this run's settings alone: a second run of the same ones
+  // would share its checkpoints and metrics files.
+  const std::string name = config.train.reuse_out_dir ? ".lock" + settings_suffix(config) : ".lock";
+  const std::string key = (fs::canonical(dir, error) / name).string();
   std::lock_guard lock(held_mutex);
   if (auto it = held_locks().find(key); it != held_locks().end()) {
     ++it->second.runs;
     return std::unique_ptr<OutDirLock>(new OutDirLock(key));
   }
-  const fs::path file = dir / ".lock";
+  const fs::path file = dir / name;
   // Read-only where another user made it: a lock needs no write access, only the note does.
   int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0 && errno == EACCES) fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -270,8 +295,9 @@ std::unique_ptr<OutDirLock> OutDirLock::claim(const RunConfig& config) {
     // A file system that cannot lock (some network mounts) goes unlocked.
     if (why != EWOULDBLOCK) return nullptr;
     const std::string pid(holder, got > 0 ? static_cast<size_t>(got) : 0);
-    throw UserError(dir.string() + ": another run is training in this [train] out_dir" +
-                    (pid.empty() ? "" : " (process " + pid + ")") + "; wait for it to end, or choose another out_dir");
+    throw UserError(dir.string() + ": another run " + (config.train.reuse_out_dir ? "of these settings " : "") +
+                    "is training in this [train] out_dir" + (pid.empty() ? "" : " (process " + pid + ")") +
+                    "; wait for it to end, or choose another out_dir");
   }
   // The holder's process id, for the refusal above (the lock holds without it). One left by
   // a run that ended is overwritten here: its lock died with its process.

@@ -45,11 +45,12 @@ void check_outputs(const RunConfig& config);
 // Rank 0's hold on <out_dir>/.lock for as long as its run lives, so that a second run into
 // the same directory (a job started twice) is refused instead of interleaving its
 // checkpoints and metrics with this one's. A run with [train] reuse_out_dir = true shares
-// the directory by choice and takes no lock.
+// the directory by choice with runs of other settings, and holds .lock-<settings hash>
+// against one of its own settings; one of the Python API, which reads no [data], holds none.
 class OutDirLock {
  public:
   // The lock, shared by this process's Runs into the directory (the Python API's several) and
-  // held until the last of them ends; none for reuse_out_dir. UserError naming the directory
+  // held until the last of them ends (none for a Python API run beside others). UserError naming the directory
   // and the holder's process when another process holds it. A file system without locks
   // (some network mounts) goes unlocked.
   static std::unique_ptr<OutDirLock> claim(const RunConfig& config);

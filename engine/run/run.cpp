@@ -214,9 +214,30 @@ void Run::shard(const Plan& plan) {
   // The fill refused tensors of other shapes; a checkpoint of more tensors (more layers,
   // other adapters) is refused here, before the run uses any row.
   if (checkpoint_) check_fits(*checkpoint_);
+  check_finite_weights();
   loaded_.fill = {};
   loaded_.weights.reset();  // unmaps the files
   log_shards(*fsdp_);
+}
+
+void Run::check_finite_weights() {
+  // Weights of NaN or inf would train nothing: every step's gradient norm would not be finite,
+  // and every update skipped. Each rank reads its own rows; one that finds any makes every rank
+  // refuse the run.
+  std::string found;
+  for (const auto& s : fsdp_->shard_rows()) {
+    if (s.rows.numel() > 0 && !s.rows.isfinite().all().item<bool>()) {
+      found = s.name;
+      break;
+    }
+  }
+  const std::string source = checkpoint_ ? checkpoint_->dir().string() : "[model] path " + config_.model.path;
+  const std::optional<int> first = first_refusing_rank(!found.empty());
+  if (!found.empty()) throw UserError(source + ": parameter '" + found + "' holds NaN or inf: the weights are not finite");
+  if (first) {
+    throw EveryRankError(source + ": rank " + std::to_string(*first) + " found weights of NaN or inf in its rows (its "
+                         "error says which)");
+  }
 }
 
 StepFigures Run::step(double lr, const std::function<bool()>& stop_requested) {

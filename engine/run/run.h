@@ -245,6 +245,8 @@ class Run {
   // UserError unless the checkpoint holds every tensor this run trains, at its full shape, no
   // tensor this run's model has not, and the same adapters (their base is load()'s to check).
   void check_fits(const ShardedCheckpoint& checkpoint) const;
+  // Refuses, on every rank, weights that hold NaN or inf in any rank's rows.
+  void check_finite_weights();
   // Runs `work` on every rank (a collective): where it fails on any, every rank raises one
   // UserError, "`what`: " and the failing rank's own message, or "`what`: `subject`: another
   // rank failed" on the others, ending in `after`.

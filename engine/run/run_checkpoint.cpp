@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <limits>
 #include <mutex>
 
@@ -307,7 +308,8 @@ void Run::export_final(int64_t step) {
   std::unique_ptr<HfDirWriter> writer;
   // The directory was checked at start; refused now (the run wrote into it meanwhile), every
   // rank stops before the gathers rather than wait there for rank 0.
-  on_every_rank("export", config.export_dir, " (the last step's checkpoint is saved; fsdpp export can write it elsewhere)", [&] {
+  const std::string saved = " (the last step's checkpoint is saved; fsdpp export can write it elsewhere)";
+  on_every_rank("export", config.export_dir, saved, [&] {
     if (rank != 0) return;
     std::vector<TensorSpec> specs;
     const auto written = written_dtypes(model(), config.export_dtype);
@@ -315,12 +317,22 @@ void Run::export_final(int64_t step) {
     writer = std::make_unique<HfDirWriter>(model().config(), specs, config.export_dir, config.export_dtype,
                                            max_shard_bytes, model_files_, export_in_own_run_dir_);
   });
+  // A tensor rank 0 cannot write stops its writing, not its part in the gathers the other
+  // ranks wait in; every rank learns of it once the last unit is gathered.
+  std::exception_ptr failed;
   fsdp_->for_each_full_parameter([&](const std::string& name, const at::Tensor& t) {
-    if (writer) writer->write(name, t);
+    if (!writer || failed) return;
+    try {
+      writer->write(name, t);
+    } catch (const std::exception&) {
+      failed = std::current_exception();
+    }
   });
-  if (!writer) return;
-  writer->finish();
-  log_info("exported the model at step ", step, " to ", config.export_dir);
+  on_every_rank("export", config.export_dir, saved, [&] {
+    if (failed) std::rethrow_exception(failed);
+    if (writer) writer->finish();
+  });
+  if (writer) log_info("exported the model at step ", step, " to ", config.export_dir);
 }
 
 }  // namespace fsdpp

@@ -2,7 +2,7 @@
 # Bad input to the real binary: each case must end with exit status 2 and exactly one line
 # on stderr that starts "fsdpp: error:" and names what is wrong (file, line or tensor).
 set -uo pipefail
-: "${FSDPP:?}" "${FIXTURES:?}" "${WORK:?}"
+: "${FSDPP:?}" "${FIXTURES:?}" "${WORK:?}" "${PYTHON:?}"
 work="$WORK/bad-inputs"
 rm -rf "$work" && mkdir -p "$work"
 # Tokens within the fixture's vocabulary of 101, so the data is not what a case trips on.
@@ -623,6 +623,43 @@ rc=$?
 
 mkfifo "$work/fifo.toml"
 expect "FIFO as the run file" "fifo.toml: not a regular file" -- train "$work/fifo.toml"
+
+head -c 20 "$work/ok.tok" >"$work/short_header.tok"
+expect "a token file cut inside its header" "short_header.tok: the header is cut short (20 bytes of its" \
+  -- train "$work/ok.toml" --set "data.train=\"$work/short_header.tok\""
+
+# Weights of NaN train nothing (every update skipped): refused as they load, naming the tensor.
+mkdir -p "$work/nan_weights"
+cp "$FIXTURES/llama_untied/config.json" "$work/nan_weights/"
+"$PYTHON" -c 'import sys, torch; from safetensors.torch import load_file, save_file
+w = load_file(sys.argv[1]); w["model.norm.weight"] = torch.full_like(w["model.norm.weight"], float("nan"))
+save_file(w, sys.argv[2])' "$FIXTURES/llama_untied/model.safetensors" "$work/nan_weights/model.safetensors" || exit 1
+expect "weights of NaN" "[model] path $work/nan_weights: parameter 'model.norm.weight' holds NaN or inf" \
+  -- train "$work/ok.toml" --set "model.path=\"$work/nan_weights\""
+
+# A weight past float16's range is refused at the export rather than written as inf.
+mkdir -p "$work/big_weights"
+cp "$FIXTURES/llama_untied/config.json" "$work/big_weights/"
+"$PYTHON" -c 'import sys, torch; from safetensors.torch import load_file, save_file
+w = load_file(sys.argv[1]); w["model.norm.weight"] = torch.full_like(w["model.norm.weight"], 1e6)
+save_file(w, sys.argv[2])' "$FIXTURES/llama_untied/model.safetensors" "$work/big_weights/model.safetensors" || exit 1
+expect "an export to float16 of a weight past its range" "export: tensor 'model.norm.weight' holds values as large as" \
+  "past float16's range" "(the last step's checkpoint is saved" -- train "$work/ok.toml" --set "model.path=\"$work/big_weights\"" \
+  --set optimizer.lr=1e-12 --set 'checkpoint.export_dtype="float16"' --set "train.out_dir=\"$work/big_out\""
+
+# An export directory the run cannot write is refused before the training it would end with.
+expect "an export_dir that cannot be made" "[checkpoint] export_dir: /proc/fsdpp-export: cannot write beside it" \
+  -- train "$work/ok.toml" --set 'checkpoint.export_dir="/proc/fsdpp-export"' --set "train.out_dir=\"$work/proc_out\""
+
+# Beside other runs (reuse_out_dir), a second run of the same settings is refused while the
+# first trains: it would share its checkpoints and metrics.
+shared=(--set train.reuse_out_dir=true --set train.steps=100000 --set "train.out_dir=\"$work/shared\"")
+"$FSDPP" train "$work/ok.toml" "${shared[@]}" >"$work/shared-first.log" 2>&1 &
+first=$!
+for _ in $(seq 100); do compgen -G "$work/shared/.lock-*" >/dev/null && grep -q " info step " "$work/shared-first.log" && break; sleep 0.2; done
+expect "a second run of one's settings beside it" "another run of these settings is training in this [train] out_dir" \
+  -- train "$work/ok.toml" "${shared[@]}"
+kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
 
 if [ $failures -ne 0 ]; then
   echo "$failures bad-input case(s) failed"

@@ -96,6 +96,8 @@ def _mask_documents(attention_mask, input_ids, document_offsets):
         raise Error("attention_mask: expected 1 for a token and 0 for padding, in an integer or bool tensor")
     mask = mask.to("cpu", torch.bool)
     rows, tokens = mask.shape
+    if rows == 0 or tokens == 0:
+        return None  # no rows to lay out: input_ids' own check refuses them
     # A run of tokens starts where a row starts with one or a token follows padding.
     starts = mask[:, 0].long() + (mask[:, 1:] & ~mask[:, :-1]).sum(1)  # [B]
     if bool((starts > 1).any()):
@@ -242,6 +244,8 @@ def _agreed(run, call, prepare):
         return prepare()
     except Error as refused:
         error = refused
+    except Exception as e:  # an argument the checks did not foresee: refused all the same
+        error = Error(f"{call}: {type(e).__name__}: {e}")
     run.refuse_inputs(call)
     raise error
 
@@ -306,7 +310,7 @@ class Model:
             # numbers.Real takes numpy's scalars as well
             if isinstance(t, bool) or not isinstance(t, numbers.Real):
                 raise Error(f"temperature: must be a positive number, got {type(t).__name__}")
-            if isinstance(t, numbers.Integral) and t > 1e300:
+            if isinstance(t, numbers.Integral) and abs(t) > 1e300:
                 raise Error(f"temperature: must be a positive number within a float's range, got an integer of "
                             f"{len(str(t))} digits")
             chosen = _tensor("targets", targets)
@@ -414,7 +418,7 @@ class Run:
                 return None
             if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
                 raise Error(f"step: lr must be a number in [0, 1e6], got {type(rate).__name__}")
-            if isinstance(rate, numbers.Integral) and rate > 1e6:
+            if isinstance(rate, numbers.Integral) and abs(rate) > 1e6:
                 raise Error(f"step: lr must be a number in [0, 1e6], got {rate}")
             return float(rate)  # its range is checked with the other ranks
         return self._run.step(_agreed(self._run, "step", prepare))
@@ -424,9 +428,11 @@ class Run:
         rank must iterate alike: each unit's gather is a collective), LoRA adapters merged into
         their targets: the names and values `fsdpp export` writes for this step, ready for an
         inference engine's load_weights. Beyond the shards, one unit's weights are held at a time."""
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise Error(f"full_weights: dtype must be a floating torch.dtype, got {dtype!r}")
-        name = str(dtype).removeprefix("torch.")
+        def prepare():  # agreed with the first unit's call, which every rank makes
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise Error(f"full_weights: dtype must be a floating torch.dtype, got {dtype!r}")
+            return str(dtype).removeprefix("torch.")
+        name = _agreed(self._run, "full_weights", prepare)
         version = self._run.weights_version
         for unit in range(self._run.units):
             # Every rank steps alike, so every rank raises here alike.
@@ -487,8 +493,9 @@ class Run:
         checkpoint at `path` (one save() returned, or `fsdpp train` wrote), saved at any world
         size: each rank reads its rows of the current sharding. Every rank calls it. A
         checkpoint of another architecture, other adapters or another base raises fsdpp.Error
-        before anything is read. Returns the checkpoint's loop state for this rank (None where
-        none was saved), as `loop_state` then gives it."""
+        before anything is read. Gradients of backward calls before it, which are of other
+        weights, are dropped. Returns the checkpoint's loop state for this rank (None where none
+        was saved), as `loop_state` then gives it."""
         self._run.load(_agreed(self._run, "load", lambda: _path("load", path)))
         return self.loop_state
 
@@ -505,15 +512,16 @@ class Run:
         device memory it held back to the driver: for a serving engine beside the trainer to
         use while it samples. Until reload(), step and save raise fsdpp.Error, and so do the
         model, logprobs and full_weights while the params are away. Every rank calls it."""
-        if isinstance(what, str):
-            what = (what,)
-        if not isinstance(what, collections.abc.Iterable) or isinstance(what, (bytes, bytearray)):
-            raise Error(f"offload: expected names among params, grads, optimizer, got {type(what).__name__}")
-        what = list(what)
-        for name in what:
-            if not isinstance(name, str):
-                raise Error(f"offload: {name!r} is not one of params, grads, optimizer")
-        self._run.offload(what)
+        def prepare():
+            names = (what,) if isinstance(what, str) else what
+            if not isinstance(names, collections.abc.Iterable) or isinstance(names, (bytes, bytearray)):
+                raise Error(f"offload: expected names among params, grads, optimizer, got {type(names).__name__}")
+            names = list(names)
+            for name in names:
+                if not isinstance(name, str):
+                    raise Error(f"offload: {name!r} is not one of params, grads, optimizer")
+            return names
+        self._run.offload(_agreed(self._run, "offload", prepare))
 
     def reload(self):
         """Brings back what offload() moved, bitwise as it was, where the run trains."""

@@ -473,6 +473,7 @@ def failed_loads(run_file, work):
     ok &= refused(lambda: list(run.full_weights(torch.float64)))
     ok &= all(f"holds part of {forged} and part of its earlier state" in e for e in errors[-4:])
     run.load(saved)
+    run.model(rows[1][0]).sum().backward()  # load() dropped the gradients of the weights it replaced
     ok &= refused(run.step) is False
     for e in errors:
         print(f"     {e}")
@@ -880,6 +881,11 @@ def bad_uses(run_file, other_model_dir, work):
         logits = run.model(ids)
         logits.sum().backward(inputs=[logits])
         call()
+    def loaded_after_backward(call):
+        saved = run.save(fresh_dir(os.path.join(work, "before-backward")))
+        run.model(ids).sum().backward()
+        run.load(saved)  # drops the gradients of the weights it replaced
+        call()
     cases = [
         ("float input_ids", lambda: run.model(ids.float()),
          "input_ids: expected a [batch, tokens] int64 tensor, got Float [2, 5]"),
@@ -937,11 +943,17 @@ def bad_uses(run_file, other_model_dir, work):
         ("saving to a number", lambda: run.save(3), "save: expected a str, bytes or path, got int"),
         ("a temperature past a float's range", lambda: run.model.logprobs(ids, ids, temperature=10**400),
          "temperature: must be a positive number within a float's range, got an integer of 401 digits"),
+        ("a negative temperature past a float's range", lambda: run.model.logprobs(ids, ids, temperature=-10**400),
+         "temperature: must be a positive number within a float's range, got an integer of 402 digits"),
+        ("rows of no token with a mask", lambda: run.model(ids[:, :0], attention_mask=torch.ones(ids.shape[0], 0, dtype=torch.long)),
+         "input_ids: empty"),
         ("sparse input_ids", lambda: run.model(ids.to_sparse()), "input_ids: expected a dense tensor, got a torch.sparse_coo one"),
         ("full weights as integers", lambda: next(run.full_weights(torch.int64)),
          "full_weights: dtype must be a floating torch.dtype, got torch.int64"),
         ("a step with no backward", lambda: run.step(), "step: no gradients since zero_grad"),
         ("a step after a backward that stopped at the logits", lambda: stopped_at_logits(run.step),
+         "step: no gradients since zero_grad"),
+        ("a step after a load() that followed a backward", lambda: loaded_after_backward(run.step),
          "step: no gradients since zero_grad"),
         ("a step past the end of a decaying schedule", lambda: [step_of(one_step) for _ in range(2)],
          "step: the run has taken its [train] steps = 1, where its [scheduler] decays to a learning rate of 0"),

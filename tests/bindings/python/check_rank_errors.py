@@ -2,12 +2,14 @@
 
 Under torchrun, two ranks of one Run over the llama_untied fixture:
 - inputs refused on one rank (a token past the vocabulary, an argument the package refuses,
-  a temperature out of range, a learning rate the package refuses or out of range, a save
-  over a checkpoint only that rank's directory holds, a save's directory the package
-  refuses): every rank raises, the refusing one its own message
+  a temperature out of range, a learning rate the package refuses, out of range or past a
+  float's, a save over a checkpoint only that rank's directory holds, a save's directory the
+  package refuses, an offload of a state that is none, full weights in integers): every rank
+  raises, the refusing one its own message
   and the other one naming it, and the run goes on in step (the next step's gradient norm is
   the same on both ranks); so does an error every rank's state raises alike (an offload
-  while offloaded), and learning rates that differ between the ranks;
+  while offloaded), learning rates that differ between the ranks, and ranks in different
+  calls (a step on one, a forward on the other), each naming the other's call;
 - a hook of the loop's that raises in one rank's backward: that rank refuses every later call,
   naming why; the other's backward fails in its collective (or its next call does, where the
   failed collective was a prefetch), after which it refuses every call too; and both
@@ -24,6 +26,7 @@ from check_python_run import ROWS, batches, fresh_dir, run_ranks, write_run_file
 
 def rank_main(run_file, work):
     import fsdpp
+    import torch
     rank = int(os.environ["RANK"])
     run = fsdpp.Run(run_file, {"parallel.timeout_s": 60, "policy.options.fused_linear_logprob": True})
     mine = batches(101)[0][0][rank * ROWS // 2:(rank + 1) * ROWS // 2, :-1]
@@ -46,6 +49,8 @@ def rank_main(run_file, work):
         os.makedirs(os.path.join(own_dir, "step-00000000"))
     attempt("save", lambda: run.save(own_dir))
     attempt("package save", lambda: run.save(3 if rank == 1 else own_dir))
+    attempt("offload name", lambda: run.offload(("params",) if rank == 0 else ("parms",)))
+    attempt("full weights dtype", lambda: list(run.full_weights(dtype=torch.int32 if rank == 1 else torch.float32)))
     run.offload(("grads",))
     attempt("offload twice", lambda: run.offload(("grads",)))  # every rank's state says so alike
     run.reload()
@@ -53,6 +58,8 @@ def rank_main(run_file, work):
     attempt("lr package", lambda: run.step(lr="fast" if rank == 0 else 1e-3))
     attempt("lr range", lambda: run.step(lr=float("nan") if rank == 1 else 1e-3))
     attempt("lr differs", lambda: run.step(lr=1e-3 if rank == 0 else None))
+    attempt("lr past a float", lambda: run.step(lr=-10**400 if rank == 1 else 1e-3))
+    attempt("calls differ", run.step if rank == 0 else lambda: run.model(mine))
     seen["step"] = list(run.step(lr=run.scheduled_lr))
 
     run.zero_grad()
@@ -108,6 +115,18 @@ def main():
         ("a learning rate on rank 0 and the schedule's on rank 1",
          all(seen[r]["lr differs"] == "step: rank 1 gave lr none (the [scheduler]'s) and rank 0 0.001: every rank "
              "steps at one rate" for r in range(2))),
+        ("a learning rate past a float's range on rank 1",
+         seen[1]["lr past a float"].startswith("step: lr must be a number in [0, 1e6], got -1000") and
+         seen[0]["lr past a float"] == "step: rank 1" + refused),
+        ("a step on rank 0 and a forward on rank 1",
+         seen[0]["calls differ"].startswith("step: rank 1 is in run.model where this rank is in step") and
+         seen[1]["calls differ"].startswith("run.model: rank 0 is in step where this rank is in run.model")),
+        ("an offload of a state that is none on rank 1",
+         seen[1]["offload name"] == "offload: 'parms' is not one of params, grads, optimizer" and
+         seen[0]["offload name"] == "offload: rank 1" + refused),
+        ("full weights in integers on rank 1",
+         seen[1]["full weights dtype"] == "full_weights: dtype must be a floating torch.dtype, got torch.int32" and
+         seen[0]["full weights dtype"] == "full_weights: rank 1" + refused),
         ("an offload twice on every rank, which leaves the ranks in step",
          all(seen[r]["offload twice"] == "offload: offload() moved the run's grads off the device already; reload() "
              "first" for r in range(2))),
