@@ -3,6 +3,7 @@
 #include "run/train_loop.h"
 
 #include "core/device.h"
+#include "core/error.h"
 #include "core/failpoint.h"
 #include "core/log.h"
 #include "data/data.h"
@@ -238,6 +239,11 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const int rank = run.comm().rank();
   TrainSummary summary;
   const ResumePoint resumed = run.resume();
+  if (resumed.step > tc.steps) {
+    throw UserError(config.source.where("train", "steps") + ": [train] steps = " + std::to_string(tc.steps) +
+                    " ends before step " + std::to_string(resumed.step) + ", where the checkpoint it resumes stands: "
+                    "nothing is left to train; set steps past it, or write the model out with fsdpp export");
+  }
   summary.steps = resumed.step;
   summary.skipped_steps = resumed.state.skipped_steps;
   summary.final_loss = resumed.state.loss;  // a resume at the last step trains none

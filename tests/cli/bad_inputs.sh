@@ -651,12 +651,18 @@ expect "an export to float16 of a weight past its range" "export: tensor 'model.
 expect "an export_dir that cannot be made" "[checkpoint] export_dir: /proc/fsdpp-export: cannot write beside it" \
   -- train "$work/ok.toml" --set 'checkpoint.export_dir="/proc/fsdpp-export"' --set "train.out_dir=\"$work/proc_out\""
 
+# A resume whose [train] steps ends before its checkpoint's step has nothing to train.
+"$FSDPP" train "$work/ok.toml" --set train.steps=2 --set checkpoint.save_every=2 \
+  --set "train.out_dir=\"$work/ended\"" >"$work/ended.log" 2>&1 || { echo "FAIL a run of 2 steps: $(tail -1 "$work/ended.log")"; failures=$((failures + 1)); }
+expect "a resume past its [train] steps" "[train] steps = 1 ends before step 2, where the checkpoint it resumes stands" \
+  -- train "$work/ok.toml" --set train.steps=1 --set 'checkpoint.resume="latest"' --set "train.out_dir=\"$work/ended\""
+
 # Beside other runs (reuse_out_dir), a second run of the same settings is refused while the
 # first trains: it would share its checkpoints and metrics.
 shared=(--set train.reuse_out_dir=true --set train.steps=100000 --set "train.out_dir=\"$work/shared\"")
 "$FSDPP" train "$work/ok.toml" "${shared[@]}" >"$work/shared-first.log" 2>&1 &
 first=$!
-for _ in $(seq 100); do compgen -G "$work/shared/.lock-*" >/dev/null && grep -q " info step " "$work/shared-first.log" && break; sleep 0.2; done
+for _ in $(seq 300); do compgen -G "$work/shared/.lock-*" >/dev/null && grep -q " info step " "$work/shared-first.log" && break; sleep 0.2; done
 expect "a second run of one's settings beside it" "another run of these settings is training in this [train] out_dir" \
   -- train "$work/ok.toml" "${shared[@]}"
 kill "$first" 2>/dev/null; wait "$first" 2>/dev/null
