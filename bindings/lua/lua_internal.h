@@ -75,8 +75,7 @@ int guarded(lua_State* L) {
     std::snprintf(message, sizeof message, "%s",
                   "out of memory: the engine's share for this policy is spent (a call inside a loop?)");
   } catch (const std::exception& e) {
-    const std::string said = e.what();
-    std::snprintf(message, sizeof message, "%s", cut_line(said, said.size(), kMaxMessageBytes).c_str());
+    std::snprintf(message, sizeof message, "%s", message_line(e.what()).c_str());
   }
   // A Lua error come back through a callback the binding ran names its own line already.
   if (starts_with_location(message)) {

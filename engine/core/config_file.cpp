@@ -117,6 +117,12 @@ ConfigFile ConfigFile::parse(const std::string& text, const std::filesystem::pat
   if (const auto deep = find_deep_key(text)) {
     throw UserError(path.string() + ":" + std::to_string(deep->line) + ": " + deep->message());
   }
+  // toml++ reads a NUL as the end of its input, and reports what that leaves open (a quote,
+  // a table) instead of the byte.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+    throw UserError(path.string() + ":" + std::to_string(line) + ": holds a NUL byte (not a text file?)");
+  }
   try {
     file.doc_->root = toml::parse(text, path.string());
   } catch (const toml::parse_error& e) {

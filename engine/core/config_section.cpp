@@ -78,8 +78,16 @@ ConfigSection::ConfigSection(std::shared_ptr<const ConfigDocument> doc, std::str
     : doc_(std::move(doc)), name_(std::move(name)) {}
 
 std::string ConfigSection::where(const std::string& key) const {
-  auto over = doc_->overridden.find(name_ + "." + key);
-  if (over != doc_->overridden.end()) return doc_->override_label + " " + over->second;
+  // The --set that gave the key, or one that gave a table holding it ("--set
+  // policy.options={x=1}" for options.x).
+  for (std::string setting = name_ + "." + key;;) {
+    if (auto over = doc_->overridden.find(setting); over != doc_->overridden.end()) {
+      return doc_->override_label + " " + over->second;
+    }
+    const auto dot = setting.rfind('.');
+    if (dot == std::string::npos) break;
+    setting.resize(dot);
+  }
   const toml::node* node = node_at(*doc_, name_, key);
   if (node == nullptr) node = doc_->root.get(name_);
   std::string location = doc_->path.string();

@@ -84,12 +84,21 @@ inline std::string cut_line(std::string text, size_t total, size_t max_bytes = k
 inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 // A message as one printable line of at most kMaxMessageBytes: room for a line cut at
-// kMaxLineBytes and the context that names where it came from, so it is not cut twice.
+// kMaxLineBytes and the context that names where it came from, so it is not cut twice. A
+// longer one keeps its start and its end, cut between UTF-8 characters: a message names where
+// it came from first and says what is wrong last, and a value quoted whole in the middle must
+// not push the reason out.
 inline constexpr size_t kMaxMessageBytes = 2 * kMaxLineBytes;
 inline std::string message_line(const std::string& text) {
   std::string line = one_line(text);
-  const size_t total = line.size();
-  return cut_line(std::move(line), total, kMaxMessageBytes);
+  if (line.size() <= kMaxMessageBytes) return line;
+  const auto inside_character = [&](size_t at) { return (static_cast<unsigned char>(line[at]) & 0xC0) == 0x80; };
+  const size_t keep = (kMaxMessageBytes - 64) / 2;  // 64: room for the words that mark the cut
+  size_t head = keep;
+  while (head > 0 && inside_character(head)) --head;
+  size_t tail = line.size() - keep;
+  while (tail < line.size() && inside_character(tail)) ++tail;
+  return line.substr(0, head) + " ... (" + std::to_string(tail - head) + " bytes left out) ... " + line.substr(tail);
 }
 
 // The words of a rank's error that make it the consequence of another rank's failure: the

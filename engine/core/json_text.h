@@ -21,8 +21,9 @@ inline constexpr int kMaxJsonDepth = 64;
 inline constexpr size_t kMaxJsonBytes = size_t{1} << 30;
 
 // `text` parsed. UserError "`where`: not valid JSON (...)" for a syntax error or a number
-// past double's range, "`where`: nested deeper than 64 levels" for a value too deep, and one
-// naming its size for a text past kMaxJsonBytes.
+// past double's range, "`where`: nested deeper than 64 levels" for a value too deep, one
+// naming the key for an object that holds a key twice, and one naming its size for a text
+// past kMaxJsonBytes.
 nlohmann::json parse_json(std::string_view text, const std::string& where);
 
 }  // namespace fsdpp

@@ -77,16 +77,41 @@ int wait_for_activity(const std::vector<std::unique_ptr<RankProcess>>& ranks) {
   return 0;
 }
 
+// How a job's ranks ended, as supervise() saw it.
+struct JobEnd {
+  const RankProcess* failed = nullptr;               // the first rank to fail; none when all succeeded
+  std::vector<const RankProcess*> failed_unstopped;  // failures before the launcher stopped any rank
+  std::vector<const RankProcess*> running_when_stopped;  // the ranks a failure's stop found running
+  int stop_signal = 0;  // the signal every rank stopped for (passed on, or sent to the ranks), 0 if none
+};
+
+bool says_another_rank_failed(const RankProcess* r) {
+  return r->error_message().find(kAnotherRankFailed) != std::string::npos;
+}
+
+// The ranks the others waited for in vain: where the first failure is a collective given up
+// (a peer gone or too slow), the ranks that had not ended on their own by the time the
+// launcher stopped the job. A rank that stopped answering (stalled, or stopped by SIGSTOP)
+// leaves no failure of its own to report.
+std::vector<const RankProcess*> unanswering(const JobEnd& end) {
+  return says_another_rank_failed(end.failed) ? end.running_when_stopped : std::vector<const RankProcess*>{};
+}
+
+// "rank 1", "ranks 1, 3".
+std::string rank_list(const std::vector<const RankProcess*>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) text += (i == 0 ? "" : ", ") + std::to_string(ranks[i]->rank());
+  return text;
+}
+
 // The launcher's one line on a failed job, and its exit status 2. The cause is the rank that
 // stopped on a user error saying why, else one that a signal ended (killed, or crashed)
 // before the launcher stopped the rest, else one whose user error says another rank failed,
-// else the first to fail: the others' failures (a peer gone from a collective) are its
-// consequences, whichever the launcher saw first.
-int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
-                   const std::vector<const RankProcess*>& failed_unstopped, const RankProcess& first_failed) {
-  const auto consequence = [](const RankProcess* r) {
-    return r->error_message().find(kAnotherRankFailed) != std::string::npos;
-  };
+// else the ranks the others waited for in vain, else the first to fail: the others' failures
+// (a peer gone from a collective) are its consequences, whichever the launcher saw first.
+int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks, const JobEnd& end) {
+  const auto& failed_unstopped = end.failed_unstopped;
+  const auto consequence = says_another_rank_failed;
   const RankProcess* user_error = nullptr;  // the first that says why, else the first
   for (const auto& r : ranks) {
     if (r->stopped_on_user_error() && (user_error == nullptr || (consequence(user_error) && !consequence(r.get())))) {
@@ -102,7 +127,12 @@ int report_failure(const std::vector<std::unique_ptr<RankProcess>>& ranks,
     std::fprintf(stderr, "fsdpp: error: %s%s\n", said.starts_with(named) ? "" : named.c_str(), said.c_str());
     return 2;
   }
-  const RankProcess* cause = signalled != failed_unstopped.end() ? *signalled : &first_failed;
+  if (const auto silent = unanswering(end); signalled == failed_unstopped.end() && !silent.empty()) {
+    std::fprintf(stderr, "fsdpp: error: %s stopped answering: rank %d gave up waiting (%s)\n", rank_list(silent).c_str(),
+                 end.failed->rank(), end.failed->error_message().c_str());
+    return 2;
+  }
+  const RankProcess* cause = signalled != failed_unstopped.end() ? *signalled : end.failed;
   const std::string said = cause->error_message().empty() ? "" : ": " + cause->error_message();
   std::fprintf(stderr, "fsdpp: error: rank %d failed with %s%s\n", cause->rank(), cause->describe().c_str(),
                said.c_str());
@@ -124,13 +154,6 @@ void catch_signals() {
   broken_pipe.sa_handler = [](int) {};
   ::sigaction(SIGPIPE, &broken_pipe, nullptr);
 }
-
-// How a job's ranks ended, as supervise() saw it.
-struct JobEnd {
-  const RankProcess* failed = nullptr;               // the first rank to fail; none when all succeeded
-  std::vector<const RankProcess*> failed_unstopped;  // failures before the launcher stopped any rank
-  int stop_signal = 0;  // the signal every rank stopped for (passed on, or sent to the ranks), 0 if none
-};
 
 // Relays the ranks' output and the launcher's signals until every rank has ended, stopping
 // the rest (SIGTERM, then SIGKILL after `grace_s`) once one fails.
@@ -176,6 +199,9 @@ JobEnd supervise(const std::vector<std::unique_ptr<RankProcess>>& ranks, double 
       stop_time = Clock::now() + (r->stopped_on_user_error() ? Clock::duration::zero() : kPeerReportTime);
     }
     if (Clock::now() > stop_time && kill_time == Clock::time_point::max()) {
+      for (const auto& r : ranks) {
+        if (r->running()) end.running_when_stopped.push_back(r.get());
+      }
       signal_all(SIGTERM);
       kill_time = Clock::now() + grace;
     }
@@ -205,7 +231,7 @@ int launch(const LaunchOptions& o, const std::string& self_exe) {
     ranks.back()->spawn(argv, rank_environment(o, local, port));
   }
   const JobEnd end = supervise(ranks, o.grace_s);
-  if (end.failed != nullptr) return report_failure(ranks, end.failed_unstopped, *end.failed);
+  if (end.failed != nullptr) return report_failure(ranks, end);
   if (end.stop_signal != 0) {
     std::fprintf(stderr, "fsdpp launch: every rank stopped after %s\n", ::strsignal(end.stop_signal));
     return 128 + end.stop_signal;

@@ -64,6 +64,26 @@ SafetensorsEntry parse_entry(const json& value, size_t data_size, const std::str
   return entry;
 }
 
+// The tensors' byte ranges cover the data section exactly, end to end, as the format's writers
+// lay them out: a gap or bytes after the last tensor are the sign of a file cut or spliced,
+// and an overlap would alias two tensors.
+void check_ranges_tile(std::vector<std::pair<size_t, size_t>> ranges, size_t data_size, const std::string& where) {
+  std::sort(ranges.begin(), ranges.end());
+  size_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < covered) throw UserError(where + ": corrupt safetensors header (tensor byte ranges overlap)");
+    if (begin > covered) {
+      throw UserError(where + ": corrupt safetensors header (bytes " + std::to_string(covered) + ".." +
+                      std::to_string(begin) + " of the data section belong to no tensor)");
+    }
+    covered = end;
+  }
+  if (covered != data_size) {
+    throw UserError(where + ": corrupt safetensors file (" + std::to_string(data_size - covered) +
+                    " bytes after the last tensor's data)");
+  }
+}
+
 }  // namespace
 
 std::string safetensors_dtype_name(at::ScalarType dtype) {
@@ -105,12 +125,7 @@ SafetensorsHeader SafetensorsHeader::parse(const std::byte* data, size_t size, c
     ranges.emplace_back(entry.begin, entry.end);
     result.entries.emplace(name, std::move(entry));
   }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
-      throw UserError(where + ": corrupt safetensors header (tensor byte ranges overlap)");
-    }
-  }
+  check_ranges_tile(std::move(ranges), size - result.data_offset, where);
   return result;
 }
 

@@ -26,8 +26,9 @@ struct SafetensorsHeader {
   std::map<std::string, std::string> metadata;  // __metadata__'s string values
 
   // Validates the header of a whole file (`size` bytes at `data`): its length, every dtype
-  // and shape (element counts in checked arithmetic), byte ranges that match their shapes,
-  // lie inside the file and never overlap. Any fault is a UserError starting with `where`
+  // and shape (element counts in checked arithmetic), byte ranges that match their shapes
+  // and cover the data section end to end, with no gap, overlap or bytes left over, and no
+  // tensor named twice. Any fault is a UserError starting with `where`
   // and naming the tensor where one is at fault.
   static SafetensorsHeader parse(const std::byte* data, size_t size, const std::string& where);
 };

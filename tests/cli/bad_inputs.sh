@@ -144,6 +144,12 @@ expect "a key in the wrong section" "--set train.lr=0.1: [train] lr: unknown key
 printf '[model]\npath = "%s\n' "$FIXTURES/llama_untied" >"$work/unclosed.toml"
 expect "an unclosed quote" "unclosed.toml:2: invalid TOML: a quoted string is not closed on its line (a missing quote?)" \
   -- train "$work/unclosed.toml"
+{ cat "$work/ok.toml"; printf '# a comment \0 cut by a NUL\n'; } >"$work/nul.toml"
+expect "an unknown option in a --set table" "--set policy.options={x=1}: [policy.options] x: the policy policies/llama.lua has no such option" \
+  -- plan "$work/ok.toml" --set 'policy.options={x=1}'
+expect "a wrong option type in a --set table" "--set policy.options={lora_rank=\"a\"}: [policy.options] lora_rank: must be an integer" \
+  -- plan "$work/ok.toml" --set 'policy.options={lora_rank="a"}'
+expect "a NUL in a comment" "nul.toml:$(($(wc -l <"$work/ok.toml") + 1)): holds a NUL byte (not a text file?)" -- train "$work/nul.toml"
 expect "launch without --" "launch: put '--' before the command each rank runs: fsdpp launch ... -- train ..." \
   -- launch --nproc-per-node 2 train "$work/ok.toml"
 expect "a master address that does not resolve" \

@@ -4,8 +4,9 @@
 # ranks' lost connections are its consequences, not printed), within the configured
 # timeout. Also checks that every line a rank prints carries its rank prefix. And a launcher
 # killed mid-run (SIGKILL) leaves no rank behind: each is told to stop as by SIGTERM, saves
-# its checkpoint and exits; a SIGINT sent to one rank alone is a stop, not a failure, and the
-# job exits on that signal.
+# its checkpoint and exits; a rank stopped by SIGSTOP is named as the one that stopped
+# answering; a SIGINT sent to one rank alone is a stop, not a failure, and the job exits on
+# that signal.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -79,6 +80,42 @@ elif ! ls "$out/orphans/checkpoints" 2>/dev/null | grep -q '^step-'; then
   echo "FAIL: the ranks of a killed launcher saved no checkpoint"; status=1
 else
   echo "a killed launcher's ranks saved $(ls "$out/orphans/checkpoints") and exited"
+fi
+
+# Rank 1 stopped (SIGSTOP) mid-run, alive but silent: rank 0 gives up on its collective after
+# [parallel] timeout_s, and the launcher's one line names rank 1 as the rank that stopped
+# answering, not rank 0, whose failure is its consequence; the stopped rank is killed.
+stall_timeout_s=10
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=100000 \
+  --set train.log_every=1 --set "train.out_dir=\"$out/stalled\"" --set parallel.timeout_s=$stall_timeout_s \
+  >/dev/null 2>"$out/stalled.stderr" &
+launcher=$!
+victim=""
+for _ in $(seq 1 300); do
+  if grep -q '"step":3' "$out/stalled/metrics.jsonl" 2>/dev/null; then
+    for pid in $(pgrep -P $launcher); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
+    done
+    break
+  fi
+  sleep 0.1
+done
+[ -n "$victim" ] || { echo "FAIL: the stalled job's rank 1 never started training"; kill -9 $launcher; exit 1; }
+start=$(date +%s%N)
+kill -STOP "$victim"
+wait $launcher
+rc=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+said=$(grep 'fsdpp: \(internal \)\?error' "$out/stalled.stderr")
+if [ "$rc" -ne 2 ] || [ "$(printf '%s\n' "$said" | grep -c .)" -ne 1 ] ||
+   [[ "$said" != "fsdpp: error: rank 1 stopped answering: rank 0 gave up waiting ("*"timeout_s))" ]]; then
+  echo "FAIL: a stopped rank 1 ended the launcher with $rc:"; printf '%s\n' "$said"; status=1
+elif (( elapsed_ms > (stall_timeout_s + 20) * 1000 )); then
+  echo "FAIL: a stopped rank took ${elapsed_ms} ms to report"; status=1
+elif [ -e "/proc/$victim" ] && [ "$(awk '{print $3}' "/proc/$victim/stat" 2>/dev/null)" != Z ]; then
+  echo "FAIL: the stopped rank 1 was left behind"; kill -9 "$victim"; status=1
+else
+  echo "a stopped rank 1 reported in ${elapsed_ms} ms: $said"
 fi
 
 # SIGINT sent to rank 1 alone, not the launcher: every rank stops at the same step and saves,

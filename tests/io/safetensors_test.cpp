@@ -27,6 +27,12 @@ void write_all(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// A file of `header` (JSON text) and `data` bytes, laid out as the format is.
+void write_file(const fs::path& p, const std::string& header, size_t data_bytes) {
+  const uint64_t length = header.size();
+  write_all(p, std::string(reinterpret_cast<const char*>(&length), 8) + header + std::string(data_bytes, '\0'));
+}
+
 std::string error_of(const fs::path& p) {
   try {
     SafetensorsFile::open(p);
@@ -97,6 +103,22 @@ TEST_CASE("corrupt safetensors files are refused naming the file", "[io]") {
     b.replace(pos, 5, "\"Q32\"");
     write_all(bad, b);
     CHECK_THAT(error_of(bad), Catch::Contains("unsupported dtype 'Q32'"));
+  }
+  SECTION("bytes after the last tensor") {
+    write_all(bad, bytes + "junk");
+    CHECK_THAT(error_of(bad), Catch::Contains(bad.string()) && Catch::EndsWith("(4 bytes after the last tensor's data)"));
+  }
+  SECTION("bytes between two tensors") {
+    write_file(bad, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12);
+    CHECK_THAT(error_of(bad), Catch::EndsWith("(bytes 4..8 of the data section belong to no tensor)"));
+  }
+  SECTION("overlapping tensors") {
+    write_file(bad, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+    CHECK_THAT(error_of(bad), Catch::EndsWith("(tensor byte ranges overlap)"));
+  }
+  SECTION("a tensor named twice") {
+    write_file(bad, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+    CHECK_THAT(error_of(bad), Catch::Contains(bad.string()) && Catch::EndsWith("key \"a\" appears twice in one object"));
   }
   SECTION("missing file") {
     CHECK_THAT(error_of(dir / "absent.safetensors"), Catch::Contains("absent.safetensors"));
