@@ -13,12 +13,22 @@ namespace fsdpp {
 
 namespace {
 
-// How many ranks say `here`: every rank learns of a state any one is in.
-int64_t ranks_where(Comm& comm, bool here) {
-  if (comm.size() == 1) return here ? 1 : 0;
-  at::Tensor count = at::full({1}, here ? 1 : 0, at::TensorOptions(at::kLong).device(comm.device()));
-  comm.all_reduce_sum(count);
-  return count.item<int64_t>();
+// What every rank said of a step, read back in the step's one wait.
+struct StepAgreement {
+  int64_t broken_ranks = 0;  // ranks whose logits held NaN or inf
+  int64_t going_ranks = 0;   // ranks with rows still to continue
+  bool going_here = false;
+};
+
+// Each rank's two flags (device scalars) in its row of a [world, 2] table that a sum over the
+// ranks fills in: one collective and one read a step, where a flag each would take two.
+StepAgreement agree_on_step(Comm& comm, const at::Tensor& broken, const at::Tensor& going) {
+  at::Tensor table = at::zeros({comm.size(), 2}, at::TensorOptions(at::kLong).device(broken.device()));
+  table[comm.rank()].copy_(at::stack({broken, going}));
+  if (comm.size() > 1) comm.all_reduce_sum(table);
+  const at::Tensor host = table.cpu();  // [world, 2]
+  const at::Tensor counts = host.sum(0);
+  return {counts[0].item<int64_t>(), counts[1].item<int64_t>(), host[comm.rank()][1].item<int64_t>() != 0};
 }
 
 }  // namespace
@@ -41,30 +51,37 @@ at::Tensor Run::generate(const at::Tensor& prompt, const at::Tensor& kept, const
   const at::Tensor eos = at::tensor(options.eos, at::kLong).to(device_);
   at::Tensor ended = at::zeros({tokens.size(0)}, at::TensorOptions(at::kBool).device(device_));  // [B]
   std::vector<at::Tensor> pieces{tokens};  // the prompt, then each step's tokens
-  bool done_here = false;  // every row of this rank ended, or it added all it asked for
+  bool going_here = true;  // rows of this rank still to continue, and tokens still to add
+  const at::Tensor no = at::zeros({}, at::TensorOptions(at::kBool).device(device_));
   for (int64_t step = 0; step < steps; ++step) {
     const at::Tensor logits =
         model()(tokens, GenerationStep{&cache, step_kept, step == 0 ? vision.to(device_) : VisionInputs{}});  // [B, V]
-    // Logits of NaN or inf (weights that diverged) have no distribution to draw from: every rank
-    // stops here together, where the draw would fail on one rank alone.
-    if (const int64_t broken = ranks_where(*comm_, !done_here && !logits.isfinite().all().item<bool>())) {
-      throw EveryRankError("generate: the logits hold NaN or inf at new token " + std::to_string(step + 1) + " on " +
-                           std::to_string(broken) + " rank(s) of " + std::to_string(comm_->size()) +
-                           ": the weights are not finite");
-    }
-    if (!done_here) {
-      const at::Tensor next = at::where(ended, options.pad, next_tokens(logits, options));  // [B]
+    at::Tensor broken = no, going = no;
+    if (going_here) {
+      // A row of NaN or inf (weights that diverged) has no distribution to draw from: it draws
+      // from zeros instead, and every rank stops below, together, on what it found.
+      const at::Tensor finite = logits.isfinite().all(-1, /*keepdim=*/true);  // [B, 1]
+      const at::Tensor drawn = next_tokens(at::where(finite, logits, at::zeros({}, logits.options())), options);
+      const at::Tensor next = at::where(ended, options.pad, drawn);  // [B]
       pieces.push_back(next.unsqueeze(1));
       tokens = next.unsqueeze(1);
       if (eos.numel() > 0) ended |= at::isin(next, eos);
-      done_here = step + 1 == options.max_new_tokens || (eos.numel() > 0 && ended.all().item<bool>());
+      broken = finite.logical_not().any();
+      going = step + 1 == options.max_new_tokens ? no : (eos.numel() > 0 ? ended.logical_not().any() : no.logical_not());
     } else {
       tokens = at::full_like(tokens.narrow(1, 0, 1), options.pad);  // steps that add nothing
     }
     step_kept = at::ones_like(tokens, at::kBool);
+    const StepAgreement agreed = agree_on_step(*comm_, broken, going);
+    if (agreed.broken_ranks > 0) {
+      throw EveryRankError("generate: the logits hold NaN or inf at new token " + std::to_string(step + 1) + " on " +
+                           std::to_string(agreed.broken_ranks) + " rank(s) of " + std::to_string(comm_->size()) +
+                           ": the weights are not finite");
+    }
+    going_here = agreed.going_here;
     // A rank whose rows ended still steps (its forwards join the units' gathers) until every
     // rank's have.
-    if (ranks_where(*comm_, !done_here) == 0) break;
+    if (agreed.going_ranks == 0) break;
   }
   return at::cat(pieces, 1).to(prompt.device());  // [B, T + added]
 }
