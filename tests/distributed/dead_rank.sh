@@ -10,6 +10,21 @@
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 bash scripts/make_corpus.sh >/dev/null
+# The pid of rank 1 of the job `launcher` started, once its metrics file has logged step 3
+# (up to 30 s); nothing if it never does.
+rank_1_once_training() {
+  local launcher=$1 metrics=$2 pid
+  for _ in $(seq 1 300); do
+    if grep -q '"step":3' "$metrics" 2>/dev/null; then
+      for pid in $(pgrep -P "$launcher"); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then echo "$pid"; fi
+      done
+      return
+    fi
+    sleep 0.1
+  done
+}
+
 out="$WORK/dead-rank"
 rm -rf "$out" && mkdir -p "$out"
 timeout_s=20
@@ -17,18 +32,8 @@ timeout_s=20
   --set train.log_every=1 --set "train.out_dir=\"$out/run\"" --set parallel.timeout_s=$timeout_s \
   >"$out/stdout" 2>"$out/stderr" &
 launcher=$!
-victim=""
-ranks=()
-for _ in $(seq 1 300); do  # up to 30 s for training to start
-  if grep -q '"step":3' "$out/run/metrics.jsonl" 2>/dev/null; then
-    ranks=($(pgrep -P $launcher))
-    for pid in "${ranks[@]}"; do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
-    done
-    break
-  fi
-  sleep 0.1
-done
+victim=$(rank_1_once_training $launcher "$out/run/metrics.jsonl")
+ranks=($(pgrep -P $launcher))
 if [ -z "$victim" ]; then
   echo "FAIL: rank 1 never started training"; kill $launcher; cat "$out/stderr"; exit 1
 fi
@@ -90,16 +95,7 @@ stall_timeout_s=10
   --set train.log_every=1 --set "train.out_dir=\"$out/stalled\"" --set parallel.timeout_s=$stall_timeout_s \
   >/dev/null 2>"$out/stalled.stderr" &
 launcher=$!
-victim=""
-for _ in $(seq 1 300); do
-  if grep -q '"step":3' "$out/stalled/metrics.jsonl" 2>/dev/null; then
-    for pid in $(pgrep -P $launcher); do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
-    done
-    break
-  fi
-  sleep 0.1
-done
+victim=$(rank_1_once_training $launcher "$out/stalled/metrics.jsonl")
 [ -n "$victim" ] || { echo "FAIL: the stalled job's rank 1 never started training"; kill -9 $launcher; exit 1; }
 start=$(date +%s%N)
 kill -STOP "$victim"
@@ -124,16 +120,7 @@ fi
 "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set train.steps=100000 \
   --set train.log_every=1 --set "train.out_dir=\"$out/one-signalled\"" >/dev/null 2>"$out/one-signalled.stderr" &
 launcher=$!
-victim=""
-for _ in $(seq 1 300); do
-  if grep -q '"step":3' "$out/one-signalled/metrics.jsonl" 2>/dev/null; then
-    for pid in $(pgrep -P $launcher); do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then victim=$pid; fi
-    done
-    break
-  fi
-  sleep 0.1
-done
+victim=$(rank_1_once_training $launcher "$out/one-signalled/metrics.jsonl")
 [ -n "$victim" ] || { echo "FAIL: the third job's rank 1 never started training"; kill -9 $launcher; exit 1; }
 kill -INT "$victim"
 wait $launcher
