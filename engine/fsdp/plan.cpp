@@ -254,6 +254,19 @@ void freeze_modules(const Plan& plan, Module& root) {
     if (found == by_path.end()) throw UserError(concat(plan.frozen->origin, ": freeze: no module at path '", path, "'"));
     for (auto& p : found->second->parameters()) p.set_requires_grad(false);
   }
+  // A tied weight is one tensor under two names: freezing one name holds the other too, as it
+  // does in transformers, and says so where the other's module was not named.
+  const auto named = [&](const std::string& name) {
+    const auto& paths = plan.frozen->paths;
+    return std::any_of(paths.begin(), paths.end(), [&](const std::string& p) { return path_under(name, p); });
+  };
+  for (const auto& group : tied_parameter_groups(root)) {
+    const auto frozen = std::find_if(group.begin(), group.end(), named);
+    const auto held = std::find_if_not(group.begin(), group.end(), named);
+    if (frozen != group.end() && held != group.end()) {
+      log_info(plan.frozen->origin, ": freeze: ", *held, " is ", *frozen, " (tied), so it stays as loaded too");
+    }
+  }
   // A run whose weights all stay is a reference model, which says so where it is built.
   if (trained_before && !training()) {
     throw UserError(concat(plan.frozen->origin, ": freeze holds every parameter of the model, so nothing would train; "

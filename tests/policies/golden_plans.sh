@@ -120,4 +120,12 @@ refused "freeze of a misspelt module" "$work/qwen2_vl-shard.toml" "freeze: 'visa
 refused "freeze of every parameter" "$work/llama-untied.toml" "freeze holds every parameter of the model" \
   --set 'policy.options.freeze="model,lm_head"'
 
+# Freezing a tied lm_head holds the embedding it is, and the plan says so.
+"$FSDPP" plan "$work/llama-tied.toml" --world 4 --set 'policy.options.freeze="lm_head"' >/dev/null 2>"$work/tied.err"
+if grep -qF "freeze: model.embed_tokens.weight is lm_head.weight (tied), so it stays as loaded too" "$work/tied.err"; then
+  echo "ok   freeze of a tied lm_head names the embedding it holds"
+else
+  echo "FAIL freeze of a tied lm_head: $(tail -2 "$work/tied.err")"; failures=$((failures + 1))
+fi
+
 [ $failures -eq 0 ] || { echo "$failures golden plan(s) differ"; exit 1; }
