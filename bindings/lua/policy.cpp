@@ -122,6 +122,17 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
 
 namespace {
 
+// "; [policy.options] given: shard_size = 5 (--set policy.options.shard_size=5)": what the run
+// file gave the policy, so that a refusal a value caused names where it came from; "" if none.
+std::string given_options_text(const std::vector<GivenOption>& options) {
+  std::string given;
+  for (const auto& option : options) {
+    given += (given.empty() ? "" : ", ") + option.name + " = " + lua::lua_text(option.value) +
+             (option.where.empty() ? "" : " (" + option.where + ")");
+  }
+  return given.empty() ? "" : "; [policy.options] given: " + given;
+}
+
 // The evaluation itself, in whichever process calls it.
 Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const PolicyContext& context,
                      const PolicyLimits& limits) {
@@ -158,7 +169,7 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
     // A chunk refused before it ran (bytecode) names no line: the file it is, then.
     if (status != LUA_ERRMEM && !starts_with_location(message)) message = script.string() + ": " + message;
     if (!run.option_error.empty()) throw UserError(run.option_error);
-    throw UserError("policy error: " + message);
+    throw UserError("policy error: " + message + given_options_text(run.context.options));
   }
   // A refused [policy.options] value is the run's error even where a pcall let the policy go on.
   if (!run.option_error.empty()) throw UserError(run.option_error);
@@ -204,13 +215,8 @@ ResolvedPlan resolve_policy_plan(const Plan& plan, Module& root, int world, at::
   try {
     return resolve_plan(plan, root, world, model_dtype);
   } catch (const UserError& e) {
-    std::string given;
-    for (const auto& option : config.options) {
-      given += (given.empty() ? "" : ", ") + option.name + " = " + lua::lua_text(option.value) +
-               (option.where.empty() ? "" : " (" + option.where + ")");
-    }
-    if (given.empty()) throw;
-    throw UserError(std::string(e.what()) + "; [policy.options] given: " + given);
+    if (config.options.empty()) throw;
+    throw UserError(std::string(e.what()) + given_options_text(config.options));
   }
 }
 

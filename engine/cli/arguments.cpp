@@ -43,7 +43,7 @@ as the Lua traceback of a policy error.
 )";
 
 constexpr const char* kEvalHelp = R"(usage: fsdpp eval CONFIG [--tokens FILE] [--max-windows N] [--json]
-                  [--logits FILE] [--set section.key=value ...]
+                  [--logits FILE] [--set section.key=value ...] [--verbose]
 
 Mean next-token loss and perplexity of the model [model] names (fresh, trained or loaded
 from an HF directory) over FILE when given, else over data.train's held-out part (all of it
@@ -56,7 +56,8 @@ exactly seq_len tokens is one window; training's windows hold seq_len + 1).
 checkpoint; the [policy]'s LoRA adapters are put on as training puts them. --logits FILE
 also writes the first windows of a token stream (--max-windows of them, at least 1) and
 their logits to FILE as safetensors (input_ids [N, T] int64, logits [N, T, V] float32), for
-comparison with another implementation.
+comparison with another implementation. Evaluation runs as one process, never under fsdpp
+launch or torchrun. --verbose adds debug lines.
 )";
 
 constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N] [--merge-lora]
@@ -91,7 +92,8 @@ Every line a rank prints is prefixed with its rank. SIGINT and SIGTERM pass to e
 (training saves a checkpoint and stops) and launch exits 128 + the signal; one sent to a
 single rank stops them all the same way, with that signal's status. A launcher killed
 outright leaves each rank a SIGTERM. When one rank fails the others are stopped (SIGTERM,
-then SIGKILL after 5 s) and launch exits non-zero naming the rank and its exit status. On
+then SIGKILL after 5 s) and launch exits 2 with one line naming the rank that failed and
+why, or the rank that stopped answering while the others waited for it. On
 one node the port defaults to a free one; across nodes to 29500, with A the address of
 node 0.
 )";

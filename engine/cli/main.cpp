@@ -181,6 +181,12 @@ int run_eval(const CommandLine& args) {
     const DistEnv env = DistEnv::from_environment();
     resolve_device(config.parallel.device, env.local_rank, env.local_world_size, config.parallel.gpu_asked_by);
   }
+  // Each rank of a launched eval would score everything again and print its own copy of the
+  // figures (and --logits would write one file from every rank).
+  if (const DistEnv env = DistEnv::from_environment(); env.world_size > 1) {
+    throw UserError("eval: runs as one process (it shards nothing), but this process is rank " + std::to_string(env.rank) +
+                    " of " + std::to_string(env.world_size) + ": run fsdpp eval without fsdpp launch or torchrun");
+  }
   // The policy puts on the adapters training would (a [model] adapter must agree with them),
   // and its [policy.options] are checked as there; evaluation does not shard.
   const auto skeleton =

@@ -104,9 +104,13 @@ SafetensorsHeader SafetensorsHeader::parse(const std::byte* data, size_t size, c
   if (size < 8) throw UserError(where + ": corrupt safetensors file (shorter than its 8-byte header length)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, data, 8);
-  if (header_len > kMaxHeaderBytes || header_len > size - 8) {
-    throw UserError(where + ": corrupt safetensors header (length " + std::to_string(header_len) +
-                    " exceeds the file's " + std::to_string(size) + " bytes)");
+  if (header_len > size - 8) {
+    throw UserError(where + ": corrupt safetensors header (its length " + std::to_string(header_len) +
+                    " exceeds the " + std::to_string(size - 8) + " bytes after the 8 that give it)");
+  }
+  if (header_len > kMaxHeaderBytes) {
+    throw UserError(where + ": corrupt safetensors header (its length " + std::to_string(header_len) +
+                    " is past the " + std::to_string(kMaxHeaderBytes >> 20) + " MiB a header may take)");
   }
   const json header = parse_json({reinterpret_cast<const char*>(data) + 8, header_len}, where + ": corrupt safetensors header");
   if (!header.is_object()) throw UserError(where + ": corrupt safetensors header (not a JSON object)");

@@ -38,7 +38,7 @@ using nlohmann::json;
 // Rank r trains rows [r * rows, (r + 1) * rows) of every global micro-batch.
 int64_t rows_per_rank(const RunConfig& config, int world) {
   if (config.data.batch_size % world != 0) {
-    throw UserError(config.file.string() + ": [data] batch_size " + std::to_string(config.data.batch_size) +
+    throw UserError(config.source.where("data", "batch_size") + ": [data] batch_size " + std::to_string(config.data.batch_size) +
                     " is not a multiple of the world size " + std::to_string(world) +
                     " (each rank takes batch_size / world sequences)");
   }
@@ -122,7 +122,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);
   if (!config.data.train.empty()) batches_ = open_batches(config.data, model_config);
-  config.experts.check_model(model_config, config.file.string());
+  config.experts.check_model(model_config, config.source.where("experts", "bias_update_rate"));
   // The policy reads a skeleton of the model (no memory): its units shard the run, one rank
   // or many, and its LoRA declaration puts adapters on the model before its values load.
   const auto skeleton = build_model(model_config, torch::TensorOptions().dtype(config.model.dtype).device(torch::kMeta));

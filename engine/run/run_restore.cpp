@@ -46,6 +46,35 @@ ResumePoint resume_point(const json& meta, int rank) {
   return point;
 }
 
+// The adapters' fields that shape their weights and optimizer state (not where a policy
+// declared them, nor their dropout), as a checkpoint records them; null for none.
+json lora_shape(const json& lora) {
+  if (!lora.is_object()) return json();
+  json shape;
+  for (const char* field : {"targets", "rank", "alpha", "trainable"}) shape[field] = lora.value(field, json());
+  return shape;
+}
+
+// "LoRA adapters of rank 8, alpha 16 on 14 modules (q_proj, k_proj, ...), training lm_head":
+// one line whatever the model's size.
+std::string lora_text(const json& shape) {
+  if (shape.is_null()) return "no LoRA adapters";
+  std::set<std::string> kinds;  // the targets' last names
+  for (const auto& target : shape["targets"]) {
+    const auto name = target.get<std::string>();
+    kinds.insert(name.substr(name.rfind('.') + 1));
+  }
+  std::string text = "LoRA adapters of rank " + shape["rank"].dump() + ", alpha " + shape["alpha"].dump() + " on " +
+                     std::to_string(shape["targets"].size()) + " modules (";
+  for (const auto& kind : kinds) text += (text.ends_with("(") ? "" : ", ") + kind;
+  text += ")";
+  if (!shape["trainable"].empty()) {
+    text += ", training";
+    for (const auto& module : shape["trainable"]) text += " " + module.get<std::string>();
+  }
+  return text;
+}
+
 // A checkpoint's data position carries over only to the same stream of windows.
 void check_data_position(const json& saved, const json& data, const std::string& where) {
   if (saved.is_null()) {
@@ -116,9 +145,21 @@ ResumePoint Run::restore(const ShardedCheckpoint& checkpoint) {
   const json& saved = meta.at("data");
   if (batches_) check_data_position(saved, batches_->identity(), where);
   if (meta.value("config_hash", "") != config_hash(config_) && meta.contains("settings") && comm_->rank() == 0) {
-    const auto saved_settings = meta.value("settings", json::object()).get<std::map<std::string, std::string>>();
-    log_warn(where, ": resuming with other settings than it was saved with: ",
-             settings_change(saved_settings, run_settings(config_)));
+    auto saved_settings = meta.value("settings", json::object()).get<std::map<std::string, std::string>>();
+    auto settings = run_settings(config_);
+    // A run fed rows by its caller (the Python API) reads no [data] and runs no micro-batch
+    // loop of its own: what those keys said of the run that saved matters no more.
+    if (!batches_) {
+      const auto loop_only = [](const auto& entry) {
+        return entry.first.starts_with("data.") || entry.first == "train.grad_accum" ||
+               entry.first == "train.sync_each_micro_batch";
+      };
+      std::erase_if(saved_settings, loop_only);
+      std::erase_if(settings, loop_only);
+    }
+    if (saved_settings != settings) {
+      log_warn(where, ": resuming with other settings than it was saved with: ", settings_change(saved_settings, settings));
+    }
   }
   const ResumePoint point = resume_point(meta, comm_->rank());
   warn_schedule_change(meta, point.step, where);
@@ -184,10 +225,17 @@ ResumePoint Run::load(const fs::path& dir) {
 void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
   const std::string where = checkpoint.dir().string();
   const json saved = checkpoint.metadata().value("model", json::object());
-  const json saved_lora = saved.value("lora", json()), lora = loaded_.lora ? json(*loaded_.lora) : json();
+  const json saved_lora = lora_shape(saved.value("lora", json()));
+  const json lora = lora_shape(loaded_.lora ? json(*loaded_.lora) : json());
   if (saved_lora != lora) {
-    throw UserError(where + ": holds " + (saved_lora.is_null() ? "no LoRA adapters" : "the LoRA adapters " + saved_lora.dump()) +
-                    ", where this run has " + (lora.is_null() ? "none" : lora.dump()));
+    std::string differ;
+    if (!saved_lora.is_null() && !lora.is_null()) {
+      for (const auto& [field, value] : lora.items()) {
+        if (saved_lora[field] != value) differ += (differ.empty() ? " (other " : ", ") + field;
+      }
+      differ += ")";
+    }
+    throw UserError(where + ": holds " + lora_text(saved_lora) + ", where this run has " + lora_text(lora) + differ);
   }
   // A model of the same shapes may still compute otherwise (its heads split anew, its RoPE
   // rebased): a checkpoint resumes the model it saved.

@@ -175,6 +175,10 @@ if ! command -v nvidia-smi >/dev/null; then
     -- launch --nproc-per-node 2 -- eval "$work/ok.toml" --set 'parallel.device="cuda"'
 fi
 
+# eval shards nothing: each rank of a launch would score everything again and print it again.
+expect "a launched eval" "fsdpp: error: rank " ": eval: runs as one process (it shards nothing)" \
+  "run fsdpp eval without fsdpp launch or torchrun" -- launch --nproc-per-node 2 -- eval "$work/ok.toml" --json
+
 cp -r "$FIXTURES/llama_untied" "$work/corrupt_model"
 printf '\xff\xff\xff\xff' | dd of="$work/corrupt_model/model.safetensors" bs=1 seek=4 conv=notrunc 2>/dev/null
 expect "corrupt safetensors header" "corrupt_model/model.safetensors" "corrupt safetensors header" \

@@ -17,6 +17,7 @@ down_proj; B zero, A as peft draws it). Then:
     model that ties it to its embedding is merged into an untied head."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,6 +177,20 @@ def main():
     ok &= report(proc.returncode == 2 and len(errors) == 1 and "model.safetensors" in errors[0] and
                  "a fresh model from its config.json (seed 11) now" in errors[0],
                  f"resuming onto a fresh base is refused, saying so: {errors}")
+
+    # With adapters of another scale the checkpoint's are refused in one line that says what
+    # each holds and which field differs, whatever the number of adapted modules.
+    proc = subprocess.run([FSDPP, "train", CONFIG, "--set", f'model.path="{WORK}/base"', "--set",
+                           f'train.out_dir="{WORK}/refused-alpha"', "--set", f'checkpoint.resume="{saved}"',
+                           "--set", "policy.options.lora_rank=3", "--set", "policy.options.lora_alpha=0.5",
+                           "--set", "data.shuffle=false"] +
+                          [a for s in f64 for a in ("--set", s)], capture_output=True, text=True, timeout=600)
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
+    ok &= report(proc.returncode == 2 and len(errors) == 1 and
+                 re.search(r"holds LoRA adapters of rank \d+, alpha [\d.]+ on \d+ modules \([a-z_, ]+\), where this run "
+                           r"has LoRA adapters of rank 3, alpha 0.5 on \d+ modules \([a-z_, ]+\) \(other [a-z, ]*alpha[a-z, ]*\)$",
+                           errors[0]) is not None,
+                 f"resuming with adapters of another scale is refused: {errors}")
 
     logits_file = os.path.join(WORK, "logits.safetensors")
     fsdpp("eval", CONFIG, "--set", f'model.path="{WORK}/base"', "--set", f'model.adapter="{ref}/adapter"',

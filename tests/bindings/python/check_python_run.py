@@ -1153,7 +1153,6 @@ def main():
 def resume_of_a_binary_run(out_dir):
     """A run fsdpp train saved goes on in Python from its own out_dir: the loop brings its own
     rows, so the run's data file is no other run's."""
-    import fsdpp
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     subprocess.run(["bash", "scripts/make_corpus.sh"], cwd=root, check=True, stdout=subprocess.DEVNULL, timeout=300)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -1161,16 +1160,28 @@ def resume_of_a_binary_run(out_dir):
     subprocess.run([os.environ["FSDPP"], "train", run_file, "--set", f'train.out_dir="{out_dir}"', "--set",
                     "train.steps=2", "--set", "checkpoint.save_every=2"], cwd=root, check=True, timeout=300,
                    stderr=subprocess.DEVNULL)
-    cwd = os.getcwd()
-    os.chdir(root)  # where the run file's relative paths resolve
-    try:
-        steps = fsdpp.Run(run_file, {"train.out_dir": out_dir, "checkpoint.resume": "latest"}).steps
-        message = f"resumed at step {steps}"
-    except fsdpp.Error as e:
-        steps, message = None, str(e)
-    finally:
-        os.chdir(cwd)
-    print(f"{'ok  ' if steps == 2 else 'FAIL'} a Python run in the out_dir of a run fsdpp train saved: {message}")
+    # The loop's own run file holds no [data]: the data keys the binary's run read are no
+    # other settings to warn of, where a changed learning rate is.
+    text = open(run_file).read()
+    loop_file = os.path.join(os.path.dirname(out_dir), "loop.toml")
+    with open(loop_file, "w") as f:
+        f.write(text[:text.index("[data]")] + text[text.index("[optimizer]"):])
+
+    def resumed(overrides):
+        code = ("import sys, fsdpp; print(fsdpp.Run(sys.argv[1], {'train.out_dir': sys.argv[2], "
+                "'checkpoint.resume': 'latest', **eval(sys.argv[3])}).steps)")
+        proc = subprocess.run([sys.executable, "-c", code, loop_file, out_dir, repr(overrides)], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+        warned = [line for line in proc.stderr.splitlines() if "resuming with other settings" in line]
+        return (int(proc.stdout) if proc.returncode == 0 else None), warned, proc.stderr.strip()[-300:]
+
+    steps, warned, said = resumed({})
+    print(f"{'ok  ' if steps == 2 and not warned else 'FAIL'} a Python run without [data] in the out_dir of a run "
+          f"fsdpp train saved: {f'resumed at step {steps}' if steps else said}; {warned or 'no other settings'}")
+    lr_steps, lr_warned, said = resumed({"optimizer.lr": 2e-2})
+    lr_named = lr_steps == 2 and len(lr_warned) == 1 and "optimizer.lr 0.01 -> 0.02" in lr_warned[0] and \
+        "data." not in lr_warned[0]
+    print(f"{'ok  ' if lr_named else 'FAIL'} with another learning rate it warns of that alone: {lr_warned or said}")
     # The Python run kept the record's data: a run of another data file is still refused.
     other = os.path.join(os.path.dirname(out_dir), "other.tok")
     shutil.copy(os.path.join(root, "data/licenses.tok"), other)
@@ -1179,7 +1190,7 @@ def resume_of_a_binary_run(out_dir):
                           capture_output=True, text=True, timeout=300)
     refused = proc.returncode == 2 and "holds another run" in proc.stderr
     print(f"{'ok  ' if refused else 'FAIL'} then a run of other data is refused: {proc.stderr.strip()[-200:]}")
-    return steps == 2 and refused
+    return steps == 2 and not warned and lr_named and refused
 
 
 def tied_head_adapter(model_dir, work):
