@@ -129,7 +129,11 @@ int run_plan(const CommandLine& args) {
   if (args.json) {
     std::cout << plan_json(resolved, args.world) << std::endl;
   } else {
-    std::cout << "policy " << std::filesystem::relative(script).string() << "\n" << format_plan(resolved, args.world);
+    // Under the working directory by its path from there (the shipped ones: policies/llama.lua),
+    // elsewhere as found.
+    const std::filesystem::path from_here = std::filesystem::relative(script);
+    const bool under = !from_here.empty() && *from_here.begin() != "..";
+    std::cout << "policy " << (under ? from_here : script).string() << "\n" << format_plan(resolved, args.world);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -44,11 +45,13 @@ std::string type_name(const toml::node& node) {
 
 std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
-  size_t best_distance = std::max<size_t>(3, word.size() / 2) + 1;
+  size_t best_distance = SIZE_MAX;
   for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    // Where every letter of the longer word changes ("zz" and "b"), the two share nothing.
-    if (d < best_distance && d < std::max(word.size(), c.size())) {
+    const size_t d = edit_distance(word, c);
+    const size_t longer = std::max(word.size(), c.size());
+    // A slip: two edits (letters swapped), or a third of the longer word's letters. Where every
+    // letter of the longer word changes ("zz" and "b"), the two share nothing.
+    if (d < best_distance && d <= std::max<size_t>(2, longer / 3) && d < longer) {
       best_distance = d;
       best = c;
     }

@@ -208,8 +208,10 @@ void Run::shard(const Plan& plan) {
                                       checkpoint_ ? checkpoint_fill(checkpoint_, loaded_.fill) : loaded_.fill, device_);
   if (loaded_.weights && !checkpoint_) {
     if (rank == 0) warn_unused_hf_tensors(model, *loaded_.weights);
-    // Touched pages of the mapped files, read from the kernel: what this rank really read.
-    const size_t touched = loaded_.weights->resident_bytes(), total = loaded_.weights->file_bytes();
+    // Touched pages of the mapped files, read from the kernel: what this rank really read. A
+    // file's last page counts whole, past its end: the figure is held to the files' size.
+    const size_t total = loaded_.weights->file_bytes();
+    const size_t touched = std::min(loaded_.weights->resident_bytes(), total);
     log_info("weights: rank ", rank, " read ", touched, " of ", total, " bytes of the HF files (",
              100.0 * static_cast<double>(touched) / static_cast<double>(std::max<size_t>(total, 1)), "%)");
   }

@@ -27,7 +27,7 @@ struct TrainConfig {
                                       // false keeps full gradients until the last one
   double clip_grad_norm = 1.0;   // global-norm clipping threshold; 0 disables
   int64_t log_every = 10;        // steps between log lines
-  int64_t eval_every = 0;        // steps between held-out evaluations; 0 disables
+  int64_t eval_every = 0;        // steps between held-out evaluations, and one after the last; 0 disables
   int64_t eval_batches = 8;      // micro-batches per evaluation
   int64_t threads = 0;           // intra-op threads; 0 keeps LibTorch's default
   std::string out_dir = "runs/default";  // metrics and saved models go here; one run's alone

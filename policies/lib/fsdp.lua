@@ -113,7 +113,7 @@ end
 
 -- The modules `names` (comma-separated module names or classes) select; each name that
 -- selects nothing is reported with the names it could take: of the Linear modules where
--- `linear_only`, else of every module but a list's numbered entries.
+-- `linear_only`, else of every module holding parameters but a list's numbered entries.
 -- A name that matches nothing is warned of, or with `required` an error: a module misspelt in
 -- freeze would otherwise train what it was to hold.
 local function modules_named(names, what, linear_only, required)
@@ -125,7 +125,7 @@ local function modules_named(names, what, linear_only, required)
     if #hits == 0 then
       if next(available) == nil then
         local candidates = linear_only and ctx.model:find{class = "Linear"}
-            or ctx.model:find{where = function(m) return string.match(m:path(), "[^.]+$") ~= nil end}
+            or ctx.model:find{where = function(m) return m:path() ~= "" and m:param_count() > 0 end}
         for _, m in ipairs(candidates) do
           local last = string.match(m:path(), "[^.]+$")
           if not string.match(last, "^%d+$") then available[last] = true end

@@ -16,4 +16,6 @@ TEST_CASE("nearest_name suggests a misspelt name and nothing for a word that sha
   CHECK(nearest_name("replicat", keys) == "replicate");
   CHECK(nearest_name("zz", keys).empty());    // two edits from "b", with no letter of it kept
   CHECK(nearest_name("xyz", {"abc"}).empty());
+  CHECK(nearest_name("foo", {"mode"}).empty());  // three edits in four letters: another word
+  CHECK(nearest_name("seq_lne", {"seq_len", "seed"}) == "seq_len");
 }

@@ -524,7 +524,8 @@ class Run:
         self._run.offload(_agreed(self._run, "offload", prepare))
 
     def reload(self):
-        """Brings back what offload() moved, bitwise as it was, where the run trains."""
+        """Brings back what offload() moved, bitwise as it was, where the run trains; with
+        nothing offloaded it does nothing."""
         self._run.reload()
 
     def zero_grad(self):

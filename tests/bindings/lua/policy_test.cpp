@@ -332,8 +332,12 @@ TEST_CASE("a LoRA option's name that matches nothing is warned of with the names
   REQUIRE(plan.warnings.size() == 2);
   // Adapters go on Linear layers alone; any module with parameters may keep training.
   CHECK_THAT(plan.warnings[0], Catch::Contains("lora_targets: 'q_prj' matches no module (Linear modules: down_proj, "));
+  // Those are named by their last name, a list's numbered entries left out, modules without
+  // parameters (rotary_emb) too.
   CHECK_THAT(plan.warnings[1], Catch::Contains("lora_trainable: 'nrom' matches no module (modules: down_proj, "
-                                               "embed_tokens, gate_proj, input_layernorm, k_proj, lm_head, norm, "));
+                                               "embed_tokens, gate_proj, input_layernorm, k_proj, layers, lm_head, "
+                                               "mlp, model, norm, o_proj, post_attention_layernorm, q_proj, "
+                                               "self_attn, up_proj, v_proj)"));
 }
 
 TEST_CASE("mesh{shard = 'auto'} follows the size rule for models not trained", "[lua]") {

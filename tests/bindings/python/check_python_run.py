@@ -298,8 +298,9 @@ def save_resume_export(run_file, loss_name, work, one, torchrun):
 
 
 def offload_round_trip(run_file):
-    """A step, a backward, offload of everything, reload, the step: bitwise what the same
-    calls give with no offload between; and while offloaded, each use raises fsdpp.Error."""
+    """A step, a backward, offload of everything, reload (twice: the second finds nothing to
+    bring back), the step: bitwise what the same calls give with no offload between; and while
+    offloaded, each use raises fsdpp.Error."""
     import fsdpp
     ids, advantages, offsets = batches(101)[0]
 
@@ -321,6 +322,7 @@ def offload_round_trip(run_file):
                     except fsdpp.Error as e:
                         refused.append(str(e))
                 run.reload()
+                run.reload()  # nothing is offloaded now: it does nothing
             figures.append((loss.item(),) + run.step())
             run.zero_grad()
         weights = {name: t.clone() for name, t in run.full_weights(dtype=torch.float64)}
