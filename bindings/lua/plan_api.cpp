@@ -66,18 +66,17 @@ int mesh_field(lua_State* L, int table, const char* key, int fallback) {
   return value;
 }
 
-// mesh{replicate = R, shard = S | -1 | "auto"} -> {replicate = R, shard = S} for the world.
-// "auto" is the seed's rule: a model being trained shards over every rank; one only run
-// forward (a reference or reward model) shards by size: < 10B parameters on 1 rank,
-// < 80B on 8, larger on all.
-int api_mesh(lua_State* L) {
+// A mesh's table {replicate = R, shard = S | -1 | "auto"} as {replicate, shard} for the world,
+// replicate by default the world over shard. "auto" is the seed's rule: a model being trained
+// shards over every rank; one only run forward (a reference or reward model) shards by size:
+// < 10B parameters on 1 rank, < 80B on 8, larger on all.
+MeshShape mesh_for_world(lua_State* L, int table) {
   PolicyRun& run = run_of(L);
-  if (!lua_istable(L, 1)) throw ScriptError("mesh expects a table: mesh{replicate = ..., shard = ...}");
-  check_mesh_keys(L, 1);
+  check_mesh_keys(L, table);
   const int world = run.context.world_size;
   int shard = -1;
   std::string auto_rule;  // why "auto" took the size it took
-  raw_field(L, 1, "shard");
+  raw_field(L, table, "shard");
   if (lua_type(L, -1) == LUA_TSTRING) {
     if (std::string(lua_tostring(L, -1)) != "auto") throw ScriptError("mesh: shard must be an integer, -1 or \"auto\"");
     const int64_t params = run.model->recursive_param_count();
@@ -91,16 +90,23 @@ int api_mesh(lua_State* L) {
     shard = mesh_size(L, "shard", /*all_allowed=*/true);
   }
   lua_pop(L, 1);
-  const int replicate = mesh_field(L, 1, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
+  const int replicate = mesh_field(L, table, "replicate", shard > 0 && world % shard == 0 ? world / shard : 1);
   if (!auto_rule.empty() && int64_t{replicate} * shard != world) {
     throw ScriptError(concat("mesh: shard = \"auto\" takes ", shard, " ranks here (", auto_rule, "), and replicate ",
                              replicate, " × ", shard, " ≠ world ", world,
                              ": leave replicate out, or give shard a number"));
   }
+  return {.replicate = replicate, .shard = shard};
+}
+
+// mesh{replicate = R, shard = S | -1 | "auto"} -> {replicate = R, shard = S} for the world.
+int api_mesh(lua_State* L) {
+  if (!lua_istable(L, 1)) throw ScriptError("mesh expects a table: mesh{replicate = ..., shard = ...}");
+  const MeshShape mesh = mesh_for_world(L, 1);
   lua_newtable(L);
-  lua_pushinteger(L, replicate);
+  lua_pushinteger(L, mesh.replicate);
   lua_setfield(L, -2, "replicate");
-  lua_pushinteger(L, shard);
+  lua_pushinteger(L, mesh.shard);
   lua_setfield(L, -2, "shard");
   return 1;
 }
@@ -175,10 +181,7 @@ void read_wrap_options(lua_State* L, int table, UnitPlan& unit) {
   raw_field(L, table, "mesh");
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) throw ScriptError("wrap: mesh must come from mesh{...}");
-    const int m = lua_gettop(L);
-    check_mesh_keys(L, m);
-    unit.mesh.replicate = mesh_field(L, m, "replicate", 1);
-    unit.mesh.shard = mesh_field(L, m, "shard", -1);
+    unit.mesh = mesh_for_world(L, lua_gettop(L));
   }
   lua_pop(L, 1);
 }

@@ -611,11 +611,24 @@ TEST_CASE("a failed options{...} call declares none of its entries", "[lua]") {
   }
 }
 
-TEST_CASE("a plain table as wrap's mesh has its keys checked as mesh{...} does", "[lua]") {
+TEST_CASE("a plain table as wrap's mesh is read as mesh{...} reads it", "[lua]") {
   const std::string expected = "escape.lua:1: mesh: unknown option 'shrd'; did you mean 'shard'?";
   CHECK_THAT(policy_error("wrap(ctx.model, {mesh = {shrd = 2, replicate = 4}})\n"), Catch::EndsWith(expected));
   CHECK_THAT(policy_error("wrap(ctx.model, {mesh = mesh{shrd = 2}})\n"), Catch::EndsWith(expected));
   CHECK(policy_error("wrap(ctx.model, {mesh = {shard = 2, replicate = 2}})\n").empty());
+  // Its defaults and "auto" too: the replicas the world leaves over the shard.
+  auto model = meta_model();
+  const auto path = write_policy("plain_mesh.lua", "wrap(ctx.model:get('model.layers.0'), {mesh = {shard = 2}})\n"
+                                                   "wrap(ctx.model:get('model.layers.1'), {mesh = {shard = 'auto'}})\n"
+                                                   "wrap(ctx.model, {mesh = mesh{shard = 2}})\n");
+  const auto plan = run_policy(path, *model, {.world_size = 4, .training = false});
+  REQUIRE(plan.units.size() == 3);
+  CHECK(plan.units[0].mesh.replicate == 2);
+  CHECK(plan.units[0].mesh.shard == 2);
+  CHECK(plan.units[1].mesh.replicate == 4);  // "auto" for a small model not trained: one rank
+  CHECK(plan.units[1].mesh.shard == 1);
+  CHECK(plan.units[2].mesh.replicate == plan.units[0].mesh.replicate);
+  CHECK(plan.units[2].mesh.shard == plan.units[0].mesh.shard);
 }
 
 TEST_CASE("m:parameters() names dtypes as precision{...} does", "[lua]") {
