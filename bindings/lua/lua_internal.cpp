@@ -173,7 +173,9 @@ bool starts_with_location(const std::string& message) {
 int message_handler(lua_State* L) {
   std::string message;
   if (lua_type(L, 1) == LUA_TSTRING || lua_type(L, 1) == LUA_TNUMBER) {
-    message = lua_tostring(L, 1);
+    size_t length = 0;
+    const char* text = lua_tolstring(L, 1, &length);
+    message.assign(text, length);  // whole: a NUL in it is written out with the rest
     // error(x, 0), a number, or a level past the script carry no position: the innermost
     // line that has one is where the policy failed.
     if (!starts_with_location(message)) message = error_location(L) + message;

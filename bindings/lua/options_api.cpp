@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 
 namespace fsdpp::lua {
@@ -81,6 +82,15 @@ std::string numeric_text(const OptionSpec& spec, bool integer) {
 }
 
 bool is_kind(const std::string& name) { return std::find(kKinds.begin(), kKinds.end(), name) != kKinds.end(); }
+
+// The kind a name that is none meant: a misspelling of one, or another language's name for
+// it ("int", "bool", "float", "str"); "" for none.
+std::string kind_meant(const std::string& name) {
+  static const std::map<std::string, std::string> other_names = {
+      {"int", "integer"}, {"bool", "boolean"}, {"float", "number"}, {"double", "number"}, {"str", "string"}};
+  if (const auto it = other_names.find(name); it != other_names.end()) return it->second;
+  return nearest_name(name, kKinds);
+}
 
 std::string accepts_text(const OptionSpec& spec) {
   std::vector<std::string> parts;
@@ -181,7 +191,7 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
   // A string listed alone that is no kind but near one is a misspelt kind: as a literal the
   // option would accept that one value alone, a constant no run file needs to set.
   if (const auto* lone = std::get_if<std::string>(&s.listed.front()); s.listed.size() == 1 && s.kinds.empty() && lone) {
-    if (const std::string near = nearest_name(*lone, kKinds); !near.empty()) {
+    if (const std::string near = kind_meant(*lone); !near.empty()) {
       throw ScriptError(what + ": unknown kind '" + *lone + "'; did you mean '" + near + "'?");
     }
   }

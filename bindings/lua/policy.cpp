@@ -123,10 +123,12 @@ std::filesystem::path find_policy(const PolicyConfig& config, const std::string&
 namespace {
 
 // "; [policy.options] given: shard_size = 5 (--set policy.options.shard_size=5)": what the run
-// file gave the policy, so that a refusal a value caused names where it came from; "" if none.
-std::string given_options_text(const std::vector<GivenOption>& options) {
+// file gave the policy, so that a refusal a value caused names where it came from; of those
+// `message` names where it is given (a policy's error names the option it refuses); "" if none.
+std::string given_options_text(const std::vector<GivenOption>& options, const std::string* message = nullptr) {
   std::string given;
   for (const auto& option : options) {
+    if (message != nullptr && message->find(option.name) == std::string::npos) continue;
     given += (given.empty() ? "" : ", ") + option.name + " = " + lua::lua_text(option.value) +
              (option.where.empty() ? "" : " (" + option.where + ")");
   }
@@ -165,11 +167,11 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
     const std::string memory_where = run.budget_line[0] != '\0' ? run.budget_line : script.string();
     std::string message = status == LUA_ERRMEM
         ? memory_where + ": policy exceeded its memory cap of " + std::to_string(limits.memory_bytes >> 20) + " MiB"
-        : lua_tostring(L, -1) ? lua_tostring(L, -1) : "policy failed";
+        : lua_isstring(L, -1) ? std::string(lua_tostring(L, -1), lua_rawlen(L, -1)) : "policy failed";
     // A chunk refused before it ran (bytecode) names no line: the file it is, then.
     if (status != LUA_ERRMEM && !starts_with_location(message)) message = script.string() + ": " + message;
     if (!run.option_error.empty()) throw UserError(run.option_error);
-    throw UserError("policy error: " + message + given_options_text(run.context.options));
+    throw UserError("policy error: " + message + given_options_text(run.context.options, &message));
   }
   // A refused [policy.options] value is the run's error even where a pcall let the policy go on.
   if (!run.option_error.empty()) throw UserError(run.option_error);

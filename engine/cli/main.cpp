@@ -114,6 +114,7 @@ int run_plan(const CommandLine& args) {
   config.check_paths();
   const PolicyConfig& policy = config.policy;
   const ModelConfig model_config = model_config_of(config.model);
+  config.check_experts(model_config);
   const at::ScalarType dtype = config.model.dtype;
   auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const auto script = find_policy(policy, model_config.model_type);

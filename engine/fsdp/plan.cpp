@@ -37,6 +37,20 @@ void check_has_forward(const UnitPlan& unit, const std::string& path, const Modu
 
 // The plan's units with the root added when the plan lacks one, each checked for paths that
 // exist and modules wrapped once.
+// A unit whose modules' parameters all belong to units inside it gathers nothing and is left
+// out, as fully_shard on such a module does nothing. What it declares for its forward
+// (checkpointing, precision, offload) would then apply to nothing: such a unit is refused.
+void refuse_if_declares_more(const UnitPlan& unit) {
+  const bool declares = unit.activation_checkpoint || unit.param_dtype || unit.reduce_dtype || unit.output_dtype ||
+                        unit.compute != ProductPrecision::param || unit.offload != Offload::none;
+  if (!declares) return;
+  std::string modules;
+  for (const auto& m : unit.modules) modules += (modules.empty() ? "" : ", ") + (m.empty() ? std::string("the root") : m);
+  throw UserError(where(unit) + ": wrap of " + modules + ": every parameter under it belongs to a unit inside it, so it " +
+                  "has none of its own to gather and is left out, and its activation_checkpoint, precision and " +
+                  "offload would apply to nothing; declare them on the units inside it, or wrap it alone");
+}
+
 std::vector<UnitPlan> units_with_root(const Plan& plan, const std::map<std::string, Module*>& by_path) {
   if (plan.units.empty()) throw UserError("policy wrapped nothing: no module matched any of its rules");
   std::vector<UnitPlan> units = plan.units;
@@ -219,7 +233,10 @@ ResolvedPlan resolve_plan(const Plan& plan, Module& root, int world, at::ScalarT
     // Every parameter under its modules belongs to units inside it (a root left with none, a
     // block whose parts are each a unit): there is nothing for it to gather, as fully_shard
     // on such a module does nothing.
-    if (r.numel == 0) continue;
+    if (r.numel == 0) {
+      refuse_if_declares_more(r.declared);
+      continue;
+    }
     r.bytes_gathered = r.numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     r.expert_bytes_gathered = r.expert_numel * static_cast<int64_t>(c10::elementSize(r.compute_dtype));
     resolved.total_numel += r.numel;

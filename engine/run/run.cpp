@@ -122,7 +122,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);
   if (!config.data.train.empty()) batches_ = open_batches(config.data, model_config);
-  config.experts.check_model(model_config, config.source.where("experts", "bias_update_rate"));
+  config.check_experts(model_config);
   // The policy reads a skeleton of the model (no memory): its units shard the run, one rank
   // or many, and its LoRA declaration puts adapters on the model before its values load.
   const auto skeleton = build_model(model_config, torch::TensorOptions().dtype(config.model.dtype).device(torch::kMeta));

@@ -161,6 +161,10 @@ void RunConfig::check_eval_schedule() const {
   if (train.eval_every > 0) check_eval_seq_len();
 }
 
+void RunConfig::check_experts(const ModelConfig& model) const {
+  experts.check_model(model, source.where("experts", "bias_update_rate"));
+}
+
 void RunConfig::check_eval_seq_len() const {
   if (data.seq_len < 2) {
     throw UserError(source.where("data", "seq_len") + ": [data] seq_len = " + std::to_string(data.seq_len) +

@@ -99,6 +99,9 @@ struct RunConfig {
   void check_eval_schedule() const;
   // An evaluation's windows of [data] seq_len tokens predict from 2 or more.
   void check_eval_seq_len() const;
+  // [experts] asks nothing of `model` that it lacks (routing biases to move), blamed on where
+  // the key was given.
+  void check_experts(const ModelConfig& model) const;
 };
 
 // The settings that shape the run, by dotted key (every section but [checkpoint] and

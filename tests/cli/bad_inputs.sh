@@ -249,6 +249,8 @@ expect "a loss scale that does not grow" "[loss_scale] growth_factor: must be ab
 # Mixture-of-experts settings and configs.
 expect "routing-bias update for a model without routing biases" "--set experts.bias_update_rate=0.001: [experts] bias_update_rate" "model_type 'llama'" \
   -- train "$work/ok.toml" --set experts.bias_update_rate=0.001
+expect "a plan's routing-bias update for a model without routing biases" \
+  "--set experts.bias_update_rate=0.001: [experts] bias_update_rate" -- plan "$work/ok.toml" --set experts.bias_update_rate=0.001
 expect "negative routing-bias rate" "[experts] bias_update_rate: must be a finite number in [0, 1]" \
   -- train "$work/ok.toml" --set experts.bias_update_rate=-1
 mkdir -p "$work/bad_groups"

@@ -323,6 +323,19 @@ TEST_CASE("plans are validated: tied parameters, paths, duplicates, meshes", "[f
                                      at::kFloat);
   REQUIRE(rootless.units.size() == 1);
   CHECK(rootless.units[0].name == "model+lm_head");
+  // One that declares checkpointing or precision for its forward would declare them for
+  // nothing: refused, naming the line.
+  CHECK(error_of({.units = {{.modules = {"model.layers.0.self_attn"}}, {.modules = {"model.layers.0.mlp"}},
+                            {.modules = {"model.layers.0.input_layernorm"}},
+                            {.modules = {"model.layers.0.post_attention_layernorm"}},
+                            {.modules = {"model.layers.0"}, .activation_checkpoint = true, .origin = "p.lua:5"}}},
+                 1) ==
+        "p.lua:5: wrap of model.layers.0: every parameter under it belongs to a unit inside it, so it has none of its "
+        "own to gather and is left out, and its activation_checkpoint, precision and offload would apply to nothing; "
+        "declare them on the units inside it, or wrap it alone");
+  CHECK(error_of({.units = {{.modules = {"model", "lm_head"}}, {.modules = {""}, .output_dtype = at::kFloat,
+                                                                .origin = "p.lua:8"}}},
+                 1) != "");
   CHECK(error_of({.units = {{.modules = {"model.layers"}, .origin = "p.lua:2"}}}, 1) ==
         "p.lua:2: module 'model.layers' is a ModuleList, which has no forward of its own (its owner calls each child): "
         "wrap its children");

@@ -193,6 +193,8 @@ for i = 1, 1000 do wrap(big) end
   const Plan escaped = run_policy(write_policy("escaped.lua", "warn('a\\nFAKE error\\27[31m')\nwrap(ctx.model)\n"), *model, {});
   REQUIRE(escaped.warnings.size() == 1);
   CHECK_THAT(escaped.warnings[0], Catch::EndsWith("escaped.lua:1: a\\nFAKE error\\x1b[31m"));
+  // So is an error, a NUL in it written out with what follows it.
+  CHECK_THAT(policy_error("error('abc\\0def\\255')\n"), Catch::EndsWith("escape.lua:1: abc\\x00def\\xff"));
   const Plan long_line = run_policy(write_policy("long.lua", "warn(string.rep('x', 10000))\nwrap(ctx.model)\n"), *model, {});
   REQUIRE(long_line.warnings.size() == 1);
   CHECK(long_line.warnings[0].size() < 4200);
@@ -693,6 +695,12 @@ TEST_CASE("the memory cap's message names the line the script was running", "[lu
 TEST_CASE("a lone option kind misspelt is an error, not a literal", "[lua]") {
   CHECK_THAT(policy_error("options{n = {'interger'}}\n"),
              Catch::EndsWith("escape.lua:1: options: n: unknown kind 'interger'; did you mean 'integer'?"));
+  // Another language's name for a kind, listed alone, is one too.
+  for (const auto& [name, kind] : {std::pair{"int", "integer"}, {"bool", "boolean"}, {"float", "number"},
+                                   {"double", "number"}, {"str", "string"}}) {
+    CHECK_THAT(policy_error(std::string("options{n = {'") + name + "'}}\n"),
+               Catch::EndsWith(std::string("options: n: unknown kind '") + name + "'; did you mean '" + kind + "'?"));
+  }
   // Literals beside others, or far from any kind, are literals.
   CHECK(policy_error("local o = options{mode = {'bool', 'int', default = 'bool'}, k = {'auto', default = 'auto'}}\n"
                      "assert(o.mode == 'bool' and o.k == 'auto')\nwrap(ctx.model)\n").empty());
