@@ -7,10 +7,14 @@ Usage: .venv/bin/python scripts/make_multimodal.py --model MODEL_DIR --out DIR M
 Each MANIFEST line is one sample: {"text": "...", "images": ["a.png", ...], "videos":
 [["frame0.png", "frame1.png", ...], ...], "fps": 2.0}. In the text, every "<image>" and
 "<video>" marks where the next image or video goes; a line without them is a text-only
-sample. Text is tokenized byte by byte (UTF-8), or with --tokenizer tokenizer.json. Each
-image or video becomes vision_start, one placeholder per merged patch group, vision_end,
-with the token ids, patch size and merge size read from MODEL_DIR/config.json. Relative
-file names resolve against the manifest's directory."""
+sample. Text is tokenized by --tokenizer (a tokenizer.json or its directory), else by
+MODEL_DIR/tokenizer.json where the model has one, else byte by byte (UTF-8: the byte-level
+tiny models alone). Each image or video becomes vision_start, one placeholder per merged
+patch group, vision_end, with the token ids, patch size and merge size read from
+MODEL_DIR/config.json; images are resized between --min-pixels and --max-pixels, by default
+MODEL_DIR/preprocessor_config.json's bounds where it has them, as the model's processor would
+resize them, else 64x64 and 128x128. Relative file names resolve against the manifest's
+directory. Nothing is written unless every sample is good."""
 import argparse
 import json
 import os
@@ -26,13 +30,13 @@ def fail(msg):
     sys.exit(2)
 
 
-def load_frame(path):
+def load_frame(where, path):
     from PIL import Image
     try:
         with Image.open(path) as image:
             return np.array(image.convert("RGB"))  # writable: torch warns of a read-only array
-    except OSError as e:
-        fail(f"{path}: cannot read the image ({e})")
+    except (OSError, Image.DecompressionBombError) as e:
+        fail(f"{where}: {path}: cannot read the image ({e})")
 
 
 def check_sample(where, spec):
@@ -45,6 +49,10 @@ def check_sample(where, spec):
         fail(f"{where}: \"text\" is not a string")
     if "\0" in text:  # the marks are cut out on NUL characters
         fail(f"{where}: \"text\" holds a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        fail(f"{where}: \"text\" holds {e.object[e.start:e.end]!r}, which no UTF-8 text holds (a lone surrogate)")
     if not isinstance(images, list) or not all(isinstance(p, str) for p in images):
         fail(f"{where}: \"images\" is not a list of file names")
     if not isinstance(videos, list) or not all(
@@ -53,6 +61,48 @@ def check_sample(where, spec):
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
         fail(f"{where}: \"fps\" is {json.dumps(fps)}, not a positive number")
     return text, list(images), list(videos), float(fps)
+
+
+def pixel_bounds(args, model_dir):
+    """(min_pixels, max_pixels): the flags, else the model's preprocessor_config.json (either
+    spelling: min_pixels/max_pixels, or size's shortest_edge/longest_edge), else 64x64 and 128x128."""
+    found = {}
+    path = os.path.join(model_dir, "preprocessor_config.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                pre = json.load(f)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            fail(f"{path}: cannot be read as JSON ({e})")
+        size = pre.get("size") if isinstance(pre, dict) and isinstance(pre.get("size"), dict) else {}
+        found = {"min": pre.get("min_pixels", size.get("shortest_edge")), "max": pre.get("max_pixels", size.get("longest_edge"))}
+    bounds = []
+    for flag, key, default in ((args.min_pixels, "min", 64 * 64), (args.max_pixels, "max", 128 * 128)):
+        value = flag if flag is not None else found.get(key) if found.get(key) is not None else default
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            fail(f"{key}_pixels {value!r} (from {'--' + key + '-pixels' if flag is not None else path}) is not a whole number >= 1")
+        bounds.append(value)
+    if bounds[0] > bounds[1]:
+        fail(f"min_pixels {bounds[0]} is above max_pixels {bounds[1]}")
+    return bounds
+
+
+def text_encoder(tokenizer_arg, model_dir):
+    """(encode, what it is): --tokenizer's (a tokenizer.json or its directory), else the model's
+    tokenizer.json, else UTF-8 bytes."""
+    path = tokenizer_arg
+    if path is not None and os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+    if path is None and os.path.exists(os.path.join(model_dir, "tokenizer.json")):
+        path = os.path.join(model_dir, "tokenizer.json")
+    if path is None:
+        return (lambda text: list(text.encode("utf-8"))), "UTF-8 bytes"
+    from tokenizers import Tokenizer
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers library raises its own Exception for any file it cannot take
+        fail(f"--tokenizer {path}: cannot be read as a tokenizer.json ({e})")
+    return (lambda text: tokenizer.encode(text, add_special_tokens=False).ids), path
 
 
 def process(where, name, processor, **kwargs):
@@ -68,10 +118,12 @@ def main():
     ap.add_argument("manifest")
     ap.add_argument("--model", required=True, help="HF model directory (or config.json) of the VL model")
     ap.add_argument("--out", required=True, help="dataset directory to write")
-    ap.add_argument("--tokenizer", help="tokenizer.json (default: UTF-8 bytes)")
-    ap.add_argument("--min-pixels", type=int, default=64 * 64)
-    ap.add_argument("--max-pixels", type=int, default=128 * 128)
+    ap.add_argument("--tokenizer", help="tokenizer.json or its directory (default: the model's, else UTF-8 bytes)")
+    ap.add_argument("--min-pixels", type=int, help="default: the model's preprocessor_config.json, else 64x64")
+    ap.add_argument("--max-pixels", type=int, help="default: the model's preprocessor_config.json, else 128x128")
     args = ap.parse_args()
+    if os.path.isfile(args.out):
+        fail(f"--out {args.out}: a file, not a directory to write")
 
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
     config_path = args.model if args.model.endswith(".json") else os.path.join(args.model, "config.json")
@@ -87,15 +139,13 @@ def main():
         fail(f"--model {args.model}: {config_path} is no Qwen2-VL config (it needs {', '.join(keys)})")
     vision = config["vision_config"]
     merge, patch, frames = vision.get("spatial_merge_size", 2), vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
-    sizes = dict(patch_size=patch, temporal_patch_size=frames, merge_size=merge, min_pixels=args.min_pixels,
-                 max_pixels=args.max_pixels)
+    model_dir = os.path.dirname(config_path) or "."
+    min_pixels, max_pixels = pixel_bounds(args, model_dir)
+    sizes = dict(patch_size=patch, temporal_patch_size=frames, merge_size=merge, min_pixels=min_pixels,
+                 max_pixels=max_pixels)
     processor = Qwen2VLImageProcessor(**sizes)
     video_processor = Qwen2VLVideoProcessor(**sizes, do_sample_frames=False)  # every frame the manifest lists
-    encode = lambda text: list(text.encode("utf-8"))  # noqa: E731
-    if args.tokenizer:
-        from tokenizers import Tokenizer
-        tokenizer = Tokenizer.from_file(args.tokenizer)
-        encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    encode, tokenized_by = text_encoder(args.tokenizer, model_dir)
     base = os.path.dirname(os.path.abspath(args.manifest))
     pixels, samples = {}, []
     try:
@@ -128,13 +178,13 @@ def main():
                 name = images.pop(0)
                 # PIL's frames are height x width x RGB; left to guess, the processor takes
                 # an image 1, 3 or 4 pixels high or wide for channels first.
-                out = process(where, name, processor, images=[load_frame(os.path.join(base, name))],
+                out = process(where, name, processor, images=[load_frame(where, os.path.join(base, name))],
                               return_tensors="pt", input_data_format="channels_last")
                 patches, grid, token = out["pixel_values"], out["image_grid_thw"][0], config["image_token_id"]
                 sample["images"].append({"pixels": key, "grid": grid.tolist()})
             else:
                 names = videos.pop(0)
-                clip = [load_frame(os.path.join(base, p)) for p in names]
+                clip = [load_frame(where, os.path.join(base, p)) for p in names]
                 if len({frame.shape for frame in clip}) > 1:
                     fail(f"{where}: the frames of video {names[0]} ... differ in size "
                          f"({', '.join(sorted({f'{f.shape[1]}x{f.shape[0]}' for f in clip}))}); "
@@ -147,17 +197,23 @@ def main():
             pixels[key] = torch.as_tensor(patches, dtype=torch.float32).contiguous()
             count = int(grid.prod()) // (merge * merge)
             sample["input_ids"] += [config["vision_start_token_id"]] + [token] * count + [config["vision_end_token_id"]]
+        if len(sample["input_ids"]) < 2:
+            fail(f"{where}: {len(sample['input_ids'])} tokens; a sample needs 2 or more (a token and the one it predicts)")
         samples.append({k: v for k, v in sample.items() if v})
     if not samples:
         fail(f"{args.manifest}: no samples (an empty manifest)")
-    os.makedirs(args.out, exist_ok=True)
-    save_file(pixels, os.path.join(args.out, "pixels.safetensors"))
-    with open(os.path.join(args.out, "samples.jsonl"), "w") as f:
-        for sample in samples:
-            f.write(json.dumps(sample) + "\n")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        save_file(pixels, os.path.join(args.out, "pixels.safetensors"))
+        with open(os.path.join(args.out, "samples.jsonl"), "w") as f:
+            for sample in samples:
+                f.write(json.dumps(sample) + "\n")
+    except OSError as e:
+        fail(f"--out {args.out}: cannot write the dataset ({e.strerror}: {e.filename})")
     longest = max(len(s["input_ids"]) for s in samples)
     print(f"make_multimodal: {len(samples)} samples ({sum(bool(s.get('images') or s.get('videos')) for s in samples)} "
-          f"with images or video), {len(pixels)} pixel tensors, longest sample {longest} tokens -> {args.out}")
+          f"with images or video), {len(pixels)} pixel tensors, longest sample {longest} tokens, text tokenized by "
+          f"{tokenized_by}, images of {min_pixels} to {max_pixels} pixels -> {args.out}")
 
 
 if __name__ == "__main__":

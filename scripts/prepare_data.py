@@ -43,6 +43,10 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 BYTE_EOS = 256
 
 
+class NoChatTemplate(BadRecord):
+    """A chat the tokenizer cannot render: true of every chat, so never a record to skip."""
+
+
 class ByteTokenizer:
     vocab_size = BYTE_EOS + 1
     eos_id = BYTE_EOS
@@ -51,7 +55,7 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def chat(self, messages):
-        raise BadRecord("a chat needs --tokenizer with a chat template (byte-level tokens have none)")
+        raise NoChatTemplate("a chat needs --tokenizer with a chat template (byte-level tokens have none)")
 
     def ends_with_eos(self, ids):
         return bool(ids) and ids[-1] == self.eos_id
@@ -116,9 +120,9 @@ class HfTokenizer:
         document per assistant turn instead, the conversation up to that turn as the template
         renders it, with that turn alone learned: what the model is shown when it answers."""
         if self.tok.chat_template is None:
-            raise BadRecord("the tokenizer has no chat template")
+            raise NoChatTemplate("the tokenizer has no chat template")
         if not self.tok.is_fast:
-            raise BadRecord("a chat needs a fast tokenizer (tokenizer.json) to find each turn's tokens")
+            raise NoChatTemplate("a chat needs a fast tokenizer (tokenizer.json) to find each turn's tokens")
         whole = self.prefix_rendering(messages)
         if whole is not None:
             return [self.tokenize(*whole)]
@@ -240,6 +244,8 @@ def prepare(args):
             for number, record, read in rows:
                 try:
                     parts = documents(tokenizer, record, args.text_field) if record is not None else []
+                except NoChatTemplate as e:  # the tokenizer's, which no record could pass
+                    fail(f"{path}:{number}: {e}")
                 except BadRecord as e:
                     if not args.skip_bad:
                         fail(f"{path}:{number}: {e} (--skip-bad skips such records)")

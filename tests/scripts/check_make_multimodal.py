@@ -7,8 +7,11 @@ user's that is no token file. make_multimodal.py reads PIL's frames as channels 
 red picture (which the processor, left to guess, takes for channels first) comes out red, its
 normalised R channel above zero and G and B below. It refuses a missing manifest or --model, a
 line that is no JSON object, a "text" that is no string or holds NUL, an empty manifest, a
-picture whose aspect ratio the processor refuses, a video of frames of different sizes and an
-"fps" that is no positive number. make_multimodal_example.py answers --help without writing."""
+picture whose aspect ratio the processor refuses, a video of frames of different sizes, an
+"fps" that is no positive number, a sample of fewer than 2 tokens, a lone surrogate, a missing
+picture (naming the manifest's line), an --out that is a file and a --tokenizer that is none;
+it tokenizes and sizes as a model directory's tokenizer.json and preprocessor_config.json
+say, unless the flags say otherwise. make_multimodal_example.py answers --help without writing."""
 import json
 import os
 import shutil
@@ -121,15 +124,54 @@ def check_multimodal_refusals(work):
         ({"text": "<video>", "videos": [["small.png", "small.png"]], "fps": 0}, '"fps" is 0, not a positive number'),
         ({"text": "<video>", "videos": [["small.png", "small.png"]], "fps": -2}, '"fps" is -2'),
         ({"text": "<video>", "videos": [["small.png", "small.png"]], "fps": "fast"}, '"fps" is "fast"'),
+        ({"text": ""}, "0 tokens; a sample needs 2 or more"),
+        ({}, "0 tokens; a sample needs 2 or more"),
+        ({"text": "a\ud800b"}, "which no UTF-8 text holds (a lone surrogate)"),
+        ({"text": "<image>", "images": ["nope.png"]}, "nope.png: cannot read the image"),
     ]
     for k, (sample, reason) in enumerate(cases):
         lines = manifest(work, f"bad-{k}.jsonl", {"text": "first line fine"}, "", sample)
         refused(run("make_multimodal.py", "--model", MODEL, "--out", out, lines), "make_multimodal",
                 f"{lines}:3: ", reason)
+    refused(run("make_multimodal.py", "--model", MODEL, "--out", fine, fine), "make_multimodal",
+            f"--out {fine}: a file, not a directory to write")
+    refused(run("make_multimodal.py", "--model", MODEL, "--tokenizer", work, "--out", out, fine), "make_multimodal",
+            f"--tokenizer {os.path.join(work, 'tokenizer.json')}: cannot be read as a tokenizer.json")
     empty = manifest(work, "empty.jsonl", "", "  ")
     refused(run("make_multimodal.py", "--model", MODEL, "--out", out, empty), "make_multimodal",
             f"{empty}: no samples")
     assert not os.path.exists(out), "a refused run wrote its output"
+
+
+def check_model_defaults(work):
+    """A model directory with a tokenizer.json and a preprocessor_config.json: the text is
+    tokenized by it and the images sized by its bounds, as its processor would, unless the
+    flags say otherwise."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    model_dir = os.path.join(work, "model-with-processor")
+    os.makedirs(model_dir)
+    shutil.copy(os.path.join(MODEL, "config.json"), model_dir)
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 7, "red": 9}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(os.path.join(model_dir, "tokenizer.json"))
+    with open(os.path.join(model_dir, "preprocessor_config.json"), "w") as f:
+        json.dump({"min_pixels": 28 * 28, "max_pixels": 56 * 56}, f)
+    picture(work, "big.png", (112, 112))
+    lines = manifest(work, "words.jsonl", {"text": "a <image> red", "images": ["big.png"]})
+    out = os.path.join(work, "words")
+    made = run("make_multimodal.py", "--model", model_dir, "--out", out, lines)
+    assert made.returncode == 0, made.stderr
+    assert "text tokenized by " + os.path.join(model_dir, "tokenizer.json") in made.stdout, made.stdout
+    sample = json.loads(open(os.path.join(out, "samples.jsonl")).readline())
+    config = json.load(open(os.path.join(MODEL, "config.json")))
+    ids = sample["input_ids"]
+    assert ids[0] == 7 and ids[-1] == 9 and ids[1] == config["vision_start_token_id"], ids
+    assert sample["images"][0]["grid"] == [1, 14, 14], sample["images"][0]  # 56 x 56 pixels at most, patches of 4
+    # The flags still rule.
+    made = run("make_multimodal.py", "--model", model_dir, "--max-pixels", str(112 * 112), "--out", out + "-big", lines)
+    assert made.returncode == 0, made.stderr
+    grid = json.loads(open(os.path.join(out + "-big", "samples.jsonl")).readline())["images"][0]["grid"]
+    assert grid == [1, 28, 28], grid
 
 
 def check_example_help(work):
@@ -150,13 +192,15 @@ def main():
         check_make_tokens(work)
         check_red_pixel(work)
         check_multimodal_refusals(work)
+        check_model_defaults(work)
         help_dir = os.path.join(work, "help")
         os.makedirs(help_dir)
         check_example_help(help_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("ok: make_tokens.py keeps its inputs and other files, a 1x1 red picture stays red, every refusal of "
-          "make_multimodal.py is one line, make_multimodal_example.py answers --help")
+          "make_multimodal.py is one line, a model's own tokenizer and image bounds are its defaults, "
+          "make_multimodal_example.py answers --help")
 
 
 if __name__ == "__main__":
