@@ -56,6 +56,10 @@ const std::string& sticky_error(const PolicyRun& run);
 lua_State* open_sandbox(PolicyRun& run);
 // Makes the globals and library tables read-only for every chunk loaded from here on.
 void lock_globals(lua_State* L);
+// Replaces the table on top of the stack, and every table inside it, by read-only views
+// (`name` in messages: "ctx.config.x is read-only"), so that what the engine hands a policy
+// reads the same to every chunk that reads it.
+void make_read_only_tree(lua_State* L, const std::string& name);
 
 // Whether `message` opens with a script's "file:line: ", as Lua's own errors do.
 bool starts_with_location(const std::string& message);

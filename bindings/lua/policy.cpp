@@ -155,6 +155,7 @@ Plan evaluate_policy(const std::filesystem::path& script, CausalLM& model, const
   if (L == nullptr) throw UserError(script.string() + ": cannot create a Lua state");
   std::unique_ptr<lua_State, void (*)(lua_State*)> close(L, lua_close);
   push_context(L, run);
+  make_read_only_tree(L, "ctx");
   lua_setglobal(L, "ctx");
   lock_globals(L);
   lua_pushcfunction(L, message_handler);

@@ -216,6 +216,11 @@ int read_only_next(lua_State* L) {
   return 1;
 }
 
+int read_only_len(lua_State* L) {
+  lua_pushinteger(L, static_cast<lua_Integer>(lua_rawlen(L, lua_upvalueindex(1))));
+  return 1;
+}
+
 int read_only_pairs(lua_State* L) {
   lua_pushvalue(L, lua_upvalueindex(1));
   lua_pushcclosure(L, read_only_next, 1);
@@ -231,7 +236,8 @@ void push_read_only(lua_State* L, const char* name, bool globals) {
   lua_newtable(L);  // the view
   lua_newtable(L);  // its metatable
   for (auto [event, function] : {std::pair<const char*, lua_CFunction>{"__index", read_only_index},
-                                 {"__newindex", read_only_newindex}, {"__pairs", read_only_pairs}}) {
+                                 {"__newindex", read_only_newindex}, {"__pairs", read_only_pairs},
+                                 {"__len", read_only_len}}) {
     lua_pushvalue(L, table);
     lua_pushstring(L, name);
     lua_pushboolean(L, globals);
@@ -299,6 +305,20 @@ lua_State* open_sandbox(PolicyRun& run) {
   open_options_api(L);
   lua_sethook(L, budget_hook, LUA_MASKCOUNT, kHookEvery);
   return L;
+}
+
+void make_read_only_tree(lua_State* L, const std::string& name) {
+  const int table = lua_gettop(L);
+  // Existing fields only are rewritten, which a traversal allows.
+  for (lua_pushnil(L); lua_next(L, table) != 0; lua_pop(L, 1)) {
+    if (lua_type(L, -1) != LUA_TTABLE) continue;
+    const std::string inner = name + "." + (lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "[]");
+    lua_pushvalue(L, -2);  // the key
+    lua_pushvalue(L, -2);  // the inner table
+    make_read_only_tree(L, inner);
+    lua_rawset(L, table);
+  }
+  push_read_only(L, name.c_str(), false);
 }
 
 void lock_globals(lua_State* L) {

@@ -613,6 +613,21 @@ TEST_CASE("a failed options{...} call declares none of its entries", "[lua]") {
   }
 }
 
+TEST_CASE("ctx and the tables in it are read-only, and read as tables do", "[lua]") {
+  CHECK_THAT(policy_error("ctx.world_size = 99\n"), Catch::EndsWith("escape.lua:1: ctx.world_size is read-only"));
+  CHECK_THAT(policy_error("ctx.config.num_hidden_layers = 1\n"),
+             Catch::EndsWith("escape.lua:1: ctx.config.num_hidden_layers is read-only"));
+  CHECK_THAT(policy_error("ctx.no_split_modules[1] = 'Linear'\n"),
+             Catch::EndsWith("escape.lua:1: ctx.no_split_modules.1 is read-only"));
+  CHECK_THAT(policy_error("setmetatable(ctx, {})\n"), Catch::EndsWith("escape.lua:1: cannot change a protected metatable"));
+  CHECK(policy_error("assert(#ctx.no_split_modules >= 1 and ctx.no_split_modules[1] == 'LlamaDecoderLayer')\n"
+                     "local n = 0\nfor _ in pairs(ctx.config) do n = n + 1 end\nassert(n > 3)\n"
+                     "for _, c in ipairs(ctx.no_split_modules) do n = n + 1 end\n"
+                     "assert(ctx.config.num_hidden_layers > 0 and table.concat(ctx.no_split_modules, ',') ~= '')\n"
+                     "wrap(ctx.model)\n")
+            .empty());
+}
+
 TEST_CASE("a plain table as wrap's mesh is read as mesh{...} reads it", "[lua]") {
   const std::string expected = "escape.lua:1: mesh: unknown option 'shrd'; did you mean 'shard'?";
   CHECK_THAT(policy_error("wrap(ctx.model, {mesh = {shrd = 2, replicate = 4}})\n"), Catch::EndsWith(expected));
