@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <sstream>
 #include <tuple>
 
@@ -50,7 +51,23 @@ SampleRecord read_sample(const std::string& line, const std::string& where) {
   return sample;
 }
 
-// Each image's or video's grid and pixels, and as many placeholder tokens as they give.
+// The lengths of the runs of `token` in `ids`, in order.
+std::vector<int64_t> runs_of(const std::vector<int64_t>& ids, int64_t token) {
+  std::vector<int64_t> runs;
+  for (size_t at = 0; at < ids.size(); ++at) {
+    if (ids[at] != token) continue;
+    if (at == 0 || ids[at - 1] != token) runs.push_back(0);
+    ++runs.back();
+  }
+  return runs;
+}
+
+// "[72, 36]".
+std::string list_text(const std::vector<int64_t>& values) { return json(values).dump(); }
+
+// Each image's or video's grid and pixels, and its own run of as many placeholder tokens as
+// its grid gives, in the order the images (videos) are listed: the model fills each run with
+// one image's merged patches.
 void check_visuals(const SampleRecord& sample, const std::string& where, const ModelConfig& model,
                    const std::map<std::string, SafetensorsEntry>& pixels) {
   const VisionConfig& vision = *model.vision;
@@ -58,7 +75,7 @@ void check_visuals(const SampleRecord& sample, const std::string& where, const M
   const int64_t patch_width = vision.in_channels * vision.temporal_patch_size * vision.patch_size * vision.patch_size;
   for (auto [kind, visuals, token] : {std::tuple{"image", &sample.images, model.image_token_id},
                                       {"video", &sample.videos, model.video_token_id}}) {
-    int64_t expected = 0;
+    std::vector<int64_t> wanted;  // each one's placeholders
     for (const auto& v : *visuals) {
       const bool sized = v.grid.size() == 3 && std::all_of(v.grid.begin(), v.grid.end(), [](int64_t g) {
         return g >= 1 && g <= (int64_t{1} << 16);
@@ -74,12 +91,18 @@ void check_visuals(const SampleRecord& sample, const std::string& where, const M
         throw UserError(where + ": pixels '" + v.pixels + "' should be [" + std::to_string(patches) + ", " +
                         std::to_string(patch_width) + "] for grid " + json(v.grid).dump());
       }
-      expected += patches / (merge * merge);
+      wanted.push_back(patches / (merge * merge));
     }
-    const auto count = std::count(sample.input_ids.begin(), sample.input_ids.end(), token);
+    const std::vector<int64_t> runs = runs_of(sample.input_ids, token);
+    const int64_t count = std::accumulate(runs.begin(), runs.end(), int64_t{0});
+    const int64_t expected = std::accumulate(wanted.begin(), wanted.end(), int64_t{0});
     if (count != expected) {
       throw UserError(where + ": " + std::to_string(count) + " " + kind + " placeholders, but the grids give " +
                       std::to_string(expected));
+    }
+    if (runs != wanted) {
+      throw UserError(where + ": the " + kind + " placeholders lie in runs of " + list_text(runs) + " tokens, but the " +
+                      kind + "s' grids give " + list_text(wanted) + ": one run each, in their order");
     }
   }
 }

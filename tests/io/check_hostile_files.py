@@ -343,6 +343,11 @@ def multimodal_cases():
         # Of 41 tokens at seq_len 40, the last is a target alone: its placeholder no input.
         ("a placeholder as the 41st of 41 tokens", {"input_ids": [1] * 39 + [292, 290], "images": [image_2x2]},
          "samples.jsonl:1: its last token, the data.seq_len + 1 = 41th, is a placeholder", []),
+        # Two images whose placeholders run together: the model fills each run with one image.
+        ("two images in one run of placeholders", {"input_ids": [1, 292, 290, 290, 293, 2],
+                                                   "images": [image_2x2, image_2x2]},
+         "samples.jsonl:1: the image placeholders lie in runs of [2] tokens, but the images' grids give [1,1]: one run "
+         "each, in their order", []),
         ("eval_fraction that holds out no sample", {"input_ids": [1, 2, 3]},
          "samples.jsonl: [data] eval_fraction 0.5 holds out 0 of its 1 samples", ["data.eval_fraction=0.5"]),
     ]:
