@@ -17,11 +17,12 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <optional>
+#include <tuple>
 
 namespace fsdpp::lua {
 
@@ -38,14 +39,12 @@ struct OptionSpec {
   std::string doc;
 };
 
-// The fewest significant digits that read back as `value`.
+// The fewest digits that read back as `value`, in fixed or exponent form, whichever is shorter
+// ("10", "0.5", "1e-06").
 std::string shortest(double value) {
   char text[32];
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, value);
-    if (std::strtod(text, nullptr) == value) break;
-  }
-  return text;
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  return std::string(text, end);
 }
 
 }  // namespace
@@ -56,7 +55,7 @@ std::string lua_text(const PolicyValue& value) {
     if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
     else if constexpr (std::is_same_v<T, int64_t>) return std::to_string(v);
     else if constexpr (std::is_same_v<T, double>) {
-      if (std::isnan(v)) return "nan";  // printf's sign of a NaN is noise ("-nan")
+      if (std::isnan(v)) return "nan";  // the sign of a NaN is noise ("-nan")
       const std::string shown = shortest(v);  // with a point, so that 2.0 is not shown as the integer 2
       return shown.find_first_of(".eni") == std::string::npos ? shown + ".0" : shown;
     } else return "\"" + v + "\"";
@@ -197,6 +196,9 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
   }
   s.min = bound_at(L, spec, "min", what);
   s.max = bound_at(L, spec, "max", what);
+  if ((s.min || s.max) && !has_kind(s, "integer") && !has_kind(s, "number")) {
+    throw ScriptError(what + ": min and max bound numbers, and it takes none (kind \"integer\" or \"number\")");
+  }
   if (s.min && s.max && *s.min > *s.max) {
     throw ScriptError(what + ": min " + bound_text(*s.min, false) + " is above max " + bound_text(*s.max, false) +
                       ", so no number is accepted");
@@ -233,8 +235,15 @@ std::vector<PolicyOption>::iterator option_slot(std::vector<PolicyOption>& optio
 bool first_declaration(PolicyRun& run, const PolicyOption& option) {
   const auto at = option_slot(run.plan.options, option.name);
   if (at == run.plan.options.end() || at->name != option.name) return true;
-  if (at->accepts != option.accepts || at->value != option.value || at->doc != option.doc) {
-    throw ScriptError("options: '" + option.name + "' declared again differently (first at " + at->origin + ")");
+  std::string differ;
+  for (const auto& [field, first, again] : {std::tuple{"what it accepts", &at->accepts, &option.accepts},
+                                            {"its value", &at->value, &option.value},
+                                            {"its doc", &at->doc, &option.doc}}) {
+    if (*first != *again) differ += (differ.empty() ? "" : "; ") + std::string(field) + ": " + *first + " there, " + *again + " here";
+  }
+  if (!differ.empty()) {
+    throw ScriptError("options: '" + option.name + "' declared again differently from its declaration at " + at->origin +
+                      " (" + differ + ")");
   }
   return false;
 }
@@ -256,6 +265,13 @@ int api_options(lua_State* L) {
   for (lua_pushnil(L); lua_next(L, 1) != 0; lua_pop(L, 1)) {
     if (lua_type(L, -2) != LUA_TSTRING) throw ScriptError("options: option names must be strings");
     names.push_back(to_string_arg(L, -2, "options: a name"));
+    // A run file sets it as a TOML key of [policy.options]: a bare key's letters alone.
+    const std::string& name = names.back();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](unsigned char c) {
+          return std::isalnum(c) || c == '_' || c == '-';
+        })) {
+      throw ScriptError("options: '" + name + "' is no name a run file can set (letters, digits, _ and - alone)");
+    }
   }
   std::sort(names.begin(), names.end());
   const std::string origin = caller_location(L);

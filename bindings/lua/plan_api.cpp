@@ -249,8 +249,8 @@ double number_field(lua_State* L, int table, const char* key, double fallback, d
   }
   lua_pop(L, 1);
   if (!(value >= min && value <= max)) {
-    throw ScriptError(std::string("lora: ") + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) +
-                      "], got " + std::to_string(value));
+    throw ScriptError(std::string("lora: ") + key + " must be in [" + lua_text(min) + ", " + lua_text(max) + "], got " +
+                      lua_text(value));
   }
   return value;
 }

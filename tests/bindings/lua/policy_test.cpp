@@ -556,8 +556,22 @@ TEST_CASE("a bad options{...} declaration is the policy's error, at its line", "
   CHECK_THAT(policy_error("options{k = {doc = 'x'}}\n"), Catch::Contains("escape.lua:1: options: k: names no kind or value"));
   CHECK_THAT(policy_error("options{k = 3}\n"), Catch::Contains("escape.lua:1: options: k: expected a table"));
   CHECK_THAT(policy_error("options{k = {'integer'}}\noptions{k = {'string'}}\n"),
-             Catch::Contains("escape.lua:2: options: 'k' declared again differently (first at ") &&
-                 Catch::Contains("escape.lua:1)"));
+             Catch::Contains("escape.lua:2: options: 'k' declared again differently from its declaration at ") &&
+                 Catch::EndsWith("escape.lua:1 (what it accepts: an integer there, a string here)"));
+  CHECK_THAT(policy_error("options{k = {'integer', doc = 'a'}}\noptions{k = {'integer', doc = 'b'}}\n"),
+             Catch::EndsWith("(its doc: a there, b here)"));
+  // Bounds of an option that takes no number, and names no run file can set.
+  CHECK_THAT(policy_error("options{k = {'string', min = 1}}\n"),
+             Catch::EndsWith("escape.lua:1: options: k: min and max bound numbers, and it takes none (kind \"integer\" or "
+                             "\"number\")"));
+  CHECK_THAT(policy_error("options{['bad name'] = {'string'}}\n"),
+             Catch::EndsWith("escape.lua:1: options: 'bad name' is no name a run file can set (letters, digits, _ and - alone)"));
+  CHECK_THAT(policy_error("options{[''] = {'string'}}\n"), Catch::Contains("options: '' is no name a run file can set"));
+  // Numbers as Lua would read them back.
+  CHECK_THAT(policy_error("options{k = {'number', min = 10, max = 1}}\n"),
+             Catch::EndsWith("options: k: min 10 is above max 1, so no number is accepted"));
+  CHECK_THAT(policy_error("lora{targets = {ctx.model:get('model.layers.0.self_attn.q_proj')}, rank = 2, alpha = -1}\n"),
+             Catch::EndsWith("lora: alpha must be in [1e-06, 1e+06], got -1.0"));
 }
 
 TEST_CASE("an xpcall handler never runs once the budget is spent", "[lua]") {
