@@ -149,12 +149,15 @@ def main():
     base = os.path.dirname(os.path.abspath(args.manifest))
     pixels, samples = {}, []
     try:
-        with open(args.manifest, encoding="utf-8") as f:
-            lines = f.readlines()
+        with open(args.manifest, "rb") as f:
+            raw = f.read()
     except OSError as e:
         fail(f"cannot read {args.manifest}: {e.strerror}")
+    try:
+        lines = raw.decode("utf-8").split("\n")
     except UnicodeDecodeError as e:
-        fail(f"{args.manifest} is not valid UTF-8 ({e.reason} at byte {e.start})")
+        line = raw.count(b"\n", 0, e.start) + 1
+        fail(f"{args.manifest}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})")
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -133,6 +133,9 @@ def check_multimodal_refusals(work):
         lines = manifest(work, f"bad-{k}.jsonl", {"text": "first line fine"}, "", sample)
         refused(run("make_multimodal.py", "--model", MODEL, "--out", out, lines), "make_multimodal",
                 f"{lines}:3: ", reason)
+    invalid = write(work, "invalid.jsonl", b'{"text": "fine"}\n{"text": "bad \xff"}\n')
+    refused(run("make_multimodal.py", "--model", MODEL, "--out", out, invalid), "make_multimodal",
+            f"{invalid}:2: not valid UTF-8 (invalid start byte at byte 31)")
     refused(run("make_multimodal.py", "--model", MODEL, "--out", fine, fine), "make_multimodal",
             f"--out {fine}: a file, not a directory to write")
     refused(run("make_multimodal.py", "--model", MODEL, "--tokenizer", work, "--out", out, fine), "make_multimodal",
