@@ -30,13 +30,15 @@ class PlainText(str):
     """A .txt file's text: one document, whatever --text-field names."""
 
 
-def decode(path, data, at):
-    """data, the bytes at offset `at` of path, as text; a leading byte-order mark dropped."""
+def decode(path, data, at, line=1):
+    """data, the bytes at offset `at` of path, which begin its line `line`, as text; a leading
+    byte-order mark dropped."""
     skip = len(codecs.BOM_UTF8) if at == 0 and data.startswith(codecs.BOM_UTF8) else 0
     try:
         return data[skip:].decode("utf-8")
     except UnicodeDecodeError as e:
-        fail(f"{path} is not valid UTF-8 ({e.reason} at byte {at + skip + e.start})")
+        line += data.count(b"\n", 0, skip + e.start)
+        fail(f"{path}:{line}: not valid UTF-8 ({e.reason} at byte {at + skip + e.start})")
 
 
 def open_input(path):
@@ -86,7 +88,7 @@ def text_records(path, f, ext):
                 try:
                     text = line.decode("utf-8") if at else decode(path, line, 0)
                 except UnicodeDecodeError:
-                    decode(path, line, at)  # refuses the file, naming the byte
+                    decode(path, line, at, number)  # refuses the file, naming the line and byte
                 read = len(line)
                 at += read
                 if not text.strip():

@@ -54,10 +54,12 @@ def tokenizer_tokens(paths, tokenizer_path):
         fail(f"cannot load tokenizer {tokenizer_path}: {e}")
     texts = []
     for p in paths:
+        data = read_bytes(p)
         try:
-            texts.append(read_bytes(p).decode("utf-8"))
+            texts.append(data.decode("utf-8"))
         except UnicodeDecodeError as e:
-            fail(f"{p} is not valid UTF-8 ({e.reason} at byte {e.start})")
+            line = data.count(b"\n", 0, e.start) + 1
+            fail(f"{p}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})")
     # Special tokens such as BOS are left out so the stream is exactly the text.
     ids = tok.encode(SEPARATOR.join(texts), add_special_tokens=False).ids
     # A vocabulary whose ids skip values holds ids at or past its size.

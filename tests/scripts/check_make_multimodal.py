@@ -67,6 +67,13 @@ def check_make_tokens(work):
             f"--out {config}: holds something other than a token file")
     refused(run("make_tokens.py", "--out", work, notes), "make_tokens", f"--out {work}: exists and is not a file")
     assert open(notes, "rb").read() == b"my notes\n" and open(config, "rb").read() == b"{}"
+    # Text for a tokenizer must be UTF-8; the refusal names the line (bytes alone take any).
+    from tokenizers import Tokenizer, models
+    tokenizer = os.path.join(work, "words.json")
+    Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(tokenizer)
+    latin = write(work, "latin.txt", b"fine\ncaf\xe9\n")
+    refused(run("make_tokens.py", "--tokenizer", tokenizer, "--out", os.path.join(work, "latin.tok"), latin),
+            "make_tokens", f"{latin}:2: not valid UTF-8 (invalid continuation byte at byte 8)")
     out = os.path.join(work, "notes.tok")
     for _ in range(2):  # the second over the token file the first wrote
         made = run("make_tokens.py", "--out", out, notes)

@@ -166,7 +166,9 @@ def check_refusals():
     padding = json.dumps({"text": "ok"}).encode() + b"\n"
     invalid = write_bytes("invalid.jsonl", padding * 2000 + b'{"text": "\xff"}\n')
     byte = 2000 * len(padding) + len(b'{"text": "')
-    refused(prepare(invalid, "--out", out), f"{invalid} is not valid UTF-8 (invalid start byte at byte {byte})")
+    refused(prepare(invalid, "--out", out), f"{invalid}:2001: not valid UTF-8 (invalid start byte at byte {byte})")
+    text_file = write_bytes("invalid.txt", b"fine\nbad \xff\n")
+    refused(prepare(text_file, "--out", out), f"{text_file}:2: not valid UTF-8 (invalid start byte at byte 9)")
     # JSON's escapes can spell half a surrogate pair, which no UTF-8 text holds.
     half = write_bytes("half-pair.jsonl", b'{"text": "fine \\u00e9"}\n{"text": "bad \\ud800 x"}\n')
     refused(prepare(half, "--out", out), f"{half}:2: holds an escape of half a surrogate pair")
