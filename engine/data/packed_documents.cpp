@@ -131,7 +131,27 @@ PackedDocuments::PackedDocuments(std::shared_ptr<const TokenFile> tokens, const 
                            tokens_->documents() - train_documents_, " document(s) with no target to evaluate"));
   }
   log_info("data: ", train_documents_, " documents in ", rows_.size(), " rows of ", config.seq_len, " tokens (",
-           config.packing ? "packed" : "one per row", "), ", 100.0 * padding_share(), "% padding");
+           config.packing ? "packed" : "one per row", "), ", 100.0 * padding_share(), "% padding",
+           long_documents_text());
+}
+
+LongDocuments PackedDocuments::long_documents() const {
+  LongDocuments found;
+  for (int64_t d = 0; d < train_documents_; ++d) {
+    const int64_t length = tokens_->document_end(d) - document_begin(*tokens_, d);
+    // A document of seq_len + 1 tokens fits a row: its last token predicts nothing.
+    if (length <= config_.seq_len + 1) continue;
+    ++found.count;
+    found.longest = std::max(found.longest, length);
+  }
+  return found;
+}
+
+std::string PackedDocuments::long_documents_text() const {
+  const LongDocuments found = long_documents();
+  if (found.count == 0) return "";
+  return concat("; ", found.count, " longer than a row, cut into pieces that attend only within themselves (the "
+                "longest ", found.longest, " tokens)");
 }
 
 double PackedDocuments::padding_share() const {

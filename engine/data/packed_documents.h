@@ -33,6 +33,12 @@ struct PackedRow {
 std::vector<PackedRow> pack_documents(const TokenFile& tokens, int64_t first, int64_t last,
                                       const DataConfig& config);
 
+// The training documents longer than a row, which packing cuts into pieces: a piece after a
+// cut attends to none of its document's tokens before it, which a long chat's user should know.
+struct LongDocuments {
+  int64_t count = 0, longest = 0;  // longest: tokens of the longest of them
+};
+
 class PackedDocuments : public Batches {
  public:
   PackedDocuments(std::shared_ptr<const TokenFile> tokens, const DataConfig& config);
@@ -47,9 +53,11 @@ class PackedDocuments : public Batches {
 
   // The share of the training rows' slots that hold no document (for the log and benchmarks).
   double padding_share() const;
+  LongDocuments long_documents() const;
 
  private:
   MicroBatch assemble(const std::vector<const PackedRow*>& rows) const;
+  std::string long_documents_text() const;  // the log's clause on long_documents(), empty without any
 
   std::shared_ptr<const TokenFile> tokens_;
   DataConfig config_;

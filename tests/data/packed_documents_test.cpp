@@ -65,6 +65,12 @@ TEST_CASE("best fit, longest first: long documents cut into rows, every target k
   PackedDocuments batches(tokens, {.train = "docs.tok", .seq_len = 8, .batch_size = 4, .shuffle = false});
   CHECK(batches.draw_step(1) == targets);
   CHECK(batches.padding_share() == Approx(3.0 / 32));
+  CHECK(batches.long_documents().count == 1);  // the 12
+  CHECK(batches.long_documents().longest == 12);
+  // 9 tokens fit a row of 8 (the last predicts nothing); 10 do not.
+  PackedDocuments edge(write_documents("edge.tok", {9, 19}), {.train = "edge.tok", .seq_len = 8, .batch_size = 1});
+  CHECK(edge.long_documents().count == 1);
+  CHECK(edge.long_documents().longest == 10);
   const MicroBatch b = batches.rows(0, 2, 2);  // rows [3 + 5], [2 + 4 + padding]
   CHECK(torch::equal(b.layout.offsets, torch::tensor({0, 3, 8, 8 + 2, 8 + 6, 16}, torch::kLong)));
   // Row 2 holds tokens 7..9 (document 1) and 10..14 (document 2).
