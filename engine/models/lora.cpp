@@ -2,6 +2,7 @@
 #include "models/lora.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/module_tree.h"
 #include "models/layers.h"
 
@@ -45,6 +46,24 @@ void refuse_tied_trainable(CausalLM& model, const LoraPlan& lora, const std::str
   }
 }
 
+// An adapter of rank at or above a weight's smaller side holds more numbers than the weight and
+// can express no more than training it whole: allowed, but rarely what was meant.
+void warn_if_rank_not_low(const std::map<std::string, Module*>& by_path, const LoraPlan& lora,
+                          const std::string& where) {
+  std::vector<std::string> full;
+  for (const auto& path : lora.targets) {
+    const auto& weight = dynamic_cast<Linear*>(by_path.at(path))->weight;  // [out, in]
+    if (lora.rank >= std::min(weight.size(0), weight.size(1))) {
+      full.push_back(module_label(path) + " [" + std::to_string(weight.size(0)) + ", " +
+                     std::to_string(weight.size(1)) + "]");
+    }
+  }
+  if (full.empty()) return;
+  log_warn(where, ": lora: rank ", lora.rank, " is not below the smaller side of ", full.size(), " of the ",
+           lora.targets.size(), " targets (", full.front(), full.size() > 1 ? ", ..." : "",
+           "): their adapters hold more numbers than those weights and can express no more than training them whole");
+}
+
 }  // namespace
 
 void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOptions& opts) {
@@ -62,6 +81,7 @@ void apply_lora(CausalLM& model, const LoraPlan& lora, const torch::TensorOption
     if (linear->has_adapter()) throw UserError(where + ": lora: target '" + module_label(path) + "' is listed twice");
     linear->add_adapter(lora.rank, lora.alpha, lora.dropout, opts);
   }
+  warn_if_rank_not_low(by_path, lora, where);
   for (const auto& path : lora.trainable) {
     if (!by_path.count(path)) {
       throw UserError(where + ": lora: no trainable module at path '" + module_label(path) + "'");

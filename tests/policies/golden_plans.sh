@@ -86,7 +86,7 @@ sys.exit(0 if ok else 1)
 PY
 
 # Options given to no purpose are said: experts_* beside experts = "layer", a vision tower's
-# options on a text model, vision_tower over mixed_mm_data.
+# options on a text model, vision_tower over mixed_mm_data, a LoRA rank that is not low.
 unused() {  # NAME TOML WARNING [--set ...]
   local name=$1 toml=$2 warning=$3; shift 3
   if "$FSDPP" plan "$toml" --world 4 "$@" >/dev/null 2>"$work/unused.err" && grep -qF "$warning" "$work/unused.err"; then
@@ -102,6 +102,9 @@ unused "vision_tower on a text model" "$work/llama-untied.toml" "vision_tower: t
 unused "vision_tower over mixed_mm_data" "$work/qwen2_vl-shard.toml" \
   'mixed_mm_data = true asks vision_tower = "root"; vision_tower = "shard" overrides it' \
   --set policy.options.mixed_mm_data=true --set 'policy.options.vision_tower="shard"'
+unused "LoRA rank at a target's smaller side" "$work/llama-untied.toml" \
+  'lora: rank 10 is not below the smaller side of 6 of the 12 targets (model.layers.0.self_attn.k_proj [10, 30], ...)' \
+  --set policy.options.lora_rank=10 --set 'policy.options.lora_targets="q_proj,k_proj,v_proj,o_proj"'
 
 # A freeze that would train what it was to hold, or hold everything, is refused in one line.
 refused() {  # NAME TOML ERROR [--set ...]
