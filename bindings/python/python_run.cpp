@@ -108,9 +108,9 @@ namespace {
 
 // The calls whose inputs the ranks agree on, each by its place here: a rank that is in
 // another call than the others learns which one.
-constexpr std::array<std::string_view, 10> kAgreedCalls = {
+constexpr std::array<std::string_view, 11> kAgreedCalls = {
     "run.model", "run.model.hidden_states", "run.model.logprobs", "run.model.generate", "step",
-    "load_weights", "save", "load", "offload", "full_weights"};
+    "load_weights", "save", "load", "offload", "full_weights", "backward"};
 
 int64_t call_number(std::string_view call) {
   const auto found = std::find(kAgreedCalls.begin(), kAgreedCalls.end(), call);
@@ -191,6 +191,9 @@ PythonRun::PythonRun(const std::string& path, const std::vector<std::string>& ov
       frozen ? RunWeights::frozen : RunWeights::trained);
   loop_generators.restore();
   run_->divide_gradients_by(reduction_ == GradReduction::mean ? static_cast<double>(run_->comm().size()) : 1.0);
+  // A backward is every rank's, as a forward is: a rank whose loop skipped one meets the
+  // others' agreement with its next call's, and both raise.
+  run_->check_backwards_with([this] { agree_on_refusal("backward", false); });
   if (frozen) return;
   const ResumePoint resumed = run_->resume();
   steps_ = resumed.step;

@@ -323,6 +323,7 @@ void FsdpState::on_pre_backward(FsdpUnit* unit) {
       throw UserError("backward with create_graph=True through the sharded units is not supported (a gradient of "
                       "the logits alone, torch.autograd.grad(loss, logits, create_graph=True), is)");
     }
+    if (backward_check_) backward_check_();
     in_backward_ = true;
     recording_order_ = false;
     backward_.begin([this] { final_callback(); });

@@ -56,6 +56,11 @@ class FsdpState : public ShardedView {
   // per-rank losses, as DDP and FSDP2 do. Dividing there, not at the step, keeps a gradient
   // held across a step (no zero_grad) divided once.
   void set_gradient_divisor(double divisor) { gradient_divisor_ = divisor; }
+  // Called as a backward through the units begins, before its first collective; what it throws
+  // ends that backward before it starts. The Python API agrees there that every rank is in a
+  // backward, so that a rank whose loop skipped one raises at once rather than wait out the
+  // timeout in collectives the others never join.
+  void set_backward_check(std::function<void()> check) { backward_check_ = std::move(check); }
   double gradient_divisor() const { return gradient_divisor_; }
 
   // Called by units from their hooks. A unit about to run issues its own gather and the
@@ -112,6 +117,7 @@ class FsdpState : public ShardedView {
   BackwardWatch backward_;  // the backward in_backward_ stands for
   std::mutex calls_;        // held by a call (begin_call), and by a backward as it begins
   bool sync_ = true;
+  std::function<void()> backward_check_;  // none: the binary's loop, whose ranks run alike
   double gradient_divisor_ = 1.0;
   std::vector<FsdpUnit*> forward_order_;  // units as the first forward ran them
   std::unordered_map<const FsdpUnit*, std::ptrdiff_t> forward_index_;  // unit -> its place in forward_order_

@@ -116,6 +116,8 @@ class Run {
   // First, what the gradients summed over the ranks are divided by as each reaches its shard
   // (FsdpState::set_gradient_divisor): the world size averages the ranks' losses; 1 sums them.
   void divide_gradients_by(double divisor);
+  // What a backward through the units runs before its first collective (FsdpState::set_backward_check).
+  void check_backwards_with(std::function<void()> check);
   // The logits [B, T, V] of `input_ids` [B, T] laid out in their rows as `layout` says (packed
   // documents, chosen positions) with `vision`, their images and videos (a vision-language
   // model's; checked as models/multimodal_positions.h says), with autograd through the units' hooks: a backward from them

@@ -56,6 +56,8 @@ std::unique_lock<std::mutex> Run::begin_call() { return fsdp_->begin_call(); }
 
 void Run::divide_gradients_by(double divisor) { fsdp_->set_gradient_divisor(divisor); }
 
+void Run::check_backwards_with(std::function<void()> check) { fsdp_->set_backward_check(std::move(check)); }
+
 at::Tensor Run::forward(const at::Tensor& input_ids, const RowLayout& layout, const VisionInputs& vision) {
   check_loaded("forward", /*params_only=*/true);
   check_balance_consumed("forward");

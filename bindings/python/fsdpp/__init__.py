@@ -157,6 +157,11 @@ def _chosen(config, key, given, fallback=None):
     return key, fallback
 
 
+def _digits(integer):
+    """How many digits an integer too large to print whole has."""
+    return len(str(abs(int(integer))))
+
+
 def _number(name, value):
     """`value` (a Python or numpy number, or a one-element tensor) as a float; else fsdpp.Error."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
@@ -164,7 +169,7 @@ def _number(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise Error(f"{name}: must be a number, got {type(value).__name__}")
     if isinstance(value, numbers.Integral) and abs(value) > 1e300:
-        raise Error(f"{name}: must be a number within a float's range, got an integer of {len(str(value))} digits")
+        raise Error(f"{name}: must be a number within a float's range, got an integer of {_digits(value)} digits")
     return float(value)
 
 
@@ -305,6 +310,9 @@ class Model:
         and videos as calling the model takes them."""
         def prepare():
             t = temperature
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise Error("temperature: a tensor that requires grad, whose gradient this call does not give; pass "
+                            "a number, or temperature.detach()")
             if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.is_complex():
                 t = t.item()  # a loop's scalar tensor
             # numbers.Real takes numpy's scalars as well
@@ -312,7 +320,7 @@ class Model:
                 raise Error(f"temperature: must be a positive number, got {type(t).__name__}")
             if isinstance(t, numbers.Integral) and abs(t) > 1e300:
                 raise Error(f"temperature: must be a positive number within a float's range, got an integer of "
-                            f"{len(str(t))} digits")
+                            f"{_digits(t)} digits")
             chosen = _tensor("targets", targets)
             if chosen.is_inference():  # saved for backward, which inference tensors cannot be
                 chosen = chosen.clone()
@@ -419,7 +427,8 @@ class Run:
             if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
                 raise Error(f"step: lr must be a number in [0, 1e6], got {type(rate).__name__}")
             if isinstance(rate, numbers.Integral) and abs(rate) > 1e6:
-                raise Error(f"step: lr must be a number in [0, 1e6], got {rate}")
+                shown = rate if abs(rate) < 1e18 else f"an integer of {_digits(rate)} digits"
+                raise Error(f"step: lr must be a number in [0, 1e6], got {shown}")
             return float(rate)  # its range is checked with the other ranks
         return self._run.step(_agreed(self._run, "step", prepare))
 

@@ -945,8 +945,11 @@ def bad_uses(run_file, other_model_dir, work):
         ("saving to a number", lambda: run.save(3), "save: expected a str, bytes or path, got int"),
         ("a temperature past a float's range", lambda: run.model.logprobs(ids, ids, temperature=10**400),
          "temperature: must be a positive number within a float's range, got an integer of 401 digits"),
+        ("a temperature that requires grad", lambda: run.model.logprobs(ids, ids, temperature=torch.tensor(0.8, requires_grad=True)),
+         "temperature: a tensor that requires grad, whose gradient this call does not give; pass a number, or "
+         "temperature.detach()"),
         ("a negative temperature past a float's range", lambda: run.model.logprobs(ids, ids, temperature=-10**400),
-         "temperature: must be a positive number within a float's range, got an integer of 402 digits"),
+         "temperature: must be a positive number within a float's range, got an integer of 401 digits"),
         ("rows of no token with a mask", lambda: run.model(ids[:, :0], attention_mask=torch.ones(ids.shape[0], 0, dtype=torch.long)),
          "input_ids: empty"),
         ("sparse input_ids", lambda: run.model(ids.to_sparse()), "input_ids: expected a dense tensor, got a torch.sparse_coo one"),

@@ -9,7 +9,8 @@ Under torchrun, two ranks of one Run over the llama_untied fixture:
   and the other one naming it, and the run goes on in step (the next step's gradient norm is
   the same on both ranks); so does an error every rank's state raises alike (an offload
   while offloaded), learning rates that differ between the ranks, and ranks in different
-  calls (a step on one, a forward on the other), each naming the other's call;
+  calls (a step on one, a forward on the other; a backward on one, a step on the other), each
+  naming the other's call;
 - a hook of the loop's that raises in one rank's backward: that rank refuses every later call,
   naming why; the other's backward fails in its collective (or its next call does, where the
   failed collective was a prefetch), after which it refuses every call too; and both
@@ -60,6 +61,8 @@ def rank_main(run_file, work):
     attempt("lr differs", lambda: run.step(lr=1e-3 if rank == 0 else None))
     attempt("lr past a float", lambda: run.step(lr=-10**400 if rank == 1 else 1e-3))
     attempt("calls differ", run.step if rank == 0 else lambda: run.model(mine))
+    skipped = run.model(mine)  # a loop that skips rank 1's backward (no rows of its own to learn)
+    attempt("backward skipped", (lambda: skipped.logsumexp(-1).mean().backward()) if rank == 0 else run.step)
     seen["step"] = list(run.step(lr=run.scheduled_lr))
 
     run.zero_grad()
@@ -117,10 +120,13 @@ def main():
          all(seen[r]["lr differs"] == "step: rank 1 gave lr none (the [scheduler]'s) and rank 0 0.001: every rank "
              "steps at one rate" for r in range(2))),
         ("a learning rate past a float's range on rank 1",
-         refused_on(1, "lr past a float", "step: lr must be a number in [0, 1e6], got -1000", "step", prefix=True)),
+         refused_on(1, "lr past a float", "step: lr must be a number in [0, 1e6], got an integer of 401 digits", "step")),
         ("a step on rank 0 and a forward on rank 1",
          seen[0]["calls differ"].startswith("step: rank 1 is in run.model where this rank is in step") and
          seen[1]["calls differ"].startswith("run.model: rank 0 is in step where this rank is in run.model")),
+        ("a backward on rank 0 and a step on rank 1, at once rather than at the timeout",
+         seen[0]["backward skipped"].startswith("backward: rank 1 is in step where this rank is in backward") and
+         seen[1]["backward skipped"].startswith("step: rank 0 is in backward where this rank is in step")),
         ("an offload of a state that is none on rank 1",
          refused_on(1, "offload name", "offload: 'parms' is not one of params, grads, optimizer", "offload")),
         ("full weights in integers on rank 1",
