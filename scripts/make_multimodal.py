@@ -7,7 +7,11 @@ Usage: .venv/bin/python scripts/make_multimodal.py --model MODEL_DIR --out DIR M
 Each MANIFEST line is one sample: {"text": "...", "images": ["a.png", ...], "videos":
 [["frame0.png", "frame1.png", ...], ...], "fps": 2.0}. In the text, every "<image>" and
 "<video>" marks where the next image or video goes; a line without them is a text-only
-sample. Text is tokenized by --tokenizer (a tokenizer.json or its directory), else by
+sample. A line may give "prompt" and "completion" in place of "text" (marks in either): the
+sample is the two in turn, and its "prompt_length" in samples.jsonl counts the prompt's
+tokens, which [data] train_on = "completion" does not learn; nothing is added to the
+completion, so it ends with the model's end-of-turn token where the model should learn to
+stop (for Qwen2-VL, "<|im_end|>"). Text is tokenized by --tokenizer (a tokenizer.json or its directory), else by
 MODEL_DIR/tokenizer.json where the model has one, else byte by byte (UTF-8: the byte-level
 tiny models alone). Each image or video becomes vision_start, one placeholder per merged
 patch group, vision_end, with the token ids, patch size and merge size read from
@@ -39,20 +43,34 @@ def load_frame(where, path):
         fail(f"{where}: {path}: cannot read the image ({e})")
 
 
-def check_sample(where, spec):
-    """(text, images, videos, fps) of one manifest line, refused unless each is of its kind."""
-    if not isinstance(spec, dict):
-        fail(f"{where}: not a JSON object (a sample is {{\"text\": ..., \"images\": [...], ...}})")
-    text, images, videos = spec.get("text", ""), spec.get("images", []), spec.get("videos", [])
-    fps = spec.get("fps", 2.0)
+def check_text(where, key, text):
     if not isinstance(text, str):
-        fail(f"{where}: \"text\" is not a string")
+        fail(f"{where}: \"{key}\" is not a string")
     if "\0" in text:  # the marks are cut out on NUL characters
-        fail(f"{where}: \"text\" holds a NUL character")
+        fail(f"{where}: \"{key}\" holds a NUL character")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        fail(f"{where}: \"text\" holds {e.object[e.start:e.end]!r}, which no UTF-8 text holds (a lone surrogate)")
+        fail(f"{where}: \"{key}\" holds {e.object[e.start:e.end]!r}, which no UTF-8 text holds (a lone surrogate)")
+
+
+def check_sample(where, spec):
+    """(texts, images, videos, fps) of one manifest line, refused unless each is of its kind:
+    texts maps "text", or "prompt" and "completion", to their strings."""
+    if not isinstance(spec, dict):
+        fail(f"{where}: not a JSON object (a sample is {{\"text\": ..., \"images\": [...], ...}})")
+    if "prompt" in spec or "completion" in spec:
+        if "text" in spec:
+            fail(f"{where}: \"text\" beside \"prompt\" and \"completion\"; a sample has one or the other")
+        missing = "completion" if "prompt" in spec else "prompt"
+        if missing not in spec:
+            fail(f"{where}: \"{'prompt' if missing == 'completion' else 'completion'}\" without \"{missing}\"")
+        texts = {"prompt": spec["prompt"], "completion": spec["completion"]}
+    else:
+        texts = {"text": spec.get("text", "")}
+    for key, text in texts.items():
+        check_text(where, key, text)
+    images, videos, fps = spec.get("images", []), spec.get("videos", []), spec.get("fps", 2.0)
     if not isinstance(images, list) or not all(isinstance(p, str) for p in images):
         fail(f"{where}: \"images\" is not a list of file names")
     if not isinstance(videos, list) or not all(
@@ -60,7 +78,7 @@ def check_sample(where, spec):
         fail(f"{where}: \"videos\" is not a list of non-empty lists of frame file names")
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
         fail(f"{where}: \"fps\" is {json.dumps(fps)}, not a positive number")
-    return text, list(images), list(videos), float(fps)
+    return texts, list(images), list(videos), float(fps)
 
 
 def pixel_bounds(args, model_dir):
@@ -113,6 +131,99 @@ def process(where, name, processor, **kwargs):
         fail(f"{where}: {name}: the processor refuses it ({(str(e).splitlines() or ['ValueError'])[0]})")
 
 
+def read_model_config(model):
+    """(config, its path): the model's config.json, refused unless it is a Qwen2-VL's."""
+    path = model if model.endswith(".json") else os.path.join(model, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except OSError as e:
+        fail(f"--model {model}: cannot read {path} ({e.strerror})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        fail(f"--model {model}: {path} is not JSON ({e})")
+    keys = ("vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    if not isinstance(config, dict) or not all(k in config for k in keys):
+        fail(f"--model {model}: {path} is no Qwen2-VL config (it needs {', '.join(keys)})")
+    return config, path
+
+
+def read_manifest_lines(path):
+    """(line number, text) of each non-blank line of the manifest."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    try:
+        lines = raw.decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        fail(f"{path}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})")
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+
+
+class SampleEncoder:
+    """A manifest line's texts, images and videos as one sample of samples.jsonl; the patches
+    gather in `pixels`, by the keys the samples name."""
+
+    def __init__(self, config, encode, sizes, base):
+        from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+        self.config, self.encode_text, self.base = config, encode, base
+        self.merge, self.frames = sizes["merge_size"], sizes["temporal_patch_size"]
+        self.processor = Qwen2VLImageProcessor(**sizes)
+        self.video_processor = Qwen2VLVideoProcessor(**sizes, do_sample_frames=False)  # every frame listed
+        self.pixels = {}
+
+    def image(self, where, name):
+        """(patches, grid, placeholder token) of one picture."""
+        # PIL's frames are height x width x RGB; left to guess, the processor takes an image
+        # 1, 3 or 4 pixels high or wide for channels first.
+        out = process(where, name, self.processor, images=[load_frame(where, os.path.join(self.base, name))],
+                      return_tensors="pt", input_data_format="channels_last")
+        return out["pixel_values"], out["image_grid_thw"][0], self.config["image_token_id"]
+
+    def video(self, where, names):
+        clip = [load_frame(where, os.path.join(self.base, p)) for p in names]
+        if len({frame.shape for frame in clip}) > 1:
+            fail(f"{where}: the frames of video {names[0]} ... differ in size "
+                 f"({', '.join(sorted({f'{f.shape[1]}x{f.shape[0]}' for f in clip}))}); "
+                 "a video's frames must all be one size")
+        out = process(where, names[0], self.video_processor, videos=[clip], return_tensors="pt",
+                      input_data_format="channels_last")
+        return out["pixel_values_videos"], out["video_grid_thw"][0], self.config["video_token_id"]
+
+    def sample(self, where, index, texts, images, videos, fps):
+        marks = [text.count("<image>") for text in texts.values()], [text.count("<video>") for text in texts.values()]
+        if sum(marks[0]) != len(images) or sum(marks[1]) != len(videos):
+            fail(f"{where}: {sum(marks[0])} <image> and {sum(marks[1])} <video> marks for "
+                 f"{len(images)} images and {len(videos)} videos")
+        sample = {"input_ids": [], "images": [], "videos": []}
+        for key, text in texts.items():
+            for piece in text.replace("<video>", "\0v\0").replace("<image>", "\0i\0").split("\0"):
+                if piece not in ("i", "v"):
+                    sample["input_ids"] += self.encode_text(piece)
+                    continue
+                kind = "images" if piece == "i" else "videos"
+                name = f"s{index}.{piece}{len(sample[kind])}"
+                if piece == "i":
+                    patches, grid, token = self.image(where, images.pop(0))
+                    sample["images"].append({"pixels": name, "grid": grid.tolist()})
+                else:
+                    patches, grid, token = self.video(where, videos.pop(0))
+                    sample["videos"].append({"pixels": name, "grid": grid.tolist(), "seconds_per_grid": self.frames / fps})
+                self.pixels[name] = torch.as_tensor(patches, dtype=torch.float32).contiguous()
+                count = int(grid.prod()) // (self.merge * self.merge)
+                sample["input_ids"] += ([self.config["vision_start_token_id"]] + [token] * count +
+                                        [self.config["vision_end_token_id"]])
+            if key == "prompt":
+                sample["prompt_length"] = len(sample["input_ids"])
+        if len(sample["input_ids"]) < 2:
+            fail(f"{where}: {len(sample['input_ids'])} tokens; a sample needs 2 or more (a token and the one it predicts)")
+        if len(sample["input_ids"]) == sample.get("prompt_length"):
+            fail(f"{where}: \"completion\" gives no tokens; a sample learns its completion")
+        return {k: v for k, v in sample.items() if v or k == "prompt_length"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("manifest")
@@ -125,98 +236,37 @@ def main():
     if os.path.isfile(args.out):
         fail(f"--out {args.out}: a file, not a directory to write")
 
-    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-    config_path = args.model if args.model.endswith(".json") else os.path.join(args.model, "config.json")
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except OSError as e:
-        fail(f"--model {args.model}: cannot read {config_path} ({e.strerror})")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        fail(f"--model {args.model}: {config_path} is not JSON ({e})")
-    keys = ("vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    if not isinstance(config, dict) or not all(k in config for k in keys):
-        fail(f"--model {args.model}: {config_path} is no Qwen2-VL config (it needs {', '.join(keys)})")
+    config, config_path = read_model_config(args.model)
     vision = config["vision_config"]
-    merge, patch, frames = vision.get("spatial_merge_size", 2), vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
     model_dir = os.path.dirname(config_path) or "."
     min_pixels, max_pixels = pixel_bounds(args, model_dir)
-    sizes = dict(patch_size=patch, temporal_patch_size=frames, merge_size=merge, min_pixels=min_pixels,
-                 max_pixels=max_pixels)
-    processor = Qwen2VLImageProcessor(**sizes)
-    video_processor = Qwen2VLVideoProcessor(**sizes, do_sample_frames=False)  # every frame the manifest lists
+    sizes = dict(patch_size=vision.get("patch_size", 14), temporal_patch_size=vision.get("temporal_patch_size", 2),
+                 merge_size=vision.get("spatial_merge_size", 2), min_pixels=min_pixels, max_pixels=max_pixels)
     encode, tokenized_by = text_encoder(args.tokenizer, model_dir)
-    base = os.path.dirname(os.path.abspath(args.manifest))
-    pixels, samples = {}, []
-    try:
-        with open(args.manifest, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        fail(f"cannot read {args.manifest}: {e.strerror}")
-    try:
-        lines = raw.decode("utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        fail(f"{args.manifest}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    encoder = SampleEncoder(config, encode, sizes, os.path.dirname(os.path.abspath(args.manifest)))
+    samples = []
+    for number, line in read_manifest_lines(args.manifest):
         where = f"{args.manifest}:{number}"
         try:
             spec = json.loads(line)
         except json.JSONDecodeError as e:
             fail(f"{where}: not JSON ({e})")
-        text, images, videos, fps = check_sample(where, spec)
-        if text.count("<image>") != len(images) or text.count("<video>") != len(videos):
-            fail(f"{where}: {text.count('<image>')} <image> and {text.count('<video>')} <video> marks for "
-                 f"{len(images)} images and {len(videos)} videos")
-        sample = {"input_ids": [], "images": [], "videos": []}
-        pieces = text.replace("<video>", "\0v\0").replace("<image>", "\0i\0").split("\0")
-        for piece in pieces:
-            if piece not in ("i", "v"):
-                sample["input_ids"] += encode(piece)
-                continue
-            key = f"s{len(samples)}.{piece}{len(sample['images' if piece == 'i' else 'videos'])}"
-            if piece == "i":
-                name = images.pop(0)
-                # PIL's frames are height x width x RGB; left to guess, the processor takes
-                # an image 1, 3 or 4 pixels high or wide for channels first.
-                out = process(where, name, processor, images=[load_frame(where, os.path.join(base, name))],
-                              return_tensors="pt", input_data_format="channels_last")
-                patches, grid, token = out["pixel_values"], out["image_grid_thw"][0], config["image_token_id"]
-                sample["images"].append({"pixels": key, "grid": grid.tolist()})
-            else:
-                names = videos.pop(0)
-                clip = [load_frame(where, os.path.join(base, p)) for p in names]
-                if len({frame.shape for frame in clip}) > 1:
-                    fail(f"{where}: the frames of video {names[0]} ... differ in size "
-                         f"({', '.join(sorted({f'{f.shape[1]}x{f.shape[0]}' for f in clip}))}); "
-                         "a video's frames must all be one size")
-                out = process(where, names[0], video_processor, videos=[clip], return_tensors="pt",
-                              input_data_format="channels_last")
-                patches, grid, token = out["pixel_values_videos"], out["video_grid_thw"][0], config["video_token_id"]
-                sample["videos"].append({"pixels": key, "grid": grid.tolist(),
-                                         "seconds_per_grid": frames / fps})
-            pixels[key] = torch.as_tensor(patches, dtype=torch.float32).contiguous()
-            count = int(grid.prod()) // (merge * merge)
-            sample["input_ids"] += [config["vision_start_token_id"]] + [token] * count + [config["vision_end_token_id"]]
-        if len(sample["input_ids"]) < 2:
-            fail(f"{where}: {len(sample['input_ids'])} tokens; a sample needs 2 or more (a token and the one it predicts)")
-        samples.append({k: v for k, v in sample.items() if v})
+        samples.append(encoder.sample(where, len(samples), *check_sample(where, spec)))
     if not samples:
         fail(f"{args.manifest}: no samples (an empty manifest)")
     try:
         os.makedirs(args.out, exist_ok=True)
-        save_file(pixels, os.path.join(args.out, "pixels.safetensors"))
+        save_file(encoder.pixels, os.path.join(args.out, "pixels.safetensors"))
         with open(os.path.join(args.out, "samples.jsonl"), "w") as f:
             for sample in samples:
                 f.write(json.dumps(sample) + "\n")
     except OSError as e:
         fail(f"--out {args.out}: cannot write the dataset ({e.strerror}: {e.filename})")
     longest = max(len(s["input_ids"]) for s in samples)
+    prompted = sum("prompt_length" in s for s in samples)
     print(f"make_multimodal: {len(samples)} samples ({sum(bool(s.get('images') or s.get('videos')) for s in samples)} "
-          f"with images or video), {len(pixels)} pixel tensors, longest sample {longest} tokens, text tokenized by "
-          f"{tokenized_by}, images of {min_pixels} to {max_pixels} pixels -> {args.out}")
+          f"with images or video, {prompted} with a prompt), {len(encoder.pixels)} pixel tensors, longest sample "
+          f"{longest} tokens, text tokenized by {tokenized_by}, images of {min_pixels} to {max_pixels} pixels -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -19,12 +19,8 @@ std::unique_ptr<Batches> open_batches(const DataConfig& config, const ModelConfi
                       "(scripts/make_tokens.py, scripts/prepare_data.py) or a multimodal dataset directory "
                       "(samples.jsonl and pixels.safetensors, scripts/make_multimodal.py)");
     }
-    if (config.train_on != TrainOn::all) {
-      throw UserError(config.train + ": [data] train_on = \"completion\" is for token files; a multimodal dataset's "
-                      "samples mark their own targets");
-    }
-    return std::make_unique<MultimodalSamples>(MultimodalDataset::open(config.train, model, config.seq_len),
-                                               config);
+    return std::make_unique<MultimodalSamples>(
+        MultimodalDataset::open(config.train, model, config.seq_len, config.train_on), config);
   }
   auto tokens = std::make_shared<const TokenFile>(TokenFile::open(config.train));
   if (tokens->vocab_size() > model.vocab_size) {

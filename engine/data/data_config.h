@@ -16,7 +16,8 @@ inline constexpr int64_t kMaxBatchTokens = int64_t{1} << 32;
 // Which tokens are training targets.
 enum class TrainOn {
   all,         // every token after the first of a window
-  completion,  // only those the token file's loss mask marks (assistant turns, completions)
+  completion,  // only those the token file's loss mask marks (assistant turns, completions), or
+               // those after a multimodal sample's prompt_length
 };
 
 struct DataConfig {
@@ -26,7 +27,7 @@ struct DataConfig {
   double eval_fraction = 0.0;  // share of the file's tail held out for evaluation
   uint64_t seed = 0;           // batch order
   bool shuffle = true;         // false visits windows (or multimodal samples) in file order
-  TrainOn train_on = TrainOn::all;  // "all" or "completion" (needs a token file with a loss mask)
+  TrainOn train_on = TrainOn::all;  // "all" or "completion" (a token file's loss mask; samples' prompts)
   // A token file with document ends (version 2): true packs several documents into each row,
   // attention never crossing from one to another; false gives each document a padded row.
   bool packing = true;

@@ -17,7 +17,8 @@ namespace fsdpp {
 
 namespace fs = std::filesystem;
 
-MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig& model, int64_t seq_len) {
+MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig& model, int64_t seq_len,
+                                          TrainOn train_on) {
   if (!model.vision) {
     throw UserError(dir.string() + ": a multimodal dataset needs a vision-language model, not model_type '" +
                     model.model_type + "'");
@@ -25,6 +26,7 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
   MultimodalDataset d;
   d.dir_ = dir;
   d.seq_len_ = seq_len;
+  d.train_on_ = train_on;
   d.image_token_ = model.image_token_id;
   d.video_token_ = model.video_token_id;
   d.pixels_ = SafetensorsFile::open(dir / "pixels.safetensors");
@@ -32,6 +34,13 @@ MultimodalDataset MultimodalDataset::open(const fs::path& dir, const ModelConfig
   const std::string text = read_text_file(index);
   d.samples_checksum_ = format_crc32c(crc32c(text.data(), text.size()));
   d.samples_ = parse_samples(text, index.string(), model, seq_len, d.pixels_->entries());
+  const bool prompts = std::any_of(d.samples_.begin(), d.samples_.end(),
+                                   [](const SampleRecord& sample) { return sample.prompt_length > 0; });
+  if (train_on == TrainOn::completion && !prompts) {
+    throw UserError(index.string() + ": [data] train_on = \"completion\" learns what follows each sample's prompt, "
+                    "and no sample marks one (\"prompt_length\"; scripts/make_multimodal.py writes it for manifest "
+                    "lines of \"prompt\" and \"completion\")");
+  }
   return d;
 }
 
@@ -41,7 +50,8 @@ nlohmann::json MultimodalDataset::contents() const {
 
 at::Tensor MultimodalDataset::targets(const SampleRecord& sample) const {
   auto target = at::full({seq_len_}, kIgnoredTarget, at::kLong);
-  for (size_t i = 1; i < sample.input_ids.size(); ++i) {
+  const size_t first = train_on_ == TrainOn::completion ? std::max<int64_t>(1, sample.prompt_length) : 1;
+  for (size_t i = first; i < sample.input_ids.size(); ++i) {
     const int64_t next = sample.input_ids[i];
     if (next != image_token_ && next != video_token_) target[static_cast<int64_t>(i) - 1] = next;
   }
@@ -50,7 +60,10 @@ at::Tensor MultimodalDataset::targets(const SampleRecord& sample) const {
 
 int64_t MultimodalDataset::target_count(const std::vector<int64_t>& samples) const {
   int64_t n = 0;
-  for (int64_t s : samples) n += samples_[static_cast<size_t>(s)].target_count;
+  for (int64_t s : samples) {
+    const SampleRecord& sample = samples_[static_cast<size_t>(s)];
+    n += train_on_ == TrainOn::completion ? sample.completion_target_count : sample.target_count;
+  }
   return n;
 }
 

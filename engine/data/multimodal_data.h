@@ -1,11 +1,13 @@
 // Multimodal training data for vision-language models. A dataset is a directory holding
 //   samples.jsonl       one sample per line: {"input_ids": [...], "images": [{"pixels": KEY,
 //                       "grid": [t, h, w]}, ...], "videos": [{"pixels": KEY, "grid": [t, h, w],
-//                       "seconds_per_grid": s}, ...]}; images and videos may be absent (text)
+//                       "seconds_per_grid": s}, ...], "prompt_length": n}; images, videos and
+//                       prompt_length may be absent (text; no prompt)
 //   pixels.safetensors  each KEY's patches [t * h * w, C * Tt * P * P], as the HF processor
 //                       cuts them (scripts/make_multimodal.py writes both files)
 // input_ids holds one placeholder token per merged patch group of each image and video, in
-// order. Targets never ask for a placeholder, nor for the padding after a short sample.
+// order. Targets never ask for a placeholder, nor for the padding after a short sample, and
+// under [data] train_on = "completion" not for the sample's first prompt_length tokens.
 #pragma once
 
 #include "data/batches.h"
@@ -25,8 +27,10 @@ class MultimodalDataset {
  public:
   // Reads and validates the whole index: every error names samples.jsonl and the line (a
   // sample longer than seq_len + 1, a placeholder count that its grids do not give, a
-  // missing pixel key, a token outside the vocabulary).
-  static MultimodalDataset open(const std::filesystem::path& dir, const ModelConfig& model, int64_t seq_len);
+  // missing pixel key, a token outside the vocabulary); train_on = "completion" over samples
+  // none of which marks a prompt is refused.
+  static MultimodalDataset open(const std::filesystem::path& dir, const ModelConfig& model, int64_t seq_len,
+                                TrainOn train_on);
 
   int64_t size() const { return static_cast<int64_t>(samples_.size()); }
   const std::filesystem::path& dir() const { return dir_; }
@@ -43,6 +47,7 @@ class MultimodalDataset {
   std::filesystem::path dir_;
   std::string samples_checksum_;  // samples.jsonl's, as read
   int64_t seq_len_ = 0, image_token_ = -1, video_token_ = -1;
+  TrainOn train_on_ = TrainOn::all;
   std::vector<SampleRecord> samples_;
   std::shared_ptr<SafetensorsFile> pixels_;
 };

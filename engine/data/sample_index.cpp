@@ -35,6 +35,10 @@ SampleRecord read_sample(const std::string& line, const std::string& where) {
   try {
     const json j = parse_json(line, where);
     sample.input_ids = integer_list(j.at("input_ids"), where + ": input_ids");
+    if (j.contains("prompt_length")) {
+      if (!j["prompt_length"].is_number_integer()) throw UserError(where + ": prompt_length must be an integer");
+      sample.prompt_length = j["prompt_length"].get<int64_t>();
+    }
     for (const char* kind : {"images", "videos"}) {
       for (const auto& v : j.value(kind, json::array())) {
         VisualRecord visual{v.at("pixels").get<std::string>(), integer_list(v.at("grid"), where + ": grid"),
@@ -137,9 +141,19 @@ std::vector<SampleRecord> parse_samples(const std::string& text, const std::stri
                         std::to_string(model.vocab_size));
       }
     }
-    sample.target_count = std::count_if(sample.input_ids.begin() + 1, sample.input_ids.end(), [&](int64_t id) {
-      return id != model.image_token_id && id != model.video_token_id;
-    });
+    const auto size = static_cast<int64_t>(sample.input_ids.size());
+    if (sample.prompt_length < 0 || sample.prompt_length >= size) {
+      throw UserError(line_where + ": prompt_length " + std::to_string(sample.prompt_length) + " of " +
+                      std::to_string(size) + " tokens; it must be in [0, " + std::to_string(size - 1) +
+                      "], leaving the completion a token at least");
+    }
+    auto targets_from = [&](int64_t first) {
+      return std::count_if(sample.input_ids.begin() + first, sample.input_ids.end(), [&](int64_t id) {
+        return id != model.image_token_id && id != model.video_token_id;
+      });
+    };
+    sample.target_count = targets_from(1);
+    sample.completion_target_count = targets_from(std::max<int64_t>(1, sample.prompt_length));
     samples.push_back(std::move(sample));
   }
   if (samples.empty()) throw UserError(where + ": no samples");

@@ -108,9 +108,13 @@ expect "packing = false on a stream without document ends" \
   "ok.tok: [data] packing = false gives each document a row, and this file is one stream" \
   -- train "$work/ok.toml" --set data.packing=false
 
-mkdir -p "$work/dataset" && touch "$work/dataset/samples.jsonl"
-expect "completion on a multimodal dataset" "[data] train_on = \"completion\" is for token files" \
-  -- train "$work/ok.toml" --set "data.train=\"$work/dataset\"" --set 'data.train_on="completion"'
+# Text-only samples, none marking a prompt, and a pixel file without tensors.
+mkdir -p "$work/dataset" && printf '{"input_ids": [1, 2, 3]}\n' >"$work/dataset/samples.jsonl"
+printf '\002\000\000\000\000\000\000\000{}' >"$work/dataset/pixels.safetensors"
+expect "completion on a multimodal dataset without prompts" \
+  "dataset/samples.jsonl: [data] train_on = \"completion\" learns what follows each sample's prompt, and no sample" \
+  -- train "$work/ok.toml" --set "data.train=\"$work/dataset\"" --set 'data.train_on="completion"' \
+  --set 'model.path="tests/assets/models/tiny-qwen2-vl"'
 
 expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda" \
   -- train "$work/ok.toml" --set 'parallel.device="tpu"'

@@ -9,9 +9,10 @@ normalised R channel above zero and G and B below. It refuses a missing manifest
 line that is no JSON object, a "text" that is no string or holds NUL, an empty manifest, a
 picture whose aspect ratio the processor refuses, a video of frames of different sizes, an
 "fps" that is no positive number, a sample of fewer than 2 tokens, a lone surrogate, a missing
-picture (naming the manifest's line), an --out that is a file and a --tokenizer that is none;
-it tokenizes and sizes as a model directory's tokenizer.json and preprocessor_config.json
-say, unless the flags say otherwise. make_multimodal_example.py answers --help without writing."""
+picture (naming the manifest's line), a "prompt" without its "completion" (or beside "text"),
+a completion of no tokens, an --out that is a file and a --tokenizer that is none; it
+tokenizes and sizes as a model directory's tokenizer.json and preprocessor_config.json say,
+unless the flags say otherwise, and counts a prompt's tokens, its images' included. make_multimodal_example.py answers --help without writing."""
 import json
 import os
 import shutil
@@ -135,6 +136,12 @@ def check_multimodal_refusals(work):
         ({}, "0 tokens; a sample needs 2 or more"),
         ({"text": "a\ud800b"}, "which no UTF-8 text holds (a lone surrogate)"),
         ({"text": "<image>", "images": ["nope.png"]}, "nope.png: cannot read the image"),
+        ({"text": "a", "prompt": "b", "completion": "c"}, '"text" beside "prompt" and "completion"'),
+        ({"prompt": "ab"}, '"prompt" without "completion"'),
+        ({"completion": "ab"}, '"completion" without "prompt"'),
+        ({"prompt": 5, "completion": "ab"}, '"prompt" is not a string'),
+        ({"prompt": "ab", "completion": ""}, '"completion" gives no tokens'),
+        ({"prompt": "<image>", "completion": "<image>", "images": ["small.png"]}, "2 <image> and 0 <video> marks for 1"),
     ]
     for k, (sample, reason) in enumerate(cases):
         lines = manifest(work, f"bad-{k}.jsonl", {"text": "first line fine"}, "", sample)
@@ -177,6 +184,14 @@ def check_model_defaults(work):
     ids = sample["input_ids"]
     assert ids[0] == 7 and ids[-1] == 9 and ids[1] == config["vision_start_token_id"], ids
     assert sample["images"][0]["grid"] == [1, 14, 14], sample["images"][0]  # 56 x 56 pixels at most, patches of 4
+    # A prompt and its completion: the prompt's tokens, its image's included, are counted.
+    lines = manifest(work, "prompted.jsonl", {"prompt": "a <image>", "completion": "red a", "images": ["big.png"]})
+    made = run("make_multimodal.py", "--model", model_dir, "--out", out + "-prompted", lines)
+    assert made.returncode == 0 and "1 with a prompt" in made.stdout, (made.stderr, made.stdout)
+    sample = json.loads(open(os.path.join(out + "-prompted", "samples.jsonl")).readline())
+    placeholders = 14 * 14 // 4
+    assert sample["prompt_length"] == 1 + placeholders + 2, sample["prompt_length"]
+    assert sample["input_ids"][sample["prompt_length"]:] == [9, 7], sample["input_ids"]
     # The flags still rule.
     made = run("make_multimodal.py", "--model", model_dir, "--max-pixels", str(112 * 112), "--out", out + "-big", lines)
     assert made.returncode == 0, made.stderr
