@@ -1,3 +1,4 @@
+// Checking the tensors a Python loop hands the run, each refusal one line naming the argument.
 #include "bindings/python/inputs.h"
 
 #include "core/error.h"

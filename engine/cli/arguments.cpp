@@ -3,6 +3,7 @@
 // that every message reads like the engine's others.
 #include "cli/arguments.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 #include <CLI/CLI.hpp>
@@ -222,10 +223,10 @@ void parse_run_command(const std::string& command, const std::vector<std::string
 
 void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
   OptionParser parser("export");
-  std::string max_shard_mb;
+  std::string max_shard_mb, dtype;
   parser.add("CHECKPOINT", cl.checkpoint);
   parser.add("OUT", cl.out);
-  parser.add("--dtype", cl.dtype);
+  parser.add("--dtype", dtype);
   parser.add("--max-shard-mb", max_shard_mb);
   parser.app().add_flag("--merge-lora", cl.merge_lora);
   if (parser.parse(args)) {
@@ -234,6 +235,11 @@ void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
   }
   if (cl.checkpoint.empty() || cl.out.empty()) {
     throw UserError("export: needs CHECKPOINT and OUT, neither empty (see fsdpp export --help)");
+  }
+  try {
+    if (!dtype.empty()) cl.dtype = parse_dtype(dtype);
+  } catch (const UserError& e) {
+    throw UserError(std::string("export --dtype: ") + e.what());
   }
   if (!max_shard_mb.empty()) {
     try {

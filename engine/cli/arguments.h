@@ -5,7 +5,10 @@
 
 #include "distributed/launcher.h"
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +33,7 @@ struct CommandLine {
   int world = 1;  // --world: the simulated world size
   // export
   std::string checkpoint, out;  // CHECKPOINT and OUT
-  std::string dtype;            // --dtype: "" keeps the dtype the run trained in
+  std::optional<at::ScalarType> dtype;  // --dtype: none keeps the dtype the run trained in
   double max_shard_mb = 2048;   // --max-shard-mb: the largest safetensors shard
   bool merge_lora = false;      // --merge-lora: a LoRA run's adapters merged into its weights
   // launch

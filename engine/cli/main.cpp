@@ -150,20 +150,44 @@ int run_export(const CommandLine& args) {
                       count + "); run fsdpp export without a launcher");
     }
   }
-  std::optional<at::ScalarType> dtype;
-  try {
-    if (!args.dtype.empty()) dtype = parse_dtype(args.dtype);
-  } catch (const UserError& e) {
-    throw UserError(std::string("export --dtype: ") + e.what());
-  }
   const auto start = std::chrono::steady_clock::now();
   const ExportSummary s =
-      export_checkpoint(args.checkpoint, args.out, dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)),
+      export_checkpoint(args.checkpoint, args.out, args.dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)),
                         args.merge_lora);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info("export: step ", s.step, ", ", s.tensors, " tensors, ", s.bytes, " bytes written to ", args.out, " in ",
            seconds, " s");
   return 0;
+}
+
+// Evaluation is one process on the CPU: a GPU the run file asks for is checked as training
+// checks it (a run file's settings mean one thing; device = "auto" asks for none here), and a
+// launched eval is refused, since each rank would score everything again and print its own
+// figures (and --logits would write one file from every rank).
+void check_eval_alone(const RunConfig& config) {
+  const DistEnv env = DistEnv::from_environment();
+  if (!config.parallel.gpu_asked_by.empty()) {
+    resolve_device(config.parallel.device, env.local_rank, env.local_world_size, config.parallel.gpu_asked_by);
+  }
+  if (env.world_size > 1) {
+    throw UserError("eval: runs as one process (it shards nothing), but this process is rank " + std::to_string(env.rank) +
+                    " of " + std::to_string(env.world_size) + ": run fsdpp eval without fsdpp launch or torchrun");
+  }
+}
+
+// --logits: the inputs and logits of the first windows evaluated (at most max_windows, at
+// least one), for a comparison with another implementation.
+void write_eval_logits(const CommandLine& args, const DataConfig& data, int64_t evaluated, CausalLM& model) {
+  const TokenFile tokens = TokenFile::open(data.train);
+  const TokenRange range = eval_range(data, tokens);
+  const int64_t windows = std::min<int64_t>(std::max<int64_t>(args.max_windows, 1), evaluated);
+  std::vector<at::Tensor> inputs;
+  for (int64_t w = 0; w < windows; ++w) inputs.push_back(tokens.slice(range.begin + w * data.seq_len, data.seq_len));
+  const at::Tensor input_ids = at::stack(inputs);  // [N, T]
+  at::NoGradGuard no_grad;
+  model.eval();
+  const at::Tensor logits = model(input_ids).to(at::kFloat);  // [N, T, V]
+  write_safetensors(args.logits, {{"input_ids", input_ids}, {"logits", logits}});
 }
 
 int run_eval(const CommandLine& args) {
@@ -180,24 +204,12 @@ int run_eval(const CommandLine& args) {
   config.check_paths();
   require_language_model(config.model, "eval");
   if (!args.logits.empty()) check_logits_target(args.logits);
-  // A GPU the run file asks for is checked as training checks it, though evaluation computes on
-  // the CPU: a run file's settings mean one thing. device = "auto" asks for none here.
-  if (!config.parallel.gpu_asked_by.empty()) {
-    const DistEnv env = DistEnv::from_environment();
-    resolve_device(config.parallel.device, env.local_rank, env.local_world_size, config.parallel.gpu_asked_by);
-  }
-  // Each rank of a launched eval would score everything again and print its own copy of the
-  // figures (and --logits would write one file from every rank).
-  if (const DistEnv env = DistEnv::from_environment(); env.world_size > 1) {
-    throw UserError("eval: runs as one process (it shards nothing), but this process is rank " + std::to_string(env.rank) +
-                    " of " + std::to_string(env.world_size) + ": run fsdpp eval without fsdpp launch or torchrun");
-  }
+  check_eval_alone(config);
   // The policy puts on the adapters training would (a [model] adapter must agree with them),
   // and its [policy.options] are checked as there; evaluation does not shard.
   const auto skeleton =
       build_model(model_config_of(config.model), torch::TensorOptions().dtype(config.model.dtype).device(torch::kMeta));
-  const Plan plan = run_policy(find_policy(config.policy, skeleton->config().model_type), *skeleton,
-                               {.world_size = 1, .rank = 0, .training = false, .options = config.policy.options});
+  const Plan plan = run_configured_policy(config.policy, *skeleton, /*world=*/1, /*rank=*/0, /*training=*/false);
   auto loaded = load_model(config.model, /*unallocated=*/false, plan.lora ? &*plan.lora : nullptr);
   auto& model = loaded.model;
   const auto batches = open_batches(data, model->config(), BatchUse::evaluate);
@@ -209,18 +221,7 @@ int run_eval(const CommandLine& args) {
                     "without --logits");
   }
   const EvalResult r = batches->evaluate(*model, args.max_windows, nullptr);
-  if (!args.logits.empty()) {
-    const TokenFile tokens = TokenFile::open(data.train);
-    const TokenRange range = eval_range(data, tokens);
-    const int64_t windows = std::min<int64_t>(std::max<int64_t>(args.max_windows, 1), r.windows);
-    std::vector<at::Tensor> inputs;
-    for (int64_t w = 0; w < windows; ++w) inputs.push_back(tokens.slice(range.begin + w * config.data.seq_len, config.data.seq_len));
-    const at::Tensor input_ids = at::stack(inputs);  // [N, T]
-    at::NoGradGuard no_grad;
-    model->eval();
-    const at::Tensor logits = (*model)(input_ids).to(at::kFloat);  // [N, T, V]
-    write_safetensors(args.logits, {{"input_ids", input_ids}, {"logits", logits}});
-  }
+  if (!args.logits.empty()) write_eval_logits(args, data, r.windows, *model);
   if (args.json) {
     std::cout << nlohmann::json{{"windows", r.windows}, {"tokens", r.tokens}, {"loss", r.loss},
                                 {"perplexity", r.perplexity}}.dump() << std::endl;

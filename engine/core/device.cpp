@@ -85,12 +85,6 @@ std::optional<DeviceMemory> device_peak_memory(c10::Device device) {
                       static_cast<double>(stats.reserved_bytes[all].peak) / 1e9};
 }
 
-std::optional<int64_t> device_memory_in_use(c10::Device device) {
-  if (device.is_cpu()) return std::nullopt;
-  const auto stats = at::accelerator::getDeviceStats(device.index());
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-}
-
 void release_cached_memory(c10::Device device) {
   if (device.is_cpu()) return;
   synchronize_device(device);  // a block still in use by queued work is not free yet

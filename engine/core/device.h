@@ -40,8 +40,6 @@ struct DeviceMemory {
   double allocated_gb = 0, reserved_gb = 0;
 };
 std::optional<DeviceMemory> device_peak_memory(c10::Device device);
-// Bytes the device's caching allocator holds for tensors now; none on the CPU.
-std::optional<int64_t> device_memory_in_use(c10::Device device);
 // Returns the device memory the caching allocator holds but no tensor uses to the driver, for
 // another process to allocate (nothing to do on the CPU).
 void release_cached_memory(c10::Device device);

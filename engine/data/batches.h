@@ -12,7 +12,7 @@
 #include "distributed/comm.h"
 #include "models/causal_lm.h"
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <memory>
 

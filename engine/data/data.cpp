@@ -6,6 +6,7 @@
 #include "loss/next_token_loss.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>

@@ -10,6 +10,7 @@
 #include "loss/next_token_loss.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 

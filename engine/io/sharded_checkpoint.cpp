@@ -193,12 +193,6 @@ at::Tensor ShardedCheckpoint::read_whole(const std::string& file_name, const std
   return f.contains(key) ? f.tensor(key).clone() : at::Tensor();
 }
 
-void ShardedCheckpoint::verify_all() const {
-  for (const auto& [name, info] : meta_.files) {
-    verified(name);
-  }
-}
-
 void ShardedCheckpoint::verify_rows(const std::string& key, int64_t first_row, int64_t count) const {
   for (const auto& s : record(key).shards) {
     if (std::max(first_row, s.first_row) < std::min(first_row + count, s.first_row + s.rows)) verified(s.file);

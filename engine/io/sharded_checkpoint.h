@@ -61,8 +61,6 @@ class ShardedCheckpoint {
   at::Tensor read_full(const std::string& key) const;
   // A tensor stored whole in one file (per-rank state such as RNG), or an undefined tensor.
   at::Tensor read_whole(const std::string& file, const std::string& key) const;
-  // Verifies every file's checksum now.
-  void verify_all() const;
   // Verifies now the checksum of each file read_rows(key, ..., first_row) of `count` rows
   // would read, so that a caller can refuse a corrupt checkpoint before it copies any row.
   void verify_rows(const std::string& key, int64_t first_row, int64_t count) const;

@@ -38,7 +38,7 @@ torch::Tensor PatchConv::forward(const torch::Tensor& patches) {
 }
 
 void PatchConv::init_parameter(const std::string&, torch::Tensor& t, at::Generator& gen, double std) {
-  t.copy_(at::normal(0.0, std, t.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat32)));
+  fill_normal(t, gen, std);
 }
 
 PatchEmbed::PatchEmbed(const VisionConfig& c, const torch::TensorOptions& opts)

@@ -76,6 +76,81 @@ void log_shards(const FsdpState& fsdp) {
   log_info("sharded: ", fsdp.units().size(), " units [", names, "], parameter shards ", shard_bytes, " bytes");
 }
 
+// The checkpoint [checkpoint] resume names, refused where a later one of this run lies in
+// [checkpoint] dir, or where its adapters were trained on another base; none to start fresh.
+std::shared_ptr<const ShardedCheckpoint> open_resume_checkpoint(const RunConfig& config, const DistEnv& env) {
+  const auto path = resume_path(config);
+  if (!path) {
+    if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && env.rank == 0) {
+      const size_t beside = list_checkpoints(config.checkpoint.dir).size();
+      log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet",
+               beside == 0 ? "" : " (the " + std::to_string(beside) + " there are other settings' runs)",
+               "; starting fresh");
+    }
+    return nullptr;
+  }
+  auto checkpoint = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
+  if (const auto later = later_of_this_run(config, config.checkpoint.dir, checkpoint->step())) {
+    throw UserError(config.source.where("checkpoint", "resume") + ": [checkpoint] resume: " + path->string() +
+                    " is step " + std::to_string(checkpoint->step()) + ", but " + later->string() +
+                    " is a later checkpoint of this run in [checkpoint] dir: a restart's resume = \"latest\" would "
+                    "take it, and rotation would delete the new saves as the oldest; move the later ones away, or "
+                    "set [checkpoint] dir elsewhere");
+  }
+  const auto saved = checkpoint->metadata().value("model", json::object());
+  // Adapters resume only onto the base they were trained on. One rank per node reads the
+  // base's files through (each node may hold a copy of its own); where it refuses, its exit
+  // ends the run for every rank.
+  if (saved.contains("base") && env.local_rank == 0) {
+    saved["base"].get<BaseIdentity>().check_same(base_identity_of(config.model), checkpoint->dir().string());
+  }
+  return checkpoint;
+}
+
+// Whether host-resident units update on a host thread beside the next forward (said once).
+bool overlap_host_updates(const OptimizerConfig& optimizer, c10::Device device, const FsdpState& fsdp, int rank) {
+  using HostUpdate = OptimizerConfig::HostUpdate;
+  const bool overlaps = optimizer.host_update == HostUpdate::overlapped ||
+                        (optimizer.host_update == HostUpdate::automatic && !device.is_cpu());
+  const size_t host_units = fsdp.host_update_batches().size();
+  if (overlaps && host_units > 0 && rank == 0) {
+    log_info("optimizer: ", host_units, " of ", fsdp.units().size(),
+             " units update on a host thread while the next forward begins ([optimizer] host_update)");
+    if (device.is_cpu() && at::get_num_threads() > 1) {
+      log_warn("optimizer: on a CPU run the overlapped update and the forward each run ", at::get_num_threads(),
+               " threads on the same cores; host_update = \"in_step\" is faster unless cores are left over");
+    }
+  }
+  return overlaps;
+}
+
+// The loss scaler [loss_scale] asks for, where a backward runs: by default, for units computing
+// in float16 alone.
+std::optional<LossScaler> loss_scaler(const LossScaleConfig& config, bool computes_float16, bool frozen, int rank) {
+  using LossScaleMode = LossScaleConfig::Mode;
+  if (frozen) return std::nullopt;  // no backward: nothing to scale
+  if (config.mode == LossScaleMode::dynamic || (config.mode == LossScaleMode::automatic && computes_float16)) {
+    LossScaler scaler(config);
+    if (rank == 0) log_info("loss scale: dynamic, from ", scaler.scale(), " ([loss_scale])");
+    return scaler;
+  }
+  if (computes_float16 && rank == 0) {
+    log_warn("loss scale: off with units computing in float16 ([loss_scale] mode = \"off\"): small gradients "
+             "flush to zero");
+  }
+  return std::nullopt;
+}
+
+// A model whose every layer is dense (Qwen3-MoE's mlp_only_layers naming them all) routes
+// nothing, and transformers adds no load-balancing loss for it.
+bool routes_tokens(const ModelConfig& shape) {
+  if (!shape.moe) return false;
+  for (int64_t layer = 0; layer < shape.num_hidden_layers; ++layer) {
+    if (shape.moe->is_moe_layer(layer)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weights)
@@ -96,28 +171,7 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
   const int rank = comm_->rank();
   // Seeded per rank, so anything random and the RNG states checkpoints save are reproducible.
   at::manual_seed(config.model.init_seed + static_cast<uint64_t>(rank));
-  if (auto path = frozen() ? std::nullopt : resume_path(config)) {
-    checkpoint_ = std::make_shared<const ShardedCheckpoint>(ShardedCheckpoint::open(*path));
-    if (const auto later = later_of_this_run(config, config.checkpoint.dir, checkpoint_->step())) {
-      throw UserError(config.source.where("checkpoint", "resume") + ": [checkpoint] resume: " + path->string() +
-                      " is step " + std::to_string(checkpoint_->step()) + ", but " + later->string() +
-                      " is a later checkpoint of this run in [checkpoint] dir: a restart's resume = \"latest\" would "
-                      "take it, and rotation would delete the new saves as the oldest; move the later ones away, or "
-                      "set [checkpoint] dir elsewhere");
-    }
-    const auto saved = checkpoint_->metadata().value("model", json::object());
-    // Adapters resume only onto the base they were trained on. One rank per node reads the
-    // base's files through (each node may hold a copy of its own); where it refuses, its exit
-    // ends the run for every rank.
-    if (saved.contains("base") && env.local_rank == 0) {
-      saved["base"].get<BaseIdentity>().check_same(base_identity_of(config.model),
-                                                   checkpoint_->dir().string());
-    }
-  } else if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && rank == 0 && !frozen()) {
-    const size_t beside = list_checkpoints(config.checkpoint.dir).size();
-    log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet",
-             beside == 0 ? "" : " (the " + std::to_string(beside) + " there are other settings' runs)", "; starting fresh");
-  }
+  if (!frozen()) checkpoint_ = open_resume_checkpoint(config, env);
   require_same_settings(config, checkpoint_ ? std::optional<int64_t>(checkpoint_->step()) : std::nullopt, *comm_);
   // The data first: a bad token file is reported before the model takes its time to load.
   const ModelConfig model_config = model_config_of(config.model);
@@ -129,40 +183,11 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
   shard(build_plan(*skeleton, comm_->size(), rank));
   optimizer_ = std::make_unique<AdamW>(decay_groups(fsdp_->sharded_parameters(), config.optimizer.weight_decay),
                                        config.optimizer);
-  using HostUpdate = OptimizerConfig::HostUpdate;
-  const HostUpdate host_update = config.optimizer.host_update;
-  overlaps_host_update_ =
-      host_update == HostUpdate::overlapped || (host_update == HostUpdate::automatic && !device_.is_cpu());
-  const size_t host_units = fsdp_->host_update_batches().size();
-  if (overlaps_host_update_ && host_units > 0 && rank == 0) {
-    log_info("optimizer: ", host_units, " of ", fsdp_->units().size(),
-             " units update on a host thread while the next forward begins ([optimizer] host_update)");
-    if (device_.is_cpu() && at::get_num_threads() > 1) {
-      log_warn("optimizer: on a CPU run the overlapped update and the forward each run ", at::get_num_threads(),
-               " threads on the same cores; host_update = \"in_step\" is faster unless cores are left over");
-    }
+  overlaps_host_update_ = overlap_host_updates(config.optimizer, device_, *fsdp_, rank);
+  scaler_ = loss_scaler(config.loss_scale, computes_float16_, frozen(), rank);
+  if (routes_tokens(model().config()) && !frozen()) {
+    experts_.emplace(*model().config().moe, config.experts, routing_bias_names(model()));
   }
-  using LossScaleMode = LossScaleConfig::Mode;
-  const LossScaleMode scaling = config.loss_scale.mode;
-  if (frozen()) {
-    // No backward: nothing to scale.
-  } else if (scaling == LossScaleMode::dynamic || (scaling == LossScaleMode::automatic && computes_float16_)) {
-    scaler_.emplace(config.loss_scale);
-    if (rank == 0) log_info("loss scale: dynamic, from ", scaler_->scale(), " ([loss_scale])");
-  } else if (computes_float16_ && rank == 0) {
-    log_warn("loss scale: off with units computing in float16 ([loss_scale] mode = \"off\"): small gradients "
-             "flush to zero");
-  }
-  // A model whose every layer is dense (Qwen3-MoE's mlp_only_layers naming them all) routes
-  // nothing, and transformers adds no load-balancing loss for it.
-  const ModelConfig& shape = model().config();
-  const auto routes = [&shape] {
-    for (int64_t layer = 0; layer < shape.num_hidden_layers; ++layer) {
-      if (shape.moe->is_moe_layer(layer)) return true;
-    }
-    return false;
-  };
-  if (shape.moe && routes() && !frozen()) experts_.emplace(*shape.moe, config.experts, routing_bias_names(model()));
   if (loaded_.lora && rank == 0) base_ = base_identity_of(config.model);
   model_files_ = model_files_dir(config.model);
   export_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.export_dir);

@@ -48,12 +48,13 @@ def _toml_value(key, value):
     """`value` as TOML text for the override `key`, as --set takes it."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
+    # numbers' kinds take numpy's scalars as well
+    if isinstance(value, numbers.Integral):
         if not -2**63 <= value < 2**63:
             raise Error(f"overrides: {key}: {value} is outside TOML's 64-bit integers")
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
     if isinstance(value, (str, os.PathLike)):
         text = os.fspath(value)
         if isinstance(text, bytes) or any("\ud800" <= c <= "\udfff" for c in text):

@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import torch
 
 STEPS, ROWS, TOKENS = 5, 4, 12
@@ -900,6 +901,11 @@ def bad_uses(run_file, other_model_dir, work):
          lambda: run.model(ids, document_offsets=torch.tensor([0, 4])), "document_offsets: must rise from 0 to the 10"),
         ("a misspelt run-file key", lambda: fsdpp.Run(run_file, {"train.stpes": 3}),
          "overrides: train.stpes=3: [train] stpes: unknown key; did you mean 'steps'?"),
+        ("numpy's integer as an override, written as TOML's", lambda: fsdpp.Run(run_file, {"train.stpes": np.int64(3)}),
+         "overrides: train.stpes=3: [train] stpes: unknown key; did you mean 'steps'?"),
+        ("numpy's float as an override, written as TOML's",
+         lambda: fsdpp.Run(run_file, {"train.clip_grad_norm": np.float32(-0.5)}),
+         "overrides: train.clip_grad_norm=-0.5: [train] clip_grad_norm"),
         ("an override of no TOML type", lambda: fsdpp.Run(run_file, {"train.steps": [3]}),
          "overrides: train.steps: expected a bool, int, float, str or path, got list"),
         ("a policy option the policy lacks", lambda: fsdpp.Run(run_file, {"policy.options.lora_rnak": 8}),
