@@ -170,7 +170,12 @@ bool starts_with_location(const std::string& message) {
                      message.begin() + static_cast<std::ptrdiff_t>(end), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-int message_handler(lua_State* L) {
+namespace {
+
+// message_handler's line, built in C++ frames that have ended before it makes a Lua call that
+// may raise (its traceback, out of memory), whose longjmp would skip their destructors; copied
+// into `out` (`room` bytes), its length returned.
+size_t handled_message(lua_State* L, char* out, size_t room) {
   std::string message;
   if (lua_type(L, 1) == LUA_TSTRING || lua_type(L, 1) == LUA_TNUMBER) {
     size_t length = 0;
@@ -189,9 +194,20 @@ int message_handler(lua_State* L) {
   // would be reported as the script running out of memory.
   const size_t total = message.size();
   message = cut_line(std::move(message), total);
-  luaL_traceback(L, L, message.c_str(), 1);
+  const size_t length = std::min(message.size(), room);
+  std::memcpy(out, message.data(), length);
+  return length;
+}
+
+}  // namespace
+
+int message_handler(lua_State* L) {
+  char message[kMaxLineBytes + 64];  // cut_line's most, and its note of the cut
+  const size_t length = handled_message(L, message, sizeof message - 1);
+  message[length] = '\0';
+  luaL_traceback(L, L, message, 1);
   log_line(LogLevel::debug, lua_tostring(L, -1));
-  lua_pushlstring(L, message.data(), message.size());
+  lua_pushlstring(L, message, length);
   return 1;
 }
 

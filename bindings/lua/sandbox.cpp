@@ -51,10 +51,15 @@ void budget_hook(lua_State* L, lua_Debug* ar) {
     // Inside a hook the running function is level 0, which luaL_error would skip.
     if (run.budget_error.empty()) {
       luaL_where(L, 0);
-      run.budget_error = std::string(lua_tostring(L, -1)) + "policy exceeded its instruction budget (an endless loop?)";
+      try {  // a C++ exception must not unwind through the Lua VM's frames above this hook
+        run.budget_error = std::string(lua_tostring(L, -1)) + "policy exceeded its instruction budget (an endless loop?)";
+      } catch (const std::bad_alloc&) {
+        run.budget_error.clear();
+      }
       lua_pop(L, 1);
     }
-    lua_pushstring(L, run.budget_error.c_str());
+    // No C++ object lives here: lua_error's longjmp skips destructors.
+    lua_pushstring(L, run.budget_error.empty() ? "policy exceeded its instruction budget" : run.budget_error.c_str());
     lua_error(L);
   }
 }

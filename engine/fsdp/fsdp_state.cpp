@@ -85,11 +85,9 @@ UnitShards lay_out_shards(const ResolvedUnit& unit, int rank, int world, const S
 std::unordered_set<const Module*> routing_modules(Module& root) {
   std::unordered_set<const Module*> out;
   for (const auto& e : named_modules(root)) {
-    const bool moe_block = dynamic_cast<MoeBlock*>(e.module) != nullptr;
-    if (!moe_block && !e.module->routed_experts()) continue;
-    for (const auto& inner : named_modules(*e.module)) {
-      if (e.module->routed_experts() || inner.path == "gate") out.insert(inner.module);
-    }
+    if (const auto* moe_block = dynamic_cast<MoeBlock*>(e.module)) out.insert(moe_block->routing_module());
+    if (!e.module->routed_experts()) continue;
+    for (const auto& inner : named_modules(*e.module)) out.insert(inner.module);
   }
   return out;
 }

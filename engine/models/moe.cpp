@@ -254,6 +254,10 @@ MoeBlock::Choice MoeBlock::route(const torch::Tensor& flat) {
   return {scores, selected, weights * config_.routed_scaling_factor};
 }
 
+const Module* MoeBlock::routing_module() const {
+  return gate_ ? static_cast<const Module*>(gate_.get()) : router_.get();
+}
+
 torch::Tensor MoeBlock::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
   const auto flat = x.reshape({-1, C});  // [N, C]

@@ -81,6 +81,8 @@ class MoeBlock : public FeedForward {
   MoeBlock(const DecoderFamily& family, const ModelConfig& config, const torch::TensorOptions& opts,
            std::shared_ptr<RoutingLog> log, size_t log_index);
   torch::Tensor forward(const torch::Tensor& x) override;  // [B, T, C] -> [B, T, C]
+  // The module that routes tokens (transformers' "gate"), whichever kind this model's is.
+  const Module* routing_module() const;
 
  private:
   struct Choice {

@@ -7,6 +7,7 @@
 #include "loss/next_token_loss.h"
 
 #include "scratch_dir.h"
+#include "tiny_qwen2_vl_config.h"
 
 #include <catch2/catch.hpp>
 
@@ -16,17 +17,6 @@ using namespace fsdpp;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A small Qwen2-VL: patches of 3 x 2 x 4 x 4 = 96 values, merged 2 x 2, so an image of grid
-// [1, 4, 4] takes 4 placeholders (token 290).
-constexpr const char* kModel = R"({
-  "model_type": "qwen2_vl", "vocab_size": 300, "hidden_size": 48, "intermediate_size": 88,
-  "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
-  "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
-  "image_token_id": 290, "video_token_id": 291, "vision_start_token_id": 292,
-  "vision_config": {"depth": 2, "embed_dim": 24, "hidden_size": 48, "num_heads": 3, "mlp_ratio": 2,
-                    "in_channels": 3, "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                    "hidden_act": "quick_gelu"}})";
 
 fs::path write_dataset(const std::string& name, const std::string& samples) {
   const fs::path dir = fsdpp::testing::scratch_dir("multimodal") / name;
@@ -39,7 +29,7 @@ fs::path write_dataset(const std::string& name, const std::string& samples) {
 }  // namespace
 
 TEST_CASE("a sample's prompt is no target under train_on completion, and is under all", "[train][data]") {
-  const auto model = ModelConfig::from_text(kModel, "config.json");
+  const auto model = ModelConfig::from_text(fsdpp::testing::kTinyQwen2VlConfig, "config.json");
   // A prompt of 2 text tokens, the image (start, 4 placeholders, end) and a question mark;
   // then a completion of 3 tokens. A text-only sample without a prompt follows.
   const fs::path dir = write_dataset(
@@ -71,7 +61,7 @@ TEST_CASE("a sample's prompt is no target under train_on completion, and is unde
 
 TEST_CASE("completion over samples that mark no prompt, and a prompt that leaves none, are refused",
           "[train][data]") {
-  const auto model = ModelConfig::from_text(kModel, "config.json");
+  const auto model = ModelConfig::from_text(fsdpp::testing::kTinyQwen2VlConfig, "config.json");
   const fs::path plain = write_dataset("plain", "{\"input_ids\": [1, 2, 3]}\n");
   CHECK_NOTHROW(MultimodalDataset::open(plain, model, 16, TrainOn::all));
   CHECK_THROWS_WITH(MultimodalDataset::open(plain, model, 16, TrainOn::completion),
