@@ -23,7 +23,9 @@ from fsdpp._fsdpp import Error
 from fsdpp._fsdpp import OpCounter as _OpCounter
 from fsdpp._fsdpp import Run as _Run
 
-__all__ = ["Error", "Run", "count_ops"]
+__all__ = ["Error", "IGNORE_INDEX", "Run", "count_ops"]
+
+IGNORE_INDEX = -100  # a target logprobs gives 0 and no gradient, as transformers' losses ignore it
 
 
 # A dotted key of TOML bare keys: what --set takes before its '='.
@@ -304,11 +306,14 @@ class Model:
         of `input_ids` predicts, under logits divided by `temperature`: log_softmax(logits /
         temperature) at the targets, computed from the final hidden states a chunk of tokens at
         a time, so [B, T, V] logits are never held. Its gradient is that of the full
-        computation. The policy must keep lm_head in the root unit
+        computation. A target of IGNORE_INDEX (-100, transformers' ignored label) gives 0 and no
+        gradient. The policy must keep lm_head in the root unit
         ([policy.options] fused_linear_logprob = true). With `entropy=True` it returns
         (logprobs, entropy): each token's entropy [B, T] of that softmax too, chunked alike and
         differentiable (an entropy bonus's). Positions, documents, the attention mask, images
         and videos as calling the model takes them."""
+        ignored = []  # [B, T] bool, where prepare() found the targets' ignored positions
+
         def prepare():
             t = temperature
             if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -325,6 +330,9 @@ class Model:
             chosen = _tensor("targets", targets)
             if chosen.is_inference():  # saved for backward, which inference tensors cannot be
                 chosen = chosen.clone()
+            if chosen.dtype == torch.int64:  # transformers' ignored labels: any token in their place
+                ignored.append(chosen == IGNORE_INDEX)
+                chosen = chosen.masked_fill(ignored[0], 0)
             if not isinstance(entropy, bool):
                 raise Error(f"entropy: must be a bool, got {type(entropy).__name__}")
             ids, positions, documents = _rows(input_ids, position_ids, document_offsets, attention_mask)
@@ -332,6 +340,8 @@ class Model:
 
         outputs = [_holding(self._run, out)
                    for out in self._run.logprobs(*_agreed(self._run, "run.model.logprobs", prepare))]
+        if ignored:
+            outputs[0] = outputs[0].masked_fill(ignored[0].to(outputs[0].device), 0.0)
         return tuple(outputs) if entropy else outputs[0]
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens=32, temperature=None, top_k=None, top_p=None,

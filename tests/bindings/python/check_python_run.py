@@ -407,6 +407,32 @@ def chosen_positions(run_file, model_dir):
     return ok
 
 
+def ignored_targets(run_file):
+    """Targets of IGNORE_INDEX (-100, transformers' ignored labels) give a log-probability of 0
+    and no gradient: the logprobs, and the gradient norm a step reports, equal those of
+    log_softmax over the full logits with those positions left out, within 1e-6 relative."""
+    import fsdpp
+    run = fsdpp.Run(run_file, {"policy.options.fused_linear_logprob": True})
+    ids = torch.randint(101, (2, TOKENS + 1), generator=torch.Generator().manual_seed(4))
+    targets = ids[:, 1:].clone()
+    targets[0, :5] = fsdpp.IGNORE_INDEX
+    targets[1, -3:] = fsdpp.IGNORE_INDEX
+    kept = targets != fsdpp.IGNORE_INDEX
+    logp = run.model.logprobs(ids[:, :-1], targets)
+    logp.sum().backward()
+    norm, _ = run.step(lr=0.0)  # the weights stay: the same state for the reference below
+    run.zero_grad()
+    want = full_logprobs(run.model(ids[:, :-1]), ids) * kept
+    want.sum().backward()
+    want_norm, _ = run.step(lr=0.0)
+    gap = max(((logp.detach().double() - want.detach()).norm() / want.detach().norm()).item(),
+              abs(norm - want_norm) / want_norm)
+    ok = gap <= FIRST_STEP_BOUND and bool((logp[~kept] == 0).all())
+    print(f"{'ok  ' if ok else 'FAIL'} ignored targets: logprobs 0 there, the rest and the gradient norm {gap:.1e} "
+          f"from the full logits' (bound {FIRST_STEP_BOUND:.0e}, relative)")
+    return ok
+
+
 def corrupt_load_at_world_2(run_file, work, torchrun):
     """A world-2 checkpoint whose rank-1 file is corrupt, loaded at world 2: rank 1 alone reads
     that file, and both ranks raise fsdpp.Error, rank 1 naming the file and rank 0 saying
@@ -1141,6 +1167,7 @@ def main():
         if case == "llama_untied-clipped-ratio":
             ok &= overlapped_host_update(run_file, loss_name, os.path.join(work, case))
     ok &= chosen_positions(run_file, os.path.join(fixtures, "llama_tied_rope3"))
+    ok &= ignored_targets(run_file)
     ok &= corrupt_load_at_world_2(run_file, work, torchrun)
     ok &= failed_loads(run_file, work)
     ok &= offload_round_trip(run_file)
