@@ -40,16 +40,16 @@ std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
 
 MetricsSink::MetricsSink(const MetricsConfig& config, int64_t total_steps, int64_t resumed_after)
     : jsonl_path_(config.jsonl),
-      tensorboard_(std::make_unique<TensorBoardWriter>(config.tensorboard)),
+      tensorboard_(std::make_unique<TensorBoardWriter>(config.tensorboard, resumed_after)),
       total_steps_(total_steps),
       progress_(config.progress == Progress::always ||
                 (config.progress == Progress::on_terminal && ::isatty(STDERR_FILENO))) {
   const std::string& jsonl_path = jsonl_path_;
   const auto parent = std::filesystem::path(jsonl_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes
-  // (TensorBoard, given a new event file, shows the redone steps after the old ones). A pipe
-  // or a device has no records to keep, and reading one would wait for a writer.
+  // A resumed run keeps the records up to its checkpoint and drops those of steps it redoes,
+  // as its TensorBoard session start makes TensorBoard do. A pipe or a device has no records
+  // to keep, and reading one would wait for a writer.
   std::string kept;
   if (resumed_after > 0 && std::filesystem::is_regular_file(jsonl_path)) {
     std::ifstream old(jsonl_path);

@@ -35,7 +35,7 @@ std::string event_file_name() {
 
 }  // namespace
 
-TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
+TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_after) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   path_ = (std::filesystem::path(dir) / event_file_name()).string();
@@ -45,6 +45,13 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   header.set_wall_time(now_s());
   header.set_file_version("brain.Event:2");
   write_record(header.SerializeAsString());
+  if (resumed_after > 0) {
+    tensorboard::Event start;
+    start.set_wall_time(now_s());
+    start.set_step(resumed_after + 1);
+    start.mutable_session_log()->set_status(tensorboard::SessionLog::START);
+    write_record(start.SerializeAsString());
+  }
 }
 
 void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars) {

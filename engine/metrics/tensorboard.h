@@ -15,8 +15,10 @@ namespace fsdpp {
 class TensorBoardWriter {
  public:
   // Starts a new event file in `dir` (created if missing); UserError naming it when it
-  // cannot be written.
-  explicit TensorBoardWriter(const std::string& dir);
+  // cannot be written. A run resumed after step `resumed_after` (> 0) starts its session at
+  // the next step, so that TensorBoard drops the earlier files' events from there on: the
+  // steps it redoes show once, with their new figures.
+  explicit TensorBoardWriter(const std::string& dir, int64_t resumed_after = 0);
 
   // One event at `step` holding a scalar per (tag, value); flushed at once, so a crash loses
   // nothing written before it.

@@ -104,7 +104,6 @@ void measure(StepMetrics& m, Run& run, int64_t first_step, Clock::time_point sta
   const int64_t step_tokens = config.train.grad_accum * config.data.batch_size * config.data.seq_len;
   const double step_s = std::max(1e-9, seconds_since(step_start));
   m.elapsed_s = seconds_since(start);
-  m.tokens = m.step * step_tokens;
   m.tokens_per_s = static_cast<double>(step_tokens) / step_s;
   m.eta_s = m.elapsed_s / static_cast<double>(m.step - first_step + 1) * static_cast<double>(config.train.steps - m.step);
   m.host_peak_gb = host_peak_memory_gb();
@@ -246,6 +245,11 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   }
   summary.steps = resumed.step;
   summary.skipped_steps = resumed.state.skipped_steps;
+  // Counted from the run's start, at the batch each step had: a resume may change the batch.
+  // A checkpoint that counted none (a Python loop's save) is taken at this run's batch.
+  const int64_t tokens_at_resume = resumed.state.tokens_seen > 0 || resumed.step == 0
+                                       ? resumed.state.tokens_seen
+                                       : resumed.step * tc.grad_accum * config.data.batch_size * config.data.seq_len;
   summary.final_loss = resumed.state.loss;  // a resume at the last step trains none
   const int64_t first_step = resumed.step + 1;
   const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
@@ -269,13 +273,14 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
     StepMetrics m = step_metrics(step, lr, f, summary, rank);
     if (counter) save_op_counts(counter->stop(), run, step);
     if (profiler.active()) save_profile(profiler, run, step);
+    m.tokens = tokens_at_resume + (step - resumed.step) * step_tokens;
     measure(m, run, first_step, start, step_start, step_flops);
     if (metrics) metrics->record_step(m, step % tc.log_every == 0 || step == tc.steps || step == first_step);
     summary.final_loss = m.loss;
     summary.steps = step;
     const bool stopping =
         after_step(run, step, f.stopping, metrics.get(),
-                   {.skipped_steps = summary.skipped_steps, .tokens_seen = step * step_tokens, .loss = m.loss});
+                   {.skipped_steps = summary.skipped_steps, .tokens_seen = m.tokens, .loss = m.loss});
     if (stopping) {
       summary.stop_signal = agreed_stop_signal(run);
       if (rank == 0) log_warn("stopped by ", ::strsignal(summary.stop_signal), " after step ", step);

@@ -1,7 +1,8 @@
 """TensorBoard event files hold what metrics.jsonl holds: a short run with evaluation writes
 both, and TensorBoard's own reader (the `tensorboard` package) reads back, for every step, one
 scalar per figure of the JSONL record, equal to it at float32 (the precision of a TensorBoard
-scalar), and the evaluation's loss and perplexity at their steps. With a stated peak, each
+scalar), and the evaluation's loss and perplexity at their steps; after a resume that redoes
+steps, each step once, with the redone figures. With a stated peak, each
 step's MFU is its tokens/s times the FLOPs per token that scripts/bench_fsdp.py counts from
 transformers' config and parameter count, over the peak."""
 import json
@@ -36,16 +37,18 @@ def mfu_failures(records):
     return [f"MFU at steps {wrong}"] if wrong else []
 
 
-def main():
-    subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
-    shutil.rmtree(WORK, ignore_errors=True)
-    subprocess.run([FSDPP, "train", "tests/assets/fsdp-llama.toml", "--set", f'train.out_dir="{WORK}"',
-                    "--set", "train.steps=6", "--set", "train.eval_every=3", "--set", "data.eval_fraction=0.1",
-                    "--set", "checkpoint.save_final=false", "--set", f"metrics.peak_tflops={PEAK_TFLOPS}"],
+def train(out_dir, *sets):
+    subprocess.run([FSDPP, "train", "tests/assets/fsdp-llama.toml", "--set", f'train.out_dir="{out_dir}"',
+                    "--set", "checkpoint.save_final=false"] + [a for s in sets for a in ("--set", s)],
                    check=True, capture_output=True)
-    with open(os.path.join(WORK, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    events = EventAccumulator(os.path.join(WORK, "tensorboard"), size_guidance={"scalars": 0})
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def event_failures(out_dir, records):
+    """(what differs between the TensorBoard scalars and the JSONL records, the scalars compared,
+    the tags): each figure of a record at its step, once."""
+    events = EventAccumulator(os.path.join(out_dir, "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     tags = set(events.Tags()["scalars"])
     expected, compared, failures = {}, 0, []
@@ -56,19 +59,37 @@ def main():
     if tags != set(expected):
         failures.append(f"tags {sorted(tags)} != JSONL keys {sorted(expected)}")
     for tag in tags & set(expected):
+        steps = [e.step for e in events.Scalars(tag)]
         scalars = {e.step: e.value for e in events.Scalars(tag)}
-        if scalars.keys() != expected[tag].keys():
-            failures.append(f"{tag}: steps {sorted(scalars)} != {sorted(expected[tag])}")
+        if steps != sorted(expected[tag]):
+            failures.append(f"{tag}: steps {steps} != {sorted(expected[tag])}")
         for step, value in expected[tag].items():
             compared += 1
             if scalars.get(step) != numpy.float32(value):
                 failures.append(f"{tag} at step {step}: {scalars.get(step)} != {numpy.float32(value)}")
+    return failures, compared, tags
+
+
+def main():
+    subprocess.run(["bash", "scripts/make_corpus.sh"], check=True, capture_output=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    records = train(WORK, "train.steps=6", "train.eval_every=3", "data.eval_fraction=0.1",
+                    f"metrics.peak_tflops={PEAK_TFLOPS}")
+    failures, compared, tags = event_failures(WORK, records)
     failures += mfu_failures(records)
+    # A run stopped after step 5 with a checkpoint at step 3 redoes steps 4 and 5 when it
+    # resumes: TensorBoard shows each step once, the redone ones' figures, as the JSONL does.
+    resumed = os.path.join(WORK, "resumed")
+    train(resumed, "train.steps=5", "checkpoint.save_every=3")
+    redone, redone_compared, _ = event_failures(
+        resumed, train(resumed, "train.steps=6", "checkpoint.save_every=3", 'checkpoint.resume="latest"'))
+    failures += [f"after a resume: {line}" for line in redone]
     for line in failures:
         print("FAIL", line)
     must_have = {"loss", "lr", "grad_norm", "tokens_per_s", "eta_s", "host_peak_gb", "mfu", "eval_loss",
                  "eval_perplexity"}
-    print(f"{'ok  ' if not failures else 'FAIL'} {compared} scalars in {len(tags)} tags equal the JSONL records")
+    print(f"{'ok  ' if not failures else 'FAIL'} {compared} scalars in {len(tags)} tags equal the JSONL records, "
+          f"and {redone_compared} after a resume that redid two steps")
     if failures or not must_have <= tags:
         sys.exit(1)
 

@@ -102,6 +102,21 @@ def main():
           f"second {kept}; metrics steps {steps}")
     ok &= rotation_ok and compare("latest at world 2", latest, constant_ref, 0.0)
 
+    # A resume at another batch size counts the tokens on from the saved count, each step at
+    # the batch it had: steps 1-5 at the saved run's, 6-10 at half of it, in metrics.jsonl and
+    # in the final checkpoint.
+    halved = os.path.join(WORK, "halved")
+    train(halved, 0, [f'checkpoint.resume="{saved}"', "data.batch_size=6"])
+    tokens = {r["step"]: r["tokens"] for r in map(json.loads, open(os.path.join(halved, "metrics.jsonl")))
+              if "tokens" in r}
+    batch = {r["step"]: r["tokens"] for r in map(json.loads, open(os.path.join(ref, "metrics.jsonl")))
+             if "tokens" in r}[1]
+    final = json.load(open(os.path.join(halved, "checkpoints", "step-00000010", "metadata.json")))
+    counted = tokens.get(10) == 5 * batch + 5 * batch // 2 == final["client_state"]["tokens_seen"]
+    print(f"{'ok  ' if counted else 'FAIL'} tokens after a resume at half the batch: {tokens.get(10)} at step 10 "
+          f"(saved {final['client_state']['tokens_seen']}; {batch} a step before it)")
+    ok &= counted
+
     # Another seq_len would make the saved window index name other tokens: refused.
     proc = train(os.path.join(WORK, "refused"), 0, [f'checkpoint.resume="{saved}"', "data.seq_len=16"], expect_rc=2)
     errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
