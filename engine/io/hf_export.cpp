@@ -80,19 +80,28 @@ fs::path resolved_links(const fs::path& dir) {
   return path;
 }
 
-// Clears what an interrupted export left at `path` (its staging directory, or the old export
-// it had moved aside); refuses anything else found there.
-void clear_leftover(const fs::path& path, const fs::path& export_dir) {
+// Whether `path` holds nothing, or what an interrupted export left there (its staging
+// directory, or the old export it had moved aside); UserError for anything else.
+bool holds_leftover(const fs::path& path, const fs::path& export_dir) {
   std::error_code error;
   const fs::file_status status = fs::symlink_status(path, error);
-  if (!fs::exists(status)) return;
-  // The mark first: an interrupted export's weights may be half written.
-  if (fs::is_directory(status) && (fs::exists(path / kStagingMark) || bears_export_mark(weights_file_in(path)))) {
-    remove_tree(path);
-    return;
+  if (!fs::exists(status)) return false;
+  // The mark first: an interrupted export's weights may be half written, and a directory of
+  // weights without a header to read is as much in the way as one of another's.
+  if (fs::is_directory(status)) {
+    if (fs::exists(path / kStagingMark)) return true;
+    try {
+      if (bears_export_mark(weights_file_in(path))) return true;
+    } catch (const UserError&) {
+      // unreadable weights: not an export's
+    }
   }
   throw UserError(path.string() + ": is in the way of the export to " + export_dir.string() +
                   ", which works beside it under that name, and is not an export's; move it or remove it");
+}
+
+void clear_leftover(const fs::path& path, const fs::path& export_dir) {
+  if (holds_leftover(path, export_dir)) remove_tree(path);
 }
 
 }  // namespace
@@ -107,6 +116,11 @@ void check_export_target(const fs::path& dir, bool in_own_run_dir) {
                     "; an export writes through a link only to a directory");
   }
   check_replaceable_dir(dir, "an export", written_by_export);
+  // The names beside it the export works under, found now rather than after the training.
+  const fs::path target = resolved_links(dir);
+  for (const char* prefix : {".partial-", ".replaced-"}) {
+    holds_leftover(target.parent_path() / (prefix + target.filename().string()), target);
+  }
   if (!fs::is_directory(dir) || fs::is_empty(dir)) return;
   const fs::path weights = weights_file_in(dir);
   const std::string refusal = dir.string() + ": holds a model that no export wrote (";

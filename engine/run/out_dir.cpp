@@ -224,9 +224,15 @@ void check_checkpoint_dir(const RunConfig& config) {
 // (a device such as /dev/null, or a pipe, is the user's way to send them elsewhere).
 void check_metrics_file(const RunConfig& config) {
   const fs::path file = config.metrics.jsonl;
-  std::error_code error;
-  if (!fs::is_regular_file(fs::status(file, error))) return;
   const std::string where = output_where(config, "metrics", "jsonl") + file.string();
+  // Made now, as the checkpoints' directory is: a path that cannot hold the file is found
+  // before the model loads.
+  std::error_code error;
+  if (const fs::path parent = fs::absolute(file).parent_path(); !fs::is_directory(parent)) {
+    fs::create_directories(parent, error);
+    if (error) throw UserError(where + ": cannot make its directory " + parent.string() + ": " + error.message());
+  }
+  if (!fs::is_regular_file(fs::status(file, error))) return;
   std::ifstream in(file);
   std::string first;
   std::getline(in, first);
@@ -237,6 +243,16 @@ void check_metrics_file(const RunConfig& config) {
   }
 }
 
+// Made now: a TensorBoard directory the run cannot write is found before the model loads.
+void check_tensorboard_dir(const RunConfig& config) {
+  const fs::path dir = config.metrics.tensorboard;
+  const std::string where = output_where(config, "metrics", "tensorboard") + dir.string();
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) throw UserError(where + ": cannot make it: " + error.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UserError(where + ": cannot write into it: " + std::strerror(errno));
+}
+
 }  // namespace
 
 void check_outputs(const RunConfig& config) {
@@ -245,6 +261,7 @@ void check_outputs(const RunConfig& config) {
     check_adapter_dir(config);
   }
   check_metrics_file(config);
+  check_tensorboard_dir(config);
   const CheckpointConfig& saves = config.checkpoint;
   if (saves.save_every > 0 || saves.save_final || saves.save_on_signal) check_checkpoint_dir(config);
 }

@@ -82,10 +82,16 @@ std::shared_ptr<const ShardedCheckpoint> open_resume_checkpoint(const RunConfig&
   const auto path = resume_path(config);
   if (!path) {
     if (config.checkpoint.resume.kind == ResumeFrom::Kind::latest && env.rank == 0) {
+      // Checkpoints there of other settings are most often this run's under a changed setting
+      // (a data file moved to another path): starting afresh beside them deserves a warning.
       const size_t beside = list_checkpoints(config.checkpoint.dir).size();
-      log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet",
-               beside == 0 ? "" : " (the " + std::to_string(beside) + " there are other settings' runs)",
-               "; starting fresh");
+      if (beside == 0) {
+        log_info("resume: no checkpoint of this run in ", config.checkpoint.dir, " yet; starting fresh");
+      } else {
+        log_warn("resume: none of the ", beside, " checkpoints in ", config.checkpoint.dir, " is of these settings ",
+                 "(they are other settings' runs), so this run starts fresh at step 0: was a setting changed by "
+                 "mistake (a data file given by another path)?");
+      }
     }
     return nullptr;
   }

@@ -482,6 +482,11 @@ expect "a model of one's own in out_dir/model" \
   -- train "$work/ok.toml" --set "train.out_dir=\"$work/own\""
 cmp -s "$FIXTURES/llama_untied/model.safetensors" "$work/own/model/model.safetensors" ||
   { echo "FAIL a refused export changed the model in out_dir"; failures=$((failures + 1)); }
+# Nor is what lies under the name the export works beside it under, found at start too.
+mkdir -p "$work/staged/.partial-model" && echo "mine" >"$work/staged/.partial-model/notes.txt"
+expect "a directory of one's own where the export stages" \
+  "[checkpoint] export_dir: $work/staged/.partial-model: is in the way of the export to $work/staged/model" \
+  -- train "$work/ok.toml" --set "checkpoint.export_dir=\"$work/staged/model\""
 [ "$(cat "$work/notes/notes.txt" "$work/a-file")" = "$(printf 'mine\nmine')" ] ||
   { echo "FAIL a refused export_dir lost its files"; failures=$((failures + 1)); }
 
@@ -503,6 +508,10 @@ expect "eval --logits over the token file" "eval --logits $work/kept.tok: exists
 expect "metrics over the token file" "[metrics] jsonl: $work/kept.tok: holds something other than a run's metrics" \
   -- train "$work/ok.toml" --set "data.train=\"$work/kept.tok\"" --set "metrics.jsonl=\"$work/kept.tok\""
 cmp -s "$work/ok.tok" "$work/kept.tok" || { echo "FAIL a refused output changed the token file"; failures=$((failures + 1)); }
+expect "metrics under a file" "[metrics] jsonl: $work/kept.tok/m.jsonl: cannot make its directory $work/kept.tok" \
+  -- train "$work/ok.toml" --set "metrics.jsonl=\"$work/kept.tok/m.jsonl\""
+expect "TensorBoard events under a file" "[metrics] tensorboard: $work/kept.tok/tb: cannot make it" \
+  -- train "$work/ok.toml" --set "metrics.tensorboard=\"$work/kept.tok/tb\""
 # Metrics that cannot be written end the run at the first record, naming the file.
 if [ -w /dev/full ]; then
   expect "metrics to a full disk" "[metrics] jsonl: /dev/full: cannot write metrics: No space left on device" \
