@@ -61,7 +61,7 @@ comparison with another implementation. Evaluation runs as one process, never un
 launch or torchrun. --verbose adds debug lines.
 )";
 
-constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N] [--merge-lora]
+constexpr const char* kExportHelp = R"(usage: fsdpp export CHECKPOINT OUT [--dtype D] [--max-shard-mb N] [--merge-lora | --adapter]
 
 Writes the model of the sharded checkpoint CHECKPOINT (a step-N directory that training
 saved) to OUT as a Hugging Face directory: config.json plus model.safetensors, or shards
@@ -70,7 +70,9 @@ float32, bfloat16, float16 or float64, or bf16, fp16 and the like (default: the 
 trained in). Runs as one process on one machine, without a launcher or a process
 group and holds one full tensor at a time; every file's checksum is verified first.
 A LoRA run's checkpoint exports with --merge-lora: each adapted weight W becomes
-W + (alpha / r) B A and the adapters are left out.
+W + (alpha / r) B A and the adapters are left out; or with --adapter: its adapters (and the
+base modules that train beside them) alone, as a PEFT adapter directory
+(adapter_config.json, adapter_model.safetensors) for the base the run trained on.
 )";
 
 constexpr const char* kPlanHelp = R"(usage: fsdpp plan CONFIG [--world N] [--json] [--set section.key=value ...]
@@ -229,12 +231,16 @@ void parse_export(const std::vector<std::string>& args, CommandLine& cl) {
   parser.add("--dtype", dtype);
   parser.add("--max-shard-mb", max_shard_mb);
   parser.app().add_flag("--merge-lora", cl.merge_lora);
+  parser.app().add_flag("--adapter", cl.adapter_only);
   if (parser.parse(args)) {
     cl.help = kExportHelp;
     return;
   }
   if (cl.checkpoint.empty() || cl.out.empty()) {
     throw UserError("export: needs CHECKPOINT and OUT, neither empty (see fsdpp export --help)");
+  }
+  if (cl.merge_lora && cl.adapter_only) {
+    throw UserError("export: --merge-lora writes the merged model and --adapter the adapters alone; give one");
   }
   try {
     if (!dtype.empty()) cl.dtype = parse_dtype(dtype);

@@ -36,6 +36,7 @@ struct CommandLine {
   std::optional<at::ScalarType> dtype;  // --dtype: none keeps the dtype the run trained in
   double max_shard_mb = 2048;   // --max-shard-mb: the largest safetensors shard
   bool merge_lora = false;      // --merge-lora: a LoRA run's adapters merged into its weights
+  bool adapter_only = false;    // --adapter: a LoRA run's adapters alone, as a PEFT adapter
   // launch
   LaunchOptions launch;
 };

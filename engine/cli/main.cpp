@@ -107,9 +107,8 @@ int run_train(const CommandLine& args) {
 
 int run_plan(const CommandLine& args) {
   RunConfig config = load_run(args);
-  // A plan reads no data, adapter or checkpoint.
+  // A plan reads no data or checkpoint, and of a [model] adapter its config alone.
   config.data.train.clear();
-  config.model.adapter.clear();
   config.checkpoint.resume = {};
   config.check_paths();
   const PolicyConfig& policy = config.policy;
@@ -119,8 +118,9 @@ int run_plan(const CommandLine& args) {
   auto model = build_model(model_config, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   const auto script = find_policy(policy, model_config.model_type);
   const auto start = std::chrono::steady_clock::now();
-  const Plan plan =
+  Plan plan =
       run_policy(script, *model, {.world_size = args.world, .rank = 0, .training = true, .options = policy.options});
+  plan.lora = adapters_to_put_on(config.model, plan.lora ? &*plan.lora : nullptr);
   if (plan.lora) apply_lora(*model, *plan.lora, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
   freeze_modules(plan, *model);
   const ResolvedPlan resolved = resolve_policy_plan(plan, *model, args.world, dtype, policy);
@@ -152,8 +152,10 @@ int run_export(const CommandLine& args) {
   }
   const auto start = std::chrono::steady_clock::now();
   const ExportSummary s =
-      export_checkpoint(args.checkpoint, args.out, args.dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)),
-                        args.merge_lora);
+      args.adapter_only
+          ? export_adapter(args.checkpoint, args.out, args.dtype)
+          : export_checkpoint(args.checkpoint, args.out, args.dtype, static_cast<size_t>(args.max_shard_mb * (1 << 20)),
+                              args.merge_lora);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info("export: step ", s.step, ", ", s.tensors, " tensors, ", s.bytes, " bytes written to ", args.out, " in ",
            seconds, " s");

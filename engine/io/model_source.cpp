@@ -82,6 +82,15 @@ void check_agrees(const LoraPlan& declared, const LoraPlan& held, const std::str
   const auto named = [](const std::vector<std::string>& names) {
     return names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
   };
+  // The modules that train whole beside the adapters (PEFT's modules_to_save): one the policy
+  // leaves out would load as trained and then stay frozen, one it adds would train from the base.
+  const auto unsaved = only_in(held.trainable, declared.trainable), unheld = only_in(declared.trainable, held.trainable);
+  if (!unsaved.empty() || !unheld.empty()) {
+    throw UserError(where + ": trains " + (held.trainable.empty() ? "no module" : named(held.trainable)) +
+                    " whole beside its adapters (modules_to_save), the policy's lora{...} at " + declared.origin + " " +
+                    (declared.trainable.empty() ? "none" : named(declared.trainable)) +
+                    " (lora_trainable must name the same modules)");
+  }
   const auto dropped = only_in(held.targets, declared.targets), added = only_in(declared.targets, held.targets);
   if (!dropped.empty() || !added.empty()) {
     throw UserError(where + ": adapters on " + std::to_string(held.targets.size()) + " modules, the policy's " +
@@ -161,6 +170,11 @@ std::filesystem::path model_files_dir(const ModelSourceConfig& config) {
   return fs::is_directory(path) ? path : path.parent_path();
 }
 
+std::optional<LoraPlan> adapters_to_put_on(const ModelSourceConfig& config, const LoraPlan* lora) {
+  return adapters_to_apply(lora, config.adapter.empty() ? std::nullopt
+                                                        : std::optional(PeftAdapter::open(config.adapter)));
+}
+
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const LoraPlan* lora) {
   auto opts = torch::TensorOptions().dtype(config.dtype);
   if (unallocated) opts = opts.device(torch::kMeta);
@@ -179,6 +193,10 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
     if (loaded.lora && !meta.contains("lora")) {
       throw UserError(checkpoint->dir().string() + ": a checkpoint of a run without adapters, as the base of adapters; "
                       "export it (fsdpp export " + checkpoint->dir().string() + " OUT) and name OUT in [model] path");
+    }
+    if (meta.contains("lora") && adapter) {
+      log_warn(checkpoint->dir().string(), ": the adapters it holds are set aside for [model] adapter ", config.adapter,
+               "'s, put on the base it records");
     }
     if (meta.contains("lora") && !adapter) {
       const auto held = meta["lora"].get<LoraPlan>();

@@ -33,6 +33,9 @@ struct LoadedModel {
 // config.adapter's own config or a LoRA run's checkpoint records them; their values come
 // from config.adapter or the checkpoint, or are initialised as PEFT initialises them.
 LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr);
+// The adapters load_model puts on from `lora` and config.adapter (its config and its tensors'
+// header read, no values), for a plan of the run; refused as load_model refuses them.
+std::optional<LoraPlan> adapters_to_put_on(const ModelSourceConfig& config, const LoraPlan* lora);
 // The architecture alone, read without building the model.
 ModelConfig model_config_of(const ModelSourceConfig& config);
 // The directory whose tokenizer, chat template and generation config go with the model, as

@@ -45,6 +45,10 @@ nlohmann::json read_adapter_config(const std::filesystem::path& path) {
       throw UserError(path.string() + ": " + pattern + " is not supported (one rank and alpha for every target)");
     }
   }
+  // Copies of layers the adapters would be put on, which the model has not.
+  if (j.contains("layer_replication") && !j["layer_replication"].is_null()) {
+    throw UserError(path.string() + ": layer_replication is not supported");
+  }
   return j;
 }
 
@@ -66,6 +70,10 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
   const nlohmann::json j = read_adapter_config(config_path);
   PeftAdapter adapter;
   adapter.dir_ = dir;
+  if (!std::filesystem::exists(dir / kWeightsFile) && std::filesystem::exists(dir / "adapter_model.bin")) {
+    throw UserError((dir / "adapter_model.bin").string() + ": a pickled adapter, which fsdpp does not read; save it "
+                    "as " + kWeightsFile + " (peft's save_pretrained does by default)");
+  }
   adapter.weights_ = SafetensorsFile::open(dir / kWeightsFile);
   LoraPlan& plan = adapter.plan_;
   plan.origin = config_path.string();
@@ -88,11 +96,18 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
     }
   }
   std::set<std::string> targets, saved;  // saved: the modules_to_save entries' modules, by path
+  std::map<std::string, std::string> factor_of;  // module -> a factor it has, until its other one is found
   for (const auto& [name, entry] : adapter.weights_->entries()) {
     const std::string engine = engine_tensor_name(name);
     adapter.stored_[engine] = name;
-    const auto at = engine.find(".lora_A.");
-    if (at != std::string::npos) targets.insert(engine.substr(0, at));
+    for (const char* factor : {".lora_A.", ".lora_B."}) {
+      const auto at = engine.find(factor);
+      if (at == std::string::npos) continue;
+      const std::string module = engine.substr(0, at);
+      if (factor[6] == 'A') targets.insert(module);
+      // Each adapted module has both factors: one alone would be dropped without a word.
+      if (!factor_of.erase(module)) factor_of[module] = name;
+    }
     if (is_adapter_parameter(engine)) continue;
     std::optional<std::string> module;
     for (auto m = to_save.begin(); m != to_save.end() && !module; ++m) module = saved_module_of(engine, *m);
@@ -101,6 +116,13 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
                       "' is neither a LoRA factor nor in modules_to_save");
     }
     saved.insert(*module);
+  }
+  if (!factor_of.empty()) {
+    const std::string& alone = factor_of.begin()->second;
+    const bool is_a = alone.find(".lora_A.") != std::string::npos;
+    throw UserError((dir / kWeightsFile).string() + ": tensor '" + alone + "' has no " + (is_a ? "lora_B" : "lora_A") +
+                    " beside it (" + std::to_string(factor_of.size()) + " module(s) with one factor alone); " +
+                    "each adapted module needs both");
   }
   if (targets.empty()) throw UserError((dir / kWeightsFile).string() + ": holds no lora_A tensor");
   plan.targets.assign(targets.begin(), targets.end());

@@ -9,6 +9,7 @@
 #include "core/module_tree.h"
 #include "io/hf_export.h"
 #include "io/model_source.h"
+#include "io/peft_adapter.h"
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"
 #include "models/model_config.h"
@@ -50,7 +51,7 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
   const auto lora = model_meta.contains("lora") ? std::optional(model_meta["lora"].get<LoraPlan>()) : std::nullopt;
   if (lora && !merge_lora) {
     throw UserError("export: " + dir.string() + " holds LoRA adapters (a frozen base): pass --merge-lora for the " +
-                    "merged model; the run's adapter directory holds them in PEFT's layout");
+                    "merged model, or --adapter for its adapters in PEFT's layout");
   }
   if (!lora && merge_lora) throw UserError("export: --merge-lora, but " + dir.string() + " holds no LoRA adapters");
   const at::ScalarType run_dtype = parse_dtype(model_meta.value("dtype", "float32"));
@@ -102,6 +103,36 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
     summary.bytes += spec.bytes();
   }
   writer.finish();
+  return summary;
+}
+
+ExportSummary export_adapter(const std::filesystem::path& dir, const std::filesystem::path& out,
+                             std::optional<at::ScalarType> dtype) {
+  if (path_within(out, dir) || path_within(dir, out)) {
+    throw UserError("export: " + out.string() + " would overwrite or contain the checkpoint " + dir.string() +
+                    " it reads; choose another OUT");
+  }
+  const ShardedCheckpoint checkpoint = ShardedCheckpoint::open(dir);
+  const ModelConfig config = ModelConfig::from_file(checkpoint.verified("config.json"));
+  const nlohmann::json model_meta = checkpoint.metadata().value("model", nlohmann::json::object());
+  if (!model_meta.contains("lora")) throw UserError("export: --adapter, but " + dir.string() + " holds no LoRA adapters");
+  const auto lora = model_meta["lora"].get<LoraPlan>();
+  const at::ScalarType run_dtype = parse_dtype(model_meta.value("dtype", "float32"));
+  const auto skeleton = build_model(config, at::TensorOptions().dtype(run_dtype).device(at::kMeta));
+  apply_lora(*skeleton, lora, at::TensorOptions().dtype(run_dtype).device(at::kMeta));
+  NamedTensors tensors;  // small next to the base: held whole until written, as at the run's end
+  ExportSummary summary{checkpoint.step(), 0, 0};
+  for (const auto& p : unique_named_parameters(*skeleton)) {
+    const bool trainable = std::any_of(lora.trainable.begin(), lora.trainable.end(),
+                                       [&](const std::string& m) { return path_under(p.name, m); });
+    if (!is_adapter_parameter(p.name) && !trainable) continue;
+    at::Tensor t = checkpoint.read_full("model/" + p.name);
+    if (dtype) t = t.to(*dtype);
+    summary.bytes += t.nbytes();
+    ++summary.tensors;
+    tensors.emplace_back(p.name, t);
+  }
+  write_peft_adapter(out, lora, model_meta.value("source", ""), config.model_type, tensors);
   return summary;
 }
 

@@ -23,5 +23,10 @@ struct ExportSummary {
 // unchanged, or a fresh initialisation from the recorded seed).
 ExportSummary export_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
                                 std::optional<at::ScalarType> dtype, size_t max_shard_bytes, bool merge_lora = false);
+// The adapters of a LoRA run's `checkpoint` (and the base modules that train beside them),
+// whole, written to `out` as the PEFT adapter the run writes at its end (in `dtype`, default
+// the masters'): for serving a step other than the last.
+ExportSummary export_adapter(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
+                             std::optional<at::ScalarType> dtype);
 
 }  // namespace fsdpp

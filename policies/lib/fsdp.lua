@@ -148,17 +148,31 @@ end
 function M.lora_from_options()
   local opt = options{
     lora_rank = {"integer", min = 1, max = 65536, doc = "LoRA adapters of this rank on lora_targets; unset: none"},
-    lora_targets = {"string", default = "q_proj,k_proj,v_proj,o_proj",
-                    doc = "comma-separated module names (every module whose path ends so) or classes"},
-    lora_alpha = {"number", min = 1e-6, max = 1e6, default = 8, doc = "the adapters' scale is alpha / rank"},
-    lora_dropout = {"number", min = 0, max = 0.99, default = 0, doc = "dropout on the adapters' input"},
-    lora_trainable = {"string", default = "",
+    lora_targets = {"string", doc = "comma-separated module names (every module whose path ends so) or classes; " ..
+                                    "unset: q_proj,k_proj,v_proj,o_proj"},
+    lora_alpha = {"number", min = 1e-6, max = 1e6, doc = "the adapters' scale is alpha / rank; unset: 8"},
+    lora_dropout = {"number", min = 0, max = 0.99, doc = "dropout on the adapters' input; unset: 0"},
+    lora_trainable = {"string",
                       doc = "comma-separated base modules that keep training (\"model.norm\", and lm_head where " ..
                             "untied; a classifier's score always does); the rest is frozen"},
   }
-  if opt.lora_rank == nil then return end
-  local targets = modules_named(opt.lora_targets, "lora_targets", true)
-  local trainable = modules_named(opt.lora_trainable, "lora_trainable", false)
+  if opt.lora_rank == nil then
+    -- Without a rank no adapter is made and the whole model trains: a LoRA option given alone
+    -- is a LoRA run the user meant, not a full fine-tune.
+    for _, name in ipairs{"lora_targets", "lora_alpha", "lora_dropout", "lora_trainable"} do
+      if opt[name] ~= nil then
+        error(name .. " is given without lora_rank, so no adapter would be made and the whole model would " ..
+              "train; set lora_rank for LoRA, or leave out the lora_ options", 0)
+      end
+    end
+    return
+  end
+  -- A name the run file gives that matches nothing is an error, as freeze's is: the adapters
+  -- or the training it asked for would be left out. The default targets may miss a model's
+  -- attention (latent attention has no k_proj): a warning.
+  local targets = modules_named(either(opt.lora_targets, "q_proj,k_proj,v_proj,o_proj"), "lora_targets", true,
+                                opt.lora_targets ~= nil)
+  local trainable = modules_named(either(opt.lora_trainable, ""), "lora_trainable", false, true)
   -- A sequence-classification model's score head trains beside the adapters, as peft's
   -- SEQ_CLS task keeps it (modules_to_save): frozen, a head drawn afresh would stay random.
   for _, score in ipairs(ctx.model:find{path = "^score$"}) do
@@ -166,8 +180,8 @@ function M.lora_from_options()
     for _, m in ipairs(trainable) do listed = listed or m:path() == "score" end
     if not listed then trainable[#trainable + 1] = score end
   end
-  lora{targets = targets, rank = opt.lora_rank, alpha = opt.lora_alpha, dropout = opt.lora_dropout,
-       trainable = trainable}
+  lora{targets = targets, rank = opt.lora_rank, alpha = either(opt.lora_alpha, 8),
+       dropout = either(opt.lora_dropout, 0), trainable = trainable}
 end
 
 -- The modules [policy.options] freeze names (a vision tower held as loaded) train no more.

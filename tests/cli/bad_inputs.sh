@@ -122,13 +122,15 @@ expect "unknown device" "[parallel] device: 'tpu' is not one of auto, cpu, cuda"
 expect "backend for another device" "nccl runs on GPUs, but device is 'cpu'" \
   -- train "$work/ok.toml" --set 'parallel.device="cpu"' --set 'parallel.backend="nccl"'
 
-# What a command does not read, it does not check: a plan reads no adapter or checkpoint, an
-# evaluation resumes nothing.
+# What a command does not read, it does not check: a plan and an evaluation resume nothing.
+# A plan reads an adapter's config (the LoRA it puts on), so a missing one is refused.
 for command in plan eval; do
-  "$FSDPP" $command "$work/ok.toml" --set "checkpoint.resume=\"$work/no-such-checkpoint\"" \
-    $([ $command = plan ] && echo --set "model.adapter=\"$work/no-such-adapter\"") >/dev/null 2>"$work/unread.err" ||
+  "$FSDPP" $command "$work/ok.toml" --set "checkpoint.resume=\"$work/no-such-checkpoint\"" >/dev/null \
+    2>"$work/unread.err" ||
     { echo "FAIL $command checked a path it does not read: $(tail -1 "$work/unread.err")"; failures=$((failures + 1)); }
 done
+expect "a plan with a missing adapter" "[model] adapter: $work/no-such-adapter: no such directory" \
+  -- plan "$work/ok.toml" --set "model.adapter=\"$work/no-such-adapter\""
 for command in train plan eval; do
   expect "$command with a missing model dir" \
     "--set model.path=\"$work/no-such-model\": [model] path: $work/no-such-model: no such file or directory" \
@@ -360,6 +362,11 @@ expect "a directory of the user's where an export stages" \
   [ ! -e "$work/.partial-cleared" ] && [ -f "$work/cleared/model.safetensors" ] ||
   { echo "FAIL an interrupted export's staging directory was not cleared: $(tail -1 "$work/slurm.log")"
     failures=$((failures + 1)); }
+expect "--adapter of a checkpoint without adapters" \
+  "export: --adapter, but $work/slurm/checkpoints/step-00000001 holds no LoRA adapters" \
+  -- export "$work/slurm/checkpoints/step-00000001" "$work/adapter-out" --adapter
+expect "--merge-lora beside --adapter" "export: --merge-lora writes the merged model and --adapter the adapters alone" \
+  -- export "$work/slurm/checkpoints/step-00000001" "$work/adapter-out" --adapter --merge-lora
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=7 LOCAL_WORLD_SIZE=2 expect "LOCAL_RANK past LOCAL_WORLD_SIZE" \
   "environment: LOCAL_RANK 7 of LOCAL_WORLD_SIZE 2 does not fit a world of 1" -- train "$work/ok.toml"
 

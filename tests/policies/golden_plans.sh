@@ -120,6 +120,9 @@ refused() {  # NAME TOML ERROR [--set ...]
 }
 refused "freeze of a misspelt module" "$work/qwen2_vl-shard.toml" "freeze: 'visaul' matches no module" \
   --set 'policy.options.freeze="visaul"'
+refused "a LoRA option without lora_rank" "$work/llama-untied.toml" \
+  "lora_alpha is given without lora_rank, so no adapter would be made and the whole model would train" \
+  --set policy.options.lora_alpha=16
 refused "freeze of every parameter" "$work/llama-untied.toml" "freeze holds every parameter of the model" \
   --set 'policy.options.freeze="model,lm_head"'
 

@@ -14,7 +14,10 @@ down_proj; B zero, A as peft draws it). Then:
     and `fsdpp export --merge-lora` gives a model transformers loads with the same logits, on
     an HF base and on a fresh one rebuilt from its recorded seed, and warns of nothing on
     loading either (no unknown or missing config key or weight); an adapter on the head of a
-    model that ties it to its embedding is merged into an untied head."""
+    model that ties it to its embedding is merged into an untied head;
+  - `fsdpp export --adapter` of the last checkpoint writes the adapter the run wrote;
+  - an adapter whose modules_to_save the policy's lora_trainable does not name, or whose file
+    holds one factor of a module alone, is refused."""
 import json
 import os
 import re
@@ -214,6 +217,17 @@ def main():
                           capture_output=True, text=True, timeout=600)
     ok &= report(proc.returncode == 2 and "--merge-lora" in proc.stderr and len(proc.stderr.splitlines()) == 1,
                  f"a LoRA checkpoint exported without --merge-lora is refused: {proc.stderr.strip()}")
+    # The adapters of a checkpoint, exported alone: the PEFT adapter the run wrote at that step.
+    exported = os.path.join(WORK, "exported-adapter")
+    shutil.rmtree(exported, ignore_errors=True)
+    fsdpp("export", f"{ref}/checkpoints/step-{STEPS:08d}", exported, "--adapter")
+    written, wanted = (load_file(f"{d}/adapter_model.safetensors") for d in (exported, f"{ref}/adapter"))
+    same = written.keys() == wanted.keys() and all(torch.equal(written[k], wanted[k]) for k in wanted)
+    configs = [json.load(open(f"{d}/adapter_config.json")) for d in (exported, f"{ref}/adapter")]
+    keys = ("r", "lora_alpha", "target_modules", "modules_to_save")
+    same &= all(configs[0][k] == configs[1][k] for k in keys)
+    ok &= report(same, f"fsdpp export --adapter of step {STEPS}: the adapter the run wrote there, bitwise "
+                 f"({len(written)} tensors)")
     merged = os.path.join(WORK, "merged")
     shutil.rmtree(merged, ignore_errors=True)
     fsdpp("export", f"{ref}/checkpoints/step-{STEPS:08d}", merged, "--merge-lora")
@@ -244,6 +258,7 @@ def main():
     err = max(((merged[k] - full[k]).abs().max() / full[k].abs().max()).item() for k in frozen)
     ok &= report(len(frozen) > 0 and err <= 1e-9, f"its {len(frozen)} frozen tensors vs a full-model run's fresh "
                  f"initial weights {err:.2e} (allowed 1e-9)")
+    ok &= check_adapter_disagreements(f"{ref}/checkpoints/step-{STEPS:08d}")
     ok &= check_tied_head()
     ok &= check_vision_language_adapter()
     ok &= check_moe_mlp_adapter_warning()
@@ -263,6 +278,42 @@ def merged_against_eval(checkpoint, merged):
     with torch.no_grad():
         merged_logits = model(engine["input_ids"]).logits
     return model, warned, ((merged_logits - engine["logits"]).abs().max() / engine["logits"].abs().max()).item()
+
+
+def check_adapter_disagreements(checkpoint):
+    """An adapter whose modules_to_save the policy's lora_trainable leaves out (or adds to) is
+    refused, as one of another rank is, rather than its trained modules frozen at the base's
+    values; so is an adapter file holding one factor of a module alone; a LoRA checkpoint
+    whose adapters [model] adapter replaces says so; and fsdpp plan shows the adapter's LoRA."""
+    policy = ["policy.options.lora_rank=3", "policy.options.lora_alpha=6",
+              'policy.options.lora_targets="q_proj,v_proj,down_proj"']
+    results = {}
+
+    def attempt(name, sets):
+        proc = subprocess.run([FSDPP, "eval", CONFIG, "--max-windows", "1", "--set", 'model.dtype="float64"',
+                               *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True, timeout=600)
+        results[name] = (proc.returncode, [l for l in proc.stderr.splitlines() if "error" in l or "warning" in l])
+
+    attempt("trainable", [f'model.path="{WORK}/base"', f'model.adapter="{WORK}/initial"',
+                          'policy.options.lora_trainable="model.norm"'] + policy)
+    lone = os.path.join(WORK, "lone-factor")
+    shutil.rmtree(lone, ignore_errors=True)
+    shutil.copytree(f"{WORK}/initial", lone)
+    tensors = load_file(f"{lone}/adapter_model.safetensors")
+    dropped = next(k for k in tensors if k.endswith("layers.0.self_attn.q_proj.lora_B.weight"))
+    save_file({k: v for k, v in tensors.items() if k != dropped}, f"{lone}/adapter_model.safetensors")
+    attempt("lone", [f'model.path="{WORK}/base"', f'model.adapter="{lone}"'])
+    attempt("replaced", [f'model.path="{checkpoint}"', f'model.adapter="{WORK}/initial"'])
+    # The plan shows what the adapter puts on, as the run does.
+    planned = subprocess.run([FSDPP, "plan", CONFIG, "--set", f'model.path="{WORK}/base"', "--set",
+                              f'model.adapter="{WORK}/initial"'], capture_output=True, text=True, timeout=600)
+    lora_line = next((l for l in planned.stdout.splitlines() if l.startswith("lora: ")), planned.stderr.strip())
+    results["plan"] = lora_line
+    ok = (lora_line.startswith("lora: rank 3, alpha 6, dropout 0 on 6 modules") and
+          results["trainable"][0] == 2 and "lora_trainable must name the same modules" in results["trainable"][1][-1]
+          and results["lone"][0] == 2 and "has no lora_B beside it" in results["lone"][1][-1]
+          and results["replaced"][0] == 0 and any("set aside for [model] adapter" in l for l in results["replaced"][1]))
+    return report(ok, f"adapters that disagree: {results}")
 
 
 def check_tied_head():

@@ -326,20 +326,22 @@ TEST_CASE("editing a policy file changes the plan without rebuilding", "[lua]") 
   CHECK(run_policy(path, *model, {}).units.size() == 3);
 }
 
-TEST_CASE("a LoRA option's name that matches nothing is warned of with the names it could take", "[lua]") {
+TEST_CASE("a LoRA option's name that matches nothing is refused with the names it could take", "[lua]") {
   auto model = meta_model();
-  const auto plan = run_policy(policy_dir() / "llama.lua", *model,
-                               {.options = {{"lora_rank", int64_t{2}}, {"lora_targets", std::string("q_proj,q_prj")},
-                                            {"lora_trainable", std::string("nrom")}}});
-  REQUIRE(plan.warnings.size() == 2);
+  const auto with = [&](const std::string& option, const std::string& names) {
+    return run_policy(policy_dir() / "llama.lua", *model,
+                      {.options = {{"lora_rank", int64_t{2}}, {option, names}}});
+  };
   // Adapters go on Linear layers alone; any module with parameters may keep training.
-  CHECK_THAT(plan.warnings[0], Catch::Contains("lora_targets: 'q_prj' matches no module (Linear modules: down_proj, "));
+  CHECK_THROWS_WITH(with("lora_targets", "q_proj,q_prj"),
+                    Catch::Contains("lora_targets: 'q_prj' matches no module (Linear modules: down_proj, "));
   // Those are named by their last name, a list's numbered entries left out, modules without
   // parameters (rotary_emb) too.
-  CHECK_THAT(plan.warnings[1], Catch::Contains("lora_trainable: 'nrom' matches no module (modules: down_proj, "
-                                               "embed_tokens, gate_proj, input_layernorm, k_proj, layers, lm_head, "
-                                               "mlp, model, norm, o_proj, post_attention_layernorm, q_proj, "
-                                               "self_attn, up_proj, v_proj)"));
+  CHECK_THROWS_WITH(with("lora_trainable", "nrom"),
+                    Catch::Contains("lora_trainable: 'nrom' matches no module (modules: down_proj, embed_tokens, "
+                                    "gate_proj, input_layernorm, k_proj, layers, lm_head, mlp, model, norm, o_proj, "
+                                    "post_attention_layernorm, q_proj, self_attn, up_proj, v_proj)"));
+  CHECK(with("lora_targets", "q_proj,v_proj").lora->targets.size() == 2 * 3);  // the model's 3 layers
 }
 
 TEST_CASE("mesh{shard = 'auto'} follows the size rule for models not trained", "[lua]") {
