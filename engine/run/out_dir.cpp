@@ -210,10 +210,11 @@ void check_adapter_dir(const RunConfig& config) {
   }
 }
 
-// Made now, so that a path that cannot hold checkpoints is found before the training they save.
-void check_checkpoint_dir(const RunConfig& config) {
-  const fs::path dir = config.checkpoint.dir;
-  const std::string where = output_where(config, "checkpoint", "dir") + dir.string();
+// The output directory [section] key names, made now: a path the run cannot write into is
+// found before the model loads and the training that fills it.
+void make_writable_dir(const RunConfig& config, const std::string& section, const std::string& key,
+                       const fs::path& dir) {
+  const std::string where = output_where(config, section, key) + dir.string();
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw UserError(where + ": cannot make it: " + error.message());
@@ -243,16 +244,6 @@ void check_metrics_file(const RunConfig& config) {
   }
 }
 
-// Made now: a TensorBoard directory the run cannot write is found before the model loads.
-void check_tensorboard_dir(const RunConfig& config) {
-  const fs::path dir = config.metrics.tensorboard;
-  const std::string where = output_where(config, "metrics", "tensorboard") + dir.string();
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) throw UserError(where + ": cannot make it: " + error.message());
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UserError(where + ": cannot write into it: " + std::strerror(errno));
-}
-
 }  // namespace
 
 void check_outputs(const RunConfig& config) {
@@ -261,9 +252,11 @@ void check_outputs(const RunConfig& config) {
     check_adapter_dir(config);
   }
   check_metrics_file(config);
-  check_tensorboard_dir(config);
+  make_writable_dir(config, "metrics", "tensorboard", config.metrics.tensorboard);
   const CheckpointConfig& saves = config.checkpoint;
-  if (saves.save_every > 0 || saves.save_final || saves.save_on_signal) check_checkpoint_dir(config);
+  if (saves.save_every > 0 || saves.save_final || saves.save_on_signal) {
+    make_writable_dir(config, "checkpoint", "dir", config.checkpoint.dir);
+  }
 }
 
 namespace {
