@@ -234,6 +234,8 @@ void Run::shard(const Plan& plan) {
              ", gradients ", resolved.grad_bytes, " B, optimizer state ", resolved.optimizer_bytes, " B");
     log_info("precision: ", precision_line(resolved, master_dtype(config_.model.dtype)));
   }
+  // Other adapters are said as such, before the fill meets their rows as tensors of other shapes.
+  if (checkpoint_) check_same_adapters(*checkpoint_);
   // The model is placed unit by unit, each rank filling its rows.
   fsdp_ = std::make_unique<FsdpState>(model, comm_, resolved,
                                       checkpoint_ ? checkpoint_fill(checkpoint_, loaded_.fill) : loaded_.fill, device_);

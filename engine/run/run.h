@@ -247,6 +247,9 @@ class Run {
   // UserError unless the checkpoint holds every tensor this run trains, at its full shape, no
   // tensor this run's model has not, and the same adapters (their base is load()'s to check).
   void check_fits(const ShardedCheckpoint& checkpoint) const;
+  // The part of check_fits that compares the adapters (their rank, scale, modules and the
+  // base modules that train beside them), said in one line before any row is read.
+  void check_same_adapters(const ShardedCheckpoint& checkpoint) const;
   // Refuses, on every rank, weights that hold NaN or inf in any rank's rows.
   void check_finite_weights();
   // Runs `work` on every rank (a collective): where it fails on any, every rank raises one

@@ -222,7 +222,7 @@ ResumePoint Run::load(const fs::path& dir) {
   return resume_point(checkpoint->metadata(), comm_->rank());
 }
 
-void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
+void Run::check_same_adapters(const ShardedCheckpoint& checkpoint) const {
   const std::string where = checkpoint.dir().string();
   const json saved = checkpoint.metadata().value("model", json::object());
   const json saved_lora = lora_shape(saved.value("lora", json()));
@@ -237,6 +237,12 @@ void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
     }
     throw UserError(where + ": holds " + lora_text(saved_lora) + ", where this run has " + lora_text(lora) + differ);
   }
+}
+
+void Run::check_fits(const ShardedCheckpoint& checkpoint) const {
+  check_same_adapters(checkpoint);
+  const std::string where = checkpoint.dir().string();
+  const json saved = checkpoint.metadata().value("model", json::object());
   // A model of the same shapes may still compute otherwise (its heads split anew, its RoPE
   // rebased): a checkpoint resumes the model it saved.
   const auto changed = ModelConfig::from_file(checkpoint.verified("config.json")).differences(model().config());

@@ -183,17 +183,20 @@ def main():
 
     # With adapters of another scale the checkpoint's are refused in one line that says what
     # each holds and which field differs, whatever the number of adapted modules.
-    proc = subprocess.run([FSDPP, "train", CONFIG, "--set", f'model.path="{WORK}/base"', "--set",
-                           f'train.out_dir="{WORK}/refused-alpha"', "--set", f'checkpoint.resume="{saved}"',
-                           "--set", "policy.options.lora_rank=3", "--set", "policy.options.lora_alpha=0.5",
-                           "--set", "data.shuffle=false"] +
-                          [a for s in f64 for a in ("--set", s)], capture_output=True, text=True, timeout=600)
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
-    ok &= report(proc.returncode == 2 and len(errors) == 1 and
-                 re.search(r"holds LoRA adapters of rank \d+, alpha [\d.]+ on \d+ modules \([a-z_, ]+\), where this run "
-                           r"has LoRA adapters of rank 3, alpha 0.5 on \d+ modules \([a-z_, ]+\) \(other [a-z, ]*alpha[a-z, ]*\)$",
-                           errors[0]) is not None,
-                 f"resuming with adapters of another scale is refused: {errors}")
+    # So are adapters of another rank: said as adapters, before their rows meet the run's as
+    # tensors of other shapes.
+    for rank, alpha, differ in ((3, 0.5, "alpha"), (2, 6, "rank")):
+        proc = subprocess.run([FSDPP, "train", CONFIG, "--set", f'model.path="{WORK}/base"', "--set",
+                               f'train.out_dir="{WORK}/refused-{differ}"', "--set", f'checkpoint.resume="{saved}"',
+                               "--set", f"policy.options.lora_rank={rank}", "--set", f"policy.options.lora_alpha={alpha}",
+                               "--set", "data.shuffle=false"] +
+                              [a for s in f64 for a in ("--set", s)], capture_output=True, text=True, timeout=600)
+        errors = [l for l in proc.stderr.splitlines() if l.startswith("fsdpp: error:")]
+        ok &= report(proc.returncode == 2 and len(errors) == 1 and
+                     re.search(rf"holds LoRA adapters of rank \d+, alpha [\d.]+ on \d+ modules \([a-z_, ]+\), where this "
+                               rf"run has LoRA adapters of rank {rank}, alpha {alpha:g}(\.0)? on \d+ modules \([a-z_, ]+\) "
+                               rf"\(other [a-z, ]*{differ}[a-z, ]*\)$", errors[0]) is not None,
+                     f"resuming with adapters of another {differ} is refused: {errors}")
 
     logits_file = os.path.join(WORK, "logits.safetensors")
     fsdpp("eval", CONFIG, "--set", f'model.path="{WORK}/base"', "--set", f'model.adapter="{ref}/adapter"',
