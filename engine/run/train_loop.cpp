@@ -245,17 +245,16 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   }
   summary.steps = resumed.step;
   summary.skipped_steps = resumed.state.skipped_steps;
-  // Counted from the run's start, at the batch each step had: a resume may change the batch.
-  // A checkpoint that counted none (a Python loop's save) is taken at this run's batch.
-  const int64_t tokens_at_resume = resumed.state.tokens_seen > 0 || resumed.step == 0
-                                       ? resumed.state.tokens_seen
-                                       : resumed.step * tc.grad_accum * config.data.batch_size * config.data.seq_len;
   summary.final_loss = resumed.state.loss;  // a resume at the last step trains none
   const int64_t first_step = resumed.step + 1;
   const LrSchedule schedule(config.scheduler, config.optimizer.lr, tc.steps);
   std::unique_ptr<MetricsSink> metrics;
   if (rank == 0) metrics = std::make_unique<MetricsSink>(config.metrics, tc.steps, first_step - 1);
   const int64_t step_tokens = tc.grad_accum * config.data.batch_size * config.data.seq_len;
+  // Counted from the run's start, at the batch each step had: a resume may change the batch.
+  // A checkpoint that counted none (a Python loop's save) is taken at this run's batch.
+  const int64_t tokens_at_resume =
+      resumed.state.tokens_seen > 0 || resumed.step == 0 ? resumed.state.tokens_seen : resumed.step * step_tokens;
   const double step_flops = static_cast<double>(step_tokens) *
                             flops_per_token(run.model().config(), run.parameters(), config.data.seq_len);
   if (rank == 0) log_run(run, step_tokens);
