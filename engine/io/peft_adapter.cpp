@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 
 namespace fsdpp {
 
@@ -100,11 +101,11 @@ PeftAdapter PeftAdapter::open(const std::filesystem::path& dir) {
   for (const auto& [name, entry] : adapter.weights_->entries()) {
     const std::string engine = engine_tensor_name(name);
     adapter.stored_[engine] = name;
-    for (const char* factor : {".lora_A.", ".lora_B."}) {
+    for (const std::string_view factor : {".lora_A.", ".lora_B."}) {
       const auto at = engine.find(factor);
       if (at == std::string::npos) continue;
       const std::string module = engine.substr(0, at);
-      if (factor[6] == 'A') targets.insert(module);
+      if (factor == ".lora_A.") targets.insert(module);
       // Each adapted module has both factors: one alone would be dropped without a word.
       if (!factor_of.erase(module)) factor_of[module] = name;
     }
