@@ -1,5 +1,5 @@
 // The Python extension _fsdpp: PythonRun (python_run.h) as _fsdpp.Run, and the op counter.
-// fsdpp/__init__.py is its Python face. Every UserError becomes fsdpp.Error, one line naming
+// The package fsdpp (fsdpp/*.py) is its Python face. Every UserError becomes fsdpp.Error, one line naming
 // the file, key or rank.
 #include "bindings/python/python_run.h"
 #include "core/cpu_kernels.h"

@@ -1,6 +1,6 @@
 // A Run driven from Python, one rank per process, for loops that bring their own rows and loss
 // (RL: log-probabilities, ratios, KL): the run the binary builds, from the same run file and
-// policies. module.cpp gives it to Python as _fsdpp.Run; fsdpp/__init__.py is its Python face.
+// policies. module.cpp gives it to Python as _fsdpp.Run; the package fsdpp (fsdpp/*.py) is its Python face.
 // Every call releases the GIL and holds the run alone (exclusively); at world > 1 a call's
 // inputs are agreed over the ranks before its first collective, so that one rank's refusal is
 // every rank's and the run goes on in step.
