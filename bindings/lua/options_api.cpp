@@ -23,16 +23,19 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <variant>
 
 namespace fsdpp::lua {
 
 namespace {
 
-const std::vector<std::string> kKinds = {"integer", "number", "boolean", "string", "dtype"};
+// What an option may be beside its literal values, by the names a declaration lists.
+enum class OptionKind { integer, number, boolean, string, dtype };
+const std::vector<std::string> kKindNames = {"integer", "number", "boolean", "string", "dtype"};  // by OptionKind
 
 struct OptionSpec {
-  std::vector<PolicyValue> listed;       // kind names (kKinds) and literal values, as declared
-  std::vector<std::string> kinds;        // of listed, the kind names
+  std::vector<std::variant<OptionKind, PolicyValue>> listed;  // kinds and literal values, as declared
+  std::vector<OptionKind> kinds;         // of listed, the kinds
   std::vector<PolicyValue> literals;     // of listed, the values accepted as they are
   std::optional<double> min, max;        // bound "integer" and "number"
   std::optional<PolicyValue> fallback;   // the default
@@ -80,7 +83,11 @@ std::string numeric_text(const OptionSpec& spec, bool integer) {
   return text;
 }
 
-bool is_kind(const std::string& name) { return std::find(kKinds.begin(), kKinds.end(), name) != kKinds.end(); }
+std::optional<OptionKind> kind_named(const std::string& name) {
+  const auto it = std::find(kKindNames.begin(), kKindNames.end(), name);
+  if (it == kKindNames.end()) return std::nullopt;
+  return static_cast<OptionKind>(it - kKindNames.begin());
+}
 
 // The kind a name that is none meant: a misspelling of one, or another language's name for
 // it ("int", "bool", "float", "str"); "" for none.
@@ -88,18 +95,24 @@ std::string kind_meant(const std::string& name) {
   static const std::map<std::string, std::string> other_names = {
       {"int", "integer"}, {"bool", "boolean"}, {"float", "number"}, {"double", "number"}, {"str", "string"}};
   if (const auto it = other_names.find(name); it != other_names.end()) return it->second;
-  return nearest_name(name, kKinds);
+  return nearest_name(name, kKindNames);
 }
 
 std::string accepts_text(const OptionSpec& spec) {
   std::vector<std::string> parts;
   for (const auto& entry : spec.listed) {
-    const auto* kind = std::get_if<std::string>(&entry);
-    if (kind == nullptr || !is_kind(*kind)) parts.push_back(lua_text(entry));
-    else if (*kind == "integer" || *kind == "number") parts.push_back(numeric_text(spec, *kind == "integer"));
-    else if (*kind == "boolean") parts.push_back(spec.listed.size() == 1 ? "true or false" : "a boolean");
-    else if (*kind == "string") parts.push_back("a string");
-    else parts.push_back("a dtype (float32, bfloat16, float16, float64)");
+    const auto* kind = std::get_if<OptionKind>(&entry);
+    if (kind == nullptr) {
+      parts.push_back(lua_text(std::get<PolicyValue>(entry)));
+      continue;
+    }
+    switch (*kind) {
+      case OptionKind::integer:
+      case OptionKind::number: parts.push_back(numeric_text(spec, *kind == OptionKind::integer)); break;
+      case OptionKind::boolean: parts.push_back(spec.listed.size() == 1 ? "true or false" : "a boolean"); break;
+      case OptionKind::string: parts.push_back("a string"); break;
+      case OptionKind::dtype: parts.push_back("a dtype (float32, bfloat16, float16, float64)"); break;
+    }
   }
   std::string text;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -108,7 +121,7 @@ std::string accepts_text(const OptionSpec& spec) {
   return text;
 }
 
-bool has_kind(const OptionSpec& spec, const char* kind) {
+bool has_kind(const OptionSpec& spec, OptionKind kind) {
   return std::find(spec.kinds.begin(), spec.kinds.end(), kind) != spec.kinds.end();
 }
 
@@ -118,17 +131,17 @@ bool in_range(const OptionSpec& spec, double value) {
 
 bool accepts(const OptionSpec& spec, const PolicyValue& value) {
   if (std::find(spec.literals.begin(), spec.literals.end(), value) != spec.literals.end()) return true;
-  if (std::holds_alternative<bool>(value)) return has_kind(spec, "boolean");
+  if (std::holds_alternative<bool>(value)) return has_kind(spec, OptionKind::boolean);
   if (const auto* i = std::get_if<int64_t>(&value)) {
-    return (has_kind(spec, "integer") || has_kind(spec, "number")) && in_range(spec, static_cast<double>(*i));
+    return (has_kind(spec, OptionKind::integer) || has_kind(spec, OptionKind::number)) && in_range(spec, static_cast<double>(*i));
   }
   // NaN falls outside every bound, and inf is no setting a policy could act on.
   if (const auto* d = std::get_if<double>(&value)) {
-    return has_kind(spec, "number") && std::isfinite(*d) && in_range(spec, *d);
+    return has_kind(spec, OptionKind::number) && std::isfinite(*d) && in_range(spec, *d);
   }
   const auto& s = std::get<std::string>(value);
-  if (has_kind(spec, "string")) return true;
-  if (!has_kind(spec, "dtype")) return false;
+  if (has_kind(spec, OptionKind::string)) return true;
+  if (!has_kind(spec, OptionKind::dtype)) return false;
   try {
     parse_dtype(s);
     return true;
@@ -181,22 +194,27 @@ OptionSpec read_spec(lua_State* L, int spec, const std::string& name) {
     lua_rawgeti(L, spec, i);
     const PolicyValue entry = scalar_at(L, -1, what);
     lua_pop(L, 1);
-    const auto* kind = std::get_if<std::string>(&entry);
-    if (kind != nullptr && is_kind(*kind)) s.kinds.push_back(*kind);
-    else s.literals.push_back(entry);
-    s.listed.push_back(entry);
+    const auto* name = std::get_if<std::string>(&entry);
+    if (const auto kind = name != nullptr ? kind_named(*name) : std::nullopt) {
+      s.kinds.push_back(*kind);
+      s.listed.emplace_back(*kind);
+    } else {
+      s.literals.push_back(entry);
+      s.listed.emplace_back(entry);
+    }
   }
   if (s.listed.empty()) throw ScriptError(what + ": names no kind or value it accepts");
   // A string listed alone that is no kind but near one is a misspelt kind: as a literal the
   // option would accept that one value alone, a constant no run file needs to set.
-  if (const auto* lone = std::get_if<std::string>(&s.listed.front()); s.listed.size() == 1 && s.kinds.empty() && lone) {
+  const auto* lone = s.literals.size() == 1 && s.kinds.empty() ? std::get_if<std::string>(&s.literals.front()) : nullptr;
+  if (lone != nullptr) {
     if (const std::string near = kind_meant(*lone); !near.empty()) {
       throw ScriptError(what + ": unknown kind '" + *lone + "'; did you mean '" + near + "'?");
     }
   }
   s.min = bound_at(L, spec, "min", what);
   s.max = bound_at(L, spec, "max", what);
-  if ((s.min || s.max) && !has_kind(s, "integer") && !has_kind(s, "number")) {
+  if ((s.min || s.max) && !has_kind(s, OptionKind::integer) && !has_kind(s, OptionKind::number)) {
     throw ScriptError(what + ": min and max bound numbers, and it takes none (kind \"integer\" or \"number\")");
   }
   if (s.min && s.max && *s.min > *s.max) {
