@@ -98,7 +98,10 @@ void PythonRun::agree_on_inputs(const std::string& call, Check&& check) {
   try {
     check();
   } catch (const std::exception& e) {
-    refused = first_line(e.what());
+    // The host allocator's refusal is said as the binary says it, without LibTorch's words of
+    // its own source line.
+    const auto host = host_allocation_refused(e.what());
+    refused = host ? call + ": out of host memory: " + first_line(*host) : first_line(e.what());
   }
   agree_on_refusal(call, refused.has_value());
   if (refused) throw EveryRankError(*refused);

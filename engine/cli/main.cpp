@@ -43,16 +43,6 @@ namespace {
 
 using namespace fsdpp;
 
-// The host allocator's refusal, from its message: LibTorch reports it as a plain c10::Error
-// (a device's as OutOfMemoryError), so its own words are the one sign of it. Like a device's,
-// it is the run asking more than the machine has, which smaller batches or more ranks fix.
-std::optional<std::string> host_allocation_refused(const std::string& message) {
-  constexpr std::string_view kAllocator = "DefaultCPUAllocator: ";
-  const auto at = message.find(kAllocator);
-  if (at == std::string::npos) return std::nullopt;
-  return message.substr(at + kAllocator.size());
-}
-
 // eval --logits writes its file whole: what is there already may only be an earlier dump.
 void check_logits_target(const std::string& path) {
   if (std::filesystem::is_directory(path)) {

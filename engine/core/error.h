@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace fsdpp {
 
@@ -99,6 +101,16 @@ inline std::string message_line(const std::string& text) {
   size_t tail = line.size() - keep;
   while (tail < line.size() && inside_character(tail)) ++tail;
   return line.substr(0, head) + " ... (" + std::to_string(tail - head) + " bytes left out) ... " + line.substr(tail);
+}
+
+// The host allocator's refusal, from its message: LibTorch reports it as a plain c10::Error
+// (a device's as OutOfMemoryError), so its own words are the one sign of it. Like a device's,
+// it is the run asking more than the machine has, which smaller batches or more ranks fix.
+inline std::optional<std::string> host_allocation_refused(const std::string& message) {
+  constexpr std::string_view kAllocator = "DefaultCPUAllocator: ";
+  const auto at = message.find(kAllocator);
+  if (at == std::string::npos) return std::nullopt;
+  return message.substr(at + kAllocator.size());
 }
 
 // The words of a rank's error that make it the consequence of another rank's failure: the

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/module_tree.h"
+#include "core/name_list.h"
 #include "io/weight_index.h"
 
 #include <ATen/ATen.h>
@@ -42,8 +43,12 @@ bool foreign_weights(const std::string& name) {
          std::find(extensions.begin(), extensions.end(), extension) != extensions.end();
 }
 
-// Without model.safetensors or its index: UserError if weight files are there all the same.
-void require_no_weight_files(const fs::path& dir) {
+// Without model.safetensors or its index: UserError if weight files are there all the same, or
+// other files a model's download brings beside its weights (a tokenizer, a generation config),
+// which say that the weights were left out of a download or a copy. A fresh model starts from a
+// directory of config.json alone, or from the path of a config.json beside other files.
+void require_config_alone(const fs::path& dir) {
+  std::vector<std::string> others;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (foreign_weights(name)) {
@@ -60,7 +65,24 @@ void require_no_weight_files(const fs::path& dir) {
                       " but neither model.safetensors nor model.safetensors.index.json, which name the "
                       "model's weights (a directory of config.json alone starts from random weights)");
     }
+    if (name != "config.json" && !name.starts_with(".") && !entry.is_directory()) others.push_back(name);
   }
+  if (others.empty()) return;
+  std::sort(others.begin(), others.end());
+  throw UserError(dir.string() + ": holds no weights (model.safetensors or model.safetensors.index.json), but " +
+                  first_names(others, 3) + " beside config.json: were the weights left out of a download or a " +
+                  "copy? A fresh model starts from a directory of config.json alone, or from " +
+                  (dir / "config.json").string() + " named as [model] path");
+}
+
+// model.safetensors beside an index that places tensors in other files: transformers reads the
+// single file, and a stale one beside a re-sharded save is the usual cause, so which set holds
+// the model is the user's to say.
+void require_one_weight_set(const fs::path& index, const std::set<std::string>& index_files) {
+  if (index_files == std::set<std::string>{"model.safetensors"}) return;  // the index of the single file
+  throw UserError(index.parent_path().string() + ": holds both model.safetensors and model.safetensors.index.json, "
+                  "whose weight_map names " + std::to_string(index_files.size()) + " file(s) of its own; transformers "
+                  "would read model.safetensors alone: remove whichever set is stale");
 }
 
 }  // namespace
@@ -71,8 +93,14 @@ HfWeights HfWeights::open(const fs::path& dir) {
   const fs::path single = dir / "model.safetensors";
   weights.dir_ = dir;
   if (present(index)) {
+    const auto weight_map = parse_weight_map(read_text_file(index), index.string());
+    if (present(single)) {
+      std::set<std::string> files;
+      for (const auto& [name, file] : weight_map) files.insert(file);
+      require_one_weight_set(index, files);
+    }
     std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
-    for (const auto& [name, file] : parse_weight_map(read_text_file(index), index.string())) {
+    for (const auto& [name, file] : weight_map) {
       auto& shard = shards[file];
       if (!shard) {
         fs::path shard_path;
@@ -94,7 +122,7 @@ HfWeights HfWeights::open(const fs::path& dir) {
     for (const auto& [name, entry] : file->entries()) weights.where_[name] = file;
     if (weights.where_.empty()) throw UserError(single.string() + ": holds no tensors");
   } else {
-    require_no_weight_files(dir);
+    require_config_alone(dir);
   }
   return weights;
 }
@@ -241,9 +269,29 @@ void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights) {
   std::set<std::string> used;
   for (const auto& p : unique_named_parameters(model)) used.insert(p.name);
   for (const auto& group : tied_parameter_groups(model)) used.insert(group.begin(), group.end());
+  std::vector<std::string> unused;
   for (const auto& name : weights.names()) {
-    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq")) {  // RoPE tables are recomputed
-      log_warn(weights.file_of(name).path().string(), ": tensor '", name, "' is not used by the model");
+    // RoPE tables are recomputed
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq")) unused.push_back("'" + name + "'");
+  }
+  if (unused.empty()) return;
+  log_warn(weights.dir().string(), ": ", unused.size(), " tensor(s) the model does not use: ", first_names(unused, 3));
+}
+
+void check_tied_copies_agree(CausalLM& model, const HfWeights& weights) {
+  for (const auto& group : tied_parameter_groups(model)) {
+    std::vector<std::string> held;
+    for (const auto& name : group) {
+      if (weights.contains(name)) held.push_back(name);
+    }
+    for (size_t i = 1; i < held.size(); ++i) {
+      const at::Tensor first = weights.file_of(held[0]).tensor(held[0]);
+      const at::Tensor other = weights.file_of(held[i]).tensor(held[i]);
+      if (first.dtype() == other.dtype() && first.sizes() == other.sizes() && at::equal(first, other)) continue;
+      throw UserError(weights.dir().string() + ": holds '" + held[0] + "' and '" + held[i] + "' of different values, " +
+                      "but config.json ties them (tie_word_embeddings): transformers would untie them and train " +
+                      "both; set tie_word_embeddings to false in config.json to do so, or drop '" + held[i] +
+                      "' to tie them");
     }
   }
 }

@@ -71,7 +71,12 @@ struct BaseIdentity {
 };
 void to_json(nlohmann::json& j, const BaseIdentity& base);
 void from_json(const nlohmann::json& j, BaseIdentity& base);
-// Warns of each tensor in `weights` that no parameter of `model` (nor a tied alias) uses.
+// Warns, on one line, of the tensors in `weights` that no parameter of `model` (nor a tied
+// alias) uses.
 void warn_unused_hf_tensors(CausalLM& model, const HfWeights& weights);
+// A UserError where `weights` holds two names of one of `model`'s tied parameters (an output
+// head tied to the embedding) with different values: transformers unties such a pair and
+// trains both, where `model` would hold one.
+void check_tied_copies_agree(CausalLM& model, const HfWeights& weights);
 
 }  // namespace fsdpp

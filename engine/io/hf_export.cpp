@@ -3,6 +3,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/mapped_file.h"
 #include "models/registry.h"
 
@@ -153,15 +154,23 @@ HfDirWriter::HfDirWriter(const ModelConfig& model_config, const std::vector<Tens
   fs::create_directories(staging_);
   write_file_atomically(staging_ / kStagingMark, "", 0);
   json config = model_config.raw ? *model_config.raw : json::object();
-  // A model made from a config.json written by hand may name no class; serving engines (vLLM)
-  // pick the model by it.
-  if (!config.contains("architectures") && !model_config.model_type.empty()) {
+  // A model made from a config.json written by hand may name no class (no key, null or []);
+  // serving engines (vLLM) pick the model by it.
+  const json named = config.value("architectures", json());
+  if ((named.is_null() || named.empty()) && !model_config.model_type.empty()) {
     config["architectures"] = {architecture_of(model_config)};
   }
   // transformers 5 names it dtype; readers before 4.56 know torch_dtype alone.
   config["dtype"] = config["torch_dtype"] = dtype_name(dtype);
   const std::string config_text = config.dump(2) + "\n";
   write_file_atomically(staging_ / "config.json", config_text.data(), config_text.size());
+  // A checkpoint records the model's directory, not its files: one moved or deleted since
+  // leaves an export that transformers' AutoTokenizer cannot read.
+  if (!source.empty() && !fs::is_directory(source)) {
+    log_warn("export: ", source.string(), ", the directory of the model's tokenizer, chat template and generation ",
+             "config, is gone, so ", dir_.string(), " holds config.json and the weights alone; copy those files in ",
+             "from the model's source");
+  }
   for (const char* name : kCompanionFiles) {
     if (!source.empty() && fs::is_regular_file(source / name)) fs::copy_file(source / name, staging_ / name);
   }

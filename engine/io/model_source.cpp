@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/name_list.h"
 #include "core/module_tree.h"
 #include "fsdp/fsdp_state.h"
 #include "io/hf_dir.h"
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 
 namespace fsdpp {
 
@@ -80,7 +82,7 @@ void check_agrees(const LoraPlan& declared, const LoraPlan& held, const std::str
     return left;
   };
   const auto named = [](const std::vector<std::string>& names) {
-    return names.front() + (names.size() > 1 ? " and " + std::to_string(names.size() - 1) + " more" : "");
+    return first_names(names, 1);
   };
   // The modules that train whole beside the adapters (PEFT's modules_to_save): one the policy
   // leaves out would load as trained and then stay frozen, one it adds would train from the base.
@@ -228,6 +230,7 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
       loaded.fill = fresh_init_fill(*loaded.model, config.init_seed, model_config.initializer_range);
       source = "fresh (seed " + std::to_string(config.init_seed) + ", ";
     } else {
+      check_tied_copies_agree(*loaded.model, *weights);
       if (unallocated) weights->advise_random();
       loaded.weights = weights;
       loaded.fill = hf_fill(weights, *loaded.model);
@@ -242,6 +245,10 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
   if (!unallocated) {
     fill_whole(*loaded.model, loaded.fill);
     loaded.fill = {};
+    if (const std::string found = first_non_finite(unique_named_parameters(*loaded.model)); !found.empty()) {
+      throw UserError((from_checkpoint ? config.path : "[model] path " + config.path) + ": parameter '" + found +
+                      "' holds NaN or inf: the weights are not finite");
+    }
     // Once every tensor the model needs was found: files of other names fail on one line first.
     if (loaded.weights) warn_unused_hf_tensors(*loaded.model, *loaded.weights);
     loaded.weights.reset();
@@ -251,6 +258,27 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
                              std::to_string(loaded.lora->targets.size()) + " modules" : std::string(),
            config.adapter.empty() ? std::string() : " from " + config.adapter, ")");
   return loaded;
+}
+
+std::string first_non_finite(const std::vector<NamedParameter>& named) {
+  // Each tensor's largest magnitude, NaN where it holds one, in one fused call and one read per
+  // device: a model of tens of thousands of tensors reads no flag back one at a time.
+  std::unordered_map<c10::Device, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_device;
+  for (const auto& [name, tensor] : named) {
+    if (tensor.numel() == 0) continue;
+    auto& [names, tensors] = by_device[tensor.device()];
+    names.push_back(name);
+    tensors.push_back(tensor);
+  }
+  std::string found;
+  for (const auto& [device, group] : by_device) {
+    const at::Tensor finite = at::stack(at::_foreach_norm(group.second, INFINITY)).isfinite().cpu();  // [tensors]
+    const auto flags = finite.accessor<bool, 1>();
+    for (int64_t i = 0; i < flags.size(0) && found.empty(); ++i) {
+      if (!flags[i]) found = group.first[static_cast<size_t>(i)];
+    }
+  }
+  return found;
 }
 
 }  // namespace fsdpp

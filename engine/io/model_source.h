@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "core/module_tree.h"
 #include "fsdp/plan.h"
 #include "fsdp/sharded_param.h"
 #include "io/hf_dir.h"
@@ -53,5 +54,9 @@ ShardFill recorded_base_fill(const ShardedCheckpoint& checkpoint, CausalLM& mode
 // Parameter rows from a checkpoint's saved masters ("model/<name>"); those it does not hold
 // (the frozen base an adapter-only checkpoint leaves out) from `base`.
 ShardFill checkpoint_fill(std::shared_ptr<const ShardedCheckpoint> checkpoint, ShardFill base = {});
+
+// The name of a tensor of `named` that holds NaN or inf ("" where all are finite): weights that
+// would train nothing, every step's gradient norm not finite.
+std::string first_non_finite(const std::vector<NamedParameter>& named);
 
 }  // namespace fsdpp

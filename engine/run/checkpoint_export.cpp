@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 
 namespace fsdpp {
 
@@ -67,7 +68,18 @@ ExportSummary export_checkpoint(const std::filesystem::path& dir, const std::fil
   std::vector<TensorSpec> specs;
   std::map<std::string, NamedParameter> source_of;  // by exported name, the skeleton's parameter it holds
   const auto written = written_dtypes(*skeleton, out_dtype);
-  for (const auto& p : unique_named_parameters(*skeleton)) {
+  const std::vector<NamedParameter> parameters = unique_named_parameters(*skeleton);
+  // A tensor the model has not would be left out of the export without a word: refused, as a
+  // resume refuses it.
+  std::unordered_set<std::string> names;
+  for (const auto& p : parameters) names.insert(p.name);
+  for (const auto& key : checkpoint.keys(std::string(kPrefix))) {
+    if (!names.contains(key.substr(kPrefix.size()))) {
+      throw UserError(dir.string() + "/metadata.json: holds a tensor '" + key.substr(kPrefix.size()) + "' that a " +
+                      config.model_type + " with its config.json has not (another architecture)");
+    }
+  }
+  for (const auto& p : parameters) {
     // Every parameter the config's model has must be there: an HF directory without one
     // would load with that weight initialised at random.
     if (!checkpoint.contains(std::string(kPrefix) + p.name) && (!base || is_adapter_parameter(p.name))) {

@@ -2,6 +2,7 @@
 #include "run/out_dir.h"
 
 #include "core/error.h"
+#include "core/name_list.h"
 #include "core/json_text.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
@@ -137,10 +138,7 @@ std::string settings_change(const std::map<std::string, std::string>& before,
   for (const std::string& key : keys) {
     if (shown(before, key) != shown(after, key)) changes.push_back(key + " " + shown(before, key) + " -> " + shown(after, key));
   }
-  std::string text;
-  for (size_t i = 0; i < std::min(changes.size(), kNamed); ++i) text += (i ? ", " : "") + changes[i];
-  if (changes.size() > kNamed) text += " and " + std::to_string(changes.size() - kNamed) + " more";
-  return text.empty() ? "the same settings" : text;
+  return changes.empty() ? "the same settings" : first_names(changes, kNamed);
 }
 
 namespace {

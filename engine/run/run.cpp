@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -261,23 +260,9 @@ void Run::check_finite_weights() {
   // Weights of NaN or inf would train nothing: every step's gradient norm would not be finite,
   // and every update skipped. Each rank reads its own rows; one that finds any makes every rank
   // refuse the run.
-  // Each shard's largest magnitude, NaN where it holds one, in one fused call and one read per
-  // device: a model of tens of thousands of tensors reads no flag back one at a time.
-  std::unordered_map<c10::Device, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_device;
-  for (const auto& s : fsdp_->shard_rows()) {
-    if (s.rows.numel() == 0) continue;
-    auto& [names, rows] = by_device[s.rows.device()];
-    names.push_back(s.name);
-    rows.push_back(s.rows);
-  }
-  std::string found;
-  for (const auto& [device, shards] : by_device) {
-    const at::Tensor finite = at::stack(at::_foreach_norm(shards.second, INFINITY)).isfinite().cpu();  // [shards]
-    const auto flags = finite.accessor<bool, 1>();
-    for (int64_t i = 0; i < flags.size(0) && found.empty(); ++i) {
-      if (!flags[i]) found = shards.first[static_cast<size_t>(i)];
-    }
-  }
+  std::vector<NamedParameter> shards;
+  for (const auto& s : fsdp_->shard_rows()) shards.push_back({s.name, s.rows});
+  const std::string found = first_non_finite(shards);
   const std::string source = checkpoint_ ? checkpoint_->dir().string() : "[model] path " + config_.model.path;
   const std::optional<int> first = first_refusing_rank(!found.empty());
   if (!found.empty()) throw UserError(source + ": parameter '" + found + "' holds NaN or inf: the weights are not finite");

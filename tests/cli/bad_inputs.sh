@@ -668,6 +668,8 @@ w = load_file(sys.argv[1]); w["model.norm.weight"] = torch.full_like(w["model.no
 save_file(w, sys.argv[2])' "$FIXTURES/llama_untied/model.safetensors" "$work/nan_weights/model.safetensors" || exit 1
 expect "weights of NaN" "[model] path $work/nan_weights: parameter 'model.norm.weight' holds NaN or inf" \
   -- train "$work/ok.toml" --set "model.path=\"$work/nan_weights\""
+expect "weights of NaN, in eval" "[model] path $work/nan_weights: parameter 'model.norm.weight' holds NaN or inf" \
+  -- eval "$work/ok.toml" --set "model.path=\"$work/nan_weights\""
 
 # A weight past float16's range is refused at the export rather than written as inf.
 mkdir -p "$work/big_weights"

@@ -7,7 +7,9 @@ checkpoint itself; the export the run streamed
 at its end is bitwise the offline one; and a bfloat16 export sharded at 1 MiB has an index
 when larger than that, loads, and matches within bf16 rounding (2e-2 relative allowed;
 measured about 3e-3; DeepSeek-V3 1e-1, see below). DeepSeek-V3 trains with its routing
-biases updated, and the export must carry them as moved."""
+biases updated, and the export must carry them as moved. A config.json that names no class
+exports one naming it, the tokenizer files are carried, and an export whose model directory
+has gone warns of them."""
 import json
 import os
 import shutil
@@ -131,6 +133,34 @@ def through_link(name):
     return ok
 
 
+def model_files(name):
+    """An export names the model's class where the source's config.json names none (null
+    here), and carries the tokenizer files from the model's directory; `fsdpp export` of a
+    checkpoint whose model directory has gone since warns on one line that they are not there."""
+    base = os.path.join(WORK, name)
+    source = f"{base}/source"
+    os.makedirs(source)
+    config = json.load(open("tests/assets/models/fsdp-llama/config.json"))
+    json.dump({**config, "architectures": None}, open(f"{source}/config.json", "w"))
+    with open(f"{source}/tokenizer_config.json", "w") as f:
+        f.write("{}")
+    fsdpp("train", CONFIG, "--set", f'model.path="{source}/config.json"', "--set", f'train.out_dir="{base}/run"',
+          "--set", "train.steps=1")
+    named = json.load(open(f"{base}/run/model/config.json"))["architectures"]
+    carried = os.path.isfile(f"{base}/run/model/tokenizer_config.json")
+    shutil.rmtree(source)
+    proc = subprocess.run([FSDPP, "export", f"{base}/run/checkpoints/step-00000001", f"{base}/later"],
+                          capture_output=True, text=True, timeout=600)
+    warnings = [line for line in proc.stderr.splitlines() if " warning " in line]
+    warned = len(warnings) == 1 and f"{source}, the directory of the model's tokenizer" in warnings[0] and \
+        "holds config.json and the weights alone" in warnings[0]
+    ok = named == ["LlamaForCausalLM"] and carried and proc.returncode == 0 and warned and \
+        sorted(os.listdir(f"{base}/later")) == ["config.json", "model.safetensors"]
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: architectures null exported as {named}, the tokenizer carried "
+          f"({carried}); with the model's directory gone, the export warns: {warnings or proc.stderr.strip()}")
+    return ok
+
+
 def moved_biases_exported(name, exported):
     """DeepSeek-V3's routing biases start at zero, which transformers would also give a
     missing one: the export must carry one per MoE layer (two in this model), each moved by
@@ -148,6 +178,7 @@ def main():
     ok &= check("tied", "examples/models/tiny-llama", sharded_bf16=True)  # 3.2 MB in bf16: 4 shards
     ok &= replaced_whole("tied")
     ok &= through_link("tied")
+    ok &= model_files("model-files")
     for family in ("mistral", "qwen2", "qwen3"):
         ok &= check(family, f"tests/assets/models/tiny-{family}", sharded_bf16=False)
     ok &= check("qwen3_moe", "tests/assets/models/fsdp-qwen3-moe", sharded_bf16=False)  # 0.3 MB in bf16

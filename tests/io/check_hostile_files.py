@@ -112,6 +112,9 @@ def checkpoint_cases(ckpt):
                        os.symlink("/etc/passwd", os.path.join(d, "rank-00000.safetensors")))),
         ("a tensor missing", ["no tensor model/model.norm.weight"],
          lambda m, d: m["tensors"].pop("model/model.norm.weight")),
+        # The export would leave it out without a word where a resume refuses it.
+        ("a tensor the model has not", ["holds a tensor 'model.bogus.weight' that a llama", "another architecture"],
+         lambda m, d: m["tensors"].update({"model/model.bogus.weight": m["tensors"]["model/model.norm.weight"]})),
     ]
     for name, patterns, change in cases:
         expect(name, patterns, *export(forge(ckpt, name.replace(" ", "-").replace("/", "-"), change)))
@@ -255,6 +258,79 @@ def hf_cases(ckpt):
            *train(hf_copy("empty-map", empty_map)))
     expect("shards without their index", ["holds model-0000", "but neither model.safetensors nor"],
            *train(hf_copy("no-index", shards_without_index)))
+    # A download or copy that left the weights out would otherwise start from random ones.
+    def download_without_weights(d):
+        only("config.json")(d)
+        for f in ("tokenizer.json", "generation_config.json"):
+            with open(os.path.join(d, f), "w") as out:
+                out.write("{}")
+
+    expect("a model directory of config.json and a tokenizer, without weights",
+           ["holds no weights", "generation_config.json, tokenizer.json beside config.json",
+            "left out of a download or a copy"], *train(hf_copy("no-weights", download_without_weights)))
+    # Which set holds the model is ambiguous where a single file lies beside an index of shards
+    # (transformers would read the single file); an index naming that file alone is one set.
+    def stale_single(d):
+        tensors = {}
+        for f in os.listdir(d):
+            if f.endswith(".safetensors"):
+                tensors.update(load_file(os.path.join(d, f)))
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+
+    expect("model.safetensors beside an index of shards",
+           ["holds both model.safetensors and model.safetensors.index.json", "remove whichever set is stale"],
+           *train(hf_copy("stale-single", stale_single)))
+
+    def index_of_single(d):
+        stale_single(d)
+        path = os.path.join(d, "model.safetensors.index.json")
+        index = json.load(open(path))
+        index["weight_map"] = {name: "model.safetensors" for name in index["weight_map"]}
+        json.dump(index, open(path, "w"))
+
+    # A head tied by config.json to the embedding: transformers unties copies of other values.
+    def tie(d, head_value):
+        path = os.path.join(d, "config.json")
+        cfg = json.load(open(path))
+        cfg["tie_word_embeddings"] = True
+        json.dump(cfg, open(path, "w"))
+        if head_value is None:
+            return
+        tensors = load_file(os.path.join(d, "model.safetensors"))
+        tensors["lm_head.weight"] = head_value(tensors["model.embed_tokens.weight"])
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+
+    expect("a tied head whose file holds another head", ["holds 'model.embed_tokens.weight' and 'lm_head.weight' "
+                                                         "of different values, but config.json ties them"],
+           "eval", CONFIG, "--set", f'model.path="{hf_copy("tied-other", lambda d: tie(d, None))}"')
+    def tied_copy(d):
+        stale_single(d)
+        only("config.json", "model.safetensors")(d)
+        tie(d, lambda embedding: embedding.clone())
+
+    for name, change in [("an index of model.safetensors alone beside it", index_of_single),
+                         ("a tied head stored as a copy of the embedding", tied_copy)]:
+        loaded = fsdpp("eval", CONFIG, "--set", f'model.path="{hf_copy(name.replace(" ", "-"), change)}"')
+        ok = loaded is not None and loaded.returncode == 0 and " warning " not in loaded.stderr
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name} loads" + ("" if ok else f": {loaded.stderr[-600:] if loaded else 'no end'}"))
+    # Tensors of layers config.json does not have: transformers' warning, on one line.
+    def extra_layer(d):
+        tensors = {}
+        for f in os.listdir(d):
+            if f.endswith(".safetensors"):
+                tensors.update(load_file(os.path.join(d, f)))
+        only("config.json")(d)
+        tensors.update({k.replace("layers.0.", "layers.7."): v.clone() for k, v in tensors.items() if "layers.0." in k})
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+
+    extra = fsdpp("eval", CONFIG, "--set", f'model.path="{hf_copy("extra-layer", extra_layer)}"')
+    warnings = [l for l in extra.stderr.splitlines() if " warning " in l] if extra else []
+    ok = extra is not None and extra.returncode == 0 and len(warnings) == 1 and \
+        "9 tensor(s) the model does not use: 'model.layers.7." in warnings[0] and "and 6 more" in warnings[0]
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} tensors the model does not use, warned of on one line: " +
+          (warnings[0] if len(warnings) == 1 else extra.stderr[-600:] if extra else "no end"))
     # Weights fsdpp cannot read, and a config.json path beside weights, would each start the
     # model from random weights where trained ones were meant.
     def pickled_weights(d):

@@ -93,8 +93,8 @@ class Run:
         optimizer's state and the step count stay. A frozen reference model refreshed from the
         actor: ref.load_weights(actor.full_weights(dtype=torch.float32)). Pairs are taken one at
         a time, so no more than the one given is held: a run with LoRA adapters, a name the
-        model lacks (a tied head's lm_head.weight among them), or a tensor of another shape
-        raises fsdpp.Error on every rank, the pairs before it loaded and it and the rest not. So
+        model lacks (a tied head's lm_head.weight among them), a tensor of another shape, or
+        one holding NaN or inf raises fsdpp.Error on every rank, the pairs before it loaded and it and the rest not. So
         do ranks that give different names, shapes or dtypes at one place, or a different number
         of pairs, and an error raised by `weights` itself on one rank."""
         pairs = None
@@ -113,7 +113,11 @@ class Run:
                 raise Error(f"load_weights: taking the next pair raised {type(e).__name__}: {e}")
             if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
                 raise Error(f"load_weights: expected (name, tensor) pairs, got {type(pair).__name__}")
-            return [(pair[0], tensor_arg(pair[0], pair[1]).detach())]
+            tensor = tensor_arg(pair[0], pair[1]).detach()
+            # weights of NaN or inf would give NaN outputs, as the run's own loads refuse them
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise Error(f"load_weights: '{pair[0]}' holds NaN or inf: the weights are not finite")
+            return [(pair[0], tensor)]
 
         while self._run.load_weights(agreed(self._run, "load_weights", prepare)):
             pass

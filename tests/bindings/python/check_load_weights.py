@@ -11,8 +11,8 @@ Over the llama_untied fixture (made by transformers), in float64:
   actor on every rank, and its weights world 1's; ranks that give other names, or fewer
   pairs, or whose iterator raises on one of them, all raise fsdpp.Error, none waiting on the
   other, and the weights stay;
-- a name the model lacks, a tied head's lm_head.weight, a tensor of another shape or of
-  integers, a run with LoRA adapters and an offloaded run raise fsdpp.Error, leaving the
+- a name the model lacks, a tied head's lm_head.weight, a tensor of another shape, of
+  integers or holding a NaN, a run with LoRA adapters and an offloaded run raise fsdpp.Error, leaving the
   weights as they were; so does iterating a run's own full_weights into it.
 
 usage: check_load_weights.py FIXTURE_DIR WORK_DIR
@@ -183,12 +183,15 @@ def refusals(run_file, fixtures, work):
     tied = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "tied")), os.path.join(fixtures, "llama_tied_rope3")),
                      frozen=True)
     lora = fsdpp.Run(run_file, {"policy.options.lora_rank": 4})
+    norm_with_nan = before["model.norm.weight"].index_fill(0, torch.tensor([3]), float("nan"))
     cases = [
         ("a name the model lacks", lambda: run.load_weights([("model.layers.9.mlp.up_proj.weight", embed)]),
          "no parameter 'model.layers.9.mlp.up_proj.weight'"),
         ("another shape", lambda: run.load_weights({"model.embed_tokens.weight": embed[:5]}),
          "'model.embed_tokens.weight' is Double [5, 48]"),
         ("integers", lambda: run.load_weights({"model.embed_tokens.weight": embed.long()}), "where the parameter is a floating"),
+        ("a NaN", lambda: run.load_weights({"model.norm.weight": norm_with_nan}),
+         "load_weights: 'model.norm.weight' holds NaN or inf"),
         ("not pairs", lambda: run.load_weights([embed]), "expected (name, tensor) pairs"),
         ("a tied head", lambda: tied.load_weights({"lm_head.weight": torch.zeros(101, 48, dtype=torch.float64)}),
          "tied to model.embed_tokens.weight"),
