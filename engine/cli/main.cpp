@@ -20,7 +20,7 @@
 #include "models/lora.h"
 #include "models/registry.h"
 #include "run/checkpoint_export.h"
-#include "run/out_dir.h"
+#include "run/outputs.h"
 #include "run/train_loop.h"
 
 #include <ATen/Parallel.h>

@@ -34,14 +34,6 @@ struct RunIdentity {
 // checkpoints, or save a step another run saved in a [checkpoint] dir they share. Every rank
 // checks alike, before any rendezvous.
 void check_out_dir(const RunConfig& config);
-// Refuses, in one line naming the key, a training run whose outputs would destroy files or be
-// lost after the training: an export at the end ([checkpoint] save_final) into one of its
-// own directories or over files no export wrote (io/hf_export.h's check_export_target), an
-// adapter over files no adapter wrote, a [checkpoint] dir that cannot be made or written,
-// and a [metrics] jsonl over a file that is not a run's metrics (a token file, weights).
-// Every rank checks alike, before any rendezvous; the checkpoint directory is made here
-// when the run can save (save_every, save_final or save_on_signal).
-void check_outputs(const RunConfig& config);
 // Rank 0's hold on <out_dir>/.lock for as long as its run lives, so that a second run into
 // the same directory (a job started twice) is refused instead of interleaving its
 // checkpoints and metrics with this one's. A run with [train] reuse_out_dir = true shares
