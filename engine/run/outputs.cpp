@@ -4,17 +4,21 @@
 #include "run/outputs.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/hf_export.h"
 #include "io/peft_adapter.h"
+#include "io/sharded_checkpoint.h"
 #include "run/out_dir.h"
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace fsdpp {
 
@@ -134,6 +138,71 @@ void check_outputs(const RunConfig& config) {
   const CheckpointConfig& saves = config.checkpoint;
   if (saves.save_every > 0 || saves.save_final || saves.save_on_signal) {
     make_writable_dir(config, "checkpoint", "dir", config.checkpoint.dir);
+  }
+}
+
+namespace {
+
+// `path`, or the nearest directory above it that exists: where its files will land.
+fs::path existing_part(const fs::path& path) {
+  fs::path at = fs::absolute(path).lexically_normal();
+  while (!fs::exists(at) && at.has_parent_path() && at != at.parent_path()) at = at.parent_path();
+  return at;
+}
+
+// "195 kB", "19.5 MB", "1.23 GB": three figures, in the largest unit that keeps them above 1.
+std::string bytes_text(uint64_t bytes) {
+  const auto [scale, unit] = bytes >= 1'000'000'000 ? std::pair(1e9, " GB")
+                             : bytes >= 1'000'000   ? std::pair(1e6, " MB")
+                                                    : std::pair(1e3, " kB");
+  std::ostringstream text;
+  text.precision(3);
+  text << static_cast<double>(bytes) / scale << unit;
+  return text.str();
+}
+
+}  // namespace
+
+void check_room_for_outputs(const RunConfig& config, const OutputSizes& sizes) {
+  const CheckpointConfig& saves = config.checkpoint;
+  const fs::path checkpoints = existing_part(saves.dir);
+  const uint64_t checkpoint_room = fs::space(checkpoints).available;
+  // Rank 0's disk holds its node's share at the least, where each node writes to its own.
+  const uint64_t one = sizes.checkpoint / static_cast<uint64_t>(std::max(sizes.nodes, 1));
+  if (sizes.saves > 0 && checkpoint_room < one) {
+    throw UserError(output_where(config, "checkpoint", "dir") + saves.dir + ": " + bytes_text(checkpoint_room) +
+                    " free on its filesystem, and a checkpoint of this run takes " + bytes_text(one) +
+                    " at the least (its trainable parameters' masters and AdamW's two moments" +
+                    (sizes.nodes > 1 ? ", this node's share of " + std::to_string(sizes.nodes) + " nodes" : "") +
+                    "), so its first save would fail, after the steps before it");
+  }
+  if (sizes.exported > 0) {
+    const fs::path exported = existing_part(saves.export_dir);
+    struct stat export_disk {}, checkpoint_disk {};
+    // The last checkpoint is written just before the export, to the same disk where they share one.
+    const bool shared = ::stat(exported.c_str(), &export_disk) == 0 &&
+                        ::stat(checkpoints.c_str(), &checkpoint_disk) == 0 &&
+                        export_disk.st_dev == checkpoint_disk.st_dev;
+    const uint64_t needed = sizes.exported + (shared && saves.save_final ? one : 0);
+    const uint64_t room = fs::space(exported).available;
+    if (room < needed) {
+      throw UserError(output_where(config, "checkpoint", "export_dir") + saves.export_dir + ": " + bytes_text(room) +
+                      " free on its filesystem, and the export at the end takes " + bytes_text(sizes.exported) +
+                      (needed > sizes.exported ? " beside the last checkpoint's " + bytes_text(one) : std::string()) +
+                      ": it would fail after the training");
+    }
+  }
+  // Rotation deletes the oldest once a new checkpoint is written, so keep + 1 are held at once.
+  size_t held = 0;
+  for (const auto& c : list_checkpoints(saves.dir)) held += of_this_run(config, c.path) ? 1 : 0;
+  const auto most = static_cast<int64_t>(held) + sizes.saves;
+  const int64_t at_once = saves.keep > 0 ? std::min(most, saves.keep + 1) : most;
+  const int64_t more = at_once - static_cast<int64_t>(held);
+  if (one > 0 && more > 1 && checkpoint_room / one < static_cast<uint64_t>(more)) {
+    log_warn("[checkpoint] dir ", saves.dir, ": room for ", checkpoint_room / one, " more checkpoint(s) of ",
+             bytes_text(one), " (", bytes_text(checkpoint_room), " free), but the run holds ", at_once,
+             " at once (keep = ", saves.keep, ", and the one written before the oldest is deleted): the save ",
+             "that finds no room will stop the run; lower keep or free space");
   }
 }
 

@@ -197,6 +197,8 @@ Run::Run(const RunConfig& config, const PlanBuilder& build_plan, RunWeights weig
   model_files_ = model_files_dir(config.model);
   export_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.export_dir);
   adapter_in_own_run_dir_ = in_own_run_dir(config, config.checkpoint.adapter_dir);
+  // The binary's run saves as its run file says; the Python API's saves when the loop asks.
+  if (batches_ && !frozen()) check_disk_room(std::max(1, env.world_size / std::max(1, env.local_world_size)));
 }
 
 Run::~Run() = default;

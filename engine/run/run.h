@@ -252,6 +252,9 @@ class Run {
   void check_same_adapters(const ShardedCheckpoint& checkpoint) const;
   // Refuses, on every rank, weights that hold NaN or inf in any rank's rows.
   void check_finite_weights();
+  // Refuses, on every rank, a training run whose disks have no room for its first checkpoint or
+  // its export (rank 0 looks, outputs.h's check_room_for_outputs); `nodes` write checkpoints.
+  void check_disk_room(int nodes);
   // Runs `work` on every rank (a collective): where it fails on any, every rank raises one
   // UserError, "`what`: " and the failing rank's own message, or "`what`: `subject`: another
   // rank failed" on the others, ending in `after`.

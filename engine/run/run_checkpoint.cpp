@@ -20,6 +20,7 @@
 #include "io/sharded_checkpoint.h"
 #include "models/lora.h"
 #include "run/out_dir.h"
+#include "run/outputs.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -281,6 +282,33 @@ std::optional<int> Run::first_refusing_rank(bool refused_here) {
   return refused[first].item<int64_t>() > 0 ? std::optional<int>(first) : std::nullopt;
 }
 
+
+void Run::check_disk_room(int nodes) {
+  const CheckpointConfig& saves = config_.checkpoint;
+  OutputSizes sizes{.nodes = nodes};
+  const size_t master_bytes = c10::elementSize(master_dtype(config_.model.dtype));
+  const size_t export_bytes = c10::elementSize(saves.export_dtype);
+  for (const auto& s : fsdp_->shard_rows()) {
+    const auto numel = static_cast<uint64_t>(c10::multiply_integers(s.full_shape));
+    if (s.primary && s.rows.requires_grad()) sizes.checkpoint += numel * master_bytes * 3;
+    // A LoRA run's export at the end is its adapter, which the checkpoint's size bounds.
+    if (saves.save_final && !loaded_.lora) sizes.exported += numel * export_bytes;
+  }
+  const int64_t start = checkpoint_ ? checkpoint_->step() : 0, steps = config_.train.steps;
+  if (saves.save_every > 0) sizes.saves = steps / saves.save_every - start / saves.save_every;
+  if (saves.save_final && (saves.save_every == 0 || steps % saves.save_every != 0)) ++sizes.saves;
+  std::string refused;
+  if (comm_->rank() == 0) {
+    try {
+      check_room_for_outputs(config_, sizes);
+    } catch (const UserError& e) {
+      refused = e.what();
+    }
+  }
+  const std::optional<int> first = first_refusing_rank(!refused.empty());
+  if (!refused.empty()) throw UserError(refused);
+  if (first) throw EveryRankError("rank 0 found no room on disk for the run's outputs (its error says where)");
+}
 
 void Run::export_final(int64_t step) {
   optimizer_->settle();  // the last step's host updates of the values about to be written

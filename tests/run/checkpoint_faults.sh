@@ -14,7 +14,9 @@
 #    another step are refused with one
 #    error naming the file, by `fsdpp export` and by a resumed run; so is a resume over a
 #    token file rewritten in place, into a file of documents, or into a model that computes
-#    otherwise than the one saved.
+#    otherwise than the one saved;
+#  - a disk with no room for one checkpoint is refused at start (where a small filesystem can
+#    be mounted).
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}" "${PYTHON:?}"
 bash scripts/make_corpus.sh >/dev/null
@@ -244,4 +246,16 @@ expect_refused "resume into a model of the same shapes that computes otherwise" 
   "rms_norm_eps 1e-06 -> 0.001, rope_theta 10000.0 -> 500000.0" -- \
   "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$other/run\"" --set "model.path=\"$other\"" \
   --set "checkpoint.resume=\"$good\""
+# A disk with no room for one checkpoint is refused at start, on every rank, rather than
+# failing at the first save after the steps before it. A small filesystem takes a mount,
+# which a machine may not allow this process.
+small="$out/small-disk" && mkdir -p "$small"
+if mount -t tmpfs -o size=128k tmpfs "$small" 2>/dev/null; then
+  expect_refused "a disk with no room for one checkpoint" "rank 0: .*small-disk/run/checkpoints" \
+    "kB free on its filesystem, and a checkpoint of this run takes" -- \
+    "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$small/run\""
+  umount "$small"
+else
+  echo "skip a disk with no room for one checkpoint: no small filesystem can be mounted here"
+fi
 exit $status
