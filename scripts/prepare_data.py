@@ -7,7 +7,10 @@ document's end, and a loss mask marking which tokens are training targets
 Inputs, by extension:
   .txt             one document per file: its text as it is (a leading byte-order mark dropped)
   .jsonl, .parquet one record per line or row:
-                   {"messages": [{"role": ..., "content": ...}, ...]}  a chat; only the
+                   {"messages": [{"role": ..., "content": ...}, ...]}  a chat in OpenAI's
+                       layout (content a string, a list of parts, or null beside
+                       tool_calls; a "tools" list beside "messages" goes to the template, as
+                       apply_chat_template(messages, tools=...) takes it); only the
                        assistant turns (with their end-of-turn tokens) are targets: the
                        tokens of what each adds to the rendering past the generation prompt,
                        as transformers' assistant mask marks a {% generation %} block; under a
@@ -39,7 +42,7 @@ from input_records import (KINDS, TOKEN_MAGIC as MAGIC, BadRecord, PlainText, Re
 
 HEADER = struct.Struct("<8sIIQQQII")
 FLAG_MASK = 1
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function")
 BYTE_EOS = 256
 
 
@@ -54,7 +57,7 @@ class ByteTokenizer:
     def encode(self, text):
         return list(text.encode("utf-8"))
 
-    def chat(self, messages):
+    def chat(self, messages, tools=None):
         raise NoChatTemplate("a chat needs --tokenizer with a chat template (byte-level tokens have none)")
 
     def ends_with_eos(self, ids):
@@ -89,12 +92,15 @@ class HfTokenizer:
         # verbose=False: a document longer than the model's context is no concern here.
         return self.tok.encode(text, add_special_tokens=False, verbose=False)
 
-    def render(self, messages, generation_prompt=False):
-        """The template's text of messages, as apply_chat_template renders it."""
+    def render(self, messages, tools, generation_prompt=False):
+        """The template's text of messages (and the tools they may call), as apply_chat_template
+        renders it."""
         try:
             if not messages:  # the generation prompt alone; transformers reads a list of lists as a batch
-                return self.tok.apply_chat_template([[]], tokenize=False, add_generation_prompt=generation_prompt)[0]
-            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+                return self.tok.apply_chat_template([[]], tools=tools, tokenize=False,
+                                                    add_generation_prompt=generation_prompt)[0]
+            return self.tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                add_generation_prompt=generation_prompt)
         except Exception as e:  # the template's own refusals (roles out of turn, an unknown role)
             what = "the generation prompt that opens the chat" if not messages else "it"
             raise BadRecord(f"the chat template refuses {what}: {first_line(e)}")
@@ -112,7 +118,7 @@ class HfTokenizer:
             mask.append(int(span < len(spans) and spans[span][0] < max(end, begin + 1)))
         return list(encoded["input_ids"]), mask
 
-    def chat(self, messages):
+    def chat(self, messages, tools=None):
         """The conversation as documents of (tokens, mask), each assistant turn's tokens past
         the generation prompt its targets. Rendered prefix by prefix it is one document, where
         the template renders every prefix of the conversation as a prefix of the whole; a
@@ -123,22 +129,22 @@ class HfTokenizer:
             raise NoChatTemplate("the tokenizer has no chat template")
         if not self.tok.is_fast:
             raise NoChatTemplate("a chat needs a fast tokenizer (tokenizer.json) to find each turn's tokens")
-        whole = self.prefix_rendering(messages)
+        whole = self.prefix_rendering(messages, tools)
         if whole is not None:
             return [self.tokenize(*whole)]
         turns = []
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            context = self.render(messages[:k], generation_prompt=True)
-            full = self.render(messages[:k + 1])
+            context = self.render(messages[:k], tools, generation_prompt=True)
+            full = self.render(messages[:k + 1], tools)
             if not full.startswith(context):
                 raise BadRecord(f"the chat template renders assistant message {k} without the generation prompt "
                                 "it renders before it")
             turns.append(self.tokenize(full, [(len(context), len(full))]))
         return turns
 
-    def prefix_rendering(self, messages):
+    def prefix_rendering(self, messages, tools):
         """(text, learned character spans) of the conversation rendered message by message, or
         None where the template renders a message by changing what came before it. An
         assistant message's span is what it adds past the generation prompt: under ChatML,
@@ -146,8 +152,8 @@ class HfTokenizer:
         text, spans = "", []
         for k, message in enumerate(messages):
             assistant = message["role"] == "assistant"
-            context = self.render(messages[:k], generation_prompt=assistant) if k or assistant else ""
-            full = self.render(messages[:k + 1])
+            context = self.render(messages[:k], tools, generation_prompt=assistant) if k or assistant else ""
+            full = self.render(messages[:k + 1], tools)
             if not full.startswith(text) or not full.startswith(context):
                 return None
             if assistant:
@@ -170,18 +176,9 @@ def documents(tokenizer, record, text_field):
         raise BadRecord("not a JSON object")
     # Parquet rows hold every column, null where a record has no such field.
     if record.get("messages") is not None:
-        messages = record["messages"]
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise BadRecord("messages must be a non-empty list of {role, content} strings")
-        # A template renders a role it does not know as it renders any: a typo would train as context.
-        for i, m in enumerate(messages):
-            if m["role"] not in CHAT_ROLES:
-                raise BadRecord(f"messages[{i}]: role '{m['role']}' is not one of {', '.join(CHAT_ROLES)}")
-        if not any(m["role"] == "assistant" for m in messages):
-            raise BadRecord("a chat without an assistant turn has nothing to learn")
-        return tokenizer.chat(messages)
+        messages, tools = record["messages"], record.get("tools")
+        check_chat(messages, tools)
+        return tokenizer.chat(messages, tools)
     if record.get("prompt") is not None or record.get("completion") is not None:
         prompt, completion = record.get("prompt"), record.get("completion")
         if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
@@ -193,6 +190,30 @@ def documents(tokenizer, record, text_field):
         raise BadRecord(f"no '{text_field}' string, nor messages, nor prompt and completion")
     ids = tokenizer.encode(text)
     return [(ids, [1] * len(ids))]
+
+
+def check_chat(messages, tools):
+    """BadRecord, naming the message and field, unless `messages` is a chat in OpenAI's layout
+    with an assistant turn, and `tools` (None: none) a list of objects."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRecord("messages must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRecord(f"messages[{i}]: expected an object with a role string")
+        # A template renders a role it does not know as it renders any: a typo would train as context.
+        if m["role"] not in CHAT_ROLES:
+            raise BadRecord(f"messages[{i}]: role '{m['role']}' is not one of {', '.join(CHAT_ROLES)}")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(part, dict) for part in content):
+                raise BadRecord(f"messages[{i}]: content as a list must hold parts, objects such as "
+                                "{\"type\": \"text\", \"text\": ...}")
+        elif not isinstance(content, str) and not (content is None and m.get("tool_calls")):
+            raise BadRecord(f"messages[{i}]: content must be a string, a list of parts, or null beside tool_calls")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRecord("tools must be a list of objects (function schemas), as apply_chat_template takes them")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadRecord("a chat without an assistant turn has nothing to learn")
 
 
 def write(out, tokens, ends, mask, vocab):

@@ -6,13 +6,15 @@ byte-level BPE trained here, token for token, for multi-turn chats, a system pro
 an assistant that opens the chat, an empty answer, a chat closing on a user turn, and answers
 whose first token merges with the generation prompt's newline; a mask one token off anywhere
 fails. With "<|im_end|>" as the end-of-text token the template's own closes each chat, with no
-second one appended. Parquet chats (a list<struct<role, content>> column) are held to the same.
+second one appended. Parquet chats (a list<struct<role, content>> column) are held to the same,
+and so are tool-calling chats in OpenAI's layout (null content beside tool_calls, a tool's
+answer, content as a list of parts, the record's "tools" given to the template).
 
 Without --tokenizer a .txt file is one document of its UTF-8 bytes (a byte-order mark
 dropped, CR LF kept), every token a target, 256 ending it, vocab 257, 2-byte tokens; JSONL
 plain records are read from --text-field; a tokenizer of more than 65536 tokens gives 4-byte
 tokens that read back as they were encoded. A chat without a tokenizer, a bad Parquet row, a
-Parquet file that is not one, an unknown extension, a missing file, invalid UTF-8 and inputs
+Parquet file that is not one, an assistant turn of null content without tool calls, an unknown extension, a missing file, invalid UTF-8 and inputs
 whose every record is bad (under --skip-bad) are refused with exit status 2 and one stderr
 line naming the file (and the line, row or byte); --skip-bad skips and counts bad records, but
 not a chat the tokenizer cannot render (every chat would be).
@@ -283,6 +285,10 @@ def check_chats():
     robot = write_jsonl("robot.jsonl", [{"messages": [{"role": "robot", "content": "hi"}, *CHATS[0][1:]]}])
     refused(prepare(robot, "--tokenizer", path("bpe"), "--out", out),
             f"{robot}:1: messages[0]: role 'robot' is not one of system, developer, user, assistant, tool")
+    # An assistant turn of no content and no tool call is no turn of OpenAI's layout.
+    empty = write_jsonl("empty-turn.jsonl", [{"messages": [CHATS[0][0], {"role": "assistant", "content": None}]}])
+    refused(prepare(empty, "--tokenizer", path("bpe"), "--out", out),
+            f"{empty}:1: messages[1]: content must be a string, a list of parts, or null beside tool_calls")
     result = prepare(jsonl, parquet, "--tokenizer", path("bpe"), "--out", out, "--skip-bad")
     assert done(result).rstrip().endswith("skipped 1 bad records"), f"a good chat was refused: {result.stdout}"
     tokens, ends, mask, vocab, width = read(out)
@@ -295,6 +301,7 @@ def check_chats():
         assert not differ, f"chat {k}: mask differs from transformers' at tokens {differ}: " \
             f"{[(tok.decode([ids[i]]), marks[i], want_marks[i]) for i in differ]}"
     check_turn_end_eos(tok, jsonl)
+    check_tool_chats(tok)
     return len(tokens)
 
 
@@ -311,6 +318,47 @@ def check_turn_end_eos(tok, jsonl):
         r = tok.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         assert (ids, marks) == (list(r["input_ids"]), list(r["assistant_masks"])), \
             (k, [tok.decode([t]) for t in ids[-4:]], marks[-4:])
+
+
+# ChatML with tools in a system block, tool calls in the assistant's generation block and
+# content given as a list of text parts, as OpenAI's layout and tool-calling templates have them.
+TOOLS_CHATML = (
+    "{% if tools %}<|im_start|>system\nTools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}"
+    "<|im_end|>\n{% endif %}{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% generation %}{% if m['content'] %}{{ m['content'] }}{% endif %}{% for c in m['tool_calls'] or [] %}"
+    "<call>{{ c['function']['name'] }}({{ c['function']['arguments'] }})</call>{% endfor %}<|im_end|>\n"
+    "{% endgeneration %}{% else %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for part in m['content'] %}{{ part['text'] }}{% endfor %}{% endif %}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather of a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def check_tool_chats(tok):
+    """Tool-calling chats in OpenAI's layout (an assistant turn of null content and tool_calls,
+    a tool's answer, content as parts, the record's tools): transformers' tokens and assistant
+    mask given the same tools, the tools' names rendered into the context."""
+    tok.chat_template, tok.eos_token = TOOLS_CHATML, SPECIALS[0]  # as make_bpe made it, but the template
+    tok.save_pretrained(path("bpe-tools"))
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    records = [
+        {"tools": [WEATHER], "messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "21C and sun"},
+            {"role": "assistant", "content": "It is 21C and sunny."}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi."}]},
+                      {"role": "assistant", "content": "hi"}]},
+    ]
+    out = path("tools.tok")
+    done(prepare(write_jsonl("tools.jsonl", records), "--tokenizer", path("bpe-tools"), "--out", out))
+    tokens, ends, mask, _, _ = read(out)
+    for k, (record, (ids, marks)) in enumerate(zip(records, split(tokens, ends, mask))):
+        r = tok.apply_chat_template(record["messages"], tools=record.get("tools"), tokenize=True, return_dict=True,
+                                    return_assistant_tokens_mask=True)
+        want = (list(r["input_ids"]) + [tok.eos_token_id], list(r["assistant_masks"]) + [1])
+        assert (ids, marks) == want, (k, tok.decode(ids), tok.decode(want[0]))
+    assert "Tools: get_weather" in tok.decode(split(tokens, ends, mask)[0][0]), "the record's tools were not rendered"
 
 
 def check_wide_vocab():
