@@ -28,7 +28,8 @@ nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : 
 std::vector<std::pair<std::string, double>> StepMetrics::figures() const {
   std::vector<std::pair<std::string, double>> f = {
       {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_s},
-      {"elapsed_s", elapsed_s}, {"tokens", static_cast<double>(tokens)}, {"eta_s", eta_s},
+      {"elapsed_s", elapsed_s}, {"tokens", static_cast<double>(tokens)}, {"targets", static_cast<double>(targets)},
+      {"eta_s", eta_s},
       {"host_peak_gb", host_peak_gb}};
   for (const auto& [key, value] : {std::pair{"mfu", mfu}, {"device_allocated_gb", device_allocated_gb},
                                    {"device_reserved_gb", device_reserved_gb}, {"aux_loss", aux_loss},
@@ -80,7 +81,11 @@ void MetricsSink::record_step(const StepMetrics& m, bool log_line) {
   nlohmann::json j = {{"step", m.step}};
   std::vector<std::pair<std::string, double>> scalars;
   for (const auto& [key, value] : m.figures()) {
-    j[key] = key == "tokens" ? nlohmann::json(m.tokens) : number(value);
+    if (key == "tokens" || key == "targets") {
+      j[key] = key == "tokens" ? m.tokens : m.targets;
+    } else {
+      j[key] = number(value);
+    }
     if (std::isfinite(value)) scalars.emplace_back(key, value);  // JSON null: no scalar
   }
   if (m.skipped) j["skipped"] = true;

@@ -22,7 +22,8 @@ struct StepMetrics {
   double grad_norm = 0.0;    // before clipping
   double tokens_per_s = 0.0; // since the previous record
   double elapsed_s = 0.0;    // since this process began training (a resumed run's: since it resumed)
-  int64_t tokens = 0;        // trained so far
+  int64_t tokens = 0;        // trained so far: every position of every row, padding included
+  int64_t targets = 0;       // this step's tokens the loss was taken over (no padding, no masked prompt)
   double eta_s = 0.0;        // time left at this run's pace so far
   double host_peak_gb = 0.0; // peak resident memory of the process
   std::optional<double> mfu;                  // model FLOPs utilisation (with peak_tflops)

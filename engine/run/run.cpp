@@ -308,7 +308,8 @@ StepFigures Run::step(double lr, const std::function<bool()>& stop_requested) {
   enum { kLoss, kStopVotes, kGradNorm };
   const at::Tensor read = at::cat({reduced, clip.norm.to(reduced.device())}).to(at::kCPU);  // [3]
   const auto value = read.accessor<double, 1>();
-  StepFigures figures{.loss = value[kLoss], .grad_norm = value[kGradNorm], .stopping = value[kStopVotes] > 0};
+  StepFigures figures{.loss = value[kLoss], .grad_norm = value[kGradNorm], .targets = step_targets,
+                      .stopping = value[kStopVotes] > 0};
   if (scaler_) {
     figures.loss_scale = scale;
     scaler_->update(std::isfinite(figures.grad_norm));

@@ -72,6 +72,7 @@ struct UpdateFigures {
 struct StepFigures {
   double loss = 0.0;       // the mean over the step's targets on every rank
   double grad_norm = 0.0;  // global, before clipping; not finite: the update was skipped
+  int64_t targets = 0;     // the tokens the loss was over, on every rank: no padding, no masked prompt
   bool stopping = false;   // some rank was asked to stop (SIGTERM or SIGINT)
   std::optional<ExpertLoad> experts;  // a mixture-of-experts model's routing figures
   std::optional<double> loss_scale;   // what the step's loss was multiplied by (float16 compute)

@@ -104,13 +104,15 @@ void check_data_position(const json& saved, const json& data, const std::string&
       saved.at("contents") != data.value("contents", json())) {
     throw UserError(where + ": cannot resume: " + data.value("train", std::string()) + " changed since the checkpoint (" +
                     saved.at("contents").dump() + " then, " + data.value("contents", json()).dump() +
-                    " now): the same window index would name other tokens");
+                    " now): the same window index would name other tokens; to go on from its weights over other "
+                    "data, name the checkpoint as [model] path (its optimizer state left behind)");
   }
   for (const std::string& key : keys) {
     if (saved.value(key, json()) != data.value(key, json())) {
       throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
                       saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
-                      " (the same window index would name different tokens)");
+                      " (the same window index would name different tokens); to go on from its weights over other "
+                      "data, name the checkpoint as [model] path (its optimizer state left behind)");
     }
   }
 }

@@ -161,7 +161,8 @@ void save_op_counts(const OpCounts& counts, Run& run, int64_t step) {
 
 // A step's figures for the log; counts a skipped update in `summary`.
 StepMetrics step_metrics(int64_t step, double lr, const StepFigures& f, TrainSummary& summary, int rank) {
-  StepMetrics m{.step = step, .loss = f.loss, .lr = lr, .grad_norm = f.grad_norm, .loss_scale = f.loss_scale};
+  StepMetrics m{.step = step, .loss = f.loss, .lr = lr, .grad_norm = f.grad_norm, .targets = f.targets,
+                .loss_scale = f.loss_scale};
   if (f.experts) {
     m.aux_loss = f.experts->aux_loss;
     m.expert_load = f.experts->max_over_mean;

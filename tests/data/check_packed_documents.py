@@ -5,8 +5,8 @@ writes a document per assistant turn, rendered as transformers renders it; it re
 an assistant turn and a malformed one with FILE:LINE, or skips them with --skip-bad. fsdpp
 packs the documents into rows (best fit, longest first, long ones cut into pieces) where
 attention stays inside each document: its first-step loss with train_on = "completion"
-equals transformers' mean cross entropy over the marked targets of each piece run alone, and
-so does `fsdpp eval`'s; 2 and 3 ranks, two accumulated micro-batches and a resume mid-epoch
+equals transformers' mean cross entropy over the marked targets of each piece run alone (and
+its `targets` figure their count), and so does `fsdpp eval`'s; 2 and 3 ranks, two accumulated micro-batches and a resume mid-epoch
 (in file order and shuffled) equal one uninterrupted process, and so do held-out losses at
 2 ranks; packing = false refuses a document longer than a row. All
 in float64: ranks, accumulation and resume within tests/compare.py's FLOAT64_BOUND;
@@ -197,6 +197,10 @@ def main():
     learned = pieces(ends, mask, SEQ_LEN, completion=True)
     rows = best_fit(learned, SEQ_LEN)
     first_step = mean_loss(model, tokens, mask, [p for row in rows[:BATCH] for p in row])
+    # The step's `targets` figure counts the marked targets its loss was over, no padding.
+    with open(os.path.join(WORK, "one", "metrics.jsonl")) as f:
+        first_targets = next(r for r in map(json.loads, f) if "targets" in r)["targets"]
+    want_targets = sum(p[3] for row in rows[:BATCH] for p in row)
     evaluated = json.loads(subprocess.run([FSDPP, "eval", os.path.join(WORK, "run.toml"), "--json"], check=True,
                                           capture_output=True, text=True).stdout)
     saved = os.path.join(WORK, "one", "checkpoints", "step-00000002")
@@ -218,10 +222,12 @@ def main():
     for k, (value, bound) in gaps.items():
         print(f"{'FAIL' if k in failed else 'ok  '} {k}: {value:.2e} (bound {bound:.0e})")
     print(f"{'ok  ' if unpacked_ok else 'FAIL'} packing = false refuses the long chat: {errors}")
+    print(f"{'ok  ' if first_targets == want_targets else 'FAIL'} the first step's targets figure: {first_targets} "
+          f"(the marked targets of its rows: {want_targets})")
     # Learning every token is a different objective: its loss must differ from the masked one.
     print(f"{len(learned)} pieces in {len(rows)} rows; first losses, completion {one[1]:.6f} vs all "
           f"{everything[1]:.6f}; transformers {first_step:.6f}")
-    if failed or not unpacked_ok or abs(everything[1] - one[1]) < 1e-3:
+    if failed or not unpacked_ok or abs(everything[1] - one[1]) < 1e-3 or first_targets != want_targets:
         sys.exit(1)
 
 

@@ -37,7 +37,7 @@ check "the same run resumed" 0 "continuing after step 2" -- "${run[@]}" --set tr
 # A refused resume leaves the run's record as it was: the next resume compares with the
 # settings the run trained with.
 cp "$out/run.json" "$out.record"
-check "a resume over windows of another length" 2 "counts windows of a stream with seq_len = 32, but this run has 16" \
+check "a resume over windows of another length" 2 "counts windows of a stream with seq_len = 32, but this run has 16 (the same window index would name different tokens); to go on from its weights over other data, name the checkpoint as [model] path" \
   -- "${run[@]}" --set train.steps=4 --set 'checkpoint.resume="latest"' --set data.seq_len=16
 cmp -s "$out/run.json" "$out.record" || { echo "FAIL: a refused resume rewrote run.json"; failures=$((failures + 1)); }
 check "other settings afresh" 2 \
