@@ -15,6 +15,9 @@ DataConfig DataConfig::from_section(ConfigSection& s) {
   c.shuffle = s.get_bool("shuffle", c.shuffle);
   c.packing = s.get_bool("packing", c.packing);
   c.train_on = s.get_choice("train_on", c.train_on, {{"all", TrainOn::all}, {"completion", TrainOn::completion}});
+  c.long_documents = s.get_choice("long_documents", c.long_documents,
+                                  {{"split", LongDocumentRule::split}, {"truncate", LongDocumentRule::truncate},
+                                   {"drop", LongDocumentRule::drop}});
   s.finish();
   if (c.batch_size > kMaxBatchTokens / c.seq_len) {
     s.fail("batch_size", "a global batch of " + std::to_string(c.batch_size) + " x " + std::to_string(c.seq_len) +

@@ -20,6 +20,13 @@ enum class TrainOn {
                // those after a multimodal sample's prompt_length
 };
 
+// What becomes of a document longer than a row (a token file with document ends).
+enum class LongDocumentRule {
+  split,     // cut into pieces of seq_len tokens, each attending within itself
+  truncate,  // its first seq_len + 1 tokens alone, as SFT trainers truncate
+  drop,      // left out
+};
+
 struct DataConfig {
   std::string train;           // token file to train on; "" for a run fed rows by its caller (Python)
   int64_t seq_len = 512;       // tokens per sequence (each window holds seq_len + 1)
@@ -31,6 +38,7 @@ struct DataConfig {
   // A token file with document ends (version 2): true packs several documents into each row,
   // attention never crossing from one to another; false gives each document a padded row.
   bool packing = true;
+  LongDocumentRule long_documents = LongDocumentRule::split;  // "split", "truncate" or "drop"
 
   static DataConfig from_section(ConfigSection& section);
 };

@@ -25,18 +25,23 @@ int64_t learned_targets(const TokenFile& tokens, const Piece& piece, TrainOn tra
   return tokens.mask_slice(piece.begin + 1, targets).sum().item<int64_t>();
 }
 
-// Documents [first, last) cut into pieces of at most seq_len tokens.
+// Documents [first, last) as pieces of at most seq_len tokens: a document longer than a row
+// (seq_len inputs and, as the last target, its token seq_len + 1) cut, truncated or left out.
 std::vector<Piece> cut_documents(const TokenFile& tokens, int64_t first, int64_t last, const DataConfig& config) {
   std::vector<Piece> pieces;
   for (int64_t d = first; d < last; ++d) {
     const int64_t begin = document_begin(tokens, d), end = tokens.document_end(d);
-    // Without packing a row holds one document: seq_len inputs and, as the last target, the
-    // document's token seq_len + 1.
-    if (!config.packing && end - begin > config.seq_len + 1) {
+    const bool longer = end - begin > config.seq_len + 1;
+    if (longer && config.long_documents == LongDocumentRule::drop) continue;
+    if (longer && config.long_documents == LongDocumentRule::truncate) {
+      pieces.push_back({begin, config.seq_len, begin + config.seq_len + 1});
+      continue;
+    }
+    if (longer && !config.packing) {
       throw UserError(tokens.path().string() + ": document " + std::to_string(d) + " holds " +
                       std::to_string(end - begin) + " tokens, more than a row of seq_len " +
                       std::to_string(config.seq_len) + " + 1 can hold with [data] packing = false; set packing = "
-                      "true to cut it into pieces, or raise seq_len");
+                      "true to cut it into pieces, long_documents = \"truncate\" or \"drop\", or raise seq_len");
     }
     for (int64_t at = begin; at < end; at += config.seq_len) {
       pieces.push_back({at, std::min(config.seq_len, end - at), end});
@@ -151,8 +156,10 @@ LongDocuments PackedDocuments::long_documents() const {
 std::string PackedDocuments::long_documents_text() const {
   const LongDocuments found = long_documents();
   if (found.count == 0) return "";
-  return concat("; ", found.count, " longer than a row, cut into pieces that attend only within themselves (the "
-                "longest ", found.longest, " tokens)");
+  const char* what = " longer than a row, cut into pieces that attend only within themselves";
+  if (config_.long_documents == LongDocumentRule::truncate) what = " longer than a row, each truncated to one";
+  if (config_.long_documents == LongDocumentRule::drop) what = " longer than a row, left out";
+  return concat("; ", found.count, what, " (the longest ", found.longest, " tokens)");
 }
 
 double PackedDocuments::padding_share() const {
@@ -207,11 +214,17 @@ MicroBatch PackedDocuments::assemble(const std::vector<const PackedRow*>& rows) 
 }
 
 nlohmann::json PackedDocuments::identity() const {
-  return {{"train", std::filesystem::absolute(config_.train).lexically_normal().string()},
-          {"contents", tokens_->fingerprint()}, {"tokens", tokens_->size()}, {"documents", train_documents_},
-          {"rows", rows_.size()}, {"packing", config_.packing}, {"shuffle", config_.shuffle},
-          {"seq_len", config_.seq_len}, {"seed", config_.seed}, {"batch_size", config_.batch_size},
-          {"train_on", config_.train_on == TrainOn::all ? "all" : "completion"}};
+  nlohmann::json id = {{"train", std::filesystem::absolute(config_.train).lexically_normal().string()},
+                       {"contents", tokens_->fingerprint()}, {"tokens", tokens_->size()},
+                       {"documents", train_documents_}, {"rows", rows_.size()}, {"packing", config_.packing},
+                       {"shuffle", config_.shuffle}, {"seq_len", config_.seq_len}, {"seed", config_.seed},
+                       {"batch_size", config_.batch_size},
+                       {"train_on", config_.train_on == TrainOn::all ? "all" : "completion"}};
+  // Named where it is not the default, so that checkpoints from before the rule existed match.
+  if (config_.long_documents != LongDocumentRule::split) {
+    id["long_documents"] = config_.long_documents == LongDocumentRule::truncate ? "truncate" : "drop";
+  }
+  return id;
 }
 
 EvalResult PackedDocuments::evaluate(CausalLM& model, int64_t max_rows, Comm* group) const {

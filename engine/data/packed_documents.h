@@ -1,8 +1,9 @@
 // A token file's documents (version 2) as training rows of seq_len tokens. With packing,
 // several documents share a row and attention never crosses from one into another
 // (models/document_attention.h); a document longer than a row is cut into pieces of seq_len
-// tokens, each predicting the next token of its document even across the cut. Without
-// packing, each document has a row of its own, padded, and one that does not fit is refused.
+// tokens, each predicting the next token of its document even across the cut, or truncated
+// to its first row, or left out ([data] long_documents). Without packing, each document has a
+// row of its own, padded, and one that does not fit is refused unless truncated or left out.
 // Rows are laid out once for the run, so every epoch visits the same rows in an order the
 // seed fixes, at any world size, and a resume continues the exact sequence. Evaluation holds
 // out whole documents: the file's last eval_fraction of tokens, rounded to document ends.
@@ -33,8 +34,9 @@ struct PackedRow {
 std::vector<PackedRow> pack_documents(const TokenFile& tokens, int64_t first, int64_t last,
                                       const DataConfig& config);
 
-// The training documents longer than a row, which packing cuts into pieces: a piece after a
-// cut attends to none of its document's tokens before it, which a long chat's user should know.
+// The training documents longer than a row, which packing cuts into pieces (unless truncated or
+// left out): a piece after a cut attends to none of its document's tokens before it, which a
+// long chat's user should know.
 struct LongDocuments {
   int64_t count = 0, longest = 0;  // longest: tokens of the longest of them
 };

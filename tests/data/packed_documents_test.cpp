@@ -99,6 +99,35 @@ TEST_CASE("without packing each document has a padded row, and a longer one is r
                                                          Catch::Contains("packing = true"));
 }
 
+TEST_CASE("a document longer than a row is truncated to one, or left out, as long_documents says", "[train][data]") {
+  // Documents of 7, 12 and 5 tokens in rows of 8: the 12 is the one longer than a row.
+  auto tokens = write_documents("long.tok", {7, 19, 24});
+  DataConfig config{.train = "long.tok", .seq_len = 8, .batch_size = 1, .shuffle = false, .packing = false,
+                    .long_documents = LongDocumentRule::truncate};
+  // Without packing a long document fits its row once truncated: its first 8 inputs, 8 targets.
+  PackedDocuments truncated(tokens, config);
+  CHECK(truncated.order().size() == 3);
+  CHECK(truncated.draw_step(3) == 6 + 8 + 4);
+  const MicroBatch b = truncated.rows(0, 1, 1);
+  CHECK(torch::equal(b.input[0], torch::tensor({7, 8, 9, 10, 11, 12, 13, 14}, torch::kLong)));
+  CHECK(torch::equal(b.target[0], torch::tensor({8, 9, 10, 11, 12, 13, 14, 15}, torch::kLong)));
+  config.long_documents = LongDocumentRule::drop;
+  PackedDocuments dropped(tokens, config);
+  CHECK(dropped.order().size() == 2);
+  CHECK(dropped.draw_step(2) == 6 + 4);
+  CHECK(dropped.long_documents().count == 1);
+  // Packed, truncation keeps one piece of the long document where splitting keeps two.
+  config.packing = true;
+  config.long_documents = LongDocumentRule::truncate;
+  int64_t pieces = 0;
+  for (const auto& row : pack_documents(*tokens, 0, 3, config)) pieces += static_cast<int64_t>(row.pieces.size());
+  CHECK(pieces == 3);
+  config.long_documents = LongDocumentRule::split;
+  pieces = 0;
+  for (const auto& row : pack_documents(*tokens, 0, 3, config)) pieces += static_cast<int64_t>(row.pieces.size());
+  CHECK(pieces == 4);
+}
+
 TEST_CASE("a loss mask keeps the marked targets and drops rows with none", "[train][data]") {
   // Document 0: a prompt of 4 tokens, then 3 marked; document 1 has no marked token at all.
   auto tokens = write_documents("masked.tok", {7, 12}, {0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0});
