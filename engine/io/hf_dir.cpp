@@ -175,6 +175,14 @@ size_t HfWeights::resident_bytes() const {
   return total;
 }
 
+std::string HfWeights::fingerprint() const {
+  std::map<std::string, std::string> files;  // by name: its fingerprint
+  for (const auto& [name, file] : where_) files.emplace(file->path().filename().string(), file->fingerprint());
+  std::string text;
+  for (const auto& [name, print] : files) text += (text.empty() ? "" : " ") + name + " " + print;
+  return text;
+}
+
 void HfWeights::advise_random() const {
   for (const auto& [name, file] : where_) file->advise_random();
 }

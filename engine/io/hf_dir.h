@@ -36,6 +36,9 @@ class HfWeights {
   size_t resident_bytes() const;
   // For reading slices (each rank its own rows): no read-ahead around each page fault.
   void advise_random() const;
+  // Each file's name and sampled fingerprint (file_fingerprint), in name order: what tells
+  // copies of the same weights from other weights, without reading them whole.
+  std::string fingerprint() const;
 
  private:
   std::map<std::string, std::shared_ptr<SafetensorsFile>> where_;

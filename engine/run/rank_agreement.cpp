@@ -36,6 +36,13 @@ std::map<std::string, std::string> settings_of(const RunConfig& config, std::opt
   settings["checkpoint.save_every"] = std::to_string(config.checkpoint.save_every);
   settings["checkpoint.save_final"] = config.checkpoint.save_final ? "true" : "false";
   settings["resumed after step"] = resumed_step ? std::to_string(*resumed_step) : "none";
+  // Where every rank writes its file of a checkpoint, and rank 0 the rest: ranks that write
+  // apart would find at the first save, after the steps before it, that none is complete.
+  settings["train.out_dir"] = config.train.out_dir;
+  settings["train.reuse_out_dir"] = config.train.reuse_out_dir ? "true" : "false";
+  settings["checkpoint.dir"] = config.checkpoint.dir;
+  settings["checkpoint.export_dir"] = config.checkpoint.export_dir;
+  settings["checkpoint.adapter_dir"] = config.checkpoint.adapter_dir;
   return settings;
 }
 
@@ -79,12 +86,11 @@ void require_same_model(const RunConfig& config, Comm& world) {
   }
 }
 
-}  // namespace
-
-void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world) {
-  if (world.size() == 1) return;
-  require_same_model(config, world);
-  const std::vector<std::string> texts = world.all_gather_texts(lines_of(settings_of(config, resumed_step)));
+// UserError naming the first rank whose `values` differ from rank 0's, and each key that does:
+// "rank 1 was given <what> than rank 0, and every rank must <must>: key: theirs (rank 0: mine)".
+void require_same(const std::map<std::string, std::string>& values, Comm& world, const std::string& what,
+                  const std::string& must) {
+  const std::vector<std::string> texts = world.all_gather_texts(lines_of(values));
   const auto first = settings_in(texts[0]);
   for (int r = 1; r < world.size(); ++r) {
     if (texts[r] == texts[0]) continue;
@@ -101,9 +107,22 @@ void require_same_settings(const RunConfig& config, std::optional<int64_t> resum
       if (mine == theirs) continue;
       differing += (differing.empty() ? "" : "; ") + key + ": " + theirs + " (rank 0: " + mine + ")";
     }
-    throw UserError("rank " + std::to_string(r) + " was given other settings than rank 0, and every rank must train by "
-                    "the same: " + differing);
+    throw UserError("rank " + std::to_string(r) + " was given " + what + " than rank 0, and every rank must " + must +
+                    ": " + differing);
   }
+}
+
+}  // namespace
+
+void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world) {
+  if (world.size() == 1) return;
+  require_same_model(config, world);
+  require_same(settings_of(config, resumed_step), world, "other settings", "train by the same");
+}
+
+void require_same_sources(const std::map<std::string, std::string>& sources, Comm& world) {
+  if (world.size() == 1) return;
+  require_same(sources, world, "other files", "train from the same contents");
 }
 
 }  // namespace fsdpp

@@ -10,15 +10,22 @@
 #include "run/run_config.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 
 namespace fsdpp {
 
 // A collective over `world`: UserError on every rank, naming the first rank whose settings
 // differ from rank 0's and each setting that does, unless all ranks agree. The settings are
-// the run file's less its paths (nodes may keep the files at other paths) and timeout, the
-// fields of the model's config.json that change what it computes, and the step a resumed
-// run goes on after.
+// the run file's less the paths of what it reads (nodes may keep the files at other paths;
+// require_same_sources compares their contents) and its timeout, the directories it writes
+// into, the fields of the model's config.json that change what it computes, and the step a
+// resumed run goes on after.
 void require_same_settings(const RunConfig& config, std::optional<int64_t> resumed_step, Comm& world);
+// A collective over `world`, as require_same_settings: UserError on every rank, naming the first
+// rank and each file whose contents differ from rank 0's, unless all agree. `sources` maps what
+// a rank read (the model's weights, the checkpoint it resumes, its token file) to what
+// identifies its contents: the paths may differ from node to node, the contents may not.
+void require_same_sources(const std::map<std::string, std::string>& sources, Comm& world);
 
 }  // namespace fsdpp

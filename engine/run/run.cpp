@@ -2,6 +2,7 @@
 #include "run/run.h"
 
 #include "bindings/lua/policy.h"
+#include "core/checksum.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -253,9 +254,25 @@ void Run::shard(const Plan& plan) {
   // other adapters) is refused here, before the run uses any row.
   if (checkpoint_) check_fits(*checkpoint_);
   check_finite_weights();
+  require_same_sources(sources_read(), *comm_);
   loaded_.fill = {};
   loaded_.weights.reset();  // unmaps the files
   log_shards(*fsdp_);
+}
+
+std::map<std::string, std::string> Run::sources_read() const {
+  std::map<std::string, std::string> sources;
+  const auto of_checkpoint = [](const ShardedCheckpoint& c) {
+    const std::string text = c.metadata().dump();  // each file's checksum among the rest
+    return format_crc32c(crc32c(text.data(), text.size()));
+  };
+  if (loaded_.weights) sources["[model] path's weights"] = loaded_.weights->fingerprint();
+  if (ShardedCheckpoint::is_checkpoint(config_.model.path)) {
+    sources["[model] path's checkpoint"] = of_checkpoint(ShardedCheckpoint::open(config_.model.path));
+  }
+  if (checkpoint_) sources["[checkpoint] resume's checkpoint"] = of_checkpoint(*checkpoint_);
+  if (batches_) sources["[data] train's contents"] = batches_->identity().value("contents", json()).dump();
+  return sources;
 }
 
 void Run::check_finite_weights() {

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -253,6 +254,9 @@ class Run {
   void check_same_adapters(const ShardedCheckpoint& checkpoint) const;
   // Refuses, on every rank, weights that hold NaN or inf in any rank's rows.
   void check_finite_weights();
+  // What identifies the contents of each file the run read (the model's weights, the
+  // checkpoint it resumes, its token file), for the ranks to compare.
+  std::map<std::string, std::string> sources_read() const;
   // Refuses, on every rank, a training run whose disks have no room for its first checkpoint or
   // its export (rank 0 looks, outputs.h's check_room_for_outputs); `nodes` write checkpoints.
   void check_disk_room(int nodes);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A mesh that does not fit the world stops every rank with one message printing each
 # factor, and the launcher exits 2 repeating that message as its own last line, naming the
-# rank; ranks started by hand with other settings stop naming each setting; a closed output
-# pipe stops nothing.
+# rank; ranks started by hand with other settings, another output directory or files of other
+# contents stop naming each; a closed output pipe stops nothing.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 mkdir -p "$WORK"
@@ -30,7 +30,7 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 by_hand() {  # RANK [--set ...]
   local rank=$1; shift
   RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-    "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$WORK/settings-$rank\"" \
+    "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$WORK/settings-run\"" \
     --set parallel.timeout_s=60 --set train.steps=4 "$@" >/dev/null 2>"$WORK/settings-$rank.err"
 }
 rm -rf "$WORK"/settings-*
@@ -83,6 +83,35 @@ if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]; then
 else
   echo "FAIL a copy of config.json that builds the same model (exit $rc0, $rc1)"; cat "$WORK"/settings-*.err; status=1
 fi
+
+# Ranks that would write apart (another out_dir) stop before the steps whose save would fail,
+# and so do ranks given files of other contents at any path: another token file here.
+refused_by_hand() {  # NAME WORDS... -- RANK 1'S SETTINGS...
+  local name=$1 words=() said; shift
+  while [ "$1" != "--" ]; do words+=("$1"); shift; done; shift
+  rm -rf "$WORK"/settings-*
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  by_hand 0 & first=$!
+  by_hand 1 "$@"
+  rc1=$?
+  wait $first
+  rc0=$?
+  said=$(grep '^fsdpp: error:' "$WORK/settings-0.err")
+  local ok=$(( rc0 == 2 && rc1 == 2 ))
+  for word in "${words[@]}"; do grep -qF -- "$word" <<<"$said" || ok=0; done
+  if [ $ok -eq 1 ]; then
+    echo "ok   $name: $said"
+  else
+    echo "FAIL $name (exit $rc0, $rc1): $said"; cat "$WORK"/settings-*.err; status=1
+  fi
+}
+refused_by_hand "a rank given another out_dir" "rank 1 was given other settings than rank 0" \
+  "train.out_dir: $WORK/elsewhere (rank 0: $WORK/settings-run)" -- --set "train.out_dir=\"$WORK/elsewhere\""
+cp data/licenses.tok "$WORK/other.tok"
+printf '\x0b' | dd of="$WORK/other.tok" bs=1 seek=$(( $(stat -c %s "$WORK/other.tok") - 2 )) conv=notrunc status=none
+refused_by_hand "a rank given a token file of other contents" \
+  "rank 1 was given other files than rank 0, and every rank must train from the same contents: [data] train's contents" \
+  -- --set "data.train=\"$WORK/other.tok\""
 
 # A reader of the launcher's output that goes away (`| head -1`) ends neither the launcher
 # nor its ranks: the run trains to its end and exports.
