@@ -163,9 +163,11 @@ JobEnd supervise(const std::vector<std::unique_ptr<RankProcess>>& ranks, double 
   JobEnd end;
   int forwarded = 0;
   int stopped = 0;  // the signal ranks stopped for without the launcher passing it on
+  int stops = 0;    // the stops sent to the ranks, each numbered: a rank counts each once
   auto stop_time = Clock::time_point::max(), kill_time = Clock::time_point::max();
   auto signal_all = [&](int sig) {
-    for (auto& r : ranks) r->signal(sig);
+    const int stop = sig == SIGKILL ? 0 : ++stops;
+    for (auto& r : ranks) r->signal(sig, stop);
   };
   for (size_t running = ranks.size(); running > 0;) {
     if (const int sig = wait_for_activity(ranks)) {

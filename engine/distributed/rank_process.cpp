@@ -130,8 +130,11 @@ bool RankProcess::reap() {
   return true;
 }
 
-void RankProcess::signal(int sig) const {
-  if (running_) ::kill(pid_, sig);
+void RankProcess::signal(int sig, int stop) const {
+  if (!running_) return;
+  sigval value{};
+  value.sival_int = stop;
+  ::sigqueue(pid_, sig, value);
 }
 
 bool RankProcess::succeeded(int forwarded) const {

@@ -32,7 +32,10 @@ class RankProcess {
   void pump(bool until_eof);
   // Collects the exit status if the rank has ended; true once it has.
   bool reap();
-  void signal(int sig) const;
+  // Sends `sig`, numbered: the launcher's `stop`th stop of the job (sigqueue's value; 0 for a
+  // SIGKILL, which no rank sees). A rank told of a stop both by the launcher and directly (a
+  // job's scheduler signals every process of the job) counts it once (run/train_loop.cpp).
+  void signal(int sig, int stop = 0) const;
 
   int rank() const { return rank_; }
   pid_t pid() const { return pid_; }

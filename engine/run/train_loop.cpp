@@ -36,9 +36,15 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Set by SIGTERM or SIGINT; the loop finishes its step, saves and stops. The handler
-// resets both signals, so a second one of either ends the process at once.
+// Set by SIGTERM or SIGINT; the loop finishes its step, saves and stops. A second stop of
+// either ends the process at once.
 volatile std::sig_atomic_t stop_signal = 0;
+// The stops this process was told of: those sent to it directly, and the highest number of
+// those its launcher passed on (fsdpp launch numbers each: RankProcess::signal). A job's
+// scheduler signals the launcher and every rank alike, so one stop arrives twice, once each
+// way: it is the larger count, not the sum, that says a second stop was asked for.
+volatile std::sig_atomic_t direct_stops = 0;
+volatile std::sig_atomic_t launcher_stops = 0;
 // When it arrived (CLOCK_REALTIME, in ns, comparable across nodes), to tell which rank's came
 // first where several ranks caught one.
 std::atomic<int64_t> stop_arrival_ns{0};
@@ -47,13 +53,22 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "set in a signal handle
 // Set once the last step is saved and the export at the end runs.
 volatile std::sig_atomic_t exporting = 0;
 
-// Says so at once, where the saved step may be minutes away (write(2) and clock_gettime(2)
-// alone are safe here).
-extern "C" void on_stop_signal(int sig) {
-  struct sigaction fallback {};
-  fallback.sa_handler = SIG_DFL;  // sigaction(2) is async-signal-safe
-  ::sigaction(SIGTERM, &fallback, nullptr);
-  ::sigaction(SIGINT, &fallback, nullptr);
+// Says so at once, where the saved step may be minutes away (write(2), clock_gettime(2),
+// getppid(2), sigaction(2) and raise(3) alone are safe here).
+extern "C" void on_stop_signal(int sig, siginfo_t* info, void*) {
+  const bool passed_on = info != nullptr && info->si_code == SI_QUEUE && info->si_pid == ::getppid();
+  const int direct = direct_stops + (passed_on ? 0 : 1), launched_before = launcher_stops;
+  const int launched = passed_on ? std::max(launched_before, info->si_value.sival_int) : launched_before;
+  direct_stops = direct;
+  launcher_stops = launched;
+  if (std::max(direct, launched) >= 2) {  // a second stop: at once, unsaved
+    struct sigaction fallback {};
+    fallback.sa_handler = SIG_DFL;
+    ::sigaction(sig, &fallback, nullptr);
+    ::raise(sig);  // delivered as the handler returns, with the default action
+    return;
+  }
+  if (stop_signal != 0) return;  // the first stop, told the other way too
   timespec now{};
   ::clock_gettime(CLOCK_REALTIME, &now);  // async-signal-safe
   stop_arrival_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
@@ -72,7 +87,8 @@ extern "C" void on_stop_signal(int sig) {
 
 void catch_stop_signals() {
   struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
+  sa.sa_sigaction = on_stop_signal;
+  sa.sa_flags = SA_SIGINFO;
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
 }

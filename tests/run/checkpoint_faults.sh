@@ -3,7 +3,8 @@
 #  - a save killed with SIGKILL mid-write (rank 1) or just before its commit (rank 0) leaves
 #    the previous checkpoint loadable, is never taken as the latest, and resuming works;
 #  - SIGTERM to the launcher ends the run with a checkpoint of the step it was on and exit
-#    status 143, and resuming continues after that step; one raised during a step, during
+#    status 143, and resuming continues after that step; so does one sent to the launcher and
+#    every rank at once; one raised during a step, during
 #    the evaluation after it, or during its periodic save, stops the run after that step; a
 #    second signal of the other kind ends the process at once;
 #  - a save that fails on one rank names that rank and why, not a rank that saw it fail;
@@ -80,6 +81,29 @@ train "$run" --set train.steps=$((last + 2)) --set checkpoint.save_every=0 >"$ru
 grep -q "continuing after step $last" "$run.resume.log" || fail "SIGTERM: resume did not continue after step $last"
 echo "ok   SIGTERM after step $last: exit $rc, $saved saved, resumed to step $((last + 2))"
 
+# A job's scheduler (Slurm's scancel, systemd stopping a unit) signals the launcher and every
+# rank at once: each rank is told of the one stop twice, directly and passed on by the
+# launcher, and takes it as one, finishing its step and saving it.
+run="$out/sigterm-every-process"
+"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
+  --set train.steps=100000 >"$run.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  grep -q '"step":2' "$run/metrics.jsonl" 2>/dev/null && break
+  sleep 0.1
+done
+kill -TERM $launcher $(pgrep -P $launcher)
+wait $launcher
+rc=$?
+saved=$(ls "$run/checkpoints" 2>/dev/null | tail -1)
+last=$(tail -1 "$run/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
+if [ "$rc" -eq 143 ] && [ "$saved" = "$(printf 'step-%08d' "$last")" ]; then
+  echo "ok   SIGTERM to the launcher and every rank at once: exit $rc, $saved saved"
+else
+  fail "SIGTERM to the launcher and every rank at once: exit $rc, saved '$saved', last step $last:" \
+    "$(grep -v ' info ' "$run.log" | tail -2)"
+fi
+
 # A stop signal that arrives during a step (rank 1 raises SIGTERM in step 1's forward), during
 # the evaluation after step 2, or during the periodic save of step 5 (SIGINT; the ranks vote
 # again once either is over), stops the run after that step, not after the next: a second
@@ -130,11 +154,13 @@ declare -A rank_pid
 for pid in $(pgrep -P $launcher); do
   rank_pid[$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^RANK=//p')]=$pid
 done
-catches_sigint() { (( 0x$(awk '/^SigCgt/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0) & 2 )); }
 alive() { [ -e "/proc/$1" ] && [ "$(awk '/^State/ {print $2}' "/proc/$1/status" 2>/dev/null)" != Z ]; }
 kill -STOP "${rank_pid[1]}"
 kill -INT "${rank_pid[0]}"
-for _ in $(seq 1 200); do catches_sigint "${rank_pid[0]}" || break; sleep 0.05; done  # its handler ran
+for _ in $(seq 1 200); do  # its handler ran
+  grep -qF "[rank 0] fsdpp: SIGINT: finishing the step" "$run.log" && break
+  sleep 0.05
+done
 kill -TERM "${rank_pid[0]}"
 for _ in $(seq 1 200); do alive "${rank_pid[0]}" || break; sleep 0.05; done
 if alive "${rank_pid[0]}"; then
