@@ -177,7 +177,8 @@ std::optional<LoraPlan> adapters_to_put_on(const ModelSourceConfig& config, cons
                                                         : std::optional(PeftAdapter::open(config.adapter)));
 }
 
-LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const LoraPlan* lora) {
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const LoraPlan* lora,
+                       const std::string& resumed_from) {
   auto opts = torch::TensorOptions().dtype(config.dtype);
   if (unallocated) opts = opts.device(torch::kMeta);
   const auto adapter = config.adapter.empty() ? std::nullopt : std::optional(PeftAdapter::open(config.adapter));
@@ -253,6 +254,7 @@ LoadedModel load_model(const ModelSourceConfig& config, bool unallocated, const 
     if (loaded.weights) warn_unused_hf_tensors(*loaded.model, *loaded.weights);
     loaded.weights.reset();
   }
+  if (!resumed_from.empty()) source = "from checkpoint " + resumed_from + " (resumed, ";
   log_info("model: ", loaded.model->class_name(), " ", source, loaded.model->recursive_param_count(), " parameters",
            loaded.lora ? ", LoRA rank " + std::to_string(loaded.lora->rank) + " on " +
                              std::to_string(loaded.lora->targets.size()) + " modules" : std::string(),

@@ -33,7 +33,10 @@ struct LoadedModel {
 // LoRA adapters go on as `lora` (a policy's lora{...}) says, or when it is null as
 // config.adapter's own config or a LoRA run's checkpoint records them; their values come
 // from config.adapter or the checkpoint, or are initialised as PEFT initialises them.
-LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr);
+// `resumed_from` names the checkpoint whose values a resumed run puts over the ones loaded
+// here, for the log line to say so.
+LoadedModel load_model(const ModelSourceConfig& config, bool unallocated = false, const LoraPlan* lora = nullptr,
+                       const std::string& resumed_from = "");
 // The adapters load_model puts on from `lora` and config.adapter (its config and its tensors'
 // header read, no values), for a plan of the run; refused as load_model refuses them.
 std::optional<LoraPlan> adapters_to_put_on(const ModelSourceConfig& config, const LoraPlan* lora);

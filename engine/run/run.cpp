@@ -207,7 +207,8 @@ Run::~Run() = default;
 size_t Run::units() const { return fsdp_->units().size(); }
 
 void Run::shard(const Plan& plan) {
-  loaded_ = load_model(config_.model, /*unallocated=*/true, plan.lora ? &*plan.lora : nullptr);
+  loaded_ = load_model(config_.model, /*unallocated=*/true, plan.lora ? &*plan.lora : nullptr,
+                       checkpoint_ ? checkpoint_->dir().string() : "");
   CausalLM& model = *loaded_.model;
   parameters_ = model.recursive_param_count();  // numel holds for unallocated parameters too
   // Frozen before the plan resolves: each parameter is then held in its compute dtype, with
