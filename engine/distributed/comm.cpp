@@ -33,6 +33,46 @@ struct QuietC10dLog {
   const int saved;
 };
 
+// Ranks started apart (a command per node) for worlds of other sizes would meet in a
+// rendezvous that never completes, each timing out on its own words. Each rank posts the size
+// it was started for; every other rank reads rank 0's, and rank 0 every other's, so that a
+// rank of another size is named, and so is one that never comes.
+void agree_on_world_size(c10d::Store& store, int rank, int size, std::chrono::milliseconds timeout) {
+  const auto key = [](int r) { return "size/" + std::to_string(r); };
+  const std::string mine = std::to_string(size);
+  store.set(key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<int> peers;
+  for (int r = rank == 0 ? 1 : 0; r < (rank == 0 ? size : 1); ++r) peers.push_back(r);
+  std::vector<std::string> keys;
+  for (int r : peers) keys.push_back(key(r));
+  bool all_came = true;
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    all_came = false;
+  }
+  // A rank of another world says more than one that never came, which it may be the cause of.
+  std::string missing;
+  for (int r : peers) {
+    if (!all_came && !store.check({key(r)})) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      continue;
+    }
+    const std::vector<uint8_t> theirs = store.get(key(r));
+    if (std::string(theirs.begin(), theirs.end()) == mine) continue;
+    throw UserError("rank " + std::to_string(rank) + " was started for a world of " + mine + " ranks, but rank " +
+                    std::to_string(r) + " for one of " + std::string(theirs.begin(), theirs.end()) +
+                    ": every rank must be given the same WORLD_SIZE (fsdpp launch: the same --nnodes and "
+                    "--nproc-per-node on every node)");
+  }
+  if (!missing.empty()) {
+    throw UserError("rank " + std::to_string(rank) + ": rank(s) " + missing + " of the world of " + mine +
+                    " did not come within [parallel] timeout_s (" + std::to_string(timeout.count() / 1000) +
+                    " s): not started, or started for another world (WORLD_SIZE, or fsdpp launch's --nnodes x "
+                    "--nproc-per-node)");
+  }
+}
+
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                              int size, std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -134,7 +174,8 @@ std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, i
   opts.port = static_cast<uint16_t>(port);
   opts.isServer = rank == 0;
   opts.numWorkers = size;
-  opts.waitWorkers = true;
+  // agree_on_world_size waits for the ranks instead, naming one of another world or none.
+  opts.waitWorkers = false;
   opts.timeout = timeout;
   // Every rank makes its worlds in the same order (a Python loop's Runs, one after another),
   // so the count names the same world on each: a rank that starts its next world while a
@@ -144,8 +185,11 @@ std::shared_ptr<Comm> Comm::world(int rank, int size, const std::string& addr, i
   try {
     const QuietC10dLog quiet;
     comm->c10d_->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
-    comm->c10d_->backend =
-        make_backend(c10::make_intrusive<c10d::PrefixStore>(prefix, comm->c10d_->store), rank, size, timeout, device);
+    const auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, comm->c10d_->store);
+    agree_on_world_size(*store, rank, size, timeout);
+    comm->c10d_->backend = make_backend(store, rank, size, timeout, device);
+  } catch (const UserError&) {
+    throw;
   } catch (const std::exception& e) {
     throw UserError("rank " + std::to_string(rank) + ": rendezvous at " + addr + ":" + std::to_string(port) +
                     " failed: " + first_line(e.what()));

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A mesh that does not fit the world stops every rank with one message printing each
 # factor, and the launcher exits 2 repeating that message as its own last line, naming the
-# rank; ranks started by hand with other settings, another output directory or files of other
-# contents stop naming each; a closed output pipe stops nothing.
+# rank; ranks started by hand with other settings, another output directory, files of other
+# contents or another world size stop naming each; a closed output pipe stops nothing.
 set -uo pipefail
 : "${FSDPP:?}" "${WORK:?}"
 mkdir -p "$WORK"
@@ -112,6 +112,28 @@ printf '\x0b' | dd of="$WORK/other.tok" bs=1 seek=$(( $(stat -c %s "$WORK/other.
 refused_by_hand "a rank given a token file of other contents" \
   "rank 1 was given other files than rank 0, and every rank must train from the same contents: [data] train's contents" \
   -- --set "data.train=\"$WORK/other.tok\""
+
+# Ranks started for worlds of other sizes stop at the rendezvous naming both sizes, where
+# each would time out on its own words.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+by_world() {  # RANK WORLD_SIZE
+  RANK=$1 WORLD_SIZE=$2 LOCAL_RANK=$1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$FSDPP" train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$WORK/worlds\"" \
+    --set parallel.timeout_s=60 >/dev/null 2>"$WORK/worlds-$1.err"
+}
+by_world 0 2 & first=$!
+by_world 1 3
+rc1=$?
+wait $first
+rc0=$?
+said=$(grep '^fsdpp: error:' "$WORK/worlds-0.err")
+if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] &&
+   grep -qF "rank 0 was started for a world of 2 ranks, but rank 1 for one of 3" <<<"$said" &&
+   grep -qF "rank 1 was started for a world of 3 ranks, but rank 0 for one of 2" "$WORK/worlds-1.err"; then
+  echo "ok   ranks started for worlds of other sizes: $said"
+else
+  echo "FAIL ranks started for worlds of other sizes (exit $rc0, $rc1): $said"; cat "$WORK"/worlds-*.err; status=1
+fi
 
 # A reader of the launcher's output that goes away (`| head -1`) ends neither the launcher
 # nor its ranks: the run trains to its end and exports.
