@@ -28,19 +28,19 @@ args=(-- train tests/assets/fsdp-llama.toml --set train.steps=6 --set checkpoint
       --set parallel.timeout_s=60)
 common=(--nnodes 2 --nproc-per-node 2 --master-addr 10.213.7.1 --master-port 29731)
 GLOO_SOCKET_IFNAME="${tag}0" ip netns exec "$a" "$FSDPP" launch "${common[@]}" --node-rank 0 \
-  "${args[@]}" --set "train.out_dir=\"$out/node0\"" >"$out/node0.log" 2>&1 &
+  "${args[@]}" --set "train.out_dir=\"$out/run\"" >"$out/node0.log" 2>&1 &
 node0=$!
 GLOO_SOCKET_IFNAME="${tag}1" ip netns exec "$b" "$FSDPP" launch "${common[@]}" --node-rank 1 \
-  "${args[@]}" --set "train.out_dir=\"$out/node1\"" >"$out/node1.log" 2>&1
+  "${args[@]}" --set "train.out_dir=\"$out/run\"" >"$out/node1.log" 2>&1
 rc1=$?
 wait $node0
 rc0=$?
 "$FSDPP" launch --nproc-per-node 4 "${args[@]}" --set "train.out_dir=\"$out/one-node\"" >"$out/one-node.log" 2>&1
 rc=$?
 if [ $rc0 -ne 0 ] || [ $rc1 -ne 0 ] || [ $rc -ne 0 ]; then
-  echo "FAIL: exit codes node0 $rc0, node1 $rc1, one node $rc"; tail -5 "$out"/*.log; exit 1
+  echo "FAIL: exit codes node0 $rc0, node1 $rc1, one node $rc"; tail -n 5 "$out"/*.log; exit 1
 fi
-python3 - "$out/node0/metrics.jsonl" "$out/one-node/metrics.jsonl" <<'PY'
+python3 - "$out/run/metrics.jsonl" "$out/one-node/metrics.jsonl" <<'PY'
 import json, sys
 two, one = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
 diff = max(abs(a - b) / abs(b) for a, b in zip(two, one))

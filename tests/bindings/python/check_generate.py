@@ -20,7 +20,7 @@ float64:
 - bad arguments (a right-padded mask, a temperature, top_p, eos outside the vocabulary, no new
   token, images to a text model), a generation_config.json whose eos is no token, or out of
   the vocabulary, or whose temperature is negative (each named with its file),
-  a sequence-classification model, weights of NaN, and an offloaded run each raise fsdpp.Error;
+  a sequence-classification model, weights whose logits overflow, and an offloaded run each raise fsdpp.Error;
 - where a GPU is present, a float32 run on it generates greedily what transformers generates
   on it (scripts/gpu_check.sh python runs this check there).
 
@@ -246,7 +246,10 @@ def refusals(fixtures, work):
     cold, cold_file = odd_config("cold", {"do_sample": True, "temperature": -2})
     diverged = fsdpp.Run(write_run_file(fresh_dir(os.path.join(work, "diverged")), os.path.join(fixtures, "llama_untied")),
                          frozen=True)
-    diverged.load_weights({"lm_head.weight": torch.full((101, 48), float("nan"), dtype=torch.float64)})
+    # Finite weights whose logits overflow, as those of a run that diverged do (load_weights
+    # refuses weights of NaN or inf themselves).
+    diverged.load_weights({"model.norm.weight": torch.full((48,), 1e300, dtype=torch.float64),
+                           "lm_head.weight": torch.full((101, 48), 1e300, dtype=torch.float64)})
     cases = [
         ("a mask padded on the right", lambda: run.model.generate(ids, attention_mask=right),
          "attention_mask: row 0 is not padded on the left alone"),
@@ -263,7 +266,7 @@ def refusals(fixtures, work):
          f"{far_file}: eos_token_id: must be a token in [0, 101), got 500"),
         ("a generation_config.json whose temperature is negative", lambda: cold.model.generate(ids),
          f"{cold_file}: temperature: must be 0"),
-        ("weights of NaN", lambda: diverged.model.generate(ids, temperature=1.0),
+        ("weights whose logits overflow", lambda: diverged.model.generate(ids, temperature=1.0),
          "generate: the logits hold NaN or inf at new token 1 on 1 rank(s) of 1"),
         ("images given to a text model", lambda: run.model.generate(ids, pixel_values=torch.zeros(4, 96),
                                                                     image_grid_thw=torch.tensor([[1, 2, 2]])),
