@@ -17,6 +17,7 @@
 #include "io/hf_dir.h"
 #include "io/model_source.h"
 #include "io/safetensors.h"
+#include "io/sharded_checkpoint.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "run/checkpoint_export.h"
@@ -88,7 +89,15 @@ int run_train(const CommandLine& args) {
   auto build_plan = [&config](CausalLM& model, int world, int rank) {
     return run_configured_policy(config.policy, model, world, rank, /*training=*/true);
   };
-  const TrainSummary s = train(config, build_plan);
+  TrainSummary s;
+  try {
+    s = train(config, build_plan);
+  } catch (const CorruptCheckpoint& e) {
+    // A restart loop's resume = "latest" takes the newest checkpoint whatever became of it.
+    if (config.checkpoint.resume.kind != ResumeFrom::Kind::latest) throw;
+    throw UserError(std::string(e.what()) + "; [checkpoint] resume = \"latest\" took " + e.dir().string() +
+                    " as this run's newest checkpoint: move it away to resume from the one before it");
+  }
   if (s.stop_signal != 0) return 128 + s.stop_signal;  // as if the signal had ended it, after the save
   if (DistEnv::from_environment().rank == 0) log_info("done: ", s.steps, " steps, final loss ", s.final_loss,
            s.skipped_steps ? concat(", ", s.skipped_steps, " skipped") : std::string());

@@ -45,8 +45,9 @@ void check_metadata_checksum(const fs::path& dir, const std::string& text) {
   in >> recorded;
   const std::string actual = format_crc32c(crc32c(text.data(), text.size()));
   if (recorded != actual) {
-    throw UserError("checksum " + actual + " does not match the " + std::string(kMetadataChecksumFile) + " of " +
-                    dir.string() + " (the file is corrupt or was edited)");
+    throw CorruptCheckpoint("checksum " + actual + " does not match the " + std::string(kMetadataChecksumFile) +
+                                " of " + dir.string() + " (the file is corrupt or was edited)",
+                            dir);
   }
 }
 
@@ -140,8 +141,8 @@ fs::path ShardedCheckpoint::verified(const std::string& name) const {
   const auto mapped = MappedFile::open(path);
   const std::string actual = format_crc32c(crc32c(mapped->data(), mapped->size()));
   if (mapped->size() != bytes || actual != checksum) {
-    throw UserError(path.string() + ": checksum " + actual + " does not match the recorded " + checksum +
-                    " (the file is corrupt)");
+    throw CorruptCheckpoint(path.string() + ": checksum " + actual + " does not match the recorded " + checksum +
+                            " (the file is corrupt)", dir_);
   }
   verified_->insert(name);
   return path;

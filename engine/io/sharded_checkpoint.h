@@ -8,6 +8,7 @@
 // named step-N is complete by construction and a crash mid-save leaves earlier ones intact.
 #pragma once
 
+#include "core/error.h"
 #include "io/checkpoint_metadata.h"
 #include "io/safetensors.h"
 
@@ -25,6 +26,18 @@
 namespace fsdpp {
 
 inline constexpr const char* kMetadataChecksumFile = "metadata.crc32c";
+
+// A checkpoint file whose bytes are not those its metadata records (or metadata not its
+// checksum's): the checkpoint `dir` is damaged, whichever file of it was read first.
+class CorruptCheckpoint : public UserError {
+ public:
+  CorruptCheckpoint(const std::string& message, std::filesystem::path dir)
+      : UserError(message), dir_(std::move(dir)) {}
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 // Tensor bytes read from a checkpoint and the seconds spent reading them (checksum
 // verification included).

@@ -345,8 +345,8 @@ void Run::restore_rng(const ShardedCheckpoint& checkpoint) const {
   try {
     generator.set_state(rng);
   } catch (const c10::Error&) {
-    throw UserError(checkpoint.dir().string() + "/" + rank_file_name(source) +
-                    ": rng/cpu is not a generator state (the file is corrupt)");
+    throw CorruptCheckpoint(checkpoint.dir().string() + "/" + rank_file_name(source) +
+                            ": rng/cpu is not a generator state (the file is corrupt)", checkpoint.dir());
   }
 }
 

@@ -237,6 +237,15 @@ expect_refused "the same, named with a trailing slash" "step-00000009" "is named
 expect_refused "resume from a checkpoint with a flipped byte" "rank-00001.safetensors" "checksum" -- \
   "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$out/flipped/run\"" \
   --set "checkpoint.resume=\"$out/flipped/step-00000005\""
+# A damaged newest checkpoint stops a restart's resume = "latest", saying how to go on: move
+# it away, and the one before it is the newest.
+cp -r "$out/checkpoint-mid-write" "$out/latest-flipped"
+file="$out/latest-flipped/checkpoints/step-00000010/rank-00001.safetensors" at=$(( $(stat -c %s "$file") / 2 ))
+byte=$(od -An -tu1 -j "$at" -N1 "$file" | tr -d ' ')
+printf "\\x$(printf %02x $((byte ^ 255)))" | dd of="$file" bs=1 seek="$at" conv=notrunc 2>/dev/null
+expect_refused "resume = \"latest\" onto a damaged newest checkpoint" "step-00000010/rank-00001.safetensors" \
+  "took .*step-00000010 as this run's newest checkpoint: move it away to resume from the one before it" -- \
+  train "$out/latest-flipped" --set train.steps=12
 # Going back to step 5 where the run saved step 10 would leave step 10 as "latest" and have
 # rotation delete the new saves as the oldest: refused at start, naming both.
 expect_refused "resume from step 5 beside the run's own step 10" "step-00000010 is a later checkpoint" "" -- \
