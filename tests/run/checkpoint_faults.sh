@@ -50,15 +50,26 @@ for point in checkpoint-mid-write:1 checkpoint-before-commit:0; do
   echo "ok   killed at $name (rank $rank, launcher exit $rc): step 5 intact, resumed to step 10"
 done
 
+# A world-2 run of no end in the background ($launcher), once it has recorded step STEP.
+start_long_run() {  # RUN STEP [--set ...]
+  local dir=$1 step=$2; shift 2
+  "$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$dir\"" \
+    --set train.steps=100000 "$@" >"$dir.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 300); do
+    grep -q "\"step\":$step" "$dir/metrics.jsonl" 2>/dev/null && break
+    sleep 0.1
+  done
+}
+# The newest checkpoint of RUN, and the last step its metrics recorded.
+saved_and_last() {  # RUN
+  saved=$(ls "$1/checkpoints" 2>/dev/null | tail -1)
+  last=$(tail -1 "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
+}
+
 # SIGTERM mid-run: the step in flight finishes, is saved, and the job exits 128 + 15.
 run="$out/sigterm"
-"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
-  --set train.steps=100000 >"$run.log" 2>&1 &
-launcher=$!
-for _ in $(seq 1 300); do
-  grep -q '"step":4' "$run/metrics.jsonl" 2>/dev/null && break
-  sleep 0.1
-done
+start_long_run "$run" 4
 # A second job into the same out_dir while this one trains is refused, naming the holder.
 train "$run" --set train.steps=100000 >"$run.second.log" 2>&1
 second=$?
@@ -70,8 +81,7 @@ echo "ok   a second job into the same out_dir: $holder"
 kill -TERM $launcher
 wait $launcher
 rc=$?
-saved=$(ls "$run/checkpoints" 2>/dev/null | tail -1)
-last=$(tail -1 "$run/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
+saved_and_last "$run"
 [ "$rc" -eq 143 ] || fail "SIGTERM: launcher exited $rc, not 143"
 grep -qF "fsdpp: SIGTERM: finishing the step in flight and saving it; a second signal stops at once, unsaved" "$run.log" ||
   fail "SIGTERM: no rank said it would finish the step and save"
@@ -85,18 +95,11 @@ echo "ok   SIGTERM after step $last: exit $rc, $saved saved, resumed to step $((
 # rank at once: each rank is told of the one stop twice, directly and passed on by the
 # launcher, and takes it as one, finishing its step and saving it.
 run="$out/sigterm-every-process"
-"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
-  --set train.steps=100000 >"$run.log" 2>&1 &
-launcher=$!
-for _ in $(seq 1 300); do
-  grep -q '"step":2' "$run/metrics.jsonl" 2>/dev/null && break
-  sleep 0.1
-done
+start_long_run "$run" 2
 kill -TERM $launcher $(pgrep -P $launcher)
 wait $launcher
 rc=$?
-saved=$(ls "$run/checkpoints" 2>/dev/null | tail -1)
-last=$(tail -1 "$run/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')
+saved_and_last "$run"
 if [ "$rc" -eq 143 ] && [ "$saved" = "$(printf 'step-%08d' "$last")" ]; then
   echo "ok   SIGTERM to the launcher and every rank at once: exit $rc, $saved saved"
 else
@@ -143,13 +146,7 @@ fi
 # Two stop signals of different kinds: the second ends the rank at once, unsaved, as a second
 # of the same kind does. Rank 1 is held stopped, so rank 0 waits in a collective meanwhile.
 run="$out/two-signals"
-"$FSDPP" launch --nproc-per-node 2 -- train tests/assets/fsdp-llama.toml --set "train.out_dir=\"$run\"" \
-  --set train.steps=100000 --set parallel.timeout_s=60 >"$run.log" 2>&1 &
-launcher=$!
-for _ in $(seq 1 300); do
-  grep -q '"step":2' "$run/metrics.jsonl" 2>/dev/null && break
-  sleep 0.1
-done
+start_long_run "$run" 2 --set parallel.timeout_s=60
 declare -A rank_pid
 for pid in $(pgrep -P $launcher); do
   rank_pid[$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^RANK=//p')]=$pid
