@@ -17,6 +17,7 @@
 # function.
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -187,12 +188,14 @@ def idle_expert_parameters(hf_config):
     return len(moe_layers) * per_expert * (experts - hf_config.num_experts_per_tok)
 
 
-def flops_per_token(n_params, hf_config, seq_len):
+def flops_per_token(n_params, hf_config, seq_len, frozen=0):
     """Training FLOPs per token, as the engine counts them for its MFU: 6 per weight of every
     matrix product the token passes through (forward and backward; a MoE layer's routed
     experts only as many as it is routed to) plus attention's score and value products,
     6 x layers x heads x sequence length x (query/key head size + value head size). The input
-    embedding is a lookup; tied to the output head it is a product too."""
+    embedding is a lookup; tied to the output head it is a product too. `frozen` of the
+    `n_params` weights (a LoRA base) take 4 each, forward and their input's gradient: the
+    weights count 6 less 2 for the frozen share of them."""
     embedding = 0 if hf_config.tie_word_embeddings else hf_config.vocab_size * hf_config.hidden_size
     if getattr(hf_config, "kv_lora_rank", None):  # latent attention (DeepSeek-V3)
         qk_head = hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim
@@ -200,7 +203,15 @@ def flops_per_token(n_params, hf_config, seq_len):
     else:
         qk_head = v_head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     attention = 6 * hf_config.num_hidden_layers * hf_config.num_attention_heads * seq_len * (qk_head + v_head)
-    return 6 * (n_params - embedding - idle_expert_parameters(hf_config)) + attention
+    per_weight = 6 - 2 * frozen / max(n_params, 1)
+    return per_weight * (n_params - embedding - idle_expert_parameters(hf_config)) + attention
+
+
+def adapter_parameters(adapter_dir):
+    """The weights of the PEFT adapter in `adapter_dir`, which a LoRA run trains alone."""
+    from safetensors import safe_open
+    with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
 def bench(args):
@@ -296,7 +307,8 @@ def bench(args):
     if args.count_step:
         print_op_counts(results, args.count_step)
     if gpu:
-        flops = flops_per_token(n_params, hf_config, seq_len)
+        adapters = adapter_parameters(args.adapter_dir) if args.lora_rank else 0
+        flops = flops_per_token(n_params + adapters, hf_config, seq_len, frozen=n_params if adapters else 0)
         for name, r in results.items():
             mfu = r["tokens_per_s"] * flops / (args.peak_tflops * 1e12 * args.world)
             print(f"MFU {name}: {100 * mfu:.1f}% ({n_params / 1e6:.0f}M parameters, {flops / 1e9:.2f} GFLOP per "

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from bench_common import LOSS_TOLERANCE, BenchError, read_step_records, run_main
+from bench_common import LOSS_TOLERANCE, BenchError, get, read_step_records, read_toml, run_main
 from packed_rows import best_fit, pieces, read_token_file
 
 CONFIG = "examples/sft-chat.toml"
@@ -80,7 +80,11 @@ def run_transformers(args, model_dir, data, batch, seq_len):
         positions[r, at:] = torch.arange(seq_len - at)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    # The step's work as fsdpp's: the example's clipping and learning rate, a fused AdamW. The
+    # rows are the first 16 every step, where fsdpp goes on to others of the same layout.
+    cfg = read_toml(CONFIG)
+    clip = float(get(cfg, "train.clip_grad_norm", 1.0))
+    opt = torch.optim.AdamW(model.parameters(), lr=float(get(cfg, "optimizer.lr")), weight_decay=0.0, fused=True)
     count = (targets != -100).sum()
     times, first_loss = [], None
     for _ in range(args.steps):
@@ -89,6 +93,8 @@ def run_transformers(args, model_dir, data, batch, seq_len):
         logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum") / count
         loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         times.append(time.perf_counter() - start)
         first_loss = loss.item() if first_loss is None else first_loss

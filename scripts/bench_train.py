@@ -184,6 +184,7 @@ def torch_worker(args):
         lr=float(get(cfg, "optimizer.lr")),
         betas=(float(get(cfg, "optimizer.beta1", 0.9)), float(get(cfg, "optimizer.beta2", 0.999))),
         eps=float(get(cfg, "optimizer.eps", 1e-8)),
+        fused=True,  # one kernel over every parameter, as fsdpp's AdamW runs (PyTorch's default here is a loop)
     )
 
     steps = int(get(cfg, "train.steps"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one profiled training step spent its GPU time, from a Chrome trace written by
 fsdpp ([metrics] profile_step) or by torch.profiler: device time by kind of kernel (matrix
-products, attention, collectives, optimizer, normalisation, the fused SwiGLU and RoPE
+products, attention, collectives, optimizer, the gradient norm, normalisation, the fused SwiGLU and RoPE
 kernels, loss, copies, other elementwise), the time the GPU sat idle inside the step, and
 the costliest kernels.
 Usage: profile_summary.py TRACE.json [--top N]"""
@@ -18,10 +18,13 @@ KINDS = [
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
     ("matmul", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|splitk", re.I)),
     ("optimizer", re.compile(r"adam", re.I)),
+    # The global gradient norm: _foreach_norm's LpNorm kernels, a vector norm's reduction.
+    ("gradient norm", re.compile(r"lpnorm|NormOps|norm_cleanup", re.I)),
     ("normalisation", re.compile(r"rms|norm", re.I)),
     ("SwiGLU, RoPE (fused)", re.compile(r"swiglu|rotary", re.I)),
     ("loss", re.compile(r"softmax|nll_loss|cross_entropy", re.I)),
-    ("copies, casts, fills", re.compile(r"memcpy|memset|copy|fill|cat|Memcpy|Memset", re.I)),
+    # "cat" as a word's start (CatArrayBatchedCopy, cat_kernel), not inside scatter.
+    ("copies, casts, fills", re.compile(r"memcpy|memset|copy|fill|(?<![a-z])cat", re.I)),
 ]
 
 

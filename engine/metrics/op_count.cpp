@@ -201,12 +201,37 @@ std::optional<int64_t> touched_bytes(const PartialArgument& partial, c10::ArrayR
   return std::min(named, t.size(dim)) * (t.numel() / t.size(dim)) * element;  // a row named twice, twice
 }
 
-// An operator's inputs: the partial argument at what it touches, the rest whole.
-void add_input_bytes(std::string_view name, c10::ArrayRef<c10::IValue> inputs, Call& call) {
-  if (const PartialArgument* partial = partial_argument(name)) {
-    if (const auto bytes = touched_bytes(*partial, inputs)) add_tensor(inputs[partial->arg].toTensor(), call, bytes);
-  }
+// Whether argument `i` of operator `name` is read and then written in place: one its schema
+// marks written (Tensor(a!)), other than an out= argument, which is written alone. A fused
+// Adam's gradients are marked so for the unscaling it may do, and are read alone without it.
+bool read_and_written(std::string_view name, const c10::FunctionSchema& schema, size_t i) {
+  const c10::Argument& argument = schema.arguments()[i];
+  if (argument.alias_info() == nullptr || !argument.alias_info()->isWrite() || argument.kwarg_only()) return false;
+  const bool fused_adam = name == "aten::_fused_adamw_" || name == "aten::_fused_adam_";
+  return !(fused_adam && i == 1);
+}
+
+// An operator's inputs: the partial argument at what it touches, the rest whole; and once
+// more what it writes in place, which it reads and then writes.
+void add_input_bytes(const at::RecordFunction& fn, Call& call) {
+  const std::string_view name = fn.name();
+  const c10::ArrayRef<c10::IValue> inputs = fn.inputs();
+  const PartialArgument* partial = partial_argument(name);
+  std::optional<int64_t> touched;
+  if (partial && (touched = touched_bytes(*partial, inputs))) add_tensor(inputs[partial->arg].toTensor(), call, touched);
   add_tensor_bytes(inputs, call);
+  const auto schema = fn.operator_schema();
+  if (!schema) return;
+  for (size_t i = 0; i < std::min(inputs.size(), schema->arguments().size()); ++i) {
+    if (!read_and_written(name, *schema, i)) continue;
+    if (partial && partial->arg == i && touched) {
+      call.bytes += *touched;
+      continue;
+    }
+    Call written;  // its own tally: a tensor read before is written all the same
+    add_tensor_bytes(inputs.slice(i, 1), written);
+    call.bytes += written.bytes;
+  }
 }
 
 void record_kernel(const at::RecordFunction& fn, Call& call, Tally& tally) {
@@ -251,7 +276,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   call.kernel = stack.kernels_open == 0 && is_kernel(fn) && !has_python_subclass(fn.inputs());
   if (call.kernel) {
     ++stack.kernels_open;
-    add_input_bytes(fn.name(), fn.inputs(), call);
+    add_input_bytes(fn, call);
   }
   return nullptr;
 }

@@ -12,6 +12,8 @@
 // what the operator touches of it: a table an index reads or writes rows of (an embedding's
 // lookup, index_select, index_add_) counts those rows alone, nll_loss's input one element per
 // target, and an input read for its shape alone (zeros_like's, nll_loss_backward's) nothing.
+// A tensor an operator writes in place (add_'s self, AdamW's parameters and moments) counts
+// twice, read and written; an out= argument once, written.
 // Collectives (c10d) are left out: their bytes cross the network, and the copies around them
 // are counted.
 #pragma once

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/failpoint.h"
 #include "core/log.h"
+#include "core/module_tree.h"
 #include "data/data.h"
 #include "metrics/metrics.h"
 #include "metrics/op_count.h"
@@ -93,11 +94,20 @@ void catch_stop_signals() {
   ::sigaction(SIGINT, &sa, nullptr);
 }
 
+// The weights of `model` that take no gradient: a LoRA run's base, [policy.options] freeze.
+int64_t frozen_parameters(Module& model) {
+  int64_t frozen = 0;
+  for (const auto& p : unique_named_parameters(model)) frozen += p.tensor.requires_grad() ? 0 : p.tensor.numel();
+  return frozen;
+}
+
 // Training FLOPs per token: 6 per weight of every matrix product (forward and backward) plus
 // attention's score and value products, 6 x layers x heads x seq_len x (query/key head size +
 // value head size). The input embedding is a lookup, unless tied to the output head, which is
-// a product; a token passes through K of each MoE layer's E experts only.
-double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq_len) {
+// a product; a token passes through K of each MoE layer's E experts only. A frozen weight (a
+// LoRA base) takes 4, its forward and its input's gradient, with no gradient of its own: the
+// weights count 6 less 2 for the frozen share of them.
+double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t frozen, int64_t seq_len) {
   const int64_t lookup = model.tie_word_embeddings ? 0 : model.vocab_size * model.hidden_size;
   int64_t idle_experts = 0;
   if (const auto& moe = model.moe) {
@@ -108,7 +118,8 @@ double flops_per_token(const ModelConfig& model, int64_t parameters, int64_t seq
     }
   }
   const int64_t head_widths = model.query_key_head_dim() + model.value_head_dim();
-  return 6.0 * static_cast<double>(parameters - lookup - idle_experts) +
+  const double per_weight = 6.0 - 2.0 * static_cast<double>(frozen) / static_cast<double>(std::max<int64_t>(parameters, 1));
+  return per_weight * static_cast<double>(parameters - lookup - idle_experts) +
          6.0 * static_cast<double>(model.num_hidden_layers * model.num_attention_heads * seq_len * head_widths);
 }
 
@@ -273,7 +284,8 @@ TrainSummary train(const RunConfig& config, const PlanBuilder& build_plan) {
   const int64_t tokens_at_resume =
       resumed.state.tokens_seen > 0 || resumed.step == 0 ? resumed.state.tokens_seen : resumed.step * step_tokens;
   const double step_flops = static_cast<double>(step_tokens) *
-                            flops_per_token(run.model().config(), run.parameters(), config.data.seq_len);
+                            flops_per_token(run.model().config(), run.parameters(), frozen_parameters(run.model()),
+                                            config.data.seq_len);
   if (rank == 0) log_run(run, step_tokens);
   if (config.checkpoint.save_on_signal) catch_stop_signals();
 

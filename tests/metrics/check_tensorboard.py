@@ -4,7 +4,8 @@ scalar per figure of the JSONL record, equal to it at float32 (the precision of 
 scalar), and the evaluation's loss and perplexity at their steps; after a resume that redoes
 steps, each step once, with the redone figures. With a stated peak, each
 step's MFU is its tokens/s times the FLOPs per token that scripts/bench_fsdp.py counts from
-transformers' config and parameter count, over the peak."""
+transformers' config and parameter count, over the peak; a LoRA run's, with its frozen base
+counted 4 FLOPs a weight."""
 import json
 import os
 import shutil
@@ -35,6 +36,25 @@ def mfu_failures(records):
     print(f"{'ok  ' if not wrong else 'FAIL'} MFU of {len(steps)} steps from {flops:.4g} FLOPs per token "
           f"({parameters} parameters): steps {wrong} differ")
     return [f"MFU at steps {wrong}"] if wrong else []
+
+
+def lora_mfu_failures(out_dir):
+    """A LoRA run's MFU: its frozen base counted 4 FLOPs a weight, its adapters 6, as
+    flops_per_token counts them given the adapters' weights (peft's, of the same rank)."""
+    from peft import LoraConfig, get_peft_model
+    records = train(out_dir, "train.steps=2", "policy.options.lora_rank=4", f"metrics.peak_tflops={PEAK_TFLOPS}")
+    config = transformers.AutoConfig.from_pretrained(MODEL)
+    base = transformers.AutoModelForCausalLM.from_config(config)
+    parameters = base.num_parameters()
+    adapted = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    adapters = adapted.num_parameters() - parameters
+    flops = flops_per_token(parameters + adapters, config, SEQ_LEN, frozen=parameters)
+    full = flops_per_token(parameters + adapters, config, SEQ_LEN)
+    wrong = [r["step"] for r in records if "loss" in r and
+             abs(r["mfu"] - r["tokens_per_s"] * flops / (PEAK_TFLOPS * 1e12)) > 1e-9 * r["mfu"]]
+    print(f"{'ok  ' if not wrong else 'FAIL'} LoRA MFU from {flops:.4g} FLOPs per token ({adapters} adapter weights "
+          f"over {parameters} frozen; {full:.4g} were they all trained): steps {wrong} differ")
+    return [f"LoRA MFU at steps {wrong}"] if wrong else []
 
 
 def train(out_dir, *sets):
@@ -77,6 +97,7 @@ def main():
                     f"metrics.peak_tflops={PEAK_TFLOPS}")
     failures, compared, tags = event_failures(WORK, records)
     failures += mfu_failures(records)
+    failures += lora_mfu_failures(os.path.join(WORK, "lora"))
     # A run stopped after step 5 with a checkpoint at step 3 redoes steps 4 and 5 when it
     # resumes: TensorBoard shows each step once, the redone ones' figures, as the JSONL does.
     resumed = os.path.join(WORK, "resumed")

@@ -49,16 +49,17 @@ TEST_CASE("op count: a composed operator counts as the kernels it runs, views as
   CHECK(c.other_bytes == (x_bytes + x_bytes / 2) + 2 * x_bytes + 2 * x_bytes + (x_bytes + 64 * 4));
 }
 
-TEST_CASE("op count: an in-place operator's tensor counts once; backward's kernels count too", "[metrics]") {
+TEST_CASE("op count: an in-place operator's tensor counts read and written; backward's kernels count too",
+          "[metrics]") {
   auto a = torch::randn({1000});
   const auto b = torch::randn({1000});
   auto w = torch::randn({1000}, torch::requires_grad());
   OpCounter counter;
-  a.add_(b);  // reads a and b, writes a: two tensors
+  a.add_(b);  // reads a and b, writes a
   (w * b).sum().backward();
   const OpCounts c = counter.stop();
   CHECK(c.by_op.at("aten::add_").calls == 1);
-  CHECK(c.by_op.at("aten::add_").bytes == 2 * 1000 * 4);
+  CHECK(c.by_op.at("aten::add_").bytes == 3 * 1000 * 4);
   // Forward mul and sum; backward the loss's seed gradient (ones_like), the sum's gradient
   // expanded (a view) and multiplied by b, which becomes w.grad as it is (a first gradient).
   CHECK(calls_of(c, "aten::mul") == 2);
@@ -76,6 +77,20 @@ TEST_CASE("op count: an operator with a kernel of its own counts though it also 
   CHECK(calls_of(c, "aten::silu_backward") == 1);
   CHECK(calls_of(c, "aten::sigmoid") == 0);
   CHECK(c.by_op.at("aten::silu_backward").bytes == 3 * 1000 * 4);  // the gradient and x read, one written
+}
+
+TEST_CASE("op count: fused AdamW reads four tensors and writes three; an out= result is written alone", "[metrics]") {
+  std::vector<at::Tensor> params{torch::randn({1000})}, grads{torch::randn({1000})};
+  std::vector<at::Tensor> moments{torch::zeros({1000})}, squares{torch::zeros({1000})}, steps{torch::ones({})};
+  auto sum = torch::empty({1000});
+  OpCounter counter;
+  at::_fused_adamw_(params, grads, moments, squares, {}, steps, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false);
+  at::add_out(sum, params[0], grads[0]);
+  const OpCounts c = counter.stop();
+  // The parameter, gradient and two moments read, the parameter and moments written (28 B a
+  // float32 parameter); the step count read.
+  CHECK(c.by_op.at("aten::_fused_adamw_").bytes == 7 * 1000 * 4 + 4);
+  CHECK(c.by_op.at("aten::add").bytes == 3 * 1000 * 4);
 }
 
 TEST_CASE("op count: zeros_like writes its result and reads nothing of its input", "[metrics]") {
@@ -102,8 +117,8 @@ TEST_CASE("op count: a lookup or an indexed add is charged the table's rows its 
   const OpCounts c = counter.stop();
   const int64_t row = 64 * 4, index_bytes = 5 * 8;
   CHECK(c.by_op.at("aten::embedding").bytes == 5 * row + index_bytes + 5 * row);  // rows read, index, result
-  // index_add_'s table is also its result: its rows once, the index, the added rows.
-  CHECK(c.by_op.at("aten::index_add_").bytes == 5 * row + index_bytes + 5 * row);
+  // index_add_'s table is also its result: its rows read and written, the index, the added rows.
+  CHECK(c.by_op.at("aten::index_add_").bytes == 5 * row + index_bytes + 5 * row + 5 * row);
   // Two index_selects: 5 columns of 64 and their result; then the whole 2-row table at most.
   CHECK(c.by_op.at("aten::index_select").bytes == (5 * row + index_bytes + 5 * row) + (2 * row + index_bytes + 5 * row));
 }

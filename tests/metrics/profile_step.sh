@@ -25,6 +25,20 @@ print(f"profile: step 2 traced with {len(ops)} distinct operators, forward, back
 PY
 summary="$(python3 scripts/profile_summary.py "$trace")"
 [[ "$summary" == *"no GPU activity recorded"* ]] || { echo "unexpected summary of a CPU trace: $summary" >&2; exit 1; }
+# A GPU trace's kernels by kind, as ATen and the engine name them: the gradient norm's
+# _foreach_norm kernels are no normalisation, a scatter no concatenation.
+python3 - <<'PY' || exit 1
+import sys
+sys.path.insert(0, "scripts")
+from profile_summary import kind_of
+for name, kind in [("multi_tensor_apply_kernel<TensorListMetadata<1>, LpNormFunctor<float, 2>, float*>", "gradient norm"),
+                   ("lpnorm_cleanup<float, 2, float, float>", "gradient norm"),
+                   ("add_rms_norm_forward_kernel", "normalisation"),
+                   ("_scatter_gather_elementwise_kernel<128, 4>", "other elementwise, reductions"),
+                   ("CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>", "copies, casts, fills"),
+                   ("fused_adamw_kernel", "optimizer")]:
+    assert kind_of(name) == kind, f"{name}: {kind_of(name)}, not {kind}"
+PY
 if "$FSDPP" train examples/tiny-llama.toml --set metrics.profile_step=-1 2>"$out/err"; then
   echo "a negative profile_step was accepted" >&2; exit 1
 else
