@@ -182,20 +182,20 @@ class WindowSampler:
         return self.np.stack(rows).astype(self.np.int64)
 
 
-def check_trained_alike(fsdpp_losses, peer_losses, tolerance, moe):
+def check_trained_alike(fsdpp_losses, peer_losses, tolerance, moe, peer="the peer"):
     """The engines ran the same weights, batches and optimiser: their final losses (the last
     of each step's losses given) must agree within `tolerance` (relative), or the timings
-    compare different work. A MoE model's first MOE_EARLY_STEPS losses must, and its final
+    compare different work; `peer` names the other engine in what is printed. A MoE model's first MOE_EARLY_STEPS losses must, and its final
     ones within MOE_LOSS_TOLERANCE, since a routing flip later sends each on its own path."""
     if moe:
         early = list(zip(fsdpp_losses, peer_losses))[:MOE_EARLY_STEPS]
         gap = max(abs(a - b) / abs(b) for a, b in early)
-        print(f"first {len(early)} steps' losses, largest relative difference: {gap:.2e}")
+        print(f"first {len(early)} steps' losses, fsdpp against {peer}, largest relative difference: {gap:.2e}")
         if gap > tolerance:
             raise BenchError(f"the engines' first losses differ by {gap:.2e} relative (more than {tolerance:g})")
         tolerance = MOE_LOSS_TOLERANCE
     gap = abs(fsdpp_losses[-1] - peer_losses[-1]) / abs(peer_losses[-1])
-    print(f"final loss relative difference: {gap:.2e}")
+    print(f"final loss relative difference, fsdpp against {peer}: {gap:.2e}")
     if gap > tolerance:
         raise BenchError(f"the engines' final losses differ by {gap:.2e} relative (more than "
                          f"{tolerance:g}), so they did not train alike")

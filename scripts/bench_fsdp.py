@@ -207,6 +207,10 @@ def flops_per_token(n_params, hf_config, seq_len, frozen=0):
     return per_weight * (n_params - embedding - idle_expert_parameters(hf_config)) + attention
 
 
+# The peers by their results' names, as the output names them.
+TITLES = {"pytorch": "pytorch fully_shard", "compiled": "fully_shard + compiled layers"}
+
+
 def adapter_parameters(adapter_dir):
     """The weights of the PEFT adapter in `adapter_dir`, which a LoRA run trains alone."""
     from safetensors import safe_open
@@ -287,7 +291,7 @@ def bench(args):
               + f"{r['first_loss']:>12.4f}{r['final_loss']:>12.4f}")
     f = results["fsdpp"]
     print()
-    for peer, title in (("pytorch", "pytorch fully_shard"), ("compiled", "fully_shard + compiled layers")):
+    for peer, title in TITLES.items():
         if peer not in results:
             continue
         p = results[peer]
@@ -328,12 +332,12 @@ def bench(args):
         print("fsdpp fp8 against fsdpp bf16:")
         print_fp8_trajectory(f, results["fsdpp-fp8"])
         check_trained_alike(f["losses"], results["fsdpp-fp8"]["losses"], FP8_LOSS_TOLERANCE,
-                            moe=routed_experts(hf_config) > 0)
+                            moe=routed_experts(hf_config) > 0, peer="fsdpp fp8")
     for peer in ("pytorch", "compiled"):
         if peer in results:
             check_trained_alike(f["losses"], results[peer]["losses"],
                                 HALF_LOSS_TOLERANCE if args.param_dtype in ("bfloat16", "float16") else LOSS_TOLERANCE,
-                                moe=routed_experts(hf_config) > 0)
+                                moe=routed_experts(hf_config) > 0, peer=TITLES.get(peer, peer))
 
 
 if __name__ == "__main__":
