@@ -13,7 +13,10 @@ TOKEN_MAGIC = b"FSDPTOK\x00"
 TOKEN_HEADER_BYTES = 32
 SMOKE_STEPS = 3  # one untimed, two timed
 SMOKE_WARMUP_STEPS = 1
-LOSS_TOLERANCE = 1e-4  # fp32 with the same weights and batches; only summation order differs
+# fp32 with the same weights and batches, only the order of sums differing: the gap grows with
+# the steps and with how the CPU's threads split them (bench_train's 60 steps ended 6.9e-5
+# apart at two threads, 1.8e-4 at one), a diverging engine's by orders of magnitude more.
+LOSS_TOLERANCE = 1e-3
 # A MoE router's top-k choice flips on rounding-level differences between the engines, after
 # which each trains on its own (equally good) path: the first steps, before any flip, must
 # agree as closely as a dense model's, the final losses only as two runs of one recipe do.
