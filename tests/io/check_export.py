@@ -138,6 +138,7 @@ def model_files(name):
     here), and carries the tokenizer files from the model's directory; `fsdpp export` of a
     checkpoint whose model directory has gone since warns on one line that they are not there."""
     base = os.path.join(WORK, name)
+    shutil.rmtree(base, ignore_errors=True)
     source = f"{base}/source"
     os.makedirs(source)
     config = json.load(open("tests/assets/models/fsdp-llama/config.json"))
