@@ -100,19 +100,20 @@ void check_data_position(const json& saved, const json& data, const std::string&
   for (const char* key : {"batch_size", "epoch", "window"}) keys.erase(key);
   // Checkpoints older than the token file's fingerprint carry none to compare.
   if (!saved.contains("contents")) keys.erase("contents");
+  constexpr const char* kWayOn =
+      "; to go on from its weights over other data, name the checkpoint as [model] path (its optimizer state left "
+      "behind)";
   if (keys.contains("contents") && saved.value("train", json()) == data.value("train", json()) &&
       saved.at("contents") != data.value("contents", json())) {
     throw UserError(where + ": cannot resume: " + data.value("train", std::string()) + " changed since the checkpoint (" +
                     saved.at("contents").dump() + " then, " + data.value("contents", json()).dump() +
-                    " now): the same window index would name other tokens; to go on from its weights over other "
-                    "data, name the checkpoint as [model] path (its optimizer state left behind)");
+                    " now): the same window index would name other tokens" + kWayOn);
   }
   for (const std::string& key : keys) {
     if (saved.value(key, json()) != data.value(key, json())) {
       throw UserError(where + ": cannot resume: its data position counts windows of a stream with " + key + " = " +
                       saved.value(key, json()).dump() + ", but this run has " + data.value(key, json()).dump() +
-                      " (the same window index would name different tokens); to go on from its weights over other "
-                      "data, name the checkpoint as [model] path (its optimizer state left behind)");
+                      " (the same window index would name different tokens)" + kWayOn);
     }
   }
 }
